@@ -1,0 +1,38 @@
+# seckill — the front door. `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+.PHONY: help services-up services-down build demo test test-unit fmt clippy lint ci
+
+help: ## List the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+services-up: ## Start PostgreSQL, Redis, RocketMQ name server + broker (installs what is missing)
+	scripts/services-up.sh
+
+services-down: ## Stop the RocketMQ processes the project started
+	scripts/services-down.sh
+
+build: ## Build the release binary
+	cargo build --release
+
+demo: ## Services, migrate, a flash sale with a burst of buyers, invariants; last line DEMO OK/FAILED
+	scripts/demo.sh
+
+test: services-up ## The whole test suite against the real services
+	SECKILL_ENV=test cargo test --all-targets -- --test-threads=4
+
+test-unit: ## Unit tests only (no services)
+	cargo test --lib --bins
+
+fmt: ## Format the code
+	cargo fmt --all
+
+clippy: ## Lints, warnings are errors
+	cargo clippy --all-targets -- -D warnings
+
+lint: ## fmt check + clippy
+	cargo fmt --all -- --check
+	cargo clippy --all-targets -- -D warnings
+
+ci: test lint ## What CI runs

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Stops the local RocketMQ started by scripts/rocketmq-up.sh, broker first, by pid file:
+# SIGTERM, then SIGKILL after a bound. Idempotent: missing or stale pid files are fine.
+# Data (store, offsets) stays in SECKILL_MQ_DATA_DIR.
+#
+# Environment: SECKILL_RUN_DIR (~/.cache/seckill/run), SECKILL_MQ_STOP_TIMEOUT (15 s).
+set -euo pipefail
+
+RUN_DIR="${SECKILL_RUN_DIR:-$HOME/.cache/seckill/run}"
+STOP_TIMEOUT="${SECKILL_MQ_STOP_TIMEOUT:-15}"
+
+log() { echo "rocketmq-down: $*"; }
+
+stop() {
+  local what="$1" pidfile="$2" name="$3" pid
+  if [[ ! -f "$pidfile" ]]; then
+    log "$what: no pid file, nothing to stop"
+    return 0
+  fi
+  pid="$(cat "$pidfile")"
+  # Only signal the process we started: a stale file may name a reused pid.
+  if [[ ! "$pid" =~ ^[0-9]+$ ]] || ! kill -0 "$pid" 2>/dev/null ||
+    ! grep -q "$name" "/proc/$pid/cmdline" 2>/dev/null; then
+    log "$what: not running (stale pid file)"
+    rm -f "$pidfile"
+    return 0
+  fi
+  # A SIGSTOPped process would never act on SIGTERM.
+  kill -CONT "$pid" 2>/dev/null || true
+  kill -TERM "$pid" 2>/dev/null || true
+  local deadline=$((SECONDS + STOP_TIMEOUT))
+  while kill -0 "$pid" 2>/dev/null; do
+    if ((SECONDS >= deadline)); then
+      log "$what (pid $pid) still running after ${STOP_TIMEOUT}s; SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+      sleep 0.2
+      break
+    fi
+    sleep 0.2
+  done
+  rm -f "$pidfile"
+  log "$what stopped (pid $pid)"
+}
+
+stop broker "$RUN_DIR/broker.pid" rocketmq-broker-rust
+stop "name server" "$RUN_DIR/namesrv.pid" rocketmq-namesrv-rust

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Starts a local RocketMQ (name server 127.0.0.1:9876, broker 127.0.0.1:10911) in the
+# background and waits until both are ready. Idempotent: whatever already answers is left
+# alone. Installs the binaries first if they are missing (~15 min, once).
+#
+# Environment (all optional):
+#   SECKILL_RUN_DIR        pid files, logs, rendered configs   (~/.cache/seckill/run)
+#   SECKILL_MQ_DATA_DIR    broker store, name server kv data   (~/.cache/seckill/rocketmq-data)
+#   SECKILL_TOOLS_DIR      install dir of the binaries         (~/.cache/seckill/rocketmq-1.0.0)
+#   SECKILL_MQ_LOG_FILTER  log filter for both servers         (warn)
+#   SECKILL_MQ_NAMESRV_HEALTH_PORT / SECKILL_MQ_BROKER_HEALTH_PORT   (19876 / 19911)
+#   SECKILL_MQ_START_TIMEOUT  seconds to wait for readiness    (30)
+set -euo pipefail
+
+REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROCKETMQ_VERSION="${ROCKETMQ_VERSION:-1.0.0}"
+TOOLS_DIR="${SECKILL_TOOLS_DIR:-$HOME/.cache/seckill/rocketmq-$ROCKETMQ_VERSION}"
+RUN_DIR="${SECKILL_RUN_DIR:-$HOME/.cache/seckill/run}"
+DATA_DIR="${SECKILL_MQ_DATA_DIR:-$HOME/.cache/seckill/rocketmq-data}"
+LOG_FILTER="${SECKILL_MQ_LOG_FILTER:-warn}"
+NAMESRV_PORT=9876
+BROKER_PORT=10911
+NAMESRV_HEALTH="127.0.0.1:${SECKILL_MQ_NAMESRV_HEALTH_PORT:-19876}"
+BROKER_HEALTH="127.0.0.1:${SECKILL_MQ_BROKER_HEALTH_PORT:-19911}"
+START_TIMEOUT="${SECKILL_MQ_START_TIMEOUT:-30}"
+
+NAMESRV_BIN="$TOOLS_DIR/bin/rocketmq-namesrv-rust"
+BROKER_BIN="$TOOLS_DIR/bin/rocketmq-broker-rust"
+
+log() { echo "rocketmq-up: $*"; }
+
+die() {
+  # $1 message, $2 optional log file whose tail explains it
+  echo "rocketmq-up: ERROR: $1" >&2
+  if [[ -n "${2:-}" && -f "$2" ]]; then
+    echo "---- last 40 lines of $2 ----" >&2
+    tail -n 40 "$2" >&2
+  fi
+  exit 1
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+broker_ready() {
+  [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://$BROKER_HEALTH/readyz" || true)" == 200 ]] &&
+    port_open "$BROKER_PORT"
+}
+
+# Alive and really ours (the pid in the file could have been reused).
+pid_alive() {
+  local pidfile="$1" name="$2" pid
+  [[ -f "$pidfile" ]] || return 1
+  pid="$(cat "$pidfile")"
+  [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+  kill -0 "$pid" 2>/dev/null || return 1
+  grep -q "$name" "/proc/$pid/cmdline" 2>/dev/null
+}
+
+render() {
+  # Fills the data directory into a config template; '|' cannot occur in a path we build.
+  sed "s|@DATA_DIR@|$DATA_DIR|g" "$1" >"$2"
+}
+
+start_detached() {
+  # $1 pid file, $2 log file, $3.. command. setsid puts the server in its own session, so it
+  # outlives this script and the process group that ran it; the child records its own pid
+  # before exec'ing the server, since setsid may fork.
+  local pidfile="$1" logfile="$2"
+  shift 2
+  rm -f "$pidfile"
+  setsid bash -c 'echo $$ >"$0"; exec "$@"' "$pidfile" "$@" >>"$logfile" 2>&1 </dev/null &
+  local i
+  for i in $(seq 50); do
+    [[ -s "$pidfile" ]] && return 0
+    sleep 0.1
+  done
+  die "could not launch: $*" "$logfile"
+}
+
+wait_until() {
+  # $1 description, $2 log file, $3.. readiness command
+  local what="$1" logfile="$2" pidfile="$3" name="$4"
+  shift 4
+  local deadline=$((SECONDS + START_TIMEOUT))
+  until "$@"; do
+    if ! pid_alive "$pidfile" "$name"; then
+      die "$what exited during start-up" "$logfile"
+    fi
+    if ((SECONDS >= deadline)); then
+      die "$what not ready after ${START_TIMEOUT}s" "$logfile"
+    fi
+    sleep 0.2
+  done
+}
+
+if [[ ! -x "$NAMESRV_BIN" || ! -x "$BROKER_BIN" ]]; then
+  log "binaries missing in $TOOLS_DIR/bin; installing"
+  SECKILL_TOOLS_DIR="$TOOLS_DIR" "$REPO_DIR/scripts/install-rocketmq.sh"
+fi
+
+mkdir -p "$RUN_DIR/logs" "$RUN_DIR/conf" "$DATA_DIR/home" "$DATA_DIR/namesrv" "$DATA_DIR/store"
+# One caller at a time: two concurrent runs must not both start a server.
+exec 9>"$RUN_DIR/.rocketmq-up.lock"
+flock 9
+
+export ROCKETMQ_HOME="$DATA_DIR/home"
+export ROCKETMQ_SECURITY_PROFILE=development-insecure-loopback
+
+# ---- name server ----
+if port_open "$NAMESRV_PORT"; then
+  log "name server already answers on 127.0.0.1:$NAMESRV_PORT"
+else
+  render "$REPO_DIR/config/rocketmq/namesrv.toml" "$RUN_DIR/conf/namesrv.toml"
+  log "starting name server (log $RUN_DIR/logs/namesrv.log)"
+  start_detached "$RUN_DIR/namesrv.pid" "$RUN_DIR/logs/namesrv.log" \
+    env ROCKETMQ_HEALTH_BIND_ADDR="$NAMESRV_HEALTH" "$NAMESRV_BIN" \
+    -c "$RUN_DIR/conf/namesrv.toml" --bindAddress 127.0.0.1 --listenPort "$NAMESRV_PORT" \
+    --log-filter "$LOG_FILTER"
+  wait_until "name server" "$RUN_DIR/logs/namesrv.log" "$RUN_DIR/namesrv.pid" rocketmq-namesrv-rust \
+    port_open "$NAMESRV_PORT"
+  log "name server ready (pid $(cat "$RUN_DIR/namesrv.pid"))"
+fi
+
+# ---- broker ----
+if broker_ready; then
+  log "broker already ready on 127.0.0.1:$BROKER_PORT"
+else
+  if port_open "$BROKER_PORT"; then
+    # Something holds the port but is not ready (starting, or a foreign process).
+    if pid_alive "$RUN_DIR/broker.pid" rocketmq-broker-rust; then
+      log "broker (pid $(cat "$RUN_DIR/broker.pid")) is starting; waiting"
+      wait_until "broker" "$RUN_DIR/logs/broker.log" "$RUN_DIR/broker.pid" rocketmq-broker-rust broker_ready
+      log "broker ready"
+      exit 0
+    fi
+    die "port $BROKER_PORT is in use but http://$BROKER_HEALTH/readyz does not answer 200" \
+      "$RUN_DIR/logs/broker.log"
+  fi
+  render "$REPO_DIR/config/rocketmq/broker.toml" "$RUN_DIR/conf/broker.toml"
+  log "starting broker (log $RUN_DIR/logs/broker.log, store $DATA_DIR/store)"
+  start_detached "$RUN_DIR/broker.pid" "$RUN_DIR/logs/broker.log" \
+    env ROCKETMQ_HEALTH_BIND_ADDR="$BROKER_HEALTH" "$BROKER_BIN" \
+    -c "$RUN_DIR/conf/broker.toml" -n "127.0.0.1:$NAMESRV_PORT" \
+    --log-filter "$LOG_FILTER"
+  wait_until "broker" "$RUN_DIR/logs/broker.log" "$RUN_DIR/broker.pid" rocketmq-broker-rust broker_ready
+  log "broker ready (pid $(cat "$RUN_DIR/broker.pid"), health http://$BROKER_HEALTH/readyz)"
+fi

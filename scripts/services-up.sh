@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Makes sure PostgreSQL, Redis and RocketMQ (name server + broker) answer on loopback.
+# Idempotent: a service that already answers is left alone. No Docker.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+log() { printf '[services] %s\n' "$*"; }
+
+wait_for() { # name, seconds, command...
+  local name="$1" secs="$2"; shift 2
+  for _ in $(seq 1 $((secs * 5))); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 0.2
+  done
+  log "$name did not become ready within ${secs}s"; return 1
+}
+
+# --- PostgreSQL ----------------------------------------------------------------
+if ! command -v pg_isready >/dev/null 2>&1; then
+  log "installing PostgreSQL (apt)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql postgresql-client >/dev/null
+fi
+if ! pg_isready -h 127.0.0.1 -p 5432 -q; then
+  log "starting PostgreSQL"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | sort -V | tail -1)" main start || true
+  wait_for PostgreSQL 30 pg_isready -h 127.0.0.1 -p 5432 -q
+fi
+log "PostgreSQL ready on 127.0.0.1:5432"
+
+# --- Redis -----------------------------------------------------------------------
+if ! command -v redis-server >/dev/null 2>&1; then
+  log "installing Redis (apt)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null
+fi
+if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+  log "starting Redis"
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+  wait_for Redis 15 redis-cli -h 127.0.0.1 -p 6379 ping
+fi
+log "Redis ready on 127.0.0.1:6379"
+
+# --- RocketMQ --------------------------------------------------------------------
+"$here/rocketmq-up.sh"

@@ -1,0 +1,62 @@
+//! The command line: one binary, one subcommand per role or admin tool.
+
+use clap::{Parser, Subcommand};
+
+use crate::roles::activity::CreateArgs;
+use crate::roles::bench::BenchArgs;
+
+#[derive(Debug, Parser)]
+#[command(name = "seckill", version, about = "Flash-sale order pipeline: Redis → RocketMQ → PostgreSQL")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// HTTP API: reserve, query; /metrics, /healthz, /readyz.
+    Api,
+    /// Order-create consumer group (one PostgreSQL transaction per batch).
+    Consume {
+        /// PostgreSQL transactions at once (default: the worker budget from `pg.*`).
+        #[arg(long)]
+        workers: Option<usize>,
+    },
+    /// Apply the database migrations in `sql/`.
+    Migrate,
+    /// Broker topics.
+    Topics {
+        #[command(subcommand)]
+        command: TopicsCommand,
+    },
+    /// Flash-sale activities.
+    Activity {
+        #[command(subcommand)]
+        command: ActivityCommand,
+    },
+    /// Load generator against a running API, drain wait and invariant check.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TopicsCommand {
+    /// Create every topic of the pipeline with its queue count (idempotent).
+    Create,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ActivityCommand {
+    /// Create an activity and its SKU stock, and warm Redis (idempotent).
+    Create(CreateArgs),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn verify_cli() {
+        Cli::command().debug_assert();
+    }
+}

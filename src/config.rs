@@ -1,0 +1,314 @@
+//! One settings tree for every role: `config/default.toml`, then `config/{SECKILL_ENV}.toml`,
+//! then environment variables `SECKILL__SECTION__KEY`. Everything is validated at start-up and a
+//! wrong value fails naming its key, so a bad deployment never reaches the sale.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use thiserror::Error;
+
+/// Default PostgreSQL transactions the database sustains at once for this workload before
+/// latency climbs (pgbench on a 2-core machine peaks at ~4 clients for the hot-row transaction).
+pub const DEFAULT_PG_SAFE_CONCURRENCY: u32 = 8;
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("config: {0}")]
+    Load(#[from] config::ConfigError),
+    #[error("config key `{key}`: {reason}")]
+    Invalid { key: &'static str, reason: String },
+}
+
+fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        reason: reason.into(),
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Environment name; it prefixes every topic and consumer group (`PROD_SECKILL_...`), so
+    /// environments and tests sharing one broker never see each other's messages.
+    pub env: String,
+    pub pg: PgSettings,
+    pub redis: RedisSettings,
+    pub mq: MqSettings,
+    pub api: ApiSettings,
+    pub consumer: ConsumerSettings,
+    pub telemetry: TelemetrySettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PgSettings {
+    /// libpq-style connection string (`host=... user=... dbname=...`).
+    pub url: String,
+    /// Schema holding the tables; tests give each run its own.
+    pub schema: String,
+    /// Order transactions the database sustains at once (§22: measured, not guessed).
+    pub safe_concurrency: u32,
+    /// Share of that concurrency the order consumers may use; the rest is for payment, queries, ops.
+    pub order_share: f64,
+    /// Consumer instances sharing the budget.
+    pub instances: u32,
+    /// Bound on any one statement, so a stuck lock turns into a retry, not a hung worker.
+    pub statement_timeout_ms: u64,
+    /// Connections for the API's reads (order / reservation lookups).
+    pub api_pool_size: usize,
+    /// How long a worker waits for a pooled connection before the attempt counts as transient.
+    pub pool_wait_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    pub url: String,
+    /// Prefix of every key; tests give each run its own.
+    pub key_prefix: String,
+    pub pool_size: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MqSettings {
+    pub name_server: String,
+    /// Broker address for topic administration.
+    pub broker_addr: String,
+    pub cluster: String,
+    /// Bound on one synchronous send; past it the outcome is UNKNOWN (never a release).
+    pub send_timeout_ms: u64,
+    /// Queues per topic at creation (§7.3, calibrated for this machine).
+    pub order_create_queues: u32,
+    pub other_queues: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiSettings {
+    pub listen: SocketAddr,
+    /// Largest accepted request body; anything bigger is a 400 before parsing.
+    pub max_body_bytes: usize,
+    /// Reservation requests handled at once; beyond it the API answers 503 OVERLOADED at once.
+    pub max_inflight: usize,
+    /// How long after the reservation an order may still be created (immutable, in the message).
+    pub reservation_valid_secs: u64,
+    /// First re-send attempt of an UNKNOWN send is scheduled this far ahead (scanner backoff base).
+    pub resend_backoff_ms: u64,
+    /// Bearer token for the admin surface; empty disables admin routes.
+    pub admin_token: String,
+    /// Seconds to let in-flight requests finish on SIGTERM.
+    pub shutdown_grace_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerSettings {
+    /// Messages handed to one listener call (and one PostgreSQL transaction).
+    pub batch_size: usize,
+    /// Broker redeliveries before a message goes to the DLQ.
+    pub max_reconsume_times: i32,
+    /// Where `consume` serves /metrics, /healthz, /readyz.
+    pub metrics_listen: SocketAddr,
+    /// Seconds to let in-flight transactions finish on SIGTERM.
+    pub shutdown_grace_secs: u64,
+    /// Seconds an order stays unpaid before the timeout cancel may take it back.
+    pub pay_window_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetrySettings {
+    /// `tracing` filter directive, e.g. `info,seckill=debug`.
+    pub log_level: String,
+    /// JSON lines instead of human-readable logs.
+    pub json: bool,
+}
+
+/// Topic and consumer-group names, derived from the environment name (§7).
+#[derive(Debug, Clone)]
+pub struct Names {
+    pub order_create_topic: String,
+    pub order_timeout_topic: String,
+    pub order_event_topic: String,
+    pub compensate_topic: String,
+    pub order_create_group: String,
+    pub producer_group: String,
+}
+
+impl Names {
+    /// Groups keep the articles' exact names in `PROD` (`CG_SECKILL_ORDER_CREATE_PG_V1`); any
+    /// other environment inserts its name (`CG_STAGE_SECKILL_...`) so it never joins PROD's group.
+    pub fn new(env: &str) -> Self {
+        let infix = if env == "PROD" {
+            String::new()
+        } else {
+            format!("{env}_")
+        };
+        Self {
+            order_create_topic: format!("{env}_SECKILL_ORDER_CREATE_V1"),
+            order_timeout_topic: format!("{env}_SECKILL_ORDER_TIMEOUT_V1"),
+            order_event_topic: format!("{env}_SECKILL_ORDER_EVENT_V1"),
+            compensate_topic: format!("{env}_SECKILL_INVENTORY_COMPENSATE_V1"),
+            order_create_group: format!("CG_{infix}SECKILL_ORDER_CREATE_PG_V1"),
+            producer_group: format!("PG_{infix}SECKILL_PRODUCER_V1"),
+        }
+    }
+}
+
+impl Settings {
+    /// Loads from `dir` (normally `config/`) with the environment overlay and env variables.
+    pub fn load_from(dir: &Path) -> Result<Self, ConfigError> {
+        let env_name = std::env::var("SECKILL_ENV").unwrap_or_else(|_| "local".to_string());
+        let base: PathBuf = dir.join("default.toml");
+        let overlay: PathBuf = dir.join(format!("{env_name}.toml"));
+        let cfg = config::Config::builder()
+            .add_source(config::File::from(base).required(true))
+            .add_source(config::File::from(overlay).required(false))
+            .add_source(
+                config::Environment::with_prefix("SECKILL")
+                    .prefix_separator("__")
+                    .separator("__")
+                    .try_parsing(true),
+            )
+            .build()?;
+        let settings: Settings = cfg.try_deserialize()?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Loads from `$SECKILL_CONFIG_DIR` or `./config`.
+    pub fn load() -> Result<Self, ConfigError> {
+        let dir = std::env::var("SECKILL_CONFIG_DIR").unwrap_or_else(|_| "config".to_string());
+        Self::load_from(Path::new(&dir))
+    }
+
+    pub fn names(&self) -> Names {
+        Names::new(&self.env)
+    }
+
+    /// Checks every value a role relies on; the error names the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let ident = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 32
+                && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        };
+        if !ident(&self.env) {
+            return Err(invalid("env", "must be 1-32 characters of A-Z, a-z, 0-9, _"));
+        }
+        if self.pg.url.trim().is_empty() {
+            return Err(invalid("pg.url", "must not be empty"));
+        }
+        if self.pg.url.parse::<tokio_postgres::Config>().is_err() {
+            return Err(invalid("pg.url", "is not a valid PostgreSQL connection string"));
+        }
+        if !ident(&self.pg.schema) || self.pg.schema.starts_with(|c: char| c.is_ascii_digit()) {
+            return Err(invalid("pg.schema", "must be a plain identifier"));
+        }
+        if self.pg.safe_concurrency == 0 {
+            return Err(invalid("pg.safe_concurrency", "must be at least 1"));
+        }
+        if !(self.pg.order_share > 0.0 && self.pg.order_share <= 1.0) {
+            return Err(invalid("pg.order_share", "must be in (0, 1]"));
+        }
+        if self.pg.instances == 0 {
+            return Err(invalid("pg.instances", "must be at least 1"));
+        }
+        if self.pg.statement_timeout_ms == 0 {
+            return Err(invalid("pg.statement_timeout_ms", "must be positive"));
+        }
+        if self.pg.api_pool_size == 0 {
+            return Err(invalid("pg.api_pool_size", "must be at least 1"));
+        }
+        if self.pg.pool_wait_timeout_ms == 0 {
+            return Err(invalid("pg.pool_wait_timeout_ms", "must be positive"));
+        }
+        if !self.redis.url.starts_with("redis://") {
+            return Err(invalid("redis.url", "must start with redis://"));
+        }
+        if self.redis.key_prefix.is_empty() || self.redis.key_prefix.contains(['{', '}', ' ']) {
+            return Err(invalid(
+                "redis.key_prefix",
+                "must be non-empty without braces or spaces",
+            ));
+        }
+        if self.redis.pool_size == 0 {
+            return Err(invalid("redis.pool_size", "must be at least 1"));
+        }
+        if self.mq.name_server.parse::<SocketAddr>().is_err() {
+            return Err(invalid("mq.name_server", "must be host:port with an IP address"));
+        }
+        if self.mq.broker_addr.parse::<SocketAddr>().is_err() {
+            return Err(invalid("mq.broker_addr", "must be host:port with an IP address"));
+        }
+        if self.mq.send_timeout_ms == 0 || self.mq.send_timeout_ms > 10_000 {
+            return Err(invalid("mq.send_timeout_ms", "must be in 1..=10000"));
+        }
+        if self.mq.order_create_queues == 0 || self.mq.other_queues == 0 {
+            return Err(invalid("mq.order_create_queues", "queue counts must be positive"));
+        }
+        if self.api.max_body_bytes < 64 {
+            return Err(invalid("api.max_body_bytes", "must be at least 64"));
+        }
+        if self.api.max_inflight == 0 {
+            return Err(invalid("api.max_inflight", "must be at least 1"));
+        }
+        if self.api.reservation_valid_secs == 0 {
+            return Err(invalid("api.reservation_valid_secs", "must be positive"));
+        }
+        if self.api.resend_backoff_ms == 0 {
+            return Err(invalid("api.resend_backoff_ms", "must be positive"));
+        }
+        if self.consumer.batch_size == 0 || self.consumer.batch_size > 32 {
+            return Err(invalid("consumer.batch_size", "must be in 1..=32"));
+        }
+        if self.consumer.max_reconsume_times < 0 {
+            return Err(invalid("consumer.max_reconsume_times", "must not be negative"));
+        }
+        if self.consumer.pay_window_secs == 0 {
+            return Err(invalid("consumer.pay_window_secs", "must be positive"));
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.telemetry.log_level).is_err() {
+            return Err(invalid("telemetry.log_level", "is not a valid filter directive"));
+        }
+        Ok(())
+    }
+
+    /// The worker budget of §22: `safe_concurrency × order_share / instances`, at least 1.
+    pub fn worker_budget(&self) -> usize {
+        worker_budget(
+            self.pg.safe_concurrency,
+            self.pg.order_share,
+            self.pg.instances,
+        )
+    }
+}
+
+/// `budget = pg_safe_concurrency × order_share / instances` (e.g. 240 × 0.7 / 12 = 14), floor, ≥ 1.
+pub fn worker_budget(safe_concurrency: u32, order_share: f64, instances: u32) -> usize {
+    let raw = f64::from(safe_concurrency) * order_share / f64::from(instances.max(1));
+    (raw.floor() as usize).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_matches_the_articles_example() {
+        assert_eq!(worker_budget(240, 0.7, 12), 14);
+        assert_eq!(worker_budget(8, 0.7, 1), 5);
+        assert_eq!(worker_budget(1, 0.1, 4), 1);
+    }
+
+    #[test]
+    fn names_carry_the_environment_prefix() {
+        let n = Names::new("PROD");
+        assert_eq!(n.order_create_topic, "PROD_SECKILL_ORDER_CREATE_V1");
+        assert_eq!(n.order_create_group, "CG_SECKILL_ORDER_CREATE_PG_V1");
+        assert_eq!(Names::new("T1").order_create_group, "CG_T1_SECKILL_ORDER_CREATE_PG_V1");
+    }
+}

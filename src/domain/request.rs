@@ -1,0 +1,171 @@
+//! Validation of the buyer's reservation request. Anything that fails here is a 400 with
+//! `INVALID_REQUEST` and nothing is written anywhere.
+
+use serde::Deserialize;
+use thiserror::Error;
+
+/// Longest accepted `request_id`; clients use UUIDs or ULIDs, far shorter.
+pub const MAX_REQUEST_ID_LEN: usize = 64;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ValidationError {
+    #[error("body is not valid JSON: {0}")]
+    Json(String),
+    #[error("field `{0}` is missing")]
+    Missing(&'static str),
+    #[error("field `{field}` {reason}")]
+    Field { field: &'static str, reason: &'static str },
+    #[error("body exceeds {0} bytes")]
+    TooLarge(usize),
+    #[error("path segment `{0}` must be a positive integer")]
+    Path(&'static str),
+}
+
+/// The wire form: everything optional so that a missing field gets its own message.
+#[derive(Debug, Deserialize)]
+struct RawReserve {
+    user_id: Option<serde_json::Value>,
+    request_id: Option<serde_json::Value>,
+    quantity: Option<serde_json::Value>,
+}
+
+/// A validated reservation request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReserveRequest {
+    pub user_id: i64,
+    pub request_id: String,
+    pub quantity: i32,
+}
+
+fn positive_i64(v: &serde_json::Value, field: &'static str) -> Result<i64, ValidationError> {
+    match v.as_i64() {
+        Some(n) if n > 0 => Ok(n),
+        _ => Err(ValidationError::Field {
+            field,
+            reason: "must be a positive integer",
+        }),
+    }
+}
+
+impl ReserveRequest {
+    pub fn parse(body: &[u8]) -> Result<Self, ValidationError> {
+        let raw: RawReserve =
+            serde_json::from_slice(body).map_err(|e| ValidationError::Json(e.to_string()))?;
+        let user_id = positive_i64(
+            raw.user_id.as_ref().ok_or(ValidationError::Missing("user_id"))?,
+            "user_id",
+        )?;
+        let request_id = match raw.request_id.ok_or(ValidationError::Missing("request_id"))? {
+            serde_json::Value::String(s) => s,
+            _ => {
+                return Err(ValidationError::Field {
+                    field: "request_id",
+                    reason: "must be a string",
+                })
+            }
+        };
+        if request_id.is_empty() || request_id.len() > MAX_REQUEST_ID_LEN {
+            return Err(ValidationError::Field {
+                field: "request_id",
+                reason: "must be 1-64 characters",
+            });
+        }
+        if !request_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+        {
+            return Err(ValidationError::Field {
+                field: "request_id",
+                reason: "may only contain A-Z a-z 0-9 - _ . :",
+            });
+        }
+        let quantity = raw.quantity.ok_or(ValidationError::Missing("quantity"))?;
+        if quantity.as_i64() != Some(1) {
+            return Err(ValidationError::Field {
+                field: "quantity",
+                reason: "must be 1",
+            });
+        }
+        Ok(Self {
+            user_id,
+            request_id,
+            quantity: 1,
+        })
+    }
+}
+
+/// Parses a path id: a positive integer that fits in i64.
+pub fn parse_path_id(s: &str, name: &'static str) -> Result<i64, ValidationError> {
+    match s.parse::<i64>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(ValidationError::Path(name)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_a_good_request() {
+        let r = ReserveRequest::parse(br#"{"user_id": 7, "request_id": "req-1", "quantity": 1}"#)
+            .unwrap();
+        assert_eq!(r.user_id, 7);
+        assert_eq!(r.request_id, "req-1");
+    }
+
+    #[test]
+    fn rejects_each_bad_shape_with_its_reason() {
+        let cases: &[(&[u8], ValidationError)] = &[
+            (br#"{"request_id":"a","quantity":1}"#, ValidationError::Missing("user_id")),
+            (br#"{"user_id":1,"quantity":1}"#, ValidationError::Missing("request_id")),
+            (br#"{"user_id":1,"request_id":"a"}"#, ValidationError::Missing("quantity")),
+            (
+                br#"{"user_id":0,"request_id":"a","quantity":1}"#,
+                ValidationError::Field { field: "user_id", reason: "must be a positive integer" },
+            ),
+            (
+                br#"{"user_id":-5,"request_id":"a","quantity":1}"#,
+                ValidationError::Field { field: "user_id", reason: "must be a positive integer" },
+            ),
+            (
+                br#"{"user_id":"5","request_id":"a","quantity":1}"#,
+                ValidationError::Field { field: "user_id", reason: "must be a positive integer" },
+            ),
+            (
+                br#"{"user_id":99999999999999999999,"request_id":"a","quantity":1}"#,
+                ValidationError::Field { field: "user_id", reason: "must be a positive integer" },
+            ),
+            (
+                br#"{"user_id":1,"request_id":"a","quantity":2}"#,
+                ValidationError::Field { field: "quantity", reason: "must be 1" },
+            ),
+            (
+                br#"{"user_id":1,"request_id":"","quantity":1}"#,
+                ValidationError::Field { field: "request_id", reason: "must be 1-64 characters" },
+            ),
+            (
+                br#"{"user_id":1,"request_id":7,"quantity":1}"#,
+                ValidationError::Field { field: "request_id", reason: "must be a string" },
+            ),
+            (
+                "{\"user_id\":1,\"request_id\":\"\u{e9}\",\"quantity\":1}".as_bytes(),
+                ValidationError::Field { field: "request_id", reason: "may only contain A-Z a-z 0-9 - _ . :" },
+            ),
+        ];
+        for (body, want) in cases {
+            assert_eq!(ReserveRequest::parse(body).unwrap_err(), *want, "{}", String::from_utf8_lossy(body));
+        }
+        assert!(matches!(ReserveRequest::parse(b"{not json"), Err(ValidationError::Json(_))));
+        assert!(matches!(ReserveRequest::parse(b"[]"), Err(ValidationError::Json(_))));
+    }
+
+    #[test]
+    fn path_ids_must_be_positive() {
+        assert_eq!(parse_path_id("10001", "activity_id"), Ok(10001));
+        assert!(parse_path_id("0", "activity_id").is_err());
+        assert!(parse_path_id("-1", "activity_id").is_err());
+        assert!(parse_path_id("99999999999999999999", "activity_id").is_err());
+        assert!(parse_path_id("abc", "activity_id").is_err());
+    }
+}

@@ -1,0 +1,205 @@
+//! The invariants of DESIGN.md (§29.2), checked with plain SQL and Redis reads. Used by
+//! `seckill bench`, the demo and the integration tests; a violation is a bug, never noise.
+
+use serde::Serialize;
+use tokio_postgres::GenericClient;
+
+use crate::redis::RedisStore;
+
+/// The figures of one activity SKU that the invariants relate.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SkuFigures {
+    pub activity_id: i64,
+    pub sku_id: i64,
+    pub pg_total: i64,
+    pub pg_remaining: i64,
+    pub valid_orders: i64,
+    pub ledger_sum: i64,
+    pub rejected: i64,
+    pub pending_compensations: i64,
+    pub redis_total: i64,
+    pub redis_remaining: i64,
+    /// Redis reservations still holding stock.
+    pub redis_reserved: i64,
+    /// Of those, the ones PostgreSQL has not recorded yet (in flight; 0 once drained).
+    pub unrecorded: i64,
+    pub quarantined: i64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    pub figures: SkuFigures,
+    pub violations: Vec<String>,
+}
+
+impl Report {
+    pub fn ok(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+/// Checks invariants 1, 2, 3 and 6 for one activity SKU.
+pub async fn check(
+    pg: &impl GenericClient,
+    redis: &RedisStore,
+    consumer_group: &str,
+    activity_id: i64,
+    sku_id: i64,
+) -> anyhow::Result<Report> {
+    let mut v: Vec<String> = Vec::new();
+    let mut f = SkuFigures {
+        activity_id,
+        sku_id,
+        ..Default::default()
+    };
+    let row = pg
+        .query_opt(
+            "SELECT total_stock::int8, remaining_stock::int8 FROM activity_skus
+             WHERE activity_id = $1 AND sku_id = $2",
+            &[&activity_id, &sku_id],
+        )
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("activity {activity_id} SKU {sku_id} not in PostgreSQL"))?;
+    f.pg_total = row.get(0);
+    f.pg_remaining = row.get(1);
+    let row = pg
+        .query_one(
+            "SELECT
+               (SELECT count(*) FROM orders WHERE activity_id = $1 AND sku_id = $2 AND status <> 'CANCELED'),
+               (SELECT coalesce(sum(delta), 0)::int8 FROM stock_ledger WHERE activity_id = $1 AND sku_id = $2),
+               (SELECT count(*) FROM reservations WHERE activity_id = $1 AND sku_id = $2 AND status = 'REJECTED'),
+               (SELECT count(*) FROM compensation_tasks WHERE activity_id = $1 AND sku_id = $2 AND status = 'PENDING')",
+            &[&activity_id, &sku_id],
+        )
+        .await?;
+    f.valid_orders = row.get(0);
+    f.ledger_sum = row.get(1);
+    f.rejected = row.get(2);
+    f.pending_compensations = row.get(3);
+    f.quarantined = pg
+        .query_one(
+            "SELECT count(*) FROM quarantined_messages WHERE consumer_group = $1",
+            &[&consumer_group],
+        )
+        .await?
+        .get(0);
+
+    // 1. valid orders <= initial final stock.
+    if f.valid_orders > f.pg_total {
+        v.push(format!(
+            "oversold: {} valid orders for a stock of {}",
+            f.valid_orders, f.pg_total
+        ));
+    }
+    // 2. at most one valid order per buyer.
+    for row in pg
+        .query(
+            "SELECT user_id, count(*) FROM orders
+             WHERE activity_id = $1 AND sku_id = $2 AND status <> 'CANCELED'
+             GROUP BY user_id HAVING count(*) > 1 LIMIT 20",
+            &[&activity_id, &sku_id],
+        )
+        .await?
+    {
+        v.push(format!(
+            "buyer {} holds {} valid orders",
+            row.get::<_, i64>(0),
+            row.get::<_, i64>(1)
+        ));
+    }
+    // 3. each order is the effect of exactly one message of the group, with one ledger debit.
+    for row in pg
+        .query(
+            "SELECT o.order_id,
+                    (SELECT count(*) FROM consumer_inbox i
+                      WHERE i.consumer_group = $3 AND i.order_id = o.order_id AND i.decision = 'CREATED'),
+                    (SELECT count(*) FROM stock_ledger l
+                      WHERE l.order_id = o.order_id AND l.reason = 'ORDER_CREATED')
+             FROM orders o WHERE o.activity_id = $1 AND o.sku_id = $2",
+            &[&activity_id, &sku_id, &consumer_group],
+        )
+        .await?
+    {
+        let (order_id, effects, debits): (String, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        if effects != 1 || debits != 1 {
+            v.push(format!(
+                "order {order_id}: {effects} creating messages, {debits} ledger debits (want 1 and 1)"
+            ));
+        }
+        if v.len() > 50 {
+            break;
+        }
+    }
+    let stuck: i64 = pg
+        .query_one(
+            "SELECT count(*) FROM consumer_inbox WHERE consumer_group = $1 AND status = 'PROCESSING'",
+            &[&consumer_group],
+        )
+        .await?
+        .get(0);
+    if stuck > 0 {
+        v.push(format!("{stuck} inbox rows left PROCESSING after commit"));
+    }
+    // 6. conservation, within PostgreSQL ...
+    if f.pg_total != f.pg_remaining + f.valid_orders {
+        v.push(format!(
+            "PostgreSQL: total {} != remaining {} + valid orders {}",
+            f.pg_total, f.pg_remaining, f.valid_orders
+        ));
+    }
+    if f.ledger_sum != f.pg_remaining - f.pg_total {
+        v.push(format!(
+            "ledger sums to {} but remaining - total = {}",
+            f.ledger_sum,
+            f.pg_remaining - f.pg_total
+        ));
+    }
+    // ... within Redis ...
+    match redis.sku_stock(activity_id, sku_id).await? {
+        None => v.push("Redis has no stock for this SKU".to_string()),
+        Some((total, remaining)) => {
+            f.redis_total = total;
+            f.redis_remaining = remaining;
+        }
+    }
+    let census = redis.reservation_census(activity_id, sku_id).await?;
+    f.redis_reserved = census.reserved_ids.len() as i64;
+    if f.redis_total != f.pg_total {
+        v.push(format!(
+            "Redis total {} != PostgreSQL total {}",
+            f.redis_total, f.pg_total
+        ));
+    }
+    if f.redis_remaining < 0 {
+        v.push(format!("Redis remaining is negative: {}", f.redis_remaining));
+    }
+    if f.redis_total != f.redis_remaining + f.redis_reserved {
+        v.push(format!(
+            "Redis: total {} != remaining {} + live reservations {}",
+            f.redis_total, f.redis_remaining, f.redis_reserved
+        ));
+    }
+    // ... and between the two: every live Redis reservation is either still in flight, an
+    // order, or a rejection whose compensation has not run yet.
+    let recorded: i64 = if census.reserved_ids.is_empty() {
+        0
+    } else {
+        pg.query_one(
+            "SELECT count(*) FROM reservations WHERE reservation_id = ANY($1::text[])",
+            &[&census.reserved_ids],
+        )
+        .await?
+        .get(0)
+    };
+    f.unrecorded = f.redis_reserved - recorded;
+    if recorded != f.valid_orders + f.pending_compensations {
+        v.push(format!(
+            "Redis holds {recorded} recorded reservations but PostgreSQL has {} valid orders + {} pending compensations",
+            f.valid_orders, f.pending_compensations
+        ));
+    }
+    Ok(Report {
+        figures: f,
+        violations: v,
+    })
+}

@@ -1,0 +1,12 @@
+//! seckill: a flash-sale order pipeline. Redis picks the winners, RocketMQ absorbs the burst,
+//! PostgreSQL creates every order exactly once. See README.md and DESIGN.md.
+
+pub mod cli;
+pub mod config;
+pub mod domain;
+pub mod invariants;
+pub mod mq;
+pub mod pg;
+pub mod redis;
+pub mod roles;
+pub mod telemetry;

@@ -1,0 +1,48 @@
+//! Thin entry point: parse the command line, load config, start telemetry, run the role.
+
+use clap::Parser;
+
+use seckill::cli::{ActivityCommand, Cli, Command, TopicsCommand};
+use seckill::config::Settings;
+use seckill::roles;
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let settings = match Settings::load() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("seckill: invalid configuration: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    seckill::telemetry::init_logs(&settings.telemetry);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("seckill: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Api => roles::api::run(settings).await.map(|_| true),
+            Command::Consume { workers } => roles::consume::run(settings, workers).await.map(|_| true),
+            Command::Migrate => roles::migrate::run(settings).await.map(|_| true),
+            Command::Topics { command: TopicsCommand::Create } => {
+                roles::topics::run(settings).await.map(|_| true)
+            }
+            Command::Activity { command: ActivityCommand::Create(args) } => {
+                roles::activity::create(&settings, &args).await.map(|_| true)
+            }
+            Command::Bench(args) => roles::bench::run(settings, args).await,
+        }
+    });
+    match result {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("seckill: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

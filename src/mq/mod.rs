@@ -1,0 +1,92 @@
+//! RocketMQ adapter: the rest of the pipeline sees only these types and traits.
+//!
+//! `Publisher` sends one message (or a batch) and classifies the result into the three
+//! outcomes of the design (CONFIRMED / UNKNOWN / DEFINITE_FAILURE). `BatchHandler` is what a
+//! consumer group runs for each batch the broker hands over; it decides ACK or redelivery
+//! only after its own work is durable. The real implementation lives in `rocketmq.rs`;
+//! unit tests use in-memory fakes of the traits.
+
+pub mod rocketmq;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A message to publish. Identity lives in `properties["message_id"]`, never in broker ids.
+#[derive(Debug, Clone, Default)]
+pub struct OutMessage {
+    pub topic: String,
+    pub tag: String,
+    /// Message keys (the first is the business key, e.g. reservation_id); indexed by the broker.
+    pub keys: Vec<String>,
+    /// User properties: message_id, order_id, traceparent, ...
+    pub properties: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// Absolute deliver time (epoch ms) for delayed messages; `None` for normal ones.
+    pub deliver_time_ms: Option<i64>,
+}
+
+/// What a send came to. UNKNOWN is not a failure: the broker may have stored the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SendOutcome {
+    /// The broker confirmed it stored the message.
+    Confirmed { broker_msg_id: String },
+    /// Timeout, lost connection, ...: the message may or may not be stored. Retry with the same id.
+    Unknown { error: String },
+    /// No route / topic, bad message, permission: retrying the same message will not help.
+    DefiniteFailure { error: String },
+}
+
+impl SendOutcome {
+    /// Stable label for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            SendOutcome::Confirmed { .. } => "confirmed",
+            SendOutcome::Unknown { .. } => "unknown",
+            SendOutcome::DefiniteFailure { .. } => "definite_failure",
+        }
+    }
+}
+
+#[async_trait::async_trait]
+pub trait Publisher: Send + Sync + 'static {
+    /// Sends one message, bounded by `timeout_ms`, and classifies the result.
+    async fn send(&self, msg: OutMessage, timeout_ms: u64) -> SendOutcome;
+
+    /// Sends messages of one topic (no delay) as one broker call; one outcome per message,
+    /// in order. Implementations may fall back to one call per message.
+    async fn send_batch(&self, msgs: Vec<OutMessage>, timeout_ms: u64) -> Vec<SendOutcome>;
+}
+
+/// One message as the consumer sees it.
+#[derive(Debug, Clone, Default)]
+pub struct Delivery {
+    /// The topic the message was originally sent to (not the retry topic).
+    pub topic: String,
+    pub tags: String,
+    pub keys: String,
+    pub properties: HashMap<String, String>,
+    pub body: Vec<u8>,
+    /// How many times the broker has already redelivered it (0 on the first delivery).
+    pub reconsume_times: i32,
+    pub queue_id: i32,
+    pub queue_offset: i64,
+    /// When the broker stored it (epoch ms): the basis of lag age.
+    pub store_timestamp_ms: i64,
+    /// Broker's id for diagnostics only.
+    pub broker_msg_id: String,
+}
+
+/// ACK the whole batch, or ask for redelivery of the whole batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConsumeDecision {
+    Ack,
+    Retry,
+}
+
+#[async_trait::async_trait]
+pub trait BatchHandler: Send + Sync + 'static {
+    /// Processes a batch; must only return `Ack` once every effect is committed.
+    async fn handle(&self, batch: Vec<Delivery>) -> ConsumeDecision;
+}
+
+pub type SharedHandler = Arc<dyn BatchHandler>;

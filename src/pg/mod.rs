@@ -1,0 +1,93 @@
+//! PostgreSQL: pools, migrations, and the transactions that make the source of truth.
+
+pub mod errors;
+pub mod order_tx;
+pub mod queries;
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::NoTls;
+
+use crate::config::PgSettings;
+
+mod embedded {
+    refinery::embed_migrations!("sql");
+}
+
+/// The connection config of every pool: search_path to the configured schema and a statement
+/// timeout, so a stuck lock turns into a retryable error instead of a hung worker.
+pub fn pg_config(settings: &PgSettings) -> anyhow::Result<tokio_postgres::Config> {
+    let mut cfg: tokio_postgres::Config = settings
+        .url
+        .parse()
+        .context("pg.url: not a valid PostgreSQL connection string")?;
+    cfg.options(format!(
+        "-c search_path={} -c statement_timeout={}",
+        settings.schema, settings.statement_timeout_ms
+    ));
+    cfg.application_name("seckill");
+    cfg.connect_timeout(Duration::from_secs(5));
+    Ok(cfg)
+}
+
+/// Builds a pool of `size` connections and checks one connection works before returning.
+pub async fn connect_pool(settings: &PgSettings, size: usize) -> anyhow::Result<Pool> {
+    let cfg = pg_config(settings)?;
+    let mgr = Manager::from_config(
+        cfg,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let wait = Duration::from_millis(settings.pool_wait_timeout_ms);
+    let pool = Pool::builder(mgr)
+        .max_size(size.max(1))
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(wait))
+        .create_timeout(Some(Duration::from_secs(5)))
+        .recycle_timeout(Some(Duration::from_secs(5)))
+        .build()
+        .context("pg: cannot build the pool")?;
+    let client = pool
+        .get()
+        .await
+        .with_context(|| format!("pg.url: PostgreSQL does not answer ({})", settings.url))?;
+    client
+        .simple_query("SELECT 1")
+        .await
+        .context("pg.url: PostgreSQL does not answer")?;
+    Ok(pool)
+}
+
+/// Creates the schema when missing and applies the migrations in `sql/` (tracked by refinery).
+/// Returns the versions applied by this run.
+pub async fn migrate(settings: &PgSettings) -> anyhow::Result<Vec<i32>> {
+    let cfg = pg_config(settings)?;
+    let (mut client, conn) = cfg
+        .connect(NoTls)
+        .await
+        .with_context(|| format!("pg.url: cannot connect to {}", settings.url))?;
+    let conn_task = tokio::spawn(conn);
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA IF NOT EXISTS \"{}\"",
+            settings.schema
+        ))
+        .await
+        .context("creating the schema")?;
+    let report = embedded::migrations::runner()
+        .set_migration_table_name("seckill_schema_history")
+        .run_async(&mut client)
+        .await
+        .context("applying migrations")?;
+    drop(client);
+    let _ = conn_task.await;
+    Ok(report
+        .applied_migrations()
+        .iter()
+        .map(|m| m.version())
+        .collect())
+}

@@ -1,0 +1,249 @@
+//! Reads and the activity set-up: everything the API, admin tools and checks ask PostgreSQL.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use tokio_postgres::GenericClient;
+
+/// An activity as `seckill activity create` writes it.
+#[derive(Debug, Clone)]
+pub struct ActivitySpec {
+    pub activity_id: i64,
+    pub name: String,
+    pub starts_at: DateTime<Utc>,
+    pub ends_at: DateTime<Utc>,
+    pub reservation_valid_secs: i32,
+    /// (sku_id, total_stock, price_cents)
+    pub skus: Vec<(i64, i32, i64)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ActivityError {
+    #[error("activity {activity_id} has started: the stock of SKU {sku_id} cannot change ({current} -> {requested})")]
+    StartedStockChange {
+        activity_id: i64,
+        sku_id: i64,
+        current: i32,
+        requested: i32,
+    },
+    #[error("activity {activity_id}: SKU {sku_id} already has orders; its stock cannot change")]
+    StockInUse { activity_id: i64, sku_id: i64 },
+    #[error(transparent)]
+    Db(#[from] tokio_postgres::Error),
+}
+
+/// Writes the activity and its SKUs; idempotent. Changing a SKU's stock is refused once the
+/// activity has started or once orders exist.
+pub async fn create_activity(
+    client: &mut tokio_postgres::Client,
+    spec: &ActivitySpec,
+    now: DateTime<Utc>,
+) -> Result<(), ActivityError> {
+    let tx = client.transaction().await?;
+    let existing = tx
+        .query_opt(
+            "SELECT starts_at FROM activities WHERE activity_id = $1 FOR UPDATE",
+            &[&spec.activity_id],
+        )
+        .await?;
+    let started = existing
+        .as_ref()
+        .map(|row| row.get::<_, DateTime<Utc>>(0) <= now)
+        .unwrap_or(false);
+    if existing.is_none() {
+        tx.execute(
+            "INSERT INTO activities (activity_id, name, starts_at, ends_at, reservation_valid_secs)
+             VALUES ($1, $2, $3, $4, $5)",
+            &[
+                &spec.activity_id,
+                &spec.name,
+                &spec.starts_at,
+                &spec.ends_at,
+                &spec.reservation_valid_secs,
+            ],
+        )
+        .await?;
+    } else if !started {
+        tx.execute(
+            "UPDATE activities SET name = $2, starts_at = $3, ends_at = $4,
+                    reservation_valid_secs = $5, updated_at = now()
+             WHERE activity_id = $1",
+            &[
+                &spec.activity_id,
+                &spec.name,
+                &spec.starts_at,
+                &spec.ends_at,
+                &spec.reservation_valid_secs,
+            ],
+        )
+        .await?;
+    }
+    for &(sku_id, total, price) in &spec.skus {
+        let cur = tx
+            .query_opt(
+                "SELECT total_stock, remaining_stock FROM activity_skus
+                 WHERE activity_id = $1 AND sku_id = $2 FOR UPDATE",
+                &[&spec.activity_id, &sku_id],
+            )
+            .await?;
+        match cur {
+            None => {
+                tx.execute(
+                    "INSERT INTO activity_skus (activity_id, sku_id, total_stock, remaining_stock, price_cents)
+                     VALUES ($1, $2, $3, $3, $4)",
+                    &[&spec.activity_id, &sku_id, &total, &price],
+                )
+                .await?;
+            }
+            Some(row) => {
+                let (cur_total, cur_remaining): (i32, i32) = (row.get(0), row.get(1));
+                if cur_total == total {
+                    continue;
+                }
+                if started {
+                    return Err(ActivityError::StartedStockChange {
+                        activity_id: spec.activity_id,
+                        sku_id,
+                        current: cur_total,
+                        requested: total,
+                    });
+                }
+                if cur_remaining != cur_total {
+                    return Err(ActivityError::StockInUse {
+                        activity_id: spec.activity_id,
+                        sku_id,
+                    });
+                }
+                tx.execute(
+                    "UPDATE activity_skus SET total_stock = $3, remaining_stock = $3, price_cents = $4,
+                            updated_at = now()
+                     WHERE activity_id = $1 AND sku_id = $2",
+                    &[&spec.activity_id, &sku_id, &total, &price],
+                )
+                .await?;
+            }
+        }
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// An order as the buyer sees it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct OrderView {
+    pub order_id: String,
+    pub reservation_id: String,
+    pub activity_id: i64,
+    pub sku_id: i64,
+    pub user_id: i64,
+    pub status: String,
+    pub amount_cents: i64,
+    pub version: i32,
+    pub expires_at: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+    pub paid_at: Option<DateTime<Utc>>,
+    pub canceled_at: Option<DateTime<Utc>>,
+}
+
+const ORDER_COLUMNS: &str = "order_id, reservation_id, activity_id, sku_id, user_id, status,
+    amount_cents, version, expires_at, created_at, paid_at, canceled_at";
+
+fn order_view(row: &tokio_postgres::Row) -> OrderView {
+    OrderView {
+        order_id: row.get(0),
+        reservation_id: row.get(1),
+        activity_id: row.get(2),
+        sku_id: row.get(3),
+        user_id: row.get(4),
+        status: row.get(5),
+        amount_cents: row.get(6),
+        version: row.get(7),
+        expires_at: row.get(8),
+        created_at: row.get(9),
+        paid_at: row.get(10),
+        canceled_at: row.get(11),
+    }
+}
+
+pub async fn order_by_id(
+    client: &impl GenericClient,
+    order_id: &str,
+) -> Result<Option<OrderView>, tokio_postgres::Error> {
+    let sql = format!("SELECT {ORDER_COLUMNS} FROM orders WHERE order_id = $1");
+    Ok(client.query_opt(&sql, &[&order_id]).await?.as_ref().map(order_view))
+}
+
+pub async fn order_by_reservation(
+    client: &impl GenericClient,
+    reservation_id: &str,
+) -> Result<Option<OrderView>, tokio_postgres::Error> {
+    let sql = format!("SELECT {ORDER_COLUMNS} FROM orders WHERE reservation_id = $1");
+    Ok(client
+        .query_opt(&sql, &[&reservation_id])
+        .await?
+        .as_ref()
+        .map(order_view))
+}
+
+/// The consumer's decision for a reservation, once recorded.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ReservationDecision {
+    pub reservation_id: String,
+    pub order_id: String,
+    pub activity_id: i64,
+    pub sku_id: i64,
+    pub user_id: i64,
+    pub status: String,
+    pub reject_reason: Option<String>,
+    pub valid_until: DateTime<Utc>,
+}
+
+pub async fn reservation_decision(
+    client: &impl GenericClient,
+    reservation_id: &str,
+) -> Result<Option<ReservationDecision>, tokio_postgres::Error> {
+    Ok(client
+        .query_opt(
+            "SELECT reservation_id, order_id, activity_id, sku_id, user_id, status, reject_reason, valid_until
+             FROM reservations WHERE reservation_id = $1",
+            &[&reservation_id],
+        )
+        .await?
+        .map(|row| ReservationDecision {
+            reservation_id: row.get(0),
+            order_id: row.get(1),
+            activity_id: row.get(2),
+            sku_id: row.get(3),
+            user_id: row.get(4),
+            status: row.get(5),
+            reject_reason: row.get(6),
+            valid_until: row.get(7),
+        }))
+}
+
+/// `(starts_at, ends_at, reservation_valid_secs, [(sku_id, total_stock)])` of an activity.
+pub type ActivityRow = (DateTime<Utc>, DateTime<Utc>, i32, Vec<(i64, i32)>);
+
+pub async fn activity(
+    client: &impl GenericClient,
+    activity_id: i64,
+) -> Result<Option<ActivityRow>, tokio_postgres::Error> {
+    let Some(a) = client
+        .query_opt(
+            "SELECT starts_at, ends_at, reservation_valid_secs FROM activities WHERE activity_id = $1",
+            &[&activity_id],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let skus = client
+        .query(
+            "SELECT sku_id, total_stock FROM activity_skus WHERE activity_id = $1 ORDER BY sku_id",
+            &[&activity_id],
+        )
+        .await?
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    Ok(Some((a.get(0), a.get(1), a.get(2), skus)))
+}

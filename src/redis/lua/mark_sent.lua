@@ -1,0 +1,10 @@
+-- CONFIRMED: MQ_PENDING -> MQ_SENT (compare-and-set on message_id), leave the pending index.
+-- KEYS: 1 reservation, 2 pending index
+-- ARGV: 1 message_id, 2 reservation_id, 3 broker message id, 4 now_ms
+local h = redis.call('HMGET', KEYS[1], 'message_id', 'mq_status')
+if not h[1] then return 'MISSING' end
+if h[1] ~= ARGV[1] then return 'MISMATCH' end
+if h[2] ~= 'MQ_PENDING' then return h[2] end
+redis.call('HSET', KEYS[1], 'mq_status', 'MQ_SENT', 'broker_msg_id', ARGV[3], 'sent_at', ARGV[4])
+redis.call('ZREM', KEYS[2], ARGV[2])
+return 'OK'

@@ -1,0 +1,42 @@
+-- Atomic reservation (§2, §13.1). All keys share the activity's hash tag.
+-- KEYS: 1 meta, 2 sku, 3 buyers, 4 requests, 5 pending index
+-- ARGV: 1 now_ms, 2 user_id, 3 request_id, 4 reservation_id, 5 message_id, 6 order_id,
+--       7 sku_id, 8 activity_id, 9 next_retry_at_ms, 10 reservation key prefix,
+--       11 traceparent, 12 reservation key ttl seconds
+-- Returns {code, reservation_id, message_id, order_id, mq_status, status, valid_until_ms, created_at_ms}
+local reqfield = ARGV[2] .. ':' .. ARGV[3]
+local existing = redis.call('HGET', KEYS[4], reqfield)
+if existing then
+  -- The same request again: answer with the same reservation, change nothing.
+  local h = redis.call('HMGET', ARGV[10] .. existing,
+    'message_id', 'order_id', 'mq_status', 'status', 'valid_until', 'created_at')
+  return {'DUPLICATE_REQUEST', existing, h[1] or '', h[2] or '', h[3] or '', h[4] or '',
+          h[5] or '', h[6] or ''}
+end
+local now = tonumber(ARGV[1])
+local meta = redis.call('HMGET', KEYS[1], 'starts_at_ms', 'ends_at_ms', 'valid_ms', 'paused')
+if not meta[1] then return {'NOT_FOUND'} end
+if meta[4] == '1' then return {'PAUSED'} end
+if now < tonumber(meta[1]) then return {'NOT_STARTED'} end
+if now >= tonumber(meta[2]) then return {'ENDED'} end
+local remaining = redis.call('HGET', KEYS[2], 'remaining')
+if not remaining then return {'NOT_FOUND'} end
+local holder = redis.call('HGET', KEYS[3], ARGV[2])
+if holder then return {'ALREADY_PURCHASED', holder} end
+if tonumber(remaining) <= 0 then return {'SOLD_OUT'} end
+
+redis.call('HINCRBY', KEYS[2], 'remaining', -1)
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
+redis.call('HSET', KEYS[4], reqfield, ARGV[4])
+local valid_until = now + tonumber(meta[3])
+local rk = ARGV[10] .. ARGV[4]
+redis.call('HSET', rk,
+  'reservation_id', ARGV[4], 'message_id', ARGV[5], 'order_id', ARGV[6],
+  'request_id', ARGV[3], 'req_field', reqfield,
+  'activity_id', ARGV[8], 'sku_id', ARGV[7], 'user_id', ARGV[2],
+  'status', 'RESERVED', 'mq_status', 'MQ_PENDING', 'send_attempt', '1',
+  'next_retry_at', ARGV[9], 'created_at', ARGV[1], 'valid_until', tostring(valid_until),
+  'traceparent', ARGV[11])
+redis.call('EXPIRE', rk, tonumber(ARGV[12]))
+redis.call('ZADD', KEYS[5], tonumber(ARGV[9]), ARGV[4])
+return {'OK', ARGV[4], ARGV[5], ARGV[6], 'MQ_PENDING', 'RESERVED', tostring(valid_until), ARGV[1]}

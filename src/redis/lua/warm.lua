@@ -1,0 +1,13 @@
+-- Warms one activity SKU. Idempotent; refuses to change the stock once reservations exist.
+-- KEYS: 1 meta, 2 sku
+-- ARGV: 1 starts_at_ms, 2 ends_at_ms, 3 valid_ms, 4 total
+redis.call('HSET', KEYS[1], 'starts_at_ms', ARGV[1], 'ends_at_ms', ARGV[2], 'valid_ms', ARGV[3])
+local cur = redis.call('HMGET', KEYS[2], 'total', 'remaining')
+if not cur[1] then
+  redis.call('HSET', KEYS[2], 'total', ARGV[4], 'remaining', ARGV[4])
+  return 'CREATED'
+end
+if cur[1] == ARGV[4] then return 'UNCHANGED' end
+if cur[1] ~= cur[2] then return 'STOCK_IN_USE' end
+redis.call('HSET', KEYS[2], 'total', ARGV[4], 'remaining', ARGV[4])
+return 'UPDATED'

@@ -1,0 +1,449 @@
+//! Redis: the reservation store of the hot path. Every state change is one Lua script over
+//! keys that share the activity's hash tag (`{prefix:a<id>}`), so the scripts stay atomic
+//! on Redis Cluster too.
+
+use std::collections::HashMap;
+
+use anyhow::Context as _;
+use deadpool_redis::redis::{self, AsyncCommands, Script};
+use deadpool_redis::{Config as PoolConfig, Pool, Runtime};
+
+use crate::config::RedisSettings;
+
+/// Physical TTL kept beyond a reservation's business validity, so that the scanner,
+/// compensation and reconcile still find it well after `valid_until` (§21.1).
+pub const RESERVATION_TTL_MARGIN_SECS: u64 = 7 * 24 * 3600;
+
+/// Key names of one deployment (its prefix).
+#[derive(Debug, Clone)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_string(),
+        }
+    }
+    fn tag(&self, activity_id: i64) -> String {
+        format!("{}:{{a{}}}", self.prefix, activity_id)
+    }
+    pub fn meta(&self, activity_id: i64) -> String {
+        format!("{}:meta", self.tag(activity_id))
+    }
+    pub fn sku(&self, activity_id: i64, sku_id: i64) -> String {
+        format!("{}:sku:{}", self.tag(activity_id), sku_id)
+    }
+    pub fn buyers(&self, activity_id: i64, sku_id: i64) -> String {
+        format!("{}:buyers:{}", self.tag(activity_id), sku_id)
+    }
+    pub fn requests(&self, activity_id: i64) -> String {
+        format!("{}:req", self.tag(activity_id))
+    }
+    pub fn pending(&self, activity_id: i64) -> String {
+        format!("{}:pending", self.tag(activity_id))
+    }
+    pub fn reservation_prefix(&self, activity_id: i64) -> String {
+        format!("{}:rsv:", self.tag(activity_id))
+    }
+    pub fn reservation(&self, activity_id: i64, reservation_id: &str) -> String {
+        format!("{}{}", self.reservation_prefix(activity_id), reservation_id)
+    }
+    /// reservation_id → activity_id, outside the hash tag: lets `GET /v1/reservations/{id}`
+    /// find the reservation without knowing its activity.
+    pub fn location(&self, reservation_id: &str) -> String {
+        format!("{}:rsvloc:{}", self.prefix, reservation_id)
+    }
+}
+
+/// The reservation as the reserve script reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReservationView {
+    pub reservation_id: String,
+    pub message_id: String,
+    pub order_id: String,
+    pub mq_status: String,
+    pub status: String,
+    pub valid_until_ms: i64,
+    pub created_at_ms: i64,
+}
+
+/// What the reserve script decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReserveResult {
+    Reserved(ReservationView),
+    /// The same (user, request_id) was seen before: the earlier reservation, unchanged.
+    Duplicate(ReservationView),
+    AlreadyPurchased { reservation_id: String },
+    SoldOut,
+    NotStarted,
+    Ended,
+    Paused,
+    NotFound,
+}
+
+/// Arguments of one reservation attempt; ids are minted by the caller beforehand.
+#[derive(Debug, Clone)]
+pub struct ReserveArgs<'a> {
+    pub activity_id: i64,
+    pub sku_id: i64,
+    pub user_id: i64,
+    pub request_id: &'a str,
+    pub reservation_id: &'a str,
+    pub message_id: &'a str,
+    pub order_id: &'a str,
+    pub now_ms: i64,
+    pub next_retry_at_ms: i64,
+    pub traceparent: &'a str,
+    pub valid_secs: u64,
+}
+
+/// Reservation hashes of one SKU by status.
+#[derive(Debug, Clone, Default)]
+pub struct Census {
+    pub by_status: HashMap<String, i64>,
+    /// Reservations still holding a unit of Redis stock.
+    pub reserved_ids: Vec<String>,
+}
+
+/// Outcome of a warm call for one SKU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WarmResult {
+    Created,
+    Unchanged,
+    Updated,
+    StockInUse,
+}
+
+#[derive(Clone)]
+pub struct RedisStore {
+    pub pool: Pool,
+    pub keys: Keys,
+    scripts: std::sync::Arc<Scripts>,
+}
+
+struct Scripts {
+    reserve: Script,
+    mark_sent: Script,
+    schedule_resend: Script,
+    mark_failed: Script,
+    warm: Script,
+}
+
+fn view(parts: &[String]) -> ReservationView {
+    let get = |i: usize| parts.get(i).cloned().unwrap_or_default();
+    ReservationView {
+        reservation_id: get(1),
+        message_id: get(2),
+        order_id: get(3),
+        mq_status: get(4),
+        status: get(5),
+        valid_until_ms: get(6).parse().unwrap_or(0),
+        created_at_ms: get(7).parse().unwrap_or(0),
+    }
+}
+
+impl RedisStore {
+    /// Builds the pool and checks the server answers (a bad address fails here, not mid-sale).
+    pub async fn connect(settings: &RedisSettings) -> anyhow::Result<Self> {
+        let mut cfg = PoolConfig::from_url(settings.url.clone());
+        cfg.pool = Some(deadpool_redis::PoolConfig::new(settings.pool_size));
+        let pool = cfg
+            .create_pool(Some(Runtime::Tokio1))
+            .context("redis.url: cannot build the Redis pool")?;
+        let store = Self {
+            pool,
+            keys: Keys::new(&settings.key_prefix),
+            scripts: std::sync::Arc::new(Scripts {
+                reserve: Script::new(include_str!("lua/reserve.lua")),
+                mark_sent: Script::new(include_str!("lua/mark_sent.lua")),
+                schedule_resend: Script::new(include_str!("lua/schedule_resend.lua")),
+                mark_failed: Script::new(include_str!("lua/mark_failed.lua")),
+                warm: Script::new(include_str!("lua/warm.lua")),
+            }),
+        };
+        store.ping().await.with_context(|| {
+            format!(
+                "redis.url: Redis at {} does not answer",
+                settings.url
+            )
+        })?;
+        Ok(store)
+    }
+
+    pub async fn ping(&self) -> anyhow::Result<()> {
+        let mut conn = self.pool.get().await?;
+        let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+        Ok(())
+    }
+
+    /// The atomic reservation: activity open, request idempotency, one per buyer, stock > 0.
+    pub async fn reserve(&self, a: &ReserveArgs<'_>) -> anyhow::Result<ReserveResult> {
+        let k = &self.keys;
+        let mut conn = self.pool.get().await?;
+        let parts: Vec<String> = self
+            .scripts
+            .reserve
+            .key(k.meta(a.activity_id))
+            .key(k.sku(a.activity_id, a.sku_id))
+            .key(k.buyers(a.activity_id, a.sku_id))
+            .key(k.requests(a.activity_id))
+            .key(k.pending(a.activity_id))
+            .arg(a.now_ms)
+            .arg(a.user_id)
+            .arg(a.request_id)
+            .arg(a.reservation_id)
+            .arg(a.message_id)
+            .arg(a.order_id)
+            .arg(a.sku_id)
+            .arg(a.activity_id)
+            .arg(a.next_retry_at_ms)
+            .arg(k.reservation_prefix(a.activity_id))
+            .arg(a.traceparent)
+            .arg(a.valid_secs + RESERVATION_TTL_MARGIN_SECS)
+            .invoke_async(&mut conn)
+            .await?;
+        let code = parts.first().map(String::as_str).unwrap_or("");
+        Ok(match code {
+            "OK" => ReserveResult::Reserved(view(&parts)),
+            "DUPLICATE_REQUEST" => ReserveResult::Duplicate(view(&parts)),
+            "ALREADY_PURCHASED" => ReserveResult::AlreadyPurchased {
+                reservation_id: parts.get(1).cloned().unwrap_or_default(),
+            },
+            "SOLD_OUT" => ReserveResult::SoldOut,
+            "NOT_STARTED" => ReserveResult::NotStarted,
+            "ENDED" => ReserveResult::Ended,
+            "PAUSED" => ReserveResult::Paused,
+            "NOT_FOUND" => ReserveResult::NotFound,
+            other => anyhow::bail!("reserve script returned an unknown code {other:?}"),
+        })
+    }
+
+    /// Records where a reservation lives (for lookups by id only).
+    pub async fn set_location(
+        &self,
+        reservation_id: &str,
+        activity_id: i64,
+        ttl_secs: u64,
+    ) -> anyhow::Result<()> {
+        let mut conn = self.pool.get().await?;
+        let _: () = conn
+            .set_ex(self.keys.location(reservation_id), activity_id, ttl_secs)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn location(&self, reservation_id: &str) -> anyhow::Result<Option<i64>> {
+        let mut conn = self.pool.get().await?;
+        Ok(conn.get(self.keys.location(reservation_id)).await?)
+    }
+
+    /// CONFIRMED → MQ_SENT. Returns the script's verdict (`OK`, `MQ_SENT`, `MISSING`, ...).
+    pub async fn mark_sent(
+        &self,
+        activity_id: i64,
+        reservation_id: &str,
+        message_id: &str,
+        broker_msg_id: &str,
+        now_ms: i64,
+    ) -> anyhow::Result<String> {
+        let mut conn = self.pool.get().await?;
+        Ok(self
+            .scripts
+            .mark_sent
+            .key(self.keys.reservation(activity_id, reservation_id))
+            .key(self.keys.pending(activity_id))
+            .arg(message_id)
+            .arg(reservation_id)
+            .arg(broker_msg_id)
+            .arg(now_ms)
+            .invoke_async(&mut conn)
+            .await?)
+    }
+
+    /// UNKNOWN → stays MQ_PENDING, re-send scheduled; never gives stock back.
+    pub async fn schedule_resend(
+        &self,
+        activity_id: i64,
+        reservation_id: &str,
+        message_id: &str,
+        next_retry_at_ms: i64,
+        error: &str,
+    ) -> anyhow::Result<String> {
+        let mut conn = self.pool.get().await?;
+        Ok(self
+            .scripts
+            .schedule_resend
+            .key(self.keys.reservation(activity_id, reservation_id))
+            .key(self.keys.pending(activity_id))
+            .arg(message_id)
+            .arg(reservation_id)
+            .arg(next_retry_at_ms)
+            .arg(error)
+            .invoke_async(&mut conn)
+            .await?)
+    }
+
+    /// DEFINITE_FAILURE → MQ_FAILED and the reservation released once.
+    pub async fn mark_failed(
+        &self,
+        activity_id: i64,
+        sku_id: i64,
+        reservation_id: &str,
+        message_id: &str,
+        error: &str,
+        now_ms: i64,
+    ) -> anyhow::Result<String> {
+        let k = &self.keys;
+        let mut conn = self.pool.get().await?;
+        Ok(self
+            .scripts
+            .mark_failed
+            .key(k.reservation(activity_id, reservation_id))
+            .key(k.pending(activity_id))
+            .key(k.sku(activity_id, sku_id))
+            .key(k.buyers(activity_id, sku_id))
+            .key(k.requests(activity_id))
+            .arg(message_id)
+            .arg(reservation_id)
+            .arg(error)
+            .arg(now_ms)
+            .invoke_async(&mut conn)
+            .await?)
+    }
+
+    /// Writes the activity window and one SKU's stock.
+    pub async fn warm(
+        &self,
+        activity_id: i64,
+        sku_id: i64,
+        starts_at_ms: i64,
+        ends_at_ms: i64,
+        valid_ms: i64,
+        total: i32,
+    ) -> anyhow::Result<WarmResult> {
+        let mut conn = self.pool.get().await?;
+        let code: String = self
+            .scripts
+            .warm
+            .key(self.keys.meta(activity_id))
+            .key(self.keys.sku(activity_id, sku_id))
+            .arg(starts_at_ms)
+            .arg(ends_at_ms)
+            .arg(valid_ms)
+            .arg(total)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(match code.as_str() {
+            "CREATED" => WarmResult::Created,
+            "UNCHANGED" => WarmResult::Unchanged,
+            "UPDATED" => WarmResult::Updated,
+            "STOCK_IN_USE" => WarmResult::StockInUse,
+            other => anyhow::bail!("warm script returned an unknown code {other:?}"),
+        })
+    }
+
+    /// All fields of one reservation hash (empty when unknown).
+    pub async fn reservation(
+        &self,
+        activity_id: i64,
+        reservation_id: &str,
+    ) -> anyhow::Result<HashMap<String, String>> {
+        let mut conn = self.pool.get().await?;
+        Ok(conn
+            .hgetall(self.keys.reservation(activity_id, reservation_id))
+            .await?)
+    }
+
+    /// `(total, remaining)` of one SKU in Redis.
+    pub async fn sku_stock(&self, activity_id: i64, sku_id: i64) -> anyhow::Result<Option<(i64, i64)>> {
+        let mut conn = self.pool.get().await?;
+        let v: (Option<i64>, Option<i64>) = redis::cmd("HMGET")
+            .arg(self.keys.sku(activity_id, sku_id))
+            .arg("total")
+            .arg("remaining")
+            .query_async(&mut conn)
+            .await?;
+        Ok(match v {
+            (Some(t), Some(r)) => Some((t, r)),
+            _ => None,
+        })
+    }
+
+    /// Census of one SKU's reservation hashes (bounded SCAN over the activity's keys):
+    /// counts by `status` and the ids still holding stock (`RESERVED`).
+    pub async fn reservation_census(
+        &self,
+        activity_id: i64,
+        sku_id: i64,
+    ) -> anyhow::Result<Census> {
+        let mut conn = self.pool.get().await?;
+        let prefix = self.keys.reservation_prefix(activity_id);
+        let pattern = format!("{prefix}*");
+        let mut cursor: u64 = 0;
+        let mut census = Census::default();
+        let sku = sku_id.to_string();
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await?;
+            if !keys.is_empty() {
+                let mut pipe = redis::pipe();
+                for key in &keys {
+                    pipe.cmd("HMGET").arg(key).arg("sku_id").arg("status");
+                }
+                let rows: Vec<(Option<String>, Option<String>)> =
+                    pipe.query_async(&mut conn).await?;
+                for (key, (s, status)) in keys.iter().zip(rows) {
+                    if s.as_deref() != Some(sku.as_str()) {
+                        continue;
+                    }
+                    let status = status.unwrap_or_default();
+                    if status == "RESERVED" {
+                        census
+                            .reserved_ids
+                            .push(key.trim_start_matches(prefix.as_str()).to_string());
+                    }
+                    *census.by_status.entry(status).or_default() += 1;
+                }
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        Ok(census)
+    }
+
+    /// Size of the activity's pending (not yet confirmed) index.
+    pub async fn pending_count(&self, activity_id: i64) -> anyhow::Result<i64> {
+        let mut conn = self.pool.get().await?;
+        Ok(conn.zcard(self.keys.pending(activity_id)).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_of_one_activity_share_a_hash_tag() {
+        let k = Keys::new("p");
+        for key in [
+            k.meta(7),
+            k.sku(7, 1),
+            k.buyers(7, 1),
+            k.requests(7),
+            k.pending(7),
+            k.reservation(7, "rsv_x"),
+        ] {
+            assert!(key.starts_with("p:{a7}:"), "{key}");
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! `seckill activity create`: writes an activity and its SKU stock to PostgreSQL, then warms
+//! Redis. Idempotent; it refuses to change the stock of an activity that has started.
+
+use anyhow::Context as _;
+use chrono::{DateTime, Duration, Utc};
+use clap::Args;
+use tracing::info;
+
+use crate::config::Settings;
+use crate::pg::queries::{self, ActivitySpec};
+use crate::redis::{RedisStore, WarmResult};
+
+#[derive(Debug, Clone, Args)]
+pub struct CreateArgs {
+    #[arg(long)]
+    pub activity_id: i64,
+    #[arg(long, default_value = "flash sale")]
+    pub name: String,
+    /// `sku_id:stock[:price_cents]`, repeatable.
+    #[arg(long = "sku", required = true, value_parser = parse_sku)]
+    pub skus: Vec<(i64, i32, i64)>,
+    /// Start time (RFC 3339); default: now.
+    #[arg(long)]
+    pub starts_at: Option<DateTime<Utc>>,
+    /// Length of the sale.
+    #[arg(long, default_value_t = 3600)]
+    pub duration_secs: i64,
+    /// How long a reservation may wait for its order; default: `api.reservation_valid_secs`.
+    #[arg(long)]
+    pub reservation_valid_secs: Option<i32>,
+}
+
+fn parse_sku(s: &str) -> Result<(i64, i32, i64), String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let bad = || format!("`{s}`: expected sku_id:stock[:price_cents] with sku_id > 0, stock >= 0");
+    if !(2..=3).contains(&parts.len()) {
+        return Err(bad());
+    }
+    let sku: i64 = parts[0].parse().map_err(|_| bad())?;
+    let stock: i32 = parts[1].parse().map_err(|_| bad())?;
+    let price: i64 = parts.get(2).map(|p| p.parse()).transpose().map_err(|_| bad())?.unwrap_or(0);
+    if sku <= 0 || stock < 0 || price < 0 {
+        return Err(bad());
+    }
+    Ok((sku, stock, price))
+}
+
+/// Creates (or re-asserts) the activity in PostgreSQL, then warms Redis from it.
+pub async fn create(settings: &Settings, args: &CreateArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.activity_id > 0, "--activity-id must be positive");
+    anyhow::ensure!(args.duration_secs > 0, "--duration-secs must be positive");
+    let now = Utc::now();
+    let starts_at = args.starts_at.unwrap_or(now);
+    let valid = args
+        .reservation_valid_secs
+        .unwrap_or(settings.api.reservation_valid_secs as i32);
+    anyhow::ensure!(valid > 0, "--reservation-valid-secs must be positive");
+    let spec = ActivitySpec {
+        activity_id: args.activity_id,
+        name: args.name.clone(),
+        starts_at,
+        ends_at: starts_at + Duration::seconds(args.duration_secs),
+        reservation_valid_secs: valid,
+        skus: args.skus.clone(),
+    };
+    let cfg = crate::pg::pg_config(&settings.pg)?;
+    let (mut client, conn) = cfg
+        .connect(tokio_postgres::NoTls)
+        .await
+        .context("pg.url: cannot connect")?;
+    let conn = tokio::spawn(conn);
+    queries::create_activity(&mut client, &spec, now).await?;
+    // Warm Redis from what PostgreSQL holds (an earlier, started run keeps its values).
+    let (starts, ends, valid_secs, skus) = queries::activity(&client, args.activity_id)
+        .await?
+        .context("activity vanished after create")?;
+    drop(client);
+    let _ = conn.await;
+    let redis = RedisStore::connect(&settings.redis).await?;
+    for (sku_id, total) in skus {
+        let r = redis
+            .warm(
+                args.activity_id,
+                sku_id,
+                starts.timestamp_millis(),
+                ends.timestamp_millis(),
+                i64::from(valid_secs) * 1000,
+                total,
+            )
+            .await?;
+        anyhow::ensure!(
+            r != WarmResult::StockInUse,
+            "activity {}: Redis already holds reservations for SKU {sku_id}; its stock cannot change",
+            args.activity_id
+        );
+        info!(activity_id = args.activity_id, sku_id, total, result = ?r, "SKU warmed");
+        println!(
+            "activity {} sku {sku_id}: stock {total}, {} .. {} ({:?})",
+            args.activity_id,
+            starts.to_rfc3339(),
+            ends.to_rfc3339(),
+            r
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sku_argument() {
+        assert_eq!(parse_sku("20001:100"), Ok((20001, 100, 0)));
+        assert_eq!(parse_sku("20001:100:999"), Ok((20001, 100, 999)));
+        assert!(parse_sku("0:1").is_err());
+        assert!(parse_sku("1:-1").is_err());
+        assert!(parse_sku("1").is_err());
+        assert!(parse_sku("a:b").is_err());
+    }
+}

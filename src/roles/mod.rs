@@ -1,0 +1,8 @@
+//! One module per role or admin tool; each exposes `run`.
+
+pub mod activity;
+pub mod api;
+pub mod bench;
+pub mod consume;
+pub mod migrate;
+pub mod topics;

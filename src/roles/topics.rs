@@ -1,0 +1,28 @@
+//! `seckill topics create`: creates the pipeline's topics with their queue counts on the
+//! broker (idempotent). A consumer started before its topic exists waits ~18 s for its first
+//! message, so set-up creates them explicitly.
+
+use tracing::info;
+
+use crate::config::Settings;
+
+/// `(topic, queues)` of every topic the pipeline uses.
+pub fn topic_plan(settings: &Settings) -> Vec<(String, u32)> {
+    let n = settings.names();
+    vec![
+        (n.order_create_topic, settings.mq.order_create_queues),
+        (n.order_timeout_topic, settings.mq.other_queues),
+        (n.order_event_topic, settings.mq.other_queues),
+        (n.compensate_topic, settings.mq.other_queues),
+    ]
+}
+
+pub async fn run(settings: Settings) -> anyhow::Result<()> {
+    let plan = topic_plan(&settings);
+    crate::mq::create_topics(&settings, &plan).await?;
+    for (topic, queues) in &plan {
+        info!(%topic, queues, "topic ready");
+        println!("topic {topic}: {queues} queues");
+    }
+    Ok(())
+}

@@ -1,0 +1,150 @@
+//! Logs and metrics, initialised once per process. Logs are structured (`tracing`, JSON with
+//! `telemetry.json = true`) and carry the business ids as fields; metrics use the §28.2 names
+//! with bounded labels (never an id) and are served on `/metrics` by every long-running role.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::Router;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+use crate::config::TelemetrySettings;
+
+/// Installs the global log subscriber. `RUST_LOG` overrides the configured level.
+pub fn init_logs(settings: &TelemetrySettings) {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(&settings.log_level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(true);
+    // A second init (tests) is harmless: the first subscriber stays.
+    let _ = if settings.json {
+        builder.json().flatten_event(true).try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+static PROMETHEUS: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the Prometheus recorder once per process and returns its handle.
+pub fn metrics_handle() -> PrometheusHandle {
+    PROMETHEUS
+        .get_or_init(|| {
+            let seconds = &[
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0,
+            ];
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".to_string()), seconds)
+                .expect("static bucket list is non-empty");
+            match builder.install_recorder() {
+                Ok(handle) => {
+                    describe();
+                    handle
+                }
+                // Another recorder is installed (only in tests): render an empty, private one.
+                Err(_) => PrometheusBuilder::new().build_recorder().handle(),
+            }
+        })
+        .clone()
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!("mq_publish_total", "Sends by topic and outcome (confirmed, unknown, definite_failure)");
+    describe_histogram!("mq_publish_latency_seconds", Unit::Seconds, "Broker send latency");
+    describe_counter!("mq_publish_unknown_total", "Sends whose result is unknown (re-sent later, stock kept)");
+    describe_counter!("reservation_total", "Reservation attempts by result");
+    describe_histogram!("http_request_duration_seconds", Unit::Seconds, "API latency by route");
+    describe_counter!("mq_consume_total", "Consumed messages by topic and result");
+    describe_histogram!("mq_consume_process_seconds", Unit::Seconds, "Listener call duration per batch");
+    describe_gauge!("mq_consumer_inflight", "Batches being processed");
+    describe_counter!("mq_duplicate_message_total", "Messages already processed (inbox hit)");
+    describe_counter!("mq_business_reject_total", "Reservations rejected by the order transaction, by reason");
+    describe_counter!("mq_quarantine_total", "Poison messages quarantined, by reason");
+    describe_counter!("mq_ack_failure_total", "ACKs that failed after commit (redelivery hits the inbox)");
+    describe_histogram!("order_tx_latency_seconds", Unit::Seconds, "Order transaction latency (begin to commit)");
+    describe_histogram!("pg_pool_wait_seconds", Unit::Seconds, "Wait for a pooled PostgreSQL connection");
+    describe_gauge!("pg_pool_acquired", "PostgreSQL connections in use");
+    describe_counter!("pg_deadlock_total", "Deadlocks seen");
+    describe_counter!("pg_serialization_retry_total", "Serialization failures seen");
+    describe_counter!("inventory_condition_update_miss_total", "Units refused by the conditional stock update");
+    describe_gauge!("worker_budget", "PostgreSQL transactions this process may run at once");
+}
+
+/// Readiness flag a role flips once its dependencies answer and it takes work.
+#[derive(Clone, Default)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::SeqCst);
+    }
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// `/metrics`, `/healthz` and `/readyz` for roles without an HTTP API.
+pub fn ops_router(handle: PrometheusHandle, ready: Readiness) -> Router {
+    Router::new()
+        .route("/metrics", get(move || async move { handle.render() }))
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(|State(ready): State<Readiness>| async move {
+                if ready.get() {
+                    (StatusCode::OK, "ready")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                }
+            }),
+        )
+        .with_state(ready)
+}
+
+/// Serves the ops router until `shutdown` fires.
+pub async fn serve_ops(
+    addr: SocketAddr,
+    ready: Readiness,
+    shutdown: CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("consumer.metrics_listen: cannot bind {addr}: {e}"))?;
+    let app = ops_router(metrics_handle(), ready);
+    Ok(tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await;
+    }))
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
