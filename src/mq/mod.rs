@@ -90,3 +90,72 @@ pub trait BatchHandler: Send + Sync + 'static {
 }
 
 pub type SharedHandler = Arc<dyn BatchHandler>;
+
+// ---------------------------------------------------------------------------------------------
+// Wiring from settings: what the roles call.
+// ---------------------------------------------------------------------------------------------
+
+use crate::config::Settings;
+
+static RUNTIME: std::sync::OnceLock<rocketmq::MqRuntime> = std::sync::OnceLock::new();
+
+/// The process's one RocketMQ client runtime, built on first use.
+pub fn runtime() -> anyhow::Result<rocketmq::MqRuntime> {
+    if let Some(rt) = RUNTIME.get() {
+        return Ok(rt.clone());
+    }
+    let rt = rocketmq::MqRuntime::new(rocketmq::MqRuntimeConfig {
+        listener_slots: 64,
+        ..Default::default()
+    })?;
+    Ok(RUNTIME.get_or_init(|| rt).clone())
+}
+
+/// Starts the producer of this process (`mq.name_server`, the environment's producer group).
+pub async fn connect_publisher(settings: &Settings) -> anyhow::Result<Arc<dyn Publisher>> {
+    let rt = runtime()?;
+    let mut opts =
+        rocketmq::ProducerOptions::new(&settings.mq.name_server, settings.names().producer_group);
+    opts.send_timeout_ms = settings.mq.send_timeout_ms;
+    let producer = rocketmq::RocketProducer::start(&rt, opts).await?;
+    Ok(Arc::new(producer))
+}
+
+/// Starts the order-create consumer group with `workers` handler calls at once.
+pub async fn start_order_create_consumer(
+    settings: &Settings,
+    handler: SharedHandler,
+    workers: usize,
+) -> anyhow::Result<rocketmq::ConsumerHandle> {
+    let rt = runtime()?;
+    let names = settings.names();
+    rocketmq::start_push_consumer(
+        &rt,
+        &settings.mq.name_server,
+        &names.order_create_group,
+        &names.order_create_topic,
+        "*",
+        handler,
+        rocketmq::ConsumerOptions {
+            batch_size: settings.consumer.batch_size as u32,
+            consume_threads: workers.max(1) as u32,
+            max_reconsume_times: settings.consumer.max_reconsume_times,
+            consume_from: rocketmq::ConsumeFrom::FirstOffset,
+            shutdown_timeout: std::time::Duration::from_secs(settings.consumer.shutdown_grace_secs),
+        },
+    )
+    .await
+}
+
+/// Creates `(topic, queues)` on the configured broker (idempotent).
+pub async fn create_topics(settings: &Settings, topics: &[(String, u32)]) -> anyhow::Result<()> {
+    let rt = runtime()?;
+    rocketmq::create_topics(
+        &rt,
+        &settings.mq.name_server,
+        Some(&settings.mq.broker_addr),
+        &settings.mq.cluster,
+        topics,
+    )
+    .await
+}

@@ -1,0 +1,176 @@
+//! Shared set-up for the integration tests: every test gets its own PostgreSQL schema, Redis
+//! key prefix and environment name (so its own topics and consumer groups) on the real
+//! services that `make test` starts.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use seckill::config::Settings;
+use seckill::domain::{Ids, OrderCreateRequested, TraceContext};
+use seckill::mq::Delivery;
+use seckill::pg::queries::{create_activity, ActivitySpec};
+use seckill::redis::RedisStore;
+
+pub struct TestEnv {
+    pub settings: Settings,
+    pub id: String,
+}
+
+impl TestEnv {
+    /// A fresh, migrated schema and key prefix; topics too when `with_topics`.
+    pub async fn new(with_topics: bool) -> Self {
+        seckill::telemetry::init_logs(&seckill::config::TelemetrySettings {
+            log_level: "warn".into(),
+            json: false,
+        });
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+        let mut settings = Settings::load_from(&dir).expect("config loads");
+        let ulid = ulid::Ulid::new().to_string().to_lowercase();
+        let id = ulid[ulid.len() - 10..].to_string();
+        settings.env = format!("T{}", id.to_uppercase());
+        settings.pg.schema = format!("t_{id}");
+        settings.redis.key_prefix = format!("t-{id}");
+        settings.api.listen = "127.0.0.1:0".parse().unwrap();
+        settings.consumer.metrics_listen = "127.0.0.1:0".parse().unwrap();
+        settings.validate().expect("test settings are valid");
+        seckill::pg::migrate(&settings.pg).await.expect("migrations apply");
+        if with_topics {
+            let plan = seckill::roles::topics::topic_plan(&settings);
+            seckill::mq::create_topics(&settings, &plan)
+                .await
+                .expect("topics created (is the broker up? run `make services-up`)");
+        }
+        Self { settings, id }
+    }
+
+    pub async fn pool(&self, size: usize) -> deadpool_postgres::Pool {
+        seckill::pg::connect_pool(&self.settings.pg, size).await.expect("pg pool")
+    }
+
+    pub async fn redis(&self) -> RedisStore {
+        RedisStore::connect(&self.settings.redis).await.expect("redis")
+    }
+
+    /// An activity that started a second ago, with one SKU, in PostgreSQL and Redis.
+    pub async fn activity(&self, activity_id: i64, sku_id: i64, stock: i32) {
+        let now = Utc::now();
+        let spec = ActivitySpec {
+            activity_id,
+            name: "test sale".into(),
+            starts_at: now - chrono::Duration::seconds(1),
+            ends_at: now + chrono::Duration::hours(1),
+            reservation_valid_secs: self.settings.api.reservation_valid_secs as i32,
+            skus: vec![(sku_id, stock, 100)],
+        };
+        let pool = self.pool(1).await;
+        let mut client = pool.get().await.unwrap();
+        let c: &mut tokio_postgres::Client = &mut client;
+        create_activity(c, &spec, now).await.expect("activity");
+        self.redis()
+            .await
+            .warm(
+                activity_id,
+                sku_id,
+                spec.starts_at.timestamp_millis(),
+                spec.ends_at.timestamp_millis(),
+                i64::from(spec.reservation_valid_secs) * 1000,
+                stock,
+            )
+            .await
+            .expect("warm");
+    }
+
+    /// Drops the schema and the Redis keys of this test.
+    pub async fn cleanup(self) {
+        let pool = self.pool(1).await;
+        let client = pool.get().await.unwrap();
+        client
+            .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.settings.pg.schema))
+            .await
+            .unwrap();
+        let redis = self.redis().await;
+        let mut conn = redis.pool.get().await.unwrap();
+        let keys: Vec<String> = deadpool_redis::redis::cmd("KEYS")
+            .arg(format!("{}:*", self.settings.redis.key_prefix))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if !keys.is_empty() {
+            let _: () = deadpool_redis::redis::cmd("DEL").arg(keys).query_async(&mut conn).await.unwrap();
+        }
+    }
+
+    /// count(*) of a query with no parameters.
+    pub async fn count(&self, sql: &str) -> i64 {
+        let pool = self.pool(1).await;
+        let client = pool.get().await.unwrap();
+        client.query_one(sql, &[]).await.unwrap().get(0)
+    }
+}
+
+/// Polls `f` until it returns true or `secs` pass.
+pub async fn eventually<F, Fut>(secs: u64, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if f().await {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out after {secs}s waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A valid ORDER_CREATE_REQUESTED for a buyer, valid for `valid_secs` (negative: already expired).
+pub fn event(activity_id: i64, sku_id: i64, user_id: i64, valid_secs: i64) -> OrderCreateRequested {
+    let ids = Ids::generate();
+    let now = Utc::now();
+    let created = if valid_secs > 0 { now } else { now + chrono::Duration::seconds(valid_secs - 60) };
+    OrderCreateRequested {
+        schema_version: 1,
+        event_type: "ORDER_CREATE_REQUESTED".into(),
+        message_key: ids.reservation_id.clone(),
+        message_id: ids.message_id,
+        request_id: format!("req-{user_id}"),
+        reservation_id: ids.reservation_id,
+        order_id: ids.order_id,
+        activity_id,
+        sku_id,
+        user_id,
+        quantity: 1,
+        reservation_created_at: created,
+        reservation_valid_until: now + chrono::Duration::seconds(valid_secs),
+        created_at: now,
+        retry_count: 0,
+        replay_count: 0,
+        producer: "test".into(),
+        trace: TraceContext::default(),
+    }
+}
+
+/// The delivery a broker would hand the consumer for `body`.
+pub fn delivery(topic: &str, message_id: Option<&str>, body: Vec<u8>) -> Delivery {
+    let mut properties = std::collections::HashMap::new();
+    if let Some(id) = message_id {
+        properties.insert("message_id".to_string(), id.to_string());
+    }
+    Delivery {
+        topic: topic.to_string(),
+        properties,
+        body,
+        broker_msg_id: format!("test-{}", ulid::Ulid::new()),
+        ..Default::default()
+    }
+}
+
+pub fn delivery_of(topic: &str, e: &OrderCreateRequested) -> Delivery {
+    delivery(topic, Some(&e.message_id), e.encode())
+}
+
+pub type Shared<T> = Arc<T>;

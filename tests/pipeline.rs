@@ -1,0 +1,307 @@
+//! The hot path end to end on the real services: the API in-process on port 0, the real
+//! RocketMQ producer and push consumer, PostgreSQL and Redis. Each test has its own schema,
+//! key prefix and topics.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{eventually, TestEnv};
+use reqwest::StatusCode;
+use seckill::mq::{OutMessage, Publisher};
+use seckill::roles::api::{build_state, serve, ApiState};
+use seckill::roles::consume::OrderCreateHandler;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+struct Running {
+    base: String,
+    state: ApiState,
+    stop: CancellationToken,
+    consumer: Option<seckill::mq::rocketmq::ConsumerHandle>,
+}
+
+impl Running {
+    async fn stop(self) {
+        self.stop.cancel();
+        if let Some(c) = self.consumer {
+            c.shutdown().await;
+        }
+    }
+}
+
+async fn start(env: &TestEnv, publisher: Arc<dyn Publisher>, with_consumer: bool) -> Running {
+    let state = build_state(Arc::new(env.settings.clone()), publisher).await.expect("api state");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    tokio::spawn(serve(listener, state.clone(), stop.clone()));
+    let consumer = if with_consumer {
+        let handler = Arc::new(OrderCreateHandler::new(env.pool(3).await, &env.settings, 2));
+        Some(
+            seckill::mq::start_order_create_consumer(&env.settings, handler, 2)
+                .await
+                .expect("consumer starts"),
+        )
+    } else {
+        None
+    };
+    Running { base, state, stop, consumer }
+}
+
+async fn reserve(base: &str, activity: i64, sku: i64, user: i64, request_id: &str) -> (StatusCode, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/activities/{activity}/skus/{sku}/reservations"))
+        .json(&json!({"user_id": user, "request_id": request_id, "quantity": 1}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+async fn get(url: String) -> (StatusCode, Value) {
+    let r = reqwest::get(url).await.unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn a_reservation_becomes_one_created_order_visible_through_the_api() {
+    let env = TestEnv::new(true).await;
+    env.activity(100, 1, 5).await;
+    let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
+    let app = start(&env, publisher, true).await;
+
+    let (status, body) = reserve(&app.base, 100, 1, 42, "r-1").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["status"], "QUEUED");
+    let rid = body["reservation_id"].as_str().unwrap().to_string();
+    let oid = body["order_id"].as_str().unwrap().to_string();
+
+    let url = format!("{}/v1/orders/{oid}", app.base);
+    eventually(30, "the order exists", || {
+        let url = url.clone();
+        async move { get(url).await.0 == StatusCode::OK }
+    })
+    .await;
+    let (_, order) = get(url).await;
+    assert_eq!(order["status"], "CREATED");
+    assert_eq!(order["reservation_id"], rid.as_str());
+    assert_eq!(order["user_id"], 42);
+    let (status, rsv) = get(format!("{}/v1/reservations/{rid}", app.base)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(rsv["status"], "CREATED");
+    assert_eq!(rsv["order_id"], oid.as_str());
+
+    assert_eq!(env.count("SELECT count(*) FROM stock_ledger").await, 1);
+    assert_eq!(env.count("SELECT count(*) FROM event_outbox").await, 2);
+    let fields = app.state.redis.reservation(100, &rid).await.unwrap();
+    assert_eq!(fields["mq_status"], "MQ_SENT");
+    let redis = env.redis().await;
+    assert_eq!(redis.pending_count(100).await.unwrap(), 0);
+    let pool = env.pool(1).await;
+    let report = seckill::invariants::check(
+        &**pool.get().await.unwrap(),
+        &redis,
+        &env.settings.names().order_create_group,
+        100,
+        1,
+    )
+    .await
+    .unwrap();
+    assert!(report.ok(), "{:?}", report.violations);
+    app.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn repeats_second_purchases_and_sell_out_are_answered_and_never_oversold() {
+    let env = TestEnv::new(true).await;
+    env.activity(200, 1, 3).await;
+    let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
+    let app = start(&env, publisher, true).await;
+
+    let (s1, b1) = reserve(&app.base, 200, 1, 1, "same").await;
+    let (s2, b2) = reserve(&app.base, 200, 1, 1, "same").await;
+    assert_eq!((s1, s2), (StatusCode::ACCEPTED, StatusCode::ACCEPTED));
+    assert_eq!(b1["reservation_id"], b2["reservation_id"], "same request, same reservation");
+    assert_eq!(b2["duplicate"], true);
+    let (s3, b3) = reserve(&app.base, 200, 1, 1, "another").await;
+    assert_eq!(s3, StatusCode::CONFLICT);
+    assert_eq!(b3["error"]["code"], "ALREADY_PURCHASED");
+
+    let mut accepted = 1;
+    let mut sold_out = 0;
+    for user in 2..=8 {
+        let (s, b) = reserve(&app.base, 200, 1, user, &format!("u{user}")).await;
+        match s {
+            StatusCode::ACCEPTED => accepted += 1,
+            StatusCode::GONE => {
+                assert_eq!(b["error"]["code"], "SOLD_OUT");
+                sold_out += 1
+            }
+            other => panic!("unexpected {other}: {b}"),
+        }
+    }
+    assert_eq!((accepted, sold_out), (3, 5));
+    eventually(30, "3 orders", || async { env.count("SELECT count(*) FROM orders").await == 3 }).await;
+    // Give a stray duplicate time to show up, then check nothing more was created.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(env.count("SELECT count(*) FROM orders").await, 3);
+    assert_eq!(env.count("SELECT remaining_stock::int8 FROM activity_skus").await, 0);
+    let pool = env.pool(1).await;
+    let report = seckill::invariants::check(
+        &**pool.get().await.unwrap(),
+        &env.redis().await,
+        &env.settings.names().order_create_group,
+        200,
+        1,
+    )
+    .await
+    .unwrap();
+    assert!(report.ok(), "{:?}", report.violations);
+    app.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_400_json_error_and_writes_nothing() {
+    let env = TestEnv::new(false).await;
+    env.activity(300, 1, 5).await;
+    // No broker involvement: nothing may get that far.
+    let publisher: Arc<dyn Publisher> = Arc::new(NeverCalled);
+    let app = start(&env, publisher, false).await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/activities/300/skus/1/reservations", app.base);
+    let big = format!(r#"{{"user_id":1,"request_id":"{}","quantity":1}}"#, "a".repeat(10_000));
+    let bodies: Vec<(String, &str)> = vec![
+        ("{not json".into(), "json"),
+        ("".into(), "empty"),
+        (r#"{"request_id":"a","quantity":1}"#.into(), "missing user_id"),
+        (r#"{"user_id":1,"quantity":1}"#.into(), "missing request_id"),
+        (r#"{"user_id":0,"request_id":"a","quantity":1}"#.into(), "zero user"),
+        (r#"{"user_id":-3,"request_id":"a","quantity":1}"#.into(), "negative user"),
+        (r#"{"user_id":1,"request_id":"a","quantity":2}"#.into(), "quantity 2"),
+        (r#"{"user_id":1e400,"request_id":"a","quantity":1}"#.into(), "overflow"),
+        (big, "oversized"),
+    ];
+    for (body, what) in bodies {
+        let r = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{what}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "INVALID_REQUEST", "{what}: {v}");
+        assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+    }
+    for path in ["/v1/activities/-1/skus/1/reservations", "/v1/activities/abc/skus/1/reservations", "/v1/activities/300/skus/0/reservations"] {
+        let r = client
+            .post(format!("{}{path}", app.base))
+            .json(&json!({"user_id": 1, "request_id": "a", "quantity": 1}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{path}");
+    }
+    let (s, b) = get(format!("{}/v1/reservations/not-an-id", app.base)).await;
+    assert_eq!((s, b["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some("INVALID_REQUEST")));
+    let (s, b) = get(format!("{}/no/such/route", app.base)).await;
+    assert_eq!((s, b["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("NOT_FOUND")));
+    let redis = env.redis().await;
+    assert_eq!(redis.sku_stock(300, 1).await.unwrap(), Some((5, 5)));
+    assert_eq!(redis.reservation_census(300, 1).await.unwrap().by_status.len(), 0);
+    app.stop().await;
+    env.cleanup().await;
+}
+
+/// A publisher that must never be reached.
+struct NeverCalled;
+
+#[async_trait::async_trait]
+impl Publisher for NeverCalled {
+    async fn send(&self, _msg: OutMessage, _timeout_ms: u64) -> seckill::mq::SendOutcome {
+        panic!("bad input reached the broker")
+    }
+    async fn send_batch(&self, _msgs: Vec<OutMessage>, _timeout_ms: u64) -> Vec<seckill::mq::SendOutcome> {
+        panic!("bad input reached the broker")
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_broker_is_unknown_keeps_the_stock_and_leaves_the_reservation_pending() {
+    let mut env = TestEnv::new(false).await;
+    env.activity(400, 1, 5).await;
+    // Nothing listens on this port: the name server is dead.
+    env.settings.mq.name_server = "127.0.0.1:1".into();
+    env.settings.mq.send_timeout_ms = 300;
+    let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
+    let app = start(&env, publisher, false).await;
+    let (status, body) = reserve(&app.base, 400, 1, 9, "x").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "UNKNOWN still queues: {body}");
+    let rid = body["reservation_id"].as_str().unwrap();
+    let fields = app.state.redis.reservation(400, rid).await.unwrap();
+    assert_eq!(fields["mq_status"], "MQ_PENDING");
+    assert_eq!(fields["status"], "RESERVED");
+    assert!(fields.contains_key("last_error"), "{fields:?}");
+    let redis = env.redis().await;
+    assert_eq!(redis.sku_stock(400, 1).await.unwrap(), Some((5, 4)), "stock not given back");
+    assert_eq!(redis.pending_count(400).await.unwrap(), 1, "left for the scanner");
+    app.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_missing_topic_is_a_definite_failure_that_releases_the_reservation() {
+    // No topics created for this environment, and the broker does not auto-create them.
+    let env = TestEnv::new(false).await;
+    env.activity(500, 1, 5).await;
+    let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
+    let app = start(&env, publisher, false).await;
+    let (status, body) = reserve(&app.base, 500, 1, 9, "x").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["code"], "ORDER_QUEUE_UNAVAILABLE");
+    let redis = env.redis().await;
+    assert_eq!(redis.sku_stock(500, 1).await.unwrap(), Some((5, 5)), "released exactly once");
+    assert_eq!(redis.pending_count(500).await.unwrap(), 0);
+    let census = redis.reservation_census(500, 1).await.unwrap();
+    assert_eq!(census.by_status.get("RELEASED"), Some(&1));
+    app.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_poison_message_on_the_topic_is_quarantined_and_acknowledged() {
+    let env = TestEnv::new(true).await;
+    env.activity(600, 1, 5).await;
+    let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
+    let app = start(&env, publisher.clone(), true).await;
+    let outcome = publisher
+        .send(
+            OutMessage {
+                topic: env.settings.names().order_create_topic,
+                tag: "CREATE_ORDER".into(),
+                keys: vec!["poison".into()],
+                properties: vec![("message_id".into(), "evt_poison".into())],
+                body: b"{\"schema_version\": 1, \"truncated".to_vec(),
+                deliver_time_ms: None,
+            },
+            3000,
+        )
+        .await;
+    assert!(matches!(outcome, seckill::mq::SendOutcome::Confirmed { .. }), "{outcome:?}");
+    eventually(30, "the poison message is quarantined", || async {
+        env.count("SELECT count(*) FROM quarantined_messages WHERE message_id = 'evt_poison'").await == 1
+    })
+    .await;
+    assert_eq!(env.count("SELECT count(*) FROM orders").await, 0);
+    // Acknowledged: it is not redelivered (a redelivery would add a second quarantine row).
+    tokio::time::sleep(std::time::Duration::from_secs(12)).await;
+    assert_eq!(env.count("SELECT count(*) FROM quarantined_messages").await, 1);
+    app.stop().await;
+    env.cleanup().await;
+}
