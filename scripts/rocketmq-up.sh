@@ -68,7 +68,8 @@ start_detached() {
   local pidfile="$1" logfile="$2"
   shift 2
   rm -f "$pidfile"
-  setsid bash -c 'echo $$ >"$0"; exec "$@"' "$pidfile" "$@" >>"$logfile" 2>&1 </dev/null &
+  # 9>&-: the server must not inherit (and keep holding) this script's lock.
+  setsid bash -c 'echo $$ >"$0"; exec "$@"' "$pidfile" "$@" >>"$logfile" 2>&1 </dev/null 9>&- &
   local i
   for i in $(seq 50); do
     [[ -s "$pidfile" ]] && return 0

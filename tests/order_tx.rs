@@ -2,6 +2,9 @@
 //! (the one-step function of the consume role): duplicates, poison, expiry, buyers, stock,
 //! transient failures. Each test has its own schema.
 
+// The RocketMQ client's futures are deeply nested.
+#![recursion_limit = "256"]
+
 mod common;
 
 use std::sync::Arc;

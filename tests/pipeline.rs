@@ -2,6 +2,9 @@
 //! RocketMQ producer and push consumer, PostgreSQL and Redis. Each test has its own schema,
 //! key prefix and topics.
 
+// The RocketMQ client's futures are deeply nested.
+#![recursion_limit = "256"]
+
 mod common;
 
 use std::sync::Arc;

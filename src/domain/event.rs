@@ -45,7 +45,7 @@ pub struct OrderCreateRequested {
 }
 
 /// Why a message body cannot be processed, ever. Such messages are quarantined, not retried.
-#[derive(Debug, Error, PartialEq, Eq)]
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
 pub enum PoisonReason {
     #[error("INVALID_JSON: {0}")]
     InvalidJson(String),

@@ -21,8 +21,8 @@ use cheetah_string::CheetahString;
 use rocketmq_client_rust::{
     ClientError, ClientResult, ClientRuntime, ClientRuntimeConfig, ConsumeConcurrentlyContext,
     ConsumeConcurrentlyStatus, DefaultMQAdminExt, DefaultMQProducer, DefaultMQPushConsumer,
-    MQClientException, MessageListenerConcurrently, RouteAdmin, SendResult, SendStatus,
-    TelemetryHandle, TopicAdmin,
+    MQClientException, MQPushConsumer, MessageListenerConcurrently, RouteAdmin, SendResult,
+    SendStatus, TelemetryHandle, TopicAdmin,
 };
 use rocketmq_model::common::consumer::consume_from_where::ConsumeFromWhere;
 use rocketmq_model::common::message::message_ext::MessageExt;
@@ -32,9 +32,7 @@ use rocketmq_model::topic::TopicConfig;
 use rocketmq_runtime::{RuntimeConfig, RuntimeOwner};
 use tokio::sync::Notify;
 
-use super::{
-    BatchHandler, ConsumeDecision, Delivery, OutMessage, Publisher, SendOutcome, SharedHandler,
-};
+use super::{ConsumeDecision, Delivery, OutMessage, Publisher, SendOutcome, SharedHandler};
 
 /// Prefix of the per-group retry topic through which redelivered messages arrive.
 const RETRY_TOPIC_PREFIX: &str = "%RETRY%";

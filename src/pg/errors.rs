@@ -27,7 +27,13 @@ impl TxError {
 
 /// Classifies a driver error by SQLSTATE class and connection state.
 pub fn classify(err: &tokio_postgres::Error) -> TxError {
-    let text = err.to_string();
+    let text = match err.as_db_error() {
+        Some(db) => format!("{} {}: {}", db.severity(), db.code().code(), db.message()),
+        None => match std::error::Error::source(err) {
+            Some(src) => format!("{err}: {src}"),
+            None => err.to_string(),
+        },
+    };
     if err.is_closed() {
         return TxError::Transient(text);
     }

@@ -64,7 +64,7 @@ pub async fn connect_pool(settings: &PgSettings, size: usize) -> anyhow::Result<
 
 /// Creates the schema when missing and applies the migrations in `sql/` (tracked by refinery).
 /// Returns the versions applied by this run.
-pub async fn migrate(settings: &PgSettings) -> anyhow::Result<Vec<i32>> {
+pub async fn migrate(settings: &PgSettings) -> anyhow::Result<Vec<u32>> {
     let cfg = pg_config(settings)?;
     let (mut client, conn) = cfg
         .connect(NoTls)

@@ -119,7 +119,6 @@ struct Cols {
     h: Vec<DateTime<Utc>>,
     i: Vec<DateTime<Utc>>,
     j: Vec<Option<String>>,
-    k: Vec<String>,
 }
 
 /// Processes a batch in one transaction. Returns one decision per input, in order.
@@ -551,10 +550,10 @@ pub async fn process_batch(
                  ON CONFLICT DO NOTHING",
             )
             .await?;
-        let (a, b) = futures::join!(
-            tx.execute(&upd, &[&rj.a, &rj.b]),
-            tx.execute(&ins, &[&rj.c, &rj.a, &rj.e, &rj.f, &rj.g, &rj.b])
-        );
+        let upd_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&rj.a, &rj.b];
+        let ins_params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+            [&rj.c, &rj.a, &rj.e, &rj.f, &rj.g, &rj.b];
+        let (a, b) = futures::join!(tx.execute(&upd, &upd_params), tx.execute(&ins, &ins_params));
         a?;
         b?;
         Ok(())

@@ -6,6 +6,7 @@
 //! with a re-send scheduled (stock is never given back); DEFINITE_FAILURE → MQ_FAILED and
 //! the reservation released once. The buyer gets 202 QUEUED and polls the GET endpoints.
 
+use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
