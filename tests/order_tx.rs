@@ -276,3 +276,33 @@ async fn a_transient_failure_rolls_everything_back_and_asks_for_redelivery() {
     drop(locker);
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn many_buyers_at_once_never_deadlock_and_never_oversell() {
+    let env = TestEnv::new(false).await;
+    env.activity(1, 1, 30).await;
+    let h = handler(&env, 8).await;
+    let topic = env.settings.names().order_create_topic;
+    let calls = (1..=60).map(|user| {
+        let h = h.clone();
+        let d = delivery_of(&topic, &event(1, 1, user, 300));
+        async move { h.process(&[d]).await }
+    });
+    let results = futures::future::join_all(calls).await;
+    // Concurrent transactions on one hot SKU must serialise on its row, not fail.
+    let failures: Vec<String> = results
+        .iter()
+        .filter_map(|r| r.as_ref().err().map(|e| e.to_string()))
+        .collect();
+    assert!(failures.is_empty(), "transactions failed: {failures:?}");
+    let created = results
+        .iter()
+        .flatten()
+        .filter(|d| matches!(d[0], Decision::Created { .. }))
+        .count();
+    assert_eq!(created, 30);
+    assert_eq!(env.count("SELECT count(*) FROM orders").await, 30);
+    assert_eq!(env.count("SELECT count(*) FROM compensation_tasks WHERE reason = 'NO_STOCK'").await, 30);
+    assert_eq!(env.count("SELECT remaining_stock::int8 FROM activity_skus").await, 0);
+    env.cleanup().await;
+}

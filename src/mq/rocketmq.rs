@@ -351,10 +351,13 @@ impl RocketProducer {
             .retry_times_when_send_failed(opts.retries)
             .retry_times_when_send_async_failed(opts.retries)
             .build();
-        producer
-            .start()
-            .await
-            .map_err(|e| anyhow!("starting producer {} against {}: {e}", opts.group, opts.name_srv))?;
+        producer.start().await.map_err(|e| {
+            anyhow!(
+                "starting producer {} against {}: {e}",
+                opts.group,
+                opts.name_srv
+            )
+        })?;
         Ok(Self {
             producer,
             _runtime: runtime.clone(),
@@ -383,7 +386,9 @@ fn to_message(msg: OutMessage, with_delay: bool) -> Result<Message, ClientError>
         }
     }
     for (k, v) in msg.properties {
-        builder = builder.raw_property(k, v).map_err(ClientError::from_error)?;
+        builder = builder
+            .raw_property(k, v)
+            .map_err(ClientError::from_error)?;
     }
     builder.build().map_err(ClientError::from_error)
 }
@@ -425,7 +430,9 @@ impl Publisher for RocketProducer {
 
     async fn send_batch(&self, msgs: Vec<OutMessage>, timeout_ms: u64) -> Vec<SendOutcome> {
         let batchable = msgs.len() > 1
-            && msgs.iter().all(|m| m.deliver_time_ms.is_none() && m.topic == msgs[0].topic);
+            && msgs
+                .iter()
+                .all(|m| m.deliver_time_ms.is_none() && m.topic == msgs[0].topic);
         if !batchable {
             // The broker stores a batch on one topic and without delay; anything else goes
             // out message by message.
@@ -440,7 +447,11 @@ impl Publisher for RocketProducer {
                 Err(_) => return self.send_each(msgs, timeout_ms).await,
             }
         }
-        match self.producer.send_batch_with_timeout(built, timeout_ms).await {
+        match self
+            .producer
+            .send_batch_with_timeout(built, timeout_ms)
+            .await
+        {
             Ok(r) if r.send_status == SendStatus::SendOk => {
                 // msg_id lists each message's id, comma separated, in order.
                 let ids = r.msg_id.as_ref().map(|s| s.as_str()).unwrap_or_default();
@@ -567,7 +578,9 @@ impl MessageListenerConcurrently for BridgeListener {
             let _ = tx.send(decision);
         });
         let decision = rx.recv().unwrap_or_else(|_| {
-            tracing::warn!("batch handler ended without a decision (panic or shutdown); retrying batch");
+            tracing::warn!(
+                "batch handler ended without a decision (panic or shutdown); retrying batch"
+            );
             ConsumeDecision::Retry
         });
         Ok(match decision {
@@ -841,7 +854,12 @@ mod tests {
         let br = facts("broker.operation.failed", "internal", Some(17), None);
         assert_eq!(classify_send_error(&ns), DefiniteFailure);
         assert_eq!(classify_send_error(&br), DefiniteFailure);
-        let nf = facts("core.argument.invalid", "invalid_argument", None, Some(10005));
+        let nf = facts(
+            "core.argument.invalid",
+            "invalid_argument",
+            None,
+            Some(10005),
+        );
         assert_eq!(classify_send_error(&nf), DefiniteFailure);
         let route = facts("route.topic.not_found", "not_found", None, None);
         assert_eq!(classify_send_error(&route), DefiniteFailure);
@@ -852,10 +870,20 @@ mod tests {
         for code in [13, 16, 29] {
             let b = facts("broker.operation.failed", "internal", Some(code), None);
             assert_eq!(classify_send_error(&b), DefiniteFailure, "broker {code}");
-            let c = facts("core.argument.invalid", "invalid_argument", None, Some(code));
+            let c = facts(
+                "core.argument.invalid",
+                "invalid_argument",
+                None,
+                Some(code),
+            );
             assert_eq!(classify_send_error(&c), DefiniteFailure, "client {code}");
         }
-        let prop = facts("protocol.message.property.invalid", "invalid_argument", None, None);
+        let prop = facts(
+            "protocol.message.property.invalid",
+            "invalid_argument",
+            None,
+            None,
+        );
         assert_eq!(classify_send_error(&prop), DefiniteFailure);
         let big = facts("broker.message.too_large", "resource_exhausted", None, None);
         assert_eq!(classify_send_error(&big), DefiniteFailure);
@@ -883,7 +911,12 @@ mod tests {
         assert_eq!(classify_send_error(&f), Unknown);
         // 10003 "No route available" (broker gone from the route), 10001 connect, 10006 timeout.
         for code in [10001, 10002, 10003, 10006] {
-            let f = facts("core.argument.invalid", "invalid_argument", None, Some(code));
+            let f = facts(
+                "core.argument.invalid",
+                "invalid_argument",
+                None,
+                Some(code),
+            );
             assert_eq!(classify_send_error(&f), Unknown, "client {code}");
         }
     }
@@ -897,17 +930,35 @@ mod tests {
     #[test]
     fn real_client_errors_classify() {
         let e = ClientError::route_not_found("nope");
-        assert!(matches!(outcome_from_error(&e), SendOutcome::DefiniteFailure { .. }));
+        assert!(matches!(
+            outcome_from_error(&e),
+            SendOutcome::DefiniteFailure { .. }
+        ));
         let e = ClientError::broker_operation_failed("SEND", 17, "topic not exist");
-        assert!(matches!(outcome_from_error(&e), SendOutcome::DefiniteFailure { .. }));
+        assert!(matches!(
+            outcome_from_error(&e),
+            SendOutcome::DefiniteFailure { .. }
+        ));
         let e = ClientError::broker_operation_failed("SEND", 2, "busy");
-        assert!(matches!(outcome_from_error(&e), SendOutcome::Unknown { .. }));
+        assert!(matches!(
+            outcome_from_error(&e),
+            SendOutcome::Unknown { .. }
+        ));
         let e = ClientError::from(MQClientException::new_with_code(17, "No route info"));
-        assert!(matches!(outcome_from_error(&e), SendOutcome::DefiniteFailure { .. }));
+        assert!(matches!(
+            outcome_from_error(&e),
+            SendOutcome::DefiniteFailure { .. }
+        ));
         let e = ClientError::from(MQClientException::new("Send [1] times, still failed"));
-        assert!(matches!(outcome_from_error(&e), SendOutcome::Unknown { .. }));
+        assert!(matches!(
+            outcome_from_error(&e),
+            SendOutcome::Unknown { .. }
+        ));
         let e = ClientError::timeout("send", 100);
-        assert!(matches!(outcome_from_error(&e), SendOutcome::Unknown { .. }));
+        assert!(matches!(
+            outcome_from_error(&e),
+            SendOutcome::Unknown { .. }
+        ));
     }
 
     #[test]
@@ -946,7 +997,10 @@ mod tests {
         assert_eq!(d.topic, "orders");
         assert_eq!(d.tags, "T");
         assert_eq!(d.keys, "k1 k2");
-        assert_eq!(d.properties.get("message_id").map(String::as_str), Some("m1"));
+        assert_eq!(
+            d.properties.get("message_id").map(String::as_str),
+            Some("m1")
+        );
         assert_eq!(d.reconsume_times, 1);
         assert_eq!(d.body, b"x");
     }

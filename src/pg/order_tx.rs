@@ -358,6 +358,8 @@ pub async fn process_batch(
 
     // 5. Final stock: one conditional decrement per SKU, in key order (no deadlocks between
     //    batches), granting at most what is left. Surplus orders are removed and rejected.
+    //    The row lock is FOR NO KEY UPDATE: the orders' foreign-key checks hold FOR KEY SHARE
+    //    on the same row, and FOR UPDATE would deadlock two transactions against each other.
     let mut per_sku: BTreeMap<(i64, i64), Vec<usize>> = BTreeMap::new();
     for &i in &eligible {
         if inserted.contains(&ev(i).order_id) {
@@ -371,7 +373,7 @@ pub async fn process_batch(
             .prepare_cached(
                 "WITH cur AS (
                     SELECT activity_id, sku_id, remaining_stock FROM activity_skus
-                    WHERE activity_id = $1 AND sku_id = $2 FOR UPDATE)
+                    WHERE activity_id = $1 AND sku_id = $2 FOR NO KEY UPDATE)
                  UPDATE activity_skus s
                     SET remaining_stock = cur.remaining_stock - LEAST(cur.remaining_stock, $3),
                         updated_at = now()
