@@ -6,7 +6,11 @@ use crate::roles::activity::CreateArgs;
 use crate::roles::bench::BenchArgs;
 
 #[derive(Debug, Parser)]
-#[command(name = "seckill", version, about = "Flash-sale order pipeline: Redis → RocketMQ → PostgreSQL")]
+#[command(
+    name = "seckill",
+    version,
+    about = "Flash-sale order pipeline: Redis → RocketMQ → PostgreSQL"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

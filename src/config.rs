@@ -197,13 +197,19 @@ impl Settings {
                 && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
         };
         if !ident(&self.env) {
-            return Err(invalid("env", "must be 1-32 characters of A-Z, a-z, 0-9, _"));
+            return Err(invalid(
+                "env",
+                "must be 1-32 characters of A-Z, a-z, 0-9, _",
+            ));
         }
         if self.pg.url.trim().is_empty() {
             return Err(invalid("pg.url", "must not be empty"));
         }
         if self.pg.url.parse::<tokio_postgres::Config>().is_err() {
-            return Err(invalid("pg.url", "is not a valid PostgreSQL connection string"));
+            return Err(invalid(
+                "pg.url",
+                "is not a valid PostgreSQL connection string",
+            ));
         }
         if !ident(&self.pg.schema) || self.pg.schema.starts_with(|c: char| c.is_ascii_digit()) {
             return Err(invalid("pg.schema", "must be a plain identifier"));
@@ -239,16 +245,25 @@ impl Settings {
             return Err(invalid("redis.pool_size", "must be at least 1"));
         }
         if self.mq.name_server.parse::<SocketAddr>().is_err() {
-            return Err(invalid("mq.name_server", "must be host:port with an IP address"));
+            return Err(invalid(
+                "mq.name_server",
+                "must be host:port with an IP address",
+            ));
         }
         if self.mq.broker_addr.parse::<SocketAddr>().is_err() {
-            return Err(invalid("mq.broker_addr", "must be host:port with an IP address"));
+            return Err(invalid(
+                "mq.broker_addr",
+                "must be host:port with an IP address",
+            ));
         }
         if self.mq.send_timeout_ms == 0 || self.mq.send_timeout_ms > 10_000 {
             return Err(invalid("mq.send_timeout_ms", "must be in 1..=10000"));
         }
         if self.mq.order_create_queues == 0 || self.mq.other_queues == 0 {
-            return Err(invalid("mq.order_create_queues", "queue counts must be positive"));
+            return Err(invalid(
+                "mq.order_create_queues",
+                "queue counts must be positive",
+            ));
         }
         if self.api.max_body_bytes < 64 {
             return Err(invalid("api.max_body_bytes", "must be at least 64"));
@@ -266,13 +281,19 @@ impl Settings {
             return Err(invalid("consumer.batch_size", "must be in 1..=32"));
         }
         if self.consumer.max_reconsume_times < 0 {
-            return Err(invalid("consumer.max_reconsume_times", "must not be negative"));
+            return Err(invalid(
+                "consumer.max_reconsume_times",
+                "must not be negative",
+            ));
         }
         if self.consumer.pay_window_secs == 0 {
             return Err(invalid("consumer.pay_window_secs", "must be positive"));
         }
         if tracing_subscriber::EnvFilter::try_new(&self.telemetry.log_level).is_err() {
-            return Err(invalid("telemetry.log_level", "is not a valid filter directive"));
+            return Err(invalid(
+                "telemetry.log_level",
+                "is not a valid filter directive",
+            ));
         }
         Ok(())
     }
@@ -309,6 +330,9 @@ mod tests {
         let n = Names::new("PROD");
         assert_eq!(n.order_create_topic, "PROD_SECKILL_ORDER_CREATE_V1");
         assert_eq!(n.order_create_group, "CG_SECKILL_ORDER_CREATE_PG_V1");
-        assert_eq!(Names::new("T1").order_create_group, "CG_T1_SECKILL_ORDER_CREATE_PG_V1");
+        assert_eq!(
+            Names::new("T1").order_create_group,
+            "CG_T1_SECKILL_ORDER_CREATE_PG_V1"
+        );
     }
 }

@@ -171,7 +171,10 @@ pub async fn check(
         ));
     }
     if f.redis_remaining < 0 {
-        v.push(format!("Redis remaining is negative: {}", f.redis_remaining));
+        v.push(format!(
+            "Redis remaining is negative: {}",
+            f.redis_remaining
+        ));
     }
     if f.redis_total != f.redis_remaining + f.redis_reserved {
         v.push(format!(

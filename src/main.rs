@@ -16,7 +16,12 @@ fn main() -> std::process::ExitCode {
         }
     };
     seckill::telemetry::init_logs(&settings.telemetry);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // The recorder goes in before any role records its first metric.
+    let _ = seckill::telemetry::metrics_handle();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("seckill: cannot start the runtime: {e}");
@@ -26,14 +31,18 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Api => roles::api::run(settings).await.map(|_| true),
-            Command::Consume { workers } => roles::consume::run(settings, workers).await.map(|_| true),
+            Command::Consume { workers } => {
+                roles::consume::run(settings, workers).await.map(|_| true)
+            }
             Command::Migrate => roles::migrate::run(settings).await.map(|_| true),
-            Command::Topics { command: TopicsCommand::Create } => {
-                roles::topics::run(settings).await.map(|_| true)
-            }
-            Command::Activity { command: ActivityCommand::Create(args) } => {
-                roles::activity::create(&settings, &args).await.map(|_| true)
-            }
+            Command::Topics {
+                command: TopicsCommand::Create,
+            } => roles::topics::run(settings).await.map(|_| true),
+            Command::Activity {
+                command: ActivityCommand::Create(args),
+            } => roles::activity::create(&settings, &args)
+                .await
+                .map(|_| true),
             Command::Bench(args) => roles::bench::run(settings, args).await,
         }
     });

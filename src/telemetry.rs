@@ -18,8 +18,8 @@ use crate::config::TelemetrySettings;
 
 /// Installs the global log subscriber. `RUST_LOG` overrides the configured level.
 pub fn init_logs(settings: &TelemetrySettings) {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(&settings.log_level));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&settings.log_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(true);
@@ -58,25 +58,72 @@ pub fn metrics_handle() -> PrometheusHandle {
 
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    describe_counter!("mq_publish_total", "Sends by topic and outcome (confirmed, unknown, definite_failure)");
-    describe_histogram!("mq_publish_latency_seconds", Unit::Seconds, "Broker send latency");
-    describe_counter!("mq_publish_unknown_total", "Sends whose result is unknown (re-sent later, stock kept)");
+    describe_counter!(
+        "mq_publish_total",
+        "Sends by topic and outcome (confirmed, unknown, definite_failure)"
+    );
+    describe_histogram!(
+        "mq_publish_latency_seconds",
+        Unit::Seconds,
+        "Broker send latency"
+    );
+    describe_counter!(
+        "mq_publish_unknown_total",
+        "Sends whose result is unknown (re-sent later, stock kept)"
+    );
     describe_counter!("reservation_total", "Reservation attempts by result");
-    describe_histogram!("http_request_duration_seconds", Unit::Seconds, "API latency by route");
+    describe_histogram!(
+        "http_request_duration_seconds",
+        Unit::Seconds,
+        "API latency by route"
+    );
     describe_counter!("mq_consume_total", "Consumed messages by topic and result");
-    describe_histogram!("mq_consume_process_seconds", Unit::Seconds, "Listener call duration per batch");
+    describe_histogram!(
+        "mq_consume_process_seconds",
+        Unit::Seconds,
+        "Listener call duration per batch"
+    );
     describe_gauge!("mq_consumer_inflight", "Batches being processed");
-    describe_counter!("mq_duplicate_message_total", "Messages already processed (inbox hit)");
-    describe_counter!("mq_business_reject_total", "Reservations rejected by the order transaction, by reason");
-    describe_counter!("mq_quarantine_total", "Poison messages quarantined, by reason");
-    describe_counter!("mq_ack_failure_total", "ACKs that failed after commit (redelivery hits the inbox)");
-    describe_histogram!("order_tx_latency_seconds", Unit::Seconds, "Order transaction latency (begin to commit)");
-    describe_histogram!("pg_pool_wait_seconds", Unit::Seconds, "Wait for a pooled PostgreSQL connection");
+    describe_counter!(
+        "mq_duplicate_message_total",
+        "Messages already processed (inbox hit)"
+    );
+    describe_counter!(
+        "mq_business_reject_total",
+        "Reservations rejected by the order transaction, by reason"
+    );
+    describe_counter!(
+        "mq_quarantine_total",
+        "Poison messages quarantined, by reason"
+    );
+    describe_counter!(
+        "mq_ack_failure_total",
+        "ACKs that failed after commit (redelivery hits the inbox)"
+    );
+    describe_histogram!(
+        "order_tx_latency_seconds",
+        Unit::Seconds,
+        "Order transaction latency (begin to commit)"
+    );
+    describe_histogram!(
+        "pg_pool_wait_seconds",
+        Unit::Seconds,
+        "Wait for a pooled PostgreSQL connection"
+    );
     describe_gauge!("pg_pool_acquired", "PostgreSQL connections in use");
     describe_counter!("pg_deadlock_total", "Deadlocks seen");
-    describe_counter!("pg_serialization_retry_total", "Serialization failures seen");
-    describe_counter!("inventory_condition_update_miss_total", "Units refused by the conditional stock update");
-    describe_gauge!("worker_budget", "PostgreSQL transactions this process may run at once");
+    describe_counter!(
+        "pg_serialization_retry_total",
+        "Serialization failures seen"
+    );
+    describe_counter!(
+        "inventory_condition_update_miss_total",
+        "Units refused by the conditional stock update"
+    );
+    describe_gauge!(
+        "worker_budget",
+        "PostgreSQL transactions this process may run at once"
+    );
 }
 
 /// Readiness flag a role flips once its dependencies answer and it takes work.

@@ -15,7 +15,11 @@ use seckill::pg::order_tx::{Decision, RejectReason};
 use seckill::roles::consume::OrderCreateHandler;
 
 async fn handler(env: &TestEnv, workers: usize) -> Arc<OrderCreateHandler> {
-    Arc::new(OrderCreateHandler::new(env.pool(workers + 1).await, &env.settings, workers))
+    Arc::new(OrderCreateHandler::new(
+        env.pool(workers + 1).await,
+        &env.settings,
+        workers,
+    ))
 }
 
 #[tokio::test]
@@ -32,12 +36,19 @@ async fn same_message_delivered_100_times_concurrently_makes_one_order() {
         async move { h.handle(vec![d]).await }
     });
     let decisions = futures::future::join_all(calls).await;
-    assert!(decisions.iter().all(|d| *d == ConsumeDecision::Ack), "{decisions:?}");
+    assert!(
+        decisions.iter().all(|d| *d == ConsumeDecision::Ack),
+        "{decisions:?}"
+    );
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 1);
     assert_eq!(env.count("SELECT count(*) FROM stock_ledger").await, 1);
     assert_eq!(env.count("SELECT count(*) FROM consumer_inbox").await, 1);
     assert_eq!(env.count("SELECT count(*) FROM event_outbox").await, 2);
-    assert_eq!(env.count("SELECT remaining_stock::int8 FROM activity_skus").await, 9);
+    assert_eq!(
+        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+            .await,
+        9
+    );
     let inv = seckill::invariants::check(
         &**env.pool(1).await.get().await.unwrap(),
         &env.redis().await,
@@ -64,8 +75,16 @@ async fn order_row_ledger_outbox_and_inbox_are_written_together() {
     let h = handler(&env, 1).await;
     let n = env.settings.names();
     let e = event(1, 1, 7, 300);
-    let decisions = h.process(&[delivery_of(&n.order_create_topic, &e)]).await.unwrap();
-    assert_eq!(decisions, vec![Decision::Created { order_id: e.order_id.clone() }]);
+    let decisions = h
+        .process(&[delivery_of(&n.order_create_topic, &e)])
+        .await
+        .unwrap();
+    assert_eq!(
+        decisions,
+        vec![Decision::Created {
+            order_id: e.order_id.clone()
+        }]
+    );
     let pool = env.pool(1).await;
     let c = pool.get().await.unwrap();
     let row = c
@@ -77,21 +96,39 @@ async fn order_row_ledger_outbox_and_inbox_are_written_together() {
     assert_eq!(row.get::<_, i64>(2), 7);
     assert!(row.get::<_, bool>(3));
     let ledger = c
-        .query_one("SELECT delta, reason FROM stock_ledger WHERE order_id = $1", &[&e.order_id])
+        .query_one(
+            "SELECT delta, reason FROM stock_ledger WHERE order_id = $1",
+            &[&e.order_id],
+        )
         .await
         .unwrap();
-    assert_eq!((ledger.get::<_, i32>(0), ledger.get::<_, String>(1)), (-1, "ORDER_CREATED".to_string()));
+    assert_eq!(
+        (ledger.get::<_, i32>(0), ledger.get::<_, String>(1)),
+        (-1, "ORDER_CREATED".to_string())
+    );
     let outbox = c
         .query("SELECT topic, tag, deliver_at IS NOT NULL, status FROM event_outbox WHERE aggregate_id = $1 ORDER BY tag", &[&e.order_id])
         .await
         .unwrap();
-    let outbox: Vec<(String, String, bool, String)> =
-        outbox.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect();
+    let outbox: Vec<(String, String, bool, String)> = outbox
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
     assert_eq!(
         outbox,
         vec![
-            (n.order_timeout_topic.clone(), "CANCEL_IF_UNPAID".to_string(), true, "PENDING".to_string()),
-            (n.order_event_topic.clone(), "ORDER_CREATED".to_string(), false, "PENDING".to_string()),
+            (
+                n.order_timeout_topic.clone(),
+                "CANCEL_IF_UNPAID".to_string(),
+                true,
+                "PENDING".to_string()
+            ),
+            (
+                n.order_event_topic.clone(),
+                "ORDER_CREATED".to_string(),
+                false,
+                "PENDING".to_string()
+            ),
         ]
     );
     let inbox = c
@@ -101,7 +138,10 @@ async fn order_row_ledger_outbox_and_inbox_are_written_together() {
         )
         .await
         .unwrap();
-    assert_eq!((inbox.get::<_, String>(0), inbox.get::<_, String>(1)), ("SUCCEEDED".into(), "CREATED".into()));
+    assert_eq!(
+        (inbox.get::<_, String>(0), inbox.get::<_, String>(1)),
+        ("SUCCEEDED".into(), "CREATED".into())
+    );
     drop(c);
     env.cleanup().await;
 }
@@ -130,7 +170,9 @@ async fn poison_bodies_are_quarantined_with_their_raw_body_and_acknowledged() {
             Decision::Quarantined("INVALID_JSON"),
             Decision::Quarantined("UNSUPPORTED_SCHEMA"),
             Decision::Quarantined("INVALID_EVENT"),
-            Decision::Created { order_id: good.order_id.clone() },
+            Decision::Created {
+                order_id: good.order_id.clone()
+            },
         ],
         "poison never fails the good message beside it"
     );
@@ -138,12 +180,18 @@ async fn poison_bodies_are_quarantined_with_their_raw_body_and_acknowledged() {
     let pool = env.pool(1).await;
     let c = pool.get().await.unwrap();
     let raw: Vec<u8> = c
-        .query_one("SELECT raw_body FROM quarantined_messages WHERE message_id = 'evt_garbage' LIMIT 1", &[])
+        .query_one(
+            "SELECT raw_body FROM quarantined_messages WHERE message_id = 'evt_garbage' LIMIT 1",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
     assert_eq!(raw, b"\x00\xffnot json".to_vec());
-    assert_eq!(env.count("SELECT count(*) FROM quarantined_messages").await, 4);
+    assert_eq!(
+        env.count("SELECT count(*) FROM quarantined_messages").await,
+        4
+    );
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 1);
     drop(c);
     env.cleanup().await;
@@ -157,9 +205,15 @@ async fn expired_reservation_is_rejected_with_exactly_one_compensation() {
     let topic = env.settings.names().order_create_topic;
     let e = event(1, 1, 5, -1);
     let d = delivery_of(&topic, &e);
-    assert_eq!(h.process(&[d.clone()]).await.unwrap(), vec![Decision::Rejected(RejectReason::Expired)]);
+    assert_eq!(
+        h.process(&[d.clone()]).await.unwrap(),
+        vec![Decision::Rejected(RejectReason::Expired)]
+    );
     // Redelivery and a second message for the same reservation change nothing.
-    assert_eq!(h.process(&[d]).await.unwrap(), vec![Decision::DuplicateMessage]);
+    assert_eq!(
+        h.process(&[d]).await.unwrap(),
+        vec![Decision::DuplicateMessage]
+    );
     let mut again = e.clone();
     again.message_id = seckill::domain::Ids::generate().message_id;
     assert_eq!(
@@ -167,16 +221,24 @@ async fn expired_reservation_is_rejected_with_exactly_one_compensation() {
         vec![Decision::DuplicateReservation]
     );
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 0);
-    assert_eq!(env.count("SELECT count(*) FROM compensation_tasks").await, 1);
     assert_eq!(
-        env.count("SELECT count(*) FROM event_outbox WHERE tag = 'RELEASE_RESERVATION'").await,
+        env.count("SELECT count(*) FROM compensation_tasks").await,
+        1
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM event_outbox WHERE tag = 'RELEASE_RESERVATION'")
+            .await,
         1
     );
     assert_eq!(
         env.count("SELECT count(*) FROM reservations WHERE status = 'REJECTED' AND reject_reason = 'EXPIRED'").await,
         1
     );
-    assert_eq!(env.count("SELECT remaining_stock::int8 FROM activity_skus").await, 10);
+    assert_eq!(
+        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+            .await,
+        10
+    );
     env.cleanup().await;
 }
 
@@ -197,8 +259,15 @@ async fn one_reservation_under_many_message_ids_makes_one_order() {
     let decisions = futures::future::join_all(calls).await;
     assert!(decisions.iter().all(|d| *d == ConsumeDecision::Ack));
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 1);
-    assert_eq!(env.count("SELECT count(*) FROM compensation_tasks").await, 0);
-    assert_eq!(env.count("SELECT remaining_stock::int8 FROM activity_skus").await, 9);
+    assert_eq!(
+        env.count("SELECT count(*) FROM compensation_tasks").await,
+        0
+    );
+    assert_eq!(
+        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+            .await,
+        9
+    );
     env.cleanup().await;
 }
 
@@ -214,12 +283,21 @@ async fn one_buyer_with_many_reservations_gets_one_order_and_the_rest_are_compen
         async move { h.handle(vec![d]).await }
     });
     futures::future::join_all(calls).await;
-    assert_eq!(env.count("SELECT count(*) FROM orders WHERE user_id = 77").await, 1);
     assert_eq!(
-        env.count("SELECT count(*) FROM compensation_tasks WHERE reason = 'DUPLICATE_BUYER'").await,
+        env.count("SELECT count(*) FROM orders WHERE user_id = 77")
+            .await,
+        1
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM compensation_tasks WHERE reason = 'DUPLICATE_BUYER'")
+            .await,
         9
     );
-    assert_eq!(env.count("SELECT remaining_stock::int8 FROM activity_skus").await, 9);
+    assert_eq!(
+        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+            .await,
+        9
+    );
     env.cleanup().await;
 }
 
@@ -232,16 +310,31 @@ async fn a_batch_larger_than_the_stock_left_gets_what_is_left_and_rejects_the_re
     let events: Vec<_> = (1..=5).map(|u| event(1, 1, u, 300)).collect();
     let batch: Vec<_> = events.iter().map(|e| delivery_of(&topic, e)).collect();
     let decisions = h.process(&batch).await.unwrap();
-    let created = decisions.iter().filter(|d| matches!(d, Decision::Created { .. })).count();
+    let created = decisions
+        .iter()
+        .filter(|d| matches!(d, Decision::Created { .. }))
+        .count();
     let no_stock = decisions
         .iter()
         .filter(|d| **d == Decision::Rejected(RejectReason::NoStock))
         .count();
     assert_eq!((created, no_stock), (3, 2), "{decisions:?}");
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 3);
-    assert_eq!(env.count("SELECT remaining_stock::int8 FROM activity_skus").await, 0);
-    assert_eq!(env.count("SELECT coalesce(sum(delta),0)::int8 FROM stock_ledger").await, -3);
-    assert_eq!(env.count("SELECT count(*) FROM compensation_tasks WHERE reason = 'NO_STOCK'").await, 2);
+    assert_eq!(
+        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+            .await,
+        0
+    );
+    assert_eq!(
+        env.count("SELECT coalesce(sum(delta),0)::int8 FROM stock_ledger")
+            .await,
+        -3
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM compensation_tasks WHERE reason = 'NO_STOCK'")
+            .await,
+        2
+    );
     env.cleanup().await;
 }
 
@@ -257,7 +350,10 @@ async fn a_transient_failure_rolls_everything_back_and_asks_for_redelivery() {
     let mut locker = locker_pool.get().await.unwrap();
     let lock_tx = locker.transaction().await.unwrap();
     lock_tx
-        .execute("SELECT 1 FROM activity_skus WHERE activity_id = 1 AND sku_id = 1 FOR UPDATE", &[])
+        .execute(
+            "SELECT 1 FROM activity_skus WHERE activity_id = 1 AND sku_id = 1 FOR UPDATE",
+            &[],
+        )
         .await
         .unwrap();
     let topic = env.settings.names().order_create_topic;
@@ -302,7 +398,15 @@ async fn many_buyers_at_once_never_deadlock_and_never_oversell() {
         .count();
     assert_eq!(created, 30);
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 30);
-    assert_eq!(env.count("SELECT count(*) FROM compensation_tasks WHERE reason = 'NO_STOCK'").await, 30);
-    assert_eq!(env.count("SELECT remaining_stock::int8 FROM activity_skus").await, 0);
+    assert_eq!(
+        env.count("SELECT count(*) FROM compensation_tasks WHERE reason = 'NO_STOCK'")
+            .await,
+        30
+    );
+    assert_eq!(
+        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+            .await,
+        0
+    );
     env.cleanup().await;
 }

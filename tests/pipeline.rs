@@ -34,7 +34,9 @@ impl Running {
 }
 
 async fn start(env: &TestEnv, publisher: Arc<dyn Publisher>, with_consumer: bool) -> Running {
-    let state = build_state(Arc::new(env.settings.clone()), publisher).await.expect("api state");
+    let state = build_state(Arc::new(env.settings.clone()), publisher)
+        .await
+        .expect("api state");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let stop = CancellationToken::new();
@@ -49,12 +51,25 @@ async fn start(env: &TestEnv, publisher: Arc<dyn Publisher>, with_consumer: bool
     } else {
         None
     };
-    Running { base, state, stop, consumer }
+    Running {
+        base,
+        state,
+        stop,
+        consumer,
+    }
 }
 
-async fn reserve(base: &str, activity: i64, sku: i64, user: i64, request_id: &str) -> (StatusCode, Value) {
+async fn reserve(
+    base: &str,
+    activity: i64,
+    sku: i64,
+    user: i64,
+    request_id: &str,
+) -> (StatusCode, Value) {
     let r = reqwest::Client::new()
-        .post(format!("{base}/v1/activities/{activity}/skus/{sku}/reservations"))
+        .post(format!(
+            "{base}/v1/activities/{activity}/skus/{sku}/reservations"
+        ))
         .json(&json!({"user_id": user, "request_id": request_id, "quantity": 1}))
         .send()
         .await
@@ -128,7 +143,10 @@ async fn repeats_second_purchases_and_sell_out_are_answered_and_never_oversold()
     let (s1, b1) = reserve(&app.base, 200, 1, 1, "same").await;
     let (s2, b2) = reserve(&app.base, 200, 1, 1, "same").await;
     assert_eq!((s1, s2), (StatusCode::ACCEPTED, StatusCode::ACCEPTED));
-    assert_eq!(b1["reservation_id"], b2["reservation_id"], "same request, same reservation");
+    assert_eq!(
+        b1["reservation_id"], b2["reservation_id"],
+        "same request, same reservation"
+    );
     assert_eq!(b2["duplicate"], true);
     let (s3, b3) = reserve(&app.base, 200, 1, 1, "another").await;
     assert_eq!(s3, StatusCode::CONFLICT);
@@ -148,11 +166,18 @@ async fn repeats_second_purchases_and_sell_out_are_answered_and_never_oversold()
         }
     }
     assert_eq!((accepted, sold_out), (3, 5));
-    eventually(30, "3 orders", || async { env.count("SELECT count(*) FROM orders").await == 3 }).await;
+    eventually(30, "3 orders", || async {
+        env.count("SELECT count(*) FROM orders").await == 3
+    })
+    .await;
     // Give a stray duplicate time to show up, then check nothing more was created.
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 3);
-    assert_eq!(env.count("SELECT remaining_stock::int8 FROM activity_skus").await, 0);
+    assert_eq!(
+        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+            .await,
+        0
+    );
     let pool = env.pool(1).await;
     let report = seckill::invariants::check(
         &**pool.get().await.unwrap(),
@@ -177,16 +202,34 @@ async fn bad_input_gets_a_400_json_error_and_writes_nothing() {
     let app = start(&env, publisher, false).await;
     let client = reqwest::Client::new();
     let url = format!("{}/v1/activities/300/skus/1/reservations", app.base);
-    let big = format!(r#"{{"user_id":1,"request_id":"{}","quantity":1}}"#, "a".repeat(10_000));
+    let big = format!(
+        r#"{{"user_id":1,"request_id":"{}","quantity":1}}"#,
+        "a".repeat(10_000)
+    );
     let bodies: Vec<(String, &str)> = vec![
         ("{not json".into(), "json"),
         ("".into(), "empty"),
-        (r#"{"request_id":"a","quantity":1}"#.into(), "missing user_id"),
+        (
+            r#"{"request_id":"a","quantity":1}"#.into(),
+            "missing user_id",
+        ),
         (r#"{"user_id":1,"quantity":1}"#.into(), "missing request_id"),
-        (r#"{"user_id":0,"request_id":"a","quantity":1}"#.into(), "zero user"),
-        (r#"{"user_id":-3,"request_id":"a","quantity":1}"#.into(), "negative user"),
-        (r#"{"user_id":1,"request_id":"a","quantity":2}"#.into(), "quantity 2"),
-        (r#"{"user_id":1e400,"request_id":"a","quantity":1}"#.into(), "overflow"),
+        (
+            r#"{"user_id":0,"request_id":"a","quantity":1}"#.into(),
+            "zero user",
+        ),
+        (
+            r#"{"user_id":-3,"request_id":"a","quantity":1}"#.into(),
+            "negative user",
+        ),
+        (
+            r#"{"user_id":1,"request_id":"a","quantity":2}"#.into(),
+            "quantity 2",
+        ),
+        (
+            r#"{"user_id":1e400,"request_id":"a","quantity":1}"#.into(),
+            "overflow",
+        ),
         (big, "oversized"),
     ];
     for (body, what) in bodies {
@@ -200,9 +243,15 @@ async fn bad_input_gets_a_400_json_error_and_writes_nothing() {
         assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{what}");
         let v: Value = r.json().await.unwrap();
         assert_eq!(v["error"]["code"], "INVALID_REQUEST", "{what}: {v}");
-        assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+        assert!(v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()));
     }
-    for path in ["/v1/activities/-1/skus/1/reservations", "/v1/activities/abc/skus/1/reservations", "/v1/activities/300/skus/0/reservations"] {
+    for path in [
+        "/v1/activities/-1/skus/1/reservations",
+        "/v1/activities/abc/skus/1/reservations",
+        "/v1/activities/300/skus/0/reservations",
+    ] {
         let r = client
             .post(format!("{}{path}", app.base))
             .json(&json!({"user_id": 1, "request_id": "a", "quantity": 1}))
@@ -212,12 +261,26 @@ async fn bad_input_gets_a_400_json_error_and_writes_nothing() {
         assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{path}");
     }
     let (s, b) = get(format!("{}/v1/reservations/not-an-id", app.base)).await;
-    assert_eq!((s, b["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some("INVALID_REQUEST")));
+    assert_eq!(
+        (s, b["error"]["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("INVALID_REQUEST"))
+    );
     let (s, b) = get(format!("{}/no/such/route", app.base)).await;
-    assert_eq!((s, b["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("NOT_FOUND")));
+    assert_eq!(
+        (s, b["error"]["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("NOT_FOUND"))
+    );
     let redis = env.redis().await;
     assert_eq!(redis.sku_stock(300, 1).await.unwrap(), Some((5, 5)));
-    assert_eq!(redis.reservation_census(300, 1).await.unwrap().by_status.len(), 0);
+    assert_eq!(
+        redis
+            .reservation_census(300, 1)
+            .await
+            .unwrap()
+            .by_status
+            .len(),
+        0
+    );
     app.stop().await;
     env.cleanup().await;
 }
@@ -230,7 +293,11 @@ impl Publisher for NeverCalled {
     async fn send(&self, _msg: OutMessage, _timeout_ms: u64) -> seckill::mq::SendOutcome {
         panic!("bad input reached the broker")
     }
-    async fn send_batch(&self, _msgs: Vec<OutMessage>, _timeout_ms: u64) -> Vec<seckill::mq::SendOutcome> {
+    async fn send_batch(
+        &self,
+        _msgs: Vec<OutMessage>,
+        _timeout_ms: u64,
+    ) -> Vec<seckill::mq::SendOutcome> {
         panic!("bad input reached the broker")
     }
 }
@@ -252,8 +319,16 @@ async fn an_unreachable_broker_is_unknown_keeps_the_stock_and_leaves_the_reserva
     assert_eq!(fields["status"], "RESERVED");
     assert!(fields.contains_key("last_error"), "{fields:?}");
     let redis = env.redis().await;
-    assert_eq!(redis.sku_stock(400, 1).await.unwrap(), Some((5, 4)), "stock not given back");
-    assert_eq!(redis.pending_count(400).await.unwrap(), 1, "left for the scanner");
+    assert_eq!(
+        redis.sku_stock(400, 1).await.unwrap(),
+        Some((5, 4)),
+        "stock not given back"
+    );
+    assert_eq!(
+        redis.pending_count(400).await.unwrap(),
+        1,
+        "left for the scanner"
+    );
     app.stop().await;
     env.cleanup().await;
 }
@@ -269,7 +344,11 @@ async fn a_missing_topic_is_a_definite_failure_that_releases_the_reservation() {
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(body["error"]["code"], "ORDER_QUEUE_UNAVAILABLE");
     let redis = env.redis().await;
-    assert_eq!(redis.sku_stock(500, 1).await.unwrap(), Some((5, 5)), "released exactly once");
+    assert_eq!(
+        redis.sku_stock(500, 1).await.unwrap(),
+        Some((5, 5)),
+        "released exactly once"
+    );
     assert_eq!(redis.pending_count(500).await.unwrap(), 0);
     let census = redis.reservation_census(500, 1).await.unwrap();
     assert_eq!(census.by_status.get("RELEASED"), Some(&1));
@@ -296,15 +375,23 @@ async fn a_poison_message_on_the_topic_is_quarantined_and_acknowledged() {
             3000,
         )
         .await;
-    assert!(matches!(outcome, seckill::mq::SendOutcome::Confirmed { .. }), "{outcome:?}");
+    assert!(
+        matches!(outcome, seckill::mq::SendOutcome::Confirmed { .. }),
+        "{outcome:?}"
+    );
     eventually(30, "the poison message is quarantined", || async {
-        env.count("SELECT count(*) FROM quarantined_messages WHERE message_id = 'evt_poison'").await == 1
+        env.count("SELECT count(*) FROM quarantined_messages WHERE message_id = 'evt_poison'")
+            .await
+            == 1
     })
     .await;
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 0);
     // Acknowledged: it is not redelivered (a redelivery would add a second quarantine row).
     tokio::time::sleep(std::time::Duration::from_secs(12)).await;
-    assert_eq!(env.count("SELECT count(*) FROM quarantined_messages").await, 1);
+    assert_eq!(
+        env.count("SELECT count(*) FROM quarantined_messages").await,
+        1
+    );
     app.stop().await;
     env.cleanup().await;
 }

@@ -70,8 +70,8 @@ impl OrderCreateRequested {
     /// Decodes and validates a message body. The schema version is checked before the shape,
     /// so a future v2 message is reported as unsupported rather than malformed.
     pub fn decode(body: &[u8]) -> Result<Self, PoisonReason> {
-        let value: serde_json::Value = serde_json::from_slice(body)
-            .map_err(|e| PoisonReason::InvalidJson(e.to_string()))?;
+        let value: serde_json::Value =
+            serde_json::from_slice(body).map_err(|e| PoisonReason::InvalidJson(e.to_string()))?;
         match value.get("schema_version").and_then(|v| v.as_i64()) {
             Some(v) if v == i64::from(SCHEMA_VERSION) => {}
             Some(v) => return Err(PoisonReason::UnsupportedSchema(v)),
@@ -81,8 +81,8 @@ impl OrderCreateRequested {
                 ))
             }
         }
-        let event: OrderCreateRequested = serde_json::from_value(value)
-            .map_err(|e| PoisonReason::InvalidEvent(e.to_string()))?;
+        let event: OrderCreateRequested =
+            serde_json::from_value(value).map_err(|e| PoisonReason::InvalidEvent(e.to_string()))?;
         event.validate().map_err(PoisonReason::InvalidEvent)?;
         Ok(event)
     }
@@ -159,7 +159,10 @@ pub(crate) mod tests {
 
     #[test]
     fn classifies_poison() {
-        assert_eq!(OrderCreateRequested::decode(b"{oops").unwrap_err().code(), "INVALID_JSON");
+        assert_eq!(
+            OrderCreateRequested::decode(b"{oops").unwrap_err().code(),
+            "INVALID_JSON"
+        );
         let mut v = serde_json::to_value(sample()).unwrap();
         v["schema_version"] = 2.into();
         assert_eq!(
@@ -169,11 +172,18 @@ pub(crate) mod tests {
         let mut v = serde_json::to_value(sample()).unwrap();
         v.as_object_mut().unwrap().remove("order_id");
         assert_eq!(
-            OrderCreateRequested::decode(&serde_json::to_vec(&v).unwrap()).unwrap_err().code(),
+            OrderCreateRequested::decode(&serde_json::to_vec(&v).unwrap())
+                .unwrap_err()
+                .code(),
             "INVALID_EVENT"
         );
         let mut e = sample();
         e.quantity = 3;
-        assert_eq!(OrderCreateRequested::decode(&e.encode()).unwrap_err().code(), "INVALID_EVENT");
+        assert_eq!(
+            OrderCreateRequested::decode(&e.encode())
+                .unwrap_err()
+                .code(),
+            "INVALID_EVENT"
+        );
     }
 }

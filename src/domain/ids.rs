@@ -77,7 +77,10 @@ mod tests {
     fn traceparent_round_trip() {
         let (trace, span, tp) = new_traceparent();
         assert_eq!(parse_traceparent(&tp), Some((trace, span)));
-        assert_eq!(parse_traceparent("00-00000000000000000000000000000000-00f067aa0ba902b7-01"), None);
+        assert_eq!(
+            parse_traceparent("00-00000000000000000000000000000000-00f067aa0ba902b7-01"),
+            None
+        );
         assert_eq!(parse_traceparent("garbage"), None);
     }
 }

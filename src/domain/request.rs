@@ -14,7 +14,10 @@ pub enum ValidationError {
     #[error("field `{0}` is missing")]
     Missing(&'static str),
     #[error("field `{field}` {reason}")]
-    Field { field: &'static str, reason: &'static str },
+    Field {
+        field: &'static str,
+        reason: &'static str,
+    },
     #[error("body exceeds {0} bytes")]
     TooLarge(usize),
     #[error("path segment `{0}` must be a positive integer")]
@@ -52,10 +55,15 @@ impl ReserveRequest {
         let raw: RawReserve =
             serde_json::from_slice(body).map_err(|e| ValidationError::Json(e.to_string()))?;
         let user_id = positive_i64(
-            raw.user_id.as_ref().ok_or(ValidationError::Missing("user_id"))?,
+            raw.user_id
+                .as_ref()
+                .ok_or(ValidationError::Missing("user_id"))?,
             "user_id",
         )?;
-        let request_id = match raw.request_id.ok_or(ValidationError::Missing("request_id"))? {
+        let request_id = match raw
+            .request_id
+            .ok_or(ValidationError::Missing("request_id"))?
+        {
             serde_json::Value::String(s) => s,
             _ => {
                 return Err(ValidationError::Field {
@@ -117,47 +125,91 @@ mod tests {
     #[test]
     fn rejects_each_bad_shape_with_its_reason() {
         let cases: &[(&[u8], ValidationError)] = &[
-            (br#"{"request_id":"a","quantity":1}"#, ValidationError::Missing("user_id")),
-            (br#"{"user_id":1,"quantity":1}"#, ValidationError::Missing("request_id")),
-            (br#"{"user_id":1,"request_id":"a"}"#, ValidationError::Missing("quantity")),
+            (
+                br#"{"request_id":"a","quantity":1}"#,
+                ValidationError::Missing("user_id"),
+            ),
+            (
+                br#"{"user_id":1,"quantity":1}"#,
+                ValidationError::Missing("request_id"),
+            ),
+            (
+                br#"{"user_id":1,"request_id":"a"}"#,
+                ValidationError::Missing("quantity"),
+            ),
             (
                 br#"{"user_id":0,"request_id":"a","quantity":1}"#,
-                ValidationError::Field { field: "user_id", reason: "must be a positive integer" },
+                ValidationError::Field {
+                    field: "user_id",
+                    reason: "must be a positive integer",
+                },
             ),
             (
                 br#"{"user_id":-5,"request_id":"a","quantity":1}"#,
-                ValidationError::Field { field: "user_id", reason: "must be a positive integer" },
+                ValidationError::Field {
+                    field: "user_id",
+                    reason: "must be a positive integer",
+                },
             ),
             (
                 br#"{"user_id":"5","request_id":"a","quantity":1}"#,
-                ValidationError::Field { field: "user_id", reason: "must be a positive integer" },
+                ValidationError::Field {
+                    field: "user_id",
+                    reason: "must be a positive integer",
+                },
             ),
             (
                 br#"{"user_id":99999999999999999999,"request_id":"a","quantity":1}"#,
-                ValidationError::Field { field: "user_id", reason: "must be a positive integer" },
+                ValidationError::Field {
+                    field: "user_id",
+                    reason: "must be a positive integer",
+                },
             ),
             (
                 br#"{"user_id":1,"request_id":"a","quantity":2}"#,
-                ValidationError::Field { field: "quantity", reason: "must be 1" },
+                ValidationError::Field {
+                    field: "quantity",
+                    reason: "must be 1",
+                },
             ),
             (
                 br#"{"user_id":1,"request_id":"","quantity":1}"#,
-                ValidationError::Field { field: "request_id", reason: "must be 1-64 characters" },
+                ValidationError::Field {
+                    field: "request_id",
+                    reason: "must be 1-64 characters",
+                },
             ),
             (
                 br#"{"user_id":1,"request_id":7,"quantity":1}"#,
-                ValidationError::Field { field: "request_id", reason: "must be a string" },
+                ValidationError::Field {
+                    field: "request_id",
+                    reason: "must be a string",
+                },
             ),
             (
                 "{\"user_id\":1,\"request_id\":\"\u{e9}\",\"quantity\":1}".as_bytes(),
-                ValidationError::Field { field: "request_id", reason: "may only contain A-Z a-z 0-9 - _ . :" },
+                ValidationError::Field {
+                    field: "request_id",
+                    reason: "may only contain A-Z a-z 0-9 - _ . :",
+                },
             ),
         ];
         for (body, want) in cases {
-            assert_eq!(ReserveRequest::parse(body).unwrap_err(), *want, "{}", String::from_utf8_lossy(body));
+            assert_eq!(
+                ReserveRequest::parse(body).unwrap_err(),
+                *want,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
         }
-        assert!(matches!(ReserveRequest::parse(b"{not json"), Err(ValidationError::Json(_))));
-        assert!(matches!(ReserveRequest::parse(b"[]"), Err(ValidationError::Json(_))));
+        assert!(matches!(
+            ReserveRequest::parse(b"{not json"),
+            Err(ValidationError::Json(_))
+        ));
+        assert!(matches!(
+            ReserveRequest::parse(b"[]"),
+            Err(ValidationError::Json(_))
+        ));
     }
 
     #[test]

@@ -7,9 +7,12 @@
 //! * [`RocketProducer`]: [`Publisher`] over `DefaultMQProducer`, with every error classified
 //!   into CONFIRMED / UNKNOWN / DEFINITE_FAILURE by the pure [`classify_send_error`].
 //! * [`start_push_consumer`]: a clustering push consumer whose synchronous listener hands each
-//!   batch to a [`BatchHandler`] on the caller's Tokio runtime and waits for its decision.
+//!   batch to a [`super::BatchHandler`] on the caller's Tokio runtime and waits for its decision.
 //! * [`create_topics`]: idempotent topic creation through the admin API, waiting until the
 //!   name server serves each route (a send before that is a DEFINITE_FAILURE "no route").
+//!
+//! The crate root needs `#![recursion_limit = "256"]`: proving the client's futures `Send`
+//! (as `async_trait` requires) overflows the default limit.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -295,6 +298,10 @@ fn outcome_from_error(err: &ClientError) -> SendOutcome {
     let detail = exception
         .and_then(MQClientException::error_message)
         .map_or_else(|| err.to_string(), str::to_owned);
+    // The error's Display usually starts with its code already.
+    let detail = detail
+        .strip_prefix(facts.code)
+        .map_or(detail.as_str(), |rest| rest.trim_start_matches(": "));
     let error = match (facts.broker_code, facts.client_code) {
         (Some(b), _) => format!("{} (broker code {b}): {detail}", facts.code),
         (None, Some(c)) if c != -1 => format!("{} (client code {c}): {detail}", facts.code),

@@ -13,8 +13,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, Duration, Utc};
-use serde_json::json;
 use deadpool_postgres::Client;
+use serde_json::json;
 
 use super::errors::TxError;
 use crate::domain::event::PoisonReason;
@@ -63,7 +63,9 @@ impl RejectReason {
 /// What one message came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    Created { order_id: String },
+    Created {
+        order_id: String,
+    },
     /// Its message_id was already processed by this group (inbox hit).
     DuplicateMessage,
     /// Another message already decided this reservation.
@@ -207,15 +209,30 @@ pub async fn process_batch(
                  RETURNING message_id",
             )
             .await?;
-        let m: Vec<&str> = candidates.iter().map(|&i| ev(i).message_id.as_str()).collect();
-        let r: Vec<&str> = candidates.iter().map(|&i| ev(i).reservation_id.as_str()).collect();
-        let o: Vec<&str> = candidates.iter().map(|&i| ev(i).order_id.as_str()).collect();
-        let a: Vec<i32> = candidates.iter().map(|&i| items[i].delivery_attempt).collect();
-        tx.query(&stmt, &[&names.consumer_group, &names.source_topic, &m, &r, &o, &a])
-            .await?
-            .into_iter()
-            .map(|row| row.get::<_, String>(0))
-            .collect()
+        let m: Vec<&str> = candidates
+            .iter()
+            .map(|&i| ev(i).message_id.as_str())
+            .collect();
+        let r: Vec<&str> = candidates
+            .iter()
+            .map(|&i| ev(i).reservation_id.as_str())
+            .collect();
+        let o: Vec<&str> = candidates
+            .iter()
+            .map(|&i| ev(i).order_id.as_str())
+            .collect();
+        let a: Vec<i32> = candidates
+            .iter()
+            .map(|&i| items[i].delivery_attempt)
+            .collect();
+        tx.query(
+            &stmt,
+            &[&names.consumer_group, &names.source_topic, &m, &r, &o, &a],
+        )
+        .await?
+        .into_iter()
+        .map(|row| row.get::<_, String>(0))
+        .collect()
     };
     let mut owned: Vec<usize> = Vec::new();
     for &idx in &candidates {
@@ -363,7 +380,10 @@ pub async fn process_batch(
     let mut per_sku: BTreeMap<(i64, i64), Vec<usize>> = BTreeMap::new();
     for &i in &eligible {
         if inserted.contains(&ev(i).order_id) {
-            per_sku.entry((ev(i).activity_id, ev(i).sku_id)).or_default().push(i);
+            per_sku
+                .entry((ev(i).activity_id, ev(i).sku_id))
+                .or_default()
+                .push(i);
         }
     }
     let mut created: Vec<usize> = Vec::new();
@@ -528,7 +548,14 @@ pub async fn process_batch(
         tx.execute(
             &stmt,
             &[
-                &ob_ids, &ob_topics, &ob_tags, &ob_keys, &ob_agg, &ob_ver, &ob_payload, &ob_deliver,
+                &ob_ids,
+                &ob_topics,
+                &ob_tags,
+                &ob_keys,
+                &ob_agg,
+                &ob_ver,
+                &ob_payload,
+                &ob_deliver,
             ],
         )
         .await?;
@@ -571,8 +598,11 @@ pub async fn process_batch(
                  WHERE i.consumer_group = $1 AND i.message_id = t.m",
             )
             .await?;
-        tx.execute(&stmt, &[&names.consumer_group, &ib_mid, &ib_status, &ib_decision])
-            .await?;
+        tx.execute(
+            &stmt,
+            &[&names.consumer_group, &ib_mid, &ib_status, &ib_decision],
+        )
+        .await?;
         Ok(())
     };
     let (r1, r2, r3, r4) = futures::join!(ledger, outbox, rejections, inbox);

@@ -169,7 +169,11 @@ pub async fn order_by_id(
     order_id: &str,
 ) -> Result<Option<OrderView>, tokio_postgres::Error> {
     let sql = format!("SELECT {ORDER_COLUMNS} FROM orders WHERE order_id = $1");
-    Ok(client.query_opt(&sql, &[&order_id]).await?.as_ref().map(order_view))
+    Ok(client
+        .query_opt(&sql, &[&order_id])
+        .await?
+        .as_ref()
+        .map(order_view))
 }
 
 pub async fn order_by_reservation(

@@ -75,7 +75,9 @@ pub enum ReserveResult {
     Reserved(ReservationView),
     /// The same (user, request_id) was seen before: the earlier reservation, unchanged.
     Duplicate(ReservationView),
-    AlreadyPurchased { reservation_id: String },
+    AlreadyPurchased {
+        reservation_id: String,
+    },
     SoldOut,
     NotStarted,
     Ended,
@@ -163,12 +165,10 @@ impl RedisStore {
                 warm: Script::new(include_str!("lua/warm.lua")),
             }),
         };
-        store.ping().await.with_context(|| {
-            format!(
-                "redis.url: Redis at {} does not answer",
-                settings.url
-            )
-        })?;
+        store
+            .ping()
+            .await
+            .with_context(|| format!("redis.url: Redis at {} does not answer", settings.url))?;
         Ok(store)
     }
 
@@ -357,7 +357,11 @@ impl RedisStore {
     }
 
     /// `(total, remaining)` of one SKU in Redis.
-    pub async fn sku_stock(&self, activity_id: i64, sku_id: i64) -> anyhow::Result<Option<(i64, i64)>> {
+    pub async fn sku_stock(
+        &self,
+        activity_id: i64,
+        sku_id: i64,
+    ) -> anyhow::Result<Option<(i64, i64)>> {
         let mut conn = self.pool.get().await?;
         let v: (Option<i64>, Option<i64>) = redis::cmd("HMGET")
             .arg(self.keys.sku(activity_id, sku_id))

@@ -38,7 +38,12 @@ fn parse_sku(s: &str) -> Result<(i64, i32, i64), String> {
     }
     let sku: i64 = parts[0].parse().map_err(|_| bad())?;
     let stock: i32 = parts[1].parse().map_err(|_| bad())?;
-    let price: i64 = parts.get(2).map(|p| p.parse()).transpose().map_err(|_| bad())?.unwrap_or(0);
+    let price: i64 = parts
+        .get(2)
+        .map(|p| p.parse())
+        .transpose()
+        .map_err(|_| bad())?
+        .unwrap_or(0);
     if sku <= 0 || stock < 0 || price < 0 {
         return Err(bad());
     }

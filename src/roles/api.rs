@@ -32,7 +32,7 @@ use crate::domain::{
 };
 use crate::mq::{OutMessage, Publisher, SendOutcome};
 use crate::pg::queries;
-use crate::redis::{RedisStore, ReserveArgs, ReserveResult, ReservationView};
+use crate::redis::{RedisStore, ReservationView, ReserveArgs, ReserveResult};
 use crate::telemetry::{metrics_handle, Readiness};
 
 /// Everything a request handler needs; cheap to clone.
@@ -104,9 +104,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/metrics", get(move || async move { handle.render() }))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .fallback(|| async {
-            ApiError::new(StatusCode::NOT_FOUND, "NOT_FOUND", "no such route")
-        })
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "NOT_FOUND", "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -234,7 +232,11 @@ async fn reserve_inner(
             ))
         }
         ReserveResult::Ended => {
-            return Err(ApiError::new(StatusCode::FORBIDDEN, "ENDED", "the sale has ended"))
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "ENDED",
+                "the sale has ended",
+            ))
         }
         ReserveResult::Paused => {
             return Err(ApiError::new(
@@ -306,7 +308,13 @@ async fn reserve_inner(
         SendOutcome::Confirmed { broker_msg_id } => {
             let cas = s
                 .redis
-                .mark_sent(activity_id, &ids.reservation_id, &ids.message_id, broker_msg_id, done_ms)
+                .mark_sent(
+                    activity_id,
+                    &ids.reservation_id,
+                    &ids.message_id,
+                    broker_msg_id,
+                    done_ms,
+                )
                 .await;
             // A failed CAS is harmless: the scanner re-sends with the same message_id and the
             // consumer's inbox absorbs the duplicate.
@@ -332,7 +340,13 @@ async fn reserve_inner(
             let next = done_ms + api.resend_backoff_ms as i64;
             if let Err(e) = s
                 .redis
-                .schedule_resend(activity_id, &ids.reservation_id, &ids.message_id, next, error)
+                .schedule_resend(
+                    activity_id,
+                    &ids.reservation_id,
+                    &ids.message_id,
+                    next,
+                    error,
+                )
                 .await
             {
                 // The reservation still sits in the pending index with its first retry time.
@@ -354,7 +368,14 @@ async fn reserve_inner(
         SendOutcome::DefiniteFailure { error } => {
             let released = s
                 .redis
-                .mark_failed(activity_id, sku_id, &ids.reservation_id, &ids.message_id, error, done_ms)
+                .mark_failed(
+                    activity_id,
+                    sku_id,
+                    &ids.reservation_id,
+                    &ids.message_id,
+                    error,
+                    done_ms,
+                )
                 .await;
             tracing::error!(
                 message_id = %ids.message_id, reservation_id = %ids.reservation_id,
@@ -408,7 +429,10 @@ async fn get_reservation(
             "reservation_id must look like rsv_<ULID>",
         ));
     }
-    let client = s.pg.get().await.map_err(|_| ApiError::unavailable("the order store"))?;
+    let client =
+        s.pg.get()
+            .await
+            .map_err(|_| ApiError::unavailable("the order store"))?;
     if let Some(order) = queries::order_by_reservation(&**client, &reservation_id)
         .await
         .map_err(|_| ApiError::unavailable("the order store"))?
@@ -492,7 +516,10 @@ async fn get_order(
             "order_id must look like ord_<ULID>",
         ));
     }
-    let client = s.pg.get().await.map_err(|_| ApiError::unavailable("the order store"))?;
+    let client =
+        s.pg.get()
+            .await
+            .map_err(|_| ApiError::unavailable("the order store"))?;
     match queries::order_by_id(&**client, &order_id)
         .await
         .map_err(|_| ApiError::unavailable("the order store"))?
@@ -548,7 +575,10 @@ pub async fn serve(
     match tokio::time::timeout(grace, server).await {
         Ok(r) => r.map_err(Into::into),
         Err(_) => {
-            warn!(grace_secs = grace.as_secs(), "shutdown grace elapsed with requests in flight");
+            warn!(
+                grace_secs = grace.as_secs(),
+                "shutdown grace elapsed with requests in flight"
+            );
             Ok(())
         }
     }

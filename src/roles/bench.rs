@@ -163,8 +163,13 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     let started = Instant::now();
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..args.concurrency.min(args.requests) {
-        let (client, url, plan, next, tally) =
-            (client.clone(), url.clone(), plan.clone(), next.clone(), tally.clone());
+        let (client, url, plan, next, tally) = (
+            client.clone(),
+            url.clone(),
+            plan.clone(),
+            next.clone(),
+            tally.clone(),
+        );
         workers.spawn(async move {
             let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("static bounds");
             let mut local = Vec::new();
@@ -227,7 +232,11 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
         api_p50_ms: ms(&t.hist, 0.5),
         api_p99_ms: ms(&t.hist, 0.99),
         api_p999_ms: ms(&t.hist, 0.999),
-        api_max_ms: if t.hist.is_empty() { 0.0 } else { t.hist.max() as f64 / 1000.0 },
+        api_max_ms: if t.hist.is_empty() {
+            0.0
+        } else {
+            t.hist.max() as f64 / 1000.0
+        },
         ..Default::default()
     };
     let accepted: Vec<String> = t.accepted.iter().cloned().collect();
@@ -280,7 +289,11 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     report.orders = rows.len() as i64;
     report.order_latency_p50_ms = ms(&lat, 0.5);
     report.order_latency_p99_ms = ms(&lat, 0.99);
-    report.order_latency_max_ms = if lat.is_empty() { 0.0 } else { lat.max() as f64 / 1000.0 };
+    report.order_latency_max_ms = if lat.is_empty() {
+        0.0
+    } else {
+        lat.max() as f64 / 1000.0
+    };
     report.within_3s_pct = if rows.is_empty() {
         100.0
     } else {
@@ -337,15 +350,37 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
 
 fn print_human(r: &BenchReport) {
     let f = &r.invariants.figures;
-    println!("requests           {} in {:.2}s ({:.0}/s)", r.requests, r.elapsed_secs, r.requests_per_sec);
-    println!("accepted (202)     {} ({:.0}/s), of which repeated request ids {}", r.accepted, r.accepted_per_sec, r.duplicate_requests);
+    println!(
+        "requests           {} in {:.2}s ({:.0}/s)",
+        r.requests, r.elapsed_secs, r.requests_per_sec
+    );
+    println!(
+        "accepted (202)     {} ({:.0}/s), of which repeated request ids {}",
+        r.accepted, r.accepted_per_sec, r.duplicate_requests
+    );
     println!("sold out           {}", r.sold_out);
     println!("already purchased  {}", r.already_purchased);
-    println!("other errors       {:?}, transport errors {}", r.other_errors, r.transport_errors);
-    println!("API latency        p50 {:.2} ms  p99 {:.2} ms  p99.9 {:.2} ms  max {:.2} ms", r.api_p50_ms, r.api_p99_ms, r.api_p999_ms, r.api_max_ms);
-    println!("drain              {} in {:.2}s after the last request", if r.drained { "complete" } else { "INCOMPLETE" }, r.drain_secs);
-    println!("orders             {} (rejected reservations {})", r.orders, r.rejected);
-    println!("reservation→order  p50 {:.1} ms  p99 {:.1} ms  max {:.1} ms  within 3 s {:.2}%", r.order_latency_p50_ms, r.order_latency_p99_ms, r.order_latency_max_ms, r.within_3s_pct);
+    println!(
+        "other errors       {:?}, transport errors {}",
+        r.other_errors, r.transport_errors
+    );
+    println!(
+        "API latency        p50 {:.2} ms  p99 {:.2} ms  p99.9 {:.2} ms  max {:.2} ms",
+        r.api_p50_ms, r.api_p99_ms, r.api_p999_ms, r.api_max_ms
+    );
+    println!(
+        "drain              {} in {:.2}s after the last request",
+        if r.drained { "complete" } else { "INCOMPLETE" },
+        r.drain_secs
+    );
+    println!(
+        "orders             {} (rejected reservations {})",
+        r.orders, r.rejected
+    );
+    println!(
+        "reservation→order  p50 {:.1} ms  p99 {:.1} ms  max {:.1} ms  within 3 s {:.2}%",
+        r.order_latency_p50_ms, r.order_latency_p99_ms, r.order_latency_max_ms, r.within_3s_pct
+    );
     println!(
         "stock              PG total {} remaining {} valid orders {} ledger {} | Redis total {} remaining {} live reservations {} in flight {}",
         f.pg_total, f.pg_remaining, f.valid_orders, f.ledger_sum, f.redis_total, f.redis_remaining, f.redis_reserved, f.unrecorded
@@ -388,10 +423,18 @@ mod tests {
         assert_eq!(users.len(), 2_000);
         assert!(p.iter().all(|x| (1..=2_000).contains(&x.user_id)));
         let reqs: HashSet<&str> = p.iter().map(|x| x.request_id.as_str()).collect();
-        assert_eq!(reqs.len(), 10_000, "no repeated request ids without dup share");
+        assert_eq!(
+            reqs.len(),
+            10_000,
+            "no repeated request ids without dup share"
+        );
 
         let p = plan(&args(10_000, 10_000, 0.5, 0.0), "t");
         let reqs: HashSet<&str> = p.iter().map(|x| x.request_id.as_str()).collect();
-        assert!(reqs.len() < 6_000, "about half repeat an earlier request: {}", reqs.len());
+        assert!(
+            reqs.len() < 6_000,
+            "about half repeat an earlier request: {}",
+            reqs.len()
+        );
     }
 }

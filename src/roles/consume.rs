@@ -75,7 +75,14 @@ impl OrderCreateHandler {
         let status = self.pool.status();
         metrics::gauge!("pg_pool_acquired").set((status.size - status.available) as f64);
         let tx_started = Instant::now();
-        let result = process_batch(&mut client, &self.names, &items, Utc::now(), self.pay_window).await;
+        let result = process_batch(
+            &mut client,
+            &self.names,
+            &items,
+            Utc::now(),
+            self.pay_window,
+        )
+        .await;
         metrics::histogram!("order_tx_latency_seconds").record(tx_started.elapsed().as_secs_f64());
         result
     }
@@ -95,9 +102,17 @@ impl BatchHandler for OrderCreateHandler {
                 for (d, decision) in batch.iter().zip(&decisions) {
                     metrics::counter!("mq_consume_total", "topic" => "order_create", "result" => decision.label())
                         .increment(1);
-                    let message_id = d.properties.get("message_id").map(String::as_str).unwrap_or("");
+                    let message_id = d
+                        .properties
+                        .get("message_id")
+                        .map(String::as_str)
+                        .unwrap_or("");
                     let reservation_id = d.keys.split(' ').next().unwrap_or("");
-                    let trace = d.properties.get("traceparent").map(String::as_str).unwrap_or("");
+                    let trace = d
+                        .properties
+                        .get("traceparent")
+                        .map(String::as_str)
+                        .unwrap_or("");
                     match decision {
                         Decision::Created { order_id } => debug!(
                             message_id, reservation_id, order_id = %order_id,
@@ -107,19 +122,30 @@ impl BatchHandler for OrderCreateHandler {
                         ),
                         Decision::DuplicateMessage | Decision::DuplicateReservation => {
                             metrics::counter!("mq_duplicate_message_total").increment(1);
-                            info!(message_id, reservation_id, decision = decision.label(),
-                                  delivery_attempt = d.reconsume_times, traceparent = trace,
-                                  "duplicate: already processed, acknowledged");
+                            info!(
+                                message_id,
+                                reservation_id,
+                                decision = decision.label(),
+                                delivery_attempt = d.reconsume_times,
+                                traceparent = trace,
+                                "duplicate: already processed, acknowledged"
+                            );
                         }
                         Decision::Rejected(reason) => {
                             metrics::counter!("mq_business_reject_total", "reason" => reason.code())
                                 .increment(1);
-                            info!(message_id, reservation_id, decision = "REJECTED",
-                                  reason = reason.code(), traceparent = trace,
-                                  "reservation rejected; compensation recorded");
+                            info!(
+                                message_id,
+                                reservation_id,
+                                decision = "REJECTED",
+                                reason = reason.code(),
+                                traceparent = trace,
+                                "reservation rejected; compensation recorded"
+                            );
                         }
                         Decision::Quarantined(code) => {
-                            metrics::counter!("mq_quarantine_total", "reason" => *code).increment(1);
+                            metrics::counter!("mq_quarantine_total", "reason" => *code)
+                                .increment(1);
                             warn!(message_id, broker_msg_id = %d.broker_msg_id, reason = *code,
                                   queue = d.queue_id, offset = d.queue_offset,
                                   "poison message quarantined with its raw body");
@@ -127,7 +153,9 @@ impl BatchHandler for OrderCreateHandler {
                     }
                 }
                 // Injection point of §29.3: committed, killed before the ACK.
-                fail::fail_point!("consume-after-commit-before-ack", |_| ConsumeDecision::Retry);
+                fail::fail_point!("consume-after-commit-before-ack", |_| {
+                    ConsumeDecision::Retry
+                });
                 ConsumeDecision::Ack
             }
             Err(e) => {
@@ -158,7 +186,12 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     let handler = Arc::new(OrderCreateHandler::new(pool, &settings, budget));
     let ready = Readiness::default();
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let ops = crate::telemetry::serve_ops(settings.consumer.metrics_listen, ready.clone(), shutdown.clone()).await?;
+    let ops = crate::telemetry::serve_ops(
+        settings.consumer.metrics_listen,
+        ready.clone(),
+        shutdown.clone(),
+    )
+    .await?;
     let consumer = crate::mq::start_order_create_consumer(&settings, handler, budget).await?;
     ready.set(true);
     info!(
@@ -170,8 +203,14 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     info!("shutdown signal: no new messages; draining in-flight transactions");
     ready.set(false);
     let grace = Duration::from_secs(settings.consumer.shutdown_grace_secs);
-    if tokio::time::timeout(grace, consumer.shutdown()).await.is_err() {
-        warn!(grace_secs = grace.as_secs(), "shutdown grace elapsed; unfinished batches stay un-ACKed and will be redelivered");
+    if tokio::time::timeout(grace, consumer.shutdown())
+        .await
+        .is_err()
+    {
+        warn!(
+            grace_secs = grace.as_secs(),
+            "shutdown grace elapsed; unfinished batches stay un-ACKed and will be redelivered"
+        );
     }
     shutdown.cancel();
     let _ = ops.await;

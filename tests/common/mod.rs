@@ -36,7 +36,9 @@ impl TestEnv {
         settings.api.listen = "127.0.0.1:0".parse().unwrap();
         settings.consumer.metrics_listen = "127.0.0.1:0".parse().unwrap();
         settings.validate().expect("test settings are valid");
-        seckill::pg::migrate(&settings.pg).await.expect("migrations apply");
+        seckill::pg::migrate(&settings.pg)
+            .await
+            .expect("migrations apply");
         if with_topics {
             let plan = seckill::roles::topics::topic_plan(&settings);
             seckill::mq::create_topics(&settings, &plan)
@@ -47,11 +49,15 @@ impl TestEnv {
     }
 
     pub async fn pool(&self, size: usize) -> deadpool_postgres::Pool {
-        seckill::pg::connect_pool(&self.settings.pg, size).await.expect("pg pool")
+        seckill::pg::connect_pool(&self.settings.pg, size)
+            .await
+            .expect("pg pool")
     }
 
     pub async fn redis(&self) -> RedisStore {
-        RedisStore::connect(&self.settings.redis).await.expect("redis")
+        RedisStore::connect(&self.settings.redis)
+            .await
+            .expect("redis")
     }
 
     /// An activity that started a second ago, with one SKU, in PostgreSQL and Redis.
@@ -88,7 +94,10 @@ impl TestEnv {
         let pool = self.pool(1).await;
         let client = pool.get().await.unwrap();
         client
-            .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.settings.pg.schema))
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+                self.settings.pg.schema
+            ))
             .await
             .unwrap();
         let redis = self.redis().await;
@@ -99,7 +108,11 @@ impl TestEnv {
             .await
             .unwrap();
         if !keys.is_empty() {
-            let _: () = deadpool_redis::redis::cmd("DEL").arg(keys).query_async(&mut conn).await.unwrap();
+            let _: () = deadpool_redis::redis::cmd("DEL")
+                .arg(keys)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
         }
     }
 
@@ -122,7 +135,10 @@ where
         if f().await {
             return;
         }
-        assert!(Instant::now() < deadline, "timed out after {secs}s waiting for: {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {secs}s waiting for: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -131,7 +147,11 @@ where
 pub fn event(activity_id: i64, sku_id: i64, user_id: i64, valid_secs: i64) -> OrderCreateRequested {
     let ids = Ids::generate();
     let now = Utc::now();
-    let created = if valid_secs > 0 { now } else { now + chrono::Duration::seconds(valid_secs - 60) };
+    let created = if valid_secs > 0 {
+        now
+    } else {
+        now + chrono::Duration::seconds(valid_secs - 60)
+    };
     OrderCreateRequested {
         schema_version: 1,
         event_type: "ORDER_CREATE_REQUESTED".into(),
