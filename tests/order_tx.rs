@@ -206,7 +206,7 @@ async fn expired_reservation_is_rejected_with_exactly_one_compensation() {
     let e = event(1, 1, 5, -1);
     let d = delivery_of(&topic, &e);
     assert_eq!(
-        h.process(&[d.clone()]).await.unwrap(),
+        h.process(std::slice::from_ref(&d)).await.unwrap(),
         vec![Decision::Rejected(RejectReason::Expired)]
     );
     // Redelivery and a second message for the same reservation change nothing.
