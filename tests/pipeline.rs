@@ -371,6 +371,7 @@ async fn a_poison_message_on_the_topic_is_quarantined_and_acknowledged() {
                 properties: vec![("message_id".into(), "evt_poison".into())],
                 body: b"{\"schema_version\": 1, \"truncated".to_vec(),
                 deliver_time_ms: None,
+                sharding_key: None,
             },
             3000,
         )

@@ -23,6 +23,9 @@ pub struct OutMessage {
     pub body: Vec<u8>,
     /// Absolute deliver time (epoch ms) for delayed messages; `None` for normal ones.
     pub deliver_time_ms: Option<i64>,
+    /// Ordering key (e.g. the order_id): messages with the same key and topic go to one queue,
+    /// chosen deterministically from the key, in the order they are sent. `None`: any queue.
+    pub sharding_key: Option<String>,
 }
 
 /// What a send came to. UNKNOWN is not a failure: the broker may have stored the message.

@@ -8,6 +8,10 @@
 //!   into CONFIRMED / UNKNOWN / DEFINITE_FAILURE by the pure [`classify_send_error`].
 //! * [`start_push_consumer`]: a clustering push consumer whose synchronous listener hands each
 //!   batch to a [`super::BatchHandler`] on the caller's Tokio runtime and waits for its decision.
+//! * Ordered sends: a message with a `sharding_key` goes to the queue [`shard_index`] picks
+//!   from the key, so one key's messages are stored on one queue in send order.
+//! * [`LagProbe`]: a group's backlog on a topic (messages and age of the oldest unconsumed
+//!   message) for lag metrics and fail-closed admission.
 //! * [`create_topics`]: idempotent topic creation through the admin API, waiting until the
 //!   name server serves each route (a send before that is a DEFINITE_FAILURE "no route").
 //!
@@ -23,12 +27,13 @@ use anyhow::{anyhow, bail, Context as _};
 use cheetah_string::CheetahString;
 use rocketmq_client_rust::{
     ClientError, ClientResult, ClientRuntime, ClientRuntimeConfig, ConsumeConcurrentlyContext,
-    ConsumeConcurrentlyStatus, DefaultMQAdminExt, DefaultMQProducer, DefaultMQPushConsumer,
-    MQClientException, MQPushConsumer, MessageListenerConcurrently, RouteAdmin, SendResult,
-    SendStatus, TelemetryHandle, TopicAdmin,
+    ConsumeConcurrentlyStatus, ConsumerAdmin, DefaultMQAdminExt, DefaultMQProducer,
+    DefaultMQPushConsumer, MQClientException, MQPushConsumer, MessageListenerConcurrently,
+    OffsetAdmin, RouteAdmin, SendResult, SendStatus, TelemetryHandle, TopicAdmin,
 };
 use rocketmq_model::common::consumer::consume_from_where::ConsumeFromWhere;
 use rocketmq_model::common::message::message_ext::MessageExt;
+use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_model::common::message::message_single::Message;
 use rocketmq_model::common::message::MessageConst;
 use rocketmq_model::topic::TopicConfig;
@@ -427,15 +432,13 @@ impl RocketProducer {
     async fn send_each(&self, msgs: Vec<OutMessage>, timeout_ms: u64) -> Vec<SendOutcome> {
         futures::future::join_all(msgs.into_iter().map(|m| self.send_one(m, timeout_ms))).await
     }
-}
 
-#[async_trait::async_trait]
-impl Publisher for RocketProducer {
-    async fn send(&self, msg: OutMessage, timeout_ms: u64) -> SendOutcome {
-        self.send_one(msg, timeout_ms).await
-    }
-
-    async fn send_batch(&self, msgs: Vec<OutMessage>, timeout_ms: u64) -> Vec<SendOutcome> {
+    /// Messages without sharding keys: one broker batch when possible, else one send each.
+    async fn send_unsharded_batch(
+        &self,
+        msgs: Vec<OutMessage>,
+        timeout_ms: u64,
+    ) -> Vec<SendOutcome> {
         let batchable = msgs.len() > 1
             && msgs
                 .iter()
@@ -459,17 +462,7 @@ impl Publisher for RocketProducer {
             .send_batch_with_timeout(built, timeout_ms)
             .await
         {
-            Ok(r) if r.send_status == SendStatus::SendOk => {
-                // msg_id lists each message's id, comma separated, in order.
-                let ids = r.msg_id.as_ref().map(|s| s.as_str()).unwrap_or_default();
-                let mut ids = ids.split(',');
-                (0..n)
-                    .map(|_| SendOutcome::Confirmed {
-                        broker_msg_id: ids.next().unwrap_or_default().to_owned(),
-                    })
-                    .collect()
-            }
-            Ok(r) => vec![outcome_from_result(Ok(Some(r))); n],
+            Ok(r) => batch_outcomes(r, n),
             Err(e) => match outcome_from_error(&e) {
                 // Nothing of the batch is stored; the reason may be one message or the
                 // batch's total size, so retry individually for per-message verdicts.
@@ -477,6 +470,312 @@ impl Publisher for RocketProducer {
                 other => vec![other; n],
             },
         }
+    }
+}
+
+/// Outcomes of a batch the broker answered: per-message ids on success.
+fn batch_outcomes(r: SendResult, n: usize) -> Vec<SendOutcome> {
+    if r.send_status != SendStatus::SendOk {
+        return vec![outcome_from_result(Ok(Some(r))); n];
+    }
+    // msg_id lists each message's id, comma separated, in order.
+    let ids = r.msg_id.as_ref().map(|s| s.as_str()).unwrap_or_default();
+    let mut ids = ids.split(',');
+    (0..n)
+        .map(|_| SendOutcome::Confirmed {
+            broker_msg_id: ids.next().unwrap_or_default().to_owned(),
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ordered (sharded) sends
+// ---------------------------------------------------------------------------------------------
+//
+// A message with `sharding_key: Some(k)` goes to the queue `shard_index(k, n)` of the topic's
+// n writable queues (ranked by broker name, then queue id), taken from the producer's cached
+// route: the same list every send of the process uses. Sends of one key never overlap inside
+// a call, and after a message of a key is not confirmed, the later messages of that key in the
+// same call are not sent (they come back UNKNOWN, "not sent"): the caller's retry of the
+// failed one would otherwise land behind them. Ordering holds while the topic's queue count
+// is stable; changing it moves keys to other queues.
+
+/// FNV-1a, 64 bit: a fixed, documented hash (unlike `std`'s, which is seeded per process).
+/// Changing it moves every key to another queue, so it is part of the wire contract.
+fn fnv1a_64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Index of the queue (among `queue_count`) a sharding key maps to; `None` without queues.
+pub fn shard_index(key: &str, queue_count: usize) -> Option<usize> {
+    let n = u64::try_from(queue_count).ok().filter(|n| *n > 0)?;
+    usize::try_from(fnv1a_64(key.as_bytes()) % n).ok()
+}
+
+/// The queue of `key` among `queues`. The client's queue order is not a contract, so the
+/// queues are ranked by (broker name, queue id) first.
+fn shard_queue(queues: &[MessageQueue], key: &str) -> Option<MessageQueue> {
+    let mut ranked: Vec<&MessageQueue> = queues.iter().collect();
+    ranked.sort_unstable_by(|a, b| {
+        (a.broker_name().as_str(), a.queue_id()).cmp(&(b.broker_name().as_str(), b.queue_id()))
+    });
+    let index = shard_index(key, ranked.len())?;
+    ranked.get(index).map(|q| (*q).clone())
+}
+
+/// A keyed message with its place in the caller's list.
+struct Routed {
+    index: usize,
+    /// (topic, sharding key): the unit of ordering.
+    stream: (String, String),
+    delayed: bool,
+    msg: Message,
+}
+
+/// Outcome of a message deliberately not sent to keep its key's order.
+fn not_sent(stream: &(String, String), why: &str) -> SendOutcome {
+    SendOutcome::Unknown {
+        error: format!(
+            "not sent: {why} for sharding key {} on {}; retry after it",
+            stream.1, stream.0
+        ),
+    }
+}
+
+fn remaining_ms(deadline: Instant) -> u64 {
+    u64::try_from(
+        deadline
+            .saturating_duration_since(Instant::now())
+            .as_millis(),
+    )
+    .unwrap_or(u64::MAX)
+}
+
+impl RocketProducer {
+    /// Sends messages of which at least one has a sharding key; one outcome per message, in
+    /// order. Keyless messages take the unsharded path at the same time. Keyed messages are
+    /// grouped by their queue: a group of two or more undelayed messages is one broker batch
+    /// (stored at consecutive offsets, so in call order), anything else goes one by one in
+    /// call order. Groups (distinct queues) are sent concurrently.
+    async fn send_sharded(&self, msgs: Vec<OutMessage>, timeout_ms: u64) -> Vec<SendOutcome> {
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+        let n = msgs.len();
+        let mut outcomes: Vec<Option<SendOutcome>> = vec![None; n];
+        let mut keyless_index = Vec::new();
+        let mut keyless = Vec::new();
+        let mut groups: Vec<(MessageQueue, Vec<Routed>)> = Vec::new();
+        let mut broken: HashMap<(String, String), &'static str> = HashMap::new();
+        let mut route_errors: HashMap<String, SendOutcome> = HashMap::new();
+
+        for (index, m) in msgs.into_iter().enumerate() {
+            let Some(key) = m.sharding_key.clone() else {
+                keyless_index.push(index);
+                keyless.push(m);
+                continue;
+            };
+            let stream = (m.topic.clone(), key);
+            if let Some(why) = broken.get(&stream) {
+                outcomes[index] = Some(not_sent(&stream, why));
+                continue;
+            }
+            let delayed = m.deliver_time_ms.is_some();
+            let mut msg = match to_message(m, true) {
+                Ok(msg) => msg,
+                Err(e) => {
+                    outcomes[index] = Some(outcome_from_error(&e));
+                    broken.insert(stream, "an earlier message failed");
+                    continue;
+                }
+            };
+            let outcome = match route_errors.get(&stream.0) {
+                Some(failed) => Err(failed.clone()),
+                None => self.select_queue(&mut msg, &stream, deadline).await,
+            };
+            match outcome {
+                Ok(mq) => {
+                    let routed = Routed {
+                        index,
+                        stream,
+                        delayed,
+                        msg,
+                    };
+                    match groups.iter_mut().find(|(q, _)| *q == mq) {
+                        Some((_, group)) => group.push(routed),
+                        None => groups.push((mq, vec![routed])),
+                    }
+                }
+                Err(failed) => {
+                    route_errors.insert(stream.0.clone(), failed.clone());
+                    outcomes[index] = Some(failed);
+                    broken.insert(stream, "no queue could be chosen");
+                }
+            }
+        }
+
+        let keyless_sends = async {
+            if keyless.is_empty() {
+                Vec::new()
+            } else {
+                self.send_unsharded_batch(keyless, remaining_ms(deadline).max(1))
+                    .await
+            }
+        };
+        let group_sends = futures::future::join_all(
+            groups
+                .into_iter()
+                .map(|(mq, group)| self.send_queue_group(mq, group, deadline)),
+        );
+        let (keyless_outcomes, group_outcomes) = tokio::join!(keyless_sends, group_sends);
+        for (index, outcome) in keyless_index.into_iter().zip(keyless_outcomes) {
+            outcomes[index] = Some(outcome);
+        }
+        for (index, outcome) in group_outcomes.into_iter().flatten() {
+            outcomes[index] = Some(outcome);
+        }
+        outcomes
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| SendOutcome::Unknown {
+                    error: "internal: message left without an outcome; not sent".to_owned(),
+                })
+            })
+            .collect()
+    }
+
+    /// The queue of the message's key, from the producer's cached route (fetched from the name
+    /// server on first use of the topic). An error is the message's outcome: nothing was sent.
+    async fn select_queue(
+        &self,
+        msg: &mut Message,
+        stream: &(String, String),
+        deadline: Instant,
+    ) -> Result<MessageQueue, SendOutcome> {
+        let imp = self
+            .producer
+            .get_default_mq_producer_impl()
+            .ok_or_else(|| SendOutcome::Unknown {
+                error: "client.lifecycle.not_started: producer not started".to_owned(),
+            })?;
+        let selector =
+            |queues: &[MessageQueue], _: &Message, key: &String| shard_queue(queues, key);
+        match imp
+            .invoke_message_queue_selector(msg, selector, &stream.1, remaining_ms(deadline))
+            .await
+        {
+            Ok(mq) => Ok(mq),
+            Err(e) => Err(self.route_failure(&stream.0, &e).await),
+        }
+    }
+
+    /// Classifies a failed queue choice. The client only says "no queue", whether the topic
+    /// does not exist (definite) or the name server could not be asked (unknown); one direct
+    /// route lookup tells the two apart.
+    async fn route_failure(&self, topic: &str, select_err: &ClientError) -> SendOutcome {
+        let Some(imp) = self.producer.get_default_mq_producer_impl() else {
+            return outcome_from_error(select_err);
+        };
+        match imp
+            .fetch_publish_message_queues(&CheetahString::from(topic.to_owned()))
+            .await
+        {
+            // The route appeared in between: nothing was sent, a retry will find it.
+            Ok(queues) if !queues.is_empty() => SendOutcome::Unknown {
+                error: format!("no queue chosen for {topic} ({select_err}); route now available"),
+            },
+            Ok(_) => SendOutcome::DefiniteFailure {
+                error: format!("route.topic.not_found: topic {topic} has no writable queue"),
+            },
+            Err(e) => match e
+                .source_ref::<MQClientException>()
+                .map(|x| x.response_code())
+            {
+                // The name server answered without a usable route (the client folds "topic
+                // does not exist" into this code-less exception).
+                Some(-1) => SendOutcome::DefiniteFailure {
+                    error: format!("route.topic.not_found: no route for topic {topic}: {e}"),
+                },
+                // Transport trouble or a coded name-server answer: the usual classification.
+                _ => outcome_from_error(&e),
+            },
+        }
+    }
+
+    /// Sends the messages of one queue, keeping their order; returns (index, outcome) pairs.
+    async fn send_queue_group(
+        &self,
+        mq: MessageQueue,
+        group: Vec<Routed>,
+        deadline: Instant,
+    ) -> Vec<(usize, SendOutcome)> {
+        if group.len() > 1 && group.iter().all(|r| !r.delayed) {
+            let msgs: Vec<Message> = group.iter().map(|r| r.msg.clone()).collect();
+            let n = msgs.len();
+            let result = self
+                .producer
+                .send_batch_to_queue_with_timeout(msgs, mq.clone(), remaining_ms(deadline).max(1))
+                .await;
+            match result {
+                Ok(r) => {
+                    let outcomes = batch_outcomes(r, n);
+                    return group.iter().map(|r| r.index).zip(outcomes).collect();
+                }
+                Err(e) => match outcome_from_error(&e) {
+                    // Nothing is stored; find the culprit with single sends (in order).
+                    SendOutcome::DefiniteFailure { .. } => {}
+                    other => return group.iter().map(|r| (r.index, other.clone())).collect(),
+                },
+            }
+        }
+        let mut out = Vec::with_capacity(group.len());
+        let mut broken: HashMap<(String, String), &'static str> = HashMap::new();
+        for r in group {
+            if let Some(why) = broken.get(&r.stream) {
+                out.push((r.index, not_sent(&r.stream, why)));
+                continue;
+            }
+            let left = remaining_ms(deadline);
+            if left == 0 {
+                out.push((r.index, not_sent(&r.stream, "call deadline reached")));
+                broken.insert(r.stream, "call deadline reached");
+                continue;
+            }
+            let outcome = outcome_from_result(
+                self.producer
+                    .send_to_queue_with_timeout(r.msg, mq.clone(), left)
+                    .await,
+            );
+            if !matches!(outcome, SendOutcome::Confirmed { .. }) {
+                broken.insert(r.stream, "an earlier message was not confirmed");
+            }
+            out.push((r.index, outcome));
+        }
+        out
+    }
+}
+
+#[async_trait::async_trait]
+impl Publisher for RocketProducer {
+    async fn send(&self, msg: OutMessage, timeout_ms: u64) -> SendOutcome {
+        if msg.sharding_key.is_none() {
+            return self.send_one(msg, timeout_ms).await;
+        }
+        self.send_sharded(vec![msg], timeout_ms)
+            .await
+            .pop()
+            .unwrap_or_else(|| SendOutcome::Unknown {
+                error: "internal: no outcome for the message; not sent".to_owned(),
+            })
+    }
+
+    /// With sharding keys, see [`RocketProducer::send_sharded`]: keyed messages are grouped by
+    /// queue into per-queue batches, never sent concurrently with another message of their key.
+    async fn send_batch(&self, msgs: Vec<OutMessage>, timeout_ms: u64) -> Vec<SendOutcome> {
+        if msgs.iter().any(|m| m.sharding_key.is_some()) {
+            return self.send_sharded(msgs, timeout_ms).await;
+        }
+        self.send_unsharded_batch(msgs, timeout_ms).await
     }
 }
 
@@ -721,6 +1020,237 @@ pub async fn start_push_consumer(
         group: group.to_owned(),
         _slots: slots,
     })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Consumer lag
+// ---------------------------------------------------------------------------------------------
+
+/// How long a topic's broker list is reused before the name server is asked again.
+const LAG_ROUTE_TTL: Duration = Duration::from_secs(30);
+
+/// Bound of each admin call of a lag reading.
+const LAG_RPC_TIMEOUT_MS: u64 = 3_000;
+
+/// Backlog of a consumer group on one topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Lag {
+    /// Sum over the topic's queues of (broker max offset − group's committed offset); a group
+    /// that never committed counts from offset 0, i.e. every message in the queue.
+    pub messages: i64,
+    /// Now − store time of the oldest message not yet consumed; `None` when `messages` is 0.
+    pub oldest_unconsumed_age_ms: Option<i64>,
+}
+
+/// Per-queue facts a lag reading combines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueLagFacts {
+    /// Broker's max offset of the queue.
+    pub broker_offset: i64,
+    /// Group's committed offset (the broker reports 0 for a group that never committed).
+    pub consumer_offset: i64,
+    /// Broker-computed now − store time of the message at `consumer_offset` (0 when the
+    /// broker has none, e.g. no committed offset).
+    pub delay_ms: i64,
+    /// Store time of the earliest message still in the queue (0 if unknown).
+    pub min_store_ms: i64,
+}
+
+/// Combines per-queue facts into a [`Lag`] (pure). Errors if a queue with a backlog has no
+/// usable store time: "unknown" must not read as "fresh" for fail-closed admission.
+pub fn combine_lag(queues: &[QueueLagFacts], now_ms: i64) -> anyhow::Result<Lag> {
+    let mut messages = 0i64;
+    let mut age: Option<i64> = None;
+    for q in queues {
+        let behind = (q.broker_offset - q.consumer_offset).max(0);
+        if behind == 0 {
+            continue;
+        }
+        messages += behind;
+        // Offset 0 means "never committed" as often as "nothing consumed yet": either way the
+        // oldest unconsumed message is the earliest one still stored. Otherwise the broker's
+        // delay at the committed offset is exactly that message's age.
+        let queue_age = if q.consumer_offset == 0 {
+            if q.min_store_ms <= 0 {
+                bail!("queue with {behind} unconsumed messages has no earliest store time");
+            }
+            (now_ms - q.min_store_ms).max(0)
+        } else {
+            q.delay_ms.max(0)
+        };
+        age = Some(age.map_or(queue_age, |a| a.max(queue_age)));
+    }
+    Ok(Lag {
+        messages,
+        oldest_unconsumed_age_ms: if messages > 0 { age } else { None },
+    })
+}
+
+/// topic → (fetched at, master broker addresses).
+type BrokerCache = HashMap<String, (Instant, Arc<[CheetahString]>)>;
+
+/// Reads consumer lag through one long-lived admin client: one broker call per broker when
+/// the group is caught up, plus one name-server and one broker call per broker when it is
+/// not (the store times). Share it (`Arc<LagProbe>`); calls may overlap.
+pub struct LagProbe {
+    admin: DefaultMQAdminExt,
+    brokers: Mutex<BrokerCache>,
+    _runtime: MqRuntime,
+}
+
+impl LagProbe {
+    /// Starts the admin client against `name_srv`.
+    pub async fn new(runtime: &MqRuntime, name_srv: &str) -> anyhow::Result<Self> {
+        let mut admin = DefaultMQAdminExt::new(runtime.client_runtime());
+        admin.set_namesrv_addr(name_srv);
+        admin
+            .start()
+            .await
+            .map_err(|e| anyhow!("starting admin client against {name_srv}: {e}"))?;
+        Ok(Self {
+            admin,
+            brokers: Mutex::new(HashMap::new()),
+            _runtime: runtime.clone(),
+        })
+    }
+
+    /// Current lag of `group` on `topic` (the topic only, not the group's retry topic).
+    pub async fn lag(&self, group: &str, topic: &str) -> anyhow::Result<Lag> {
+        let brokers = self.topic_brokers(topic).await?;
+        let result = self.read_lag(&brokers, group, topic).await;
+        if result.is_err() {
+            // A broker may have moved: look the route up again next time.
+            self.lock_brokers().remove(topic);
+        }
+        result
+    }
+
+    /// Stops the admin client.
+    pub async fn shutdown(mut self) {
+        self.admin.shutdown().await;
+    }
+
+    async fn read_lag(
+        &self,
+        brokers: &[CheetahString],
+        group: &str,
+        topic: &str,
+    ) -> anyhow::Result<Lag> {
+        let group_cs = CheetahString::from(group.to_owned());
+        let topic_cs = CheetahString::from(topic.to_owned());
+        let mut offsets: Vec<(MessageQueue, i64, i64)> = Vec::new();
+        for addr in brokers {
+            let stats = self
+                .admin
+                .examine_consume_stats(
+                    group_cs.clone(),
+                    Some(topic_cs.clone()),
+                    None,
+                    Some(addr.clone()),
+                    Some(LAG_RPC_TIMEOUT_MS),
+                )
+                .await
+                .map_err(|e| anyhow!("consume stats of {group} on {topic} at {addr}: {e}"))?;
+            offsets.extend(
+                stats
+                    .offset_table
+                    .into_iter()
+                    .map(|(mq, o)| (mq, o.get_broker_offset(), o.get_consumer_offset())),
+            );
+        }
+        if offsets
+            .iter()
+            .all(|(_, broker, consumer)| broker <= consumer)
+        {
+            return Ok(Lag::default());
+        }
+        // Only a backlog needs store times (one more call per broker).
+        let spans = self
+            .admin
+            .query_consume_time_span(topic_cs, group_cs)
+            .await
+            .map_err(|e| anyhow!("consume time span of {group} on {topic}: {e}"))?;
+        let now = now_epoch_ms();
+        let span_of: HashMap<(String, i32), (i64, i64)> = spans
+            .iter()
+            .filter_map(|s| {
+                let mq = s.message_queue.as_ref()?;
+                Some((
+                    (mq.broker_name().to_string(), mq.queue_id()),
+                    (s.delay_time, s.min_time_stamp),
+                ))
+            })
+            .collect();
+        let facts: Vec<QueueLagFacts> = offsets
+            .iter()
+            .map(|(mq, broker_offset, consumer_offset)| {
+                let (delay_ms, min_store_ms) = span_of
+                    .get(&(mq.broker_name().to_string(), mq.queue_id()))
+                    .copied()
+                    .unwrap_or((0, 0));
+                QueueLagFacts {
+                    broker_offset: *broker_offset,
+                    consumer_offset: *consumer_offset,
+                    delay_ms,
+                    min_store_ms,
+                }
+            })
+            .collect();
+        combine_lag(&facts, now).with_context(|| format!("lag of {group} on {topic}"))
+    }
+
+    /// Master addresses of the brokers serving `topic`, cached for [`LAG_ROUTE_TTL`].
+    async fn topic_brokers(&self, topic: &str) -> anyhow::Result<Arc<[CheetahString]>> {
+        if let Some((at, addrs)) = self.lock_brokers().get(topic) {
+            if at.elapsed() < LAG_ROUTE_TTL {
+                return Ok(Arc::clone(addrs));
+            }
+        }
+        let route = self
+            .admin
+            .examine_topic_route_info(CheetahString::from(topic.to_owned()))
+            .await
+            .map_err(|e| anyhow!("route of {topic}: {e}"))?
+            .ok_or_else(|| anyhow!("topic {topic} has no route"))?;
+        let addrs: Arc<[CheetahString]> = route
+            .broker_datas
+            .iter()
+            .filter_map(|b| b.broker_addrs().get(&0).cloned())
+            .collect();
+        if addrs.is_empty() {
+            bail!("topic {topic} has no master broker");
+        }
+        self.lock_brokers()
+            .insert(topic.to_owned(), (Instant::now(), Arc::clone(&addrs)));
+        Ok(addrs)
+    }
+
+    fn lock_brokers(&self) -> std::sync::MutexGuard<'_, BrokerCache> {
+        // The map holds only cache entries: a panic elsewhere cannot leave it inconsistent.
+        self.brokers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// One-off lag reading. Starts and stops an admin client each time (tens of ms); anything
+/// polling should keep a [`LagProbe`].
+pub async fn consumer_lag(
+    runtime: &MqRuntime,
+    name_srv: &str,
+    group: &str,
+    topic: &str,
+) -> anyhow::Result<Lag> {
+    let probe = LagProbe::new(runtime, name_srv).await?;
+    let lag = probe.lag(group, topic).await;
+    probe.shutdown().await;
+    lag
+}
+
+fn now_epoch_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1010,5 +1540,128 @@ mod tests {
         );
         assert_eq!(d.reconsume_times, 1);
         assert_eq!(d.body, b"x");
+    }
+
+    #[test]
+    fn fnv1a_matches_the_published_vectors() {
+        // http://www.isthe.com/chongo/tech/comp/fnv/ test vectors: the hash is a contract.
+        assert_eq!(fnv1a_64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a_64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a_64(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn shard_index_is_stable_and_in_range() {
+        assert_eq!(shard_index("ord_1", 0), None);
+        assert_eq!(shard_index("ord_1", 1), Some(0));
+        // Pinned values: a change here moves live orders to other queues.
+        assert_eq!(
+            shard_index("a", 4),
+            Some((0xaf63_dc4c_8601_ec8c_u64 % 4) as usize)
+        );
+        assert_eq!(
+            shard_index("foobar", 7),
+            Some((0x8594_4171_f739_67e8_u64 % 7) as usize)
+        );
+        for n in 1..=16 {
+            for i in 0..200 {
+                let key = format!("ord_{i}");
+                let a = shard_index(&key, n);
+                assert_eq!(a, shard_index(&key, n));
+                assert!(a.is_some_and(|x| x < n));
+            }
+        }
+    }
+
+    #[test]
+    fn shard_index_spreads_keys() {
+        let mut counts = [0usize; 8];
+        for i in 0..8_000 {
+            if let Some(q) = shard_index(&format!("01J{i:023}"), 8) {
+                counts[q] += 1;
+            }
+        }
+        // 1,000 expected per queue; a sound hash stays well inside ±20 %.
+        assert!(
+            counts.iter().all(|c| (800..=1200).contains(c)),
+            "{counts:?}"
+        );
+    }
+
+    #[test]
+    fn shard_queue_ignores_the_order_of_the_route() {
+        let queues: Vec<MessageQueue> = ["broker-b", "broker-a"]
+            .iter()
+            .flat_map(|b| (0..4).map(move |q| MessageQueue::from_parts("t", *b, q)))
+            .collect();
+        let mut reversed = queues.clone();
+        reversed.reverse();
+        for i in 0..100 {
+            let key = format!("ord_{i}");
+            let picked = shard_queue(&queues, &key);
+            assert_eq!(picked, shard_queue(&reversed, &key));
+            // Rank: broker-a 0..3, then broker-b 0..3.
+            let idx = shard_index(&key, 8).unwrap_or_default();
+            let expected = MessageQueue::from_parts(
+                "t",
+                if idx < 4 { "broker-a" } else { "broker-b" },
+                (idx % 4) as i32,
+            );
+            assert_eq!(picked, Some(expected));
+        }
+        assert_eq!(shard_queue(&[], "k"), None);
+    }
+
+    fn q(broker: i64, consumer: i64, delay: i64, min_store: i64) -> QueueLagFacts {
+        QueueLagFacts {
+            broker_offset: broker,
+            consumer_offset: consumer,
+            delay_ms: delay,
+            min_store_ms: min_store,
+        }
+    }
+
+    #[test]
+    fn caught_up_group_has_no_lag_and_no_age() {
+        let lag = combine_lag(&[q(10, 10, 0, 1_000), q(0, 0, 0, 0)], 5_000).ok();
+        assert_eq!(
+            lag,
+            Some(Lag {
+                messages: 0,
+                oldest_unconsumed_age_ms: None
+            })
+        );
+        assert_eq!(combine_lag(&[], 5_000).ok(), Some(Lag::default()));
+    }
+
+    #[test]
+    fn lag_sums_queues_and_takes_the_oldest_age() {
+        // Queue 0: committed at 4 of 10, broker says the message at 4 is 700 ms old.
+        // Queue 1: never committed, earliest message stored at 1,000 -> 4,000 ms old.
+        let lag = combine_lag(
+            &[q(10, 4, 700, 500), q(3, 0, 0, 1_000), q(5, 5, 0, 0)],
+            5_000,
+        );
+        assert_eq!(
+            lag.ok(),
+            Some(Lag {
+                messages: 9,
+                oldest_unconsumed_age_ms: Some(4_000)
+            })
+        );
+        // A consumer offset ahead of the broker's (a race between the two reads) is no lag.
+        let lag = combine_lag(&[q(10, 12, 0, 0), q(10, 9, 20, 0)], 5_000);
+        assert_eq!(
+            lag.ok(),
+            Some(Lag {
+                messages: 1,
+                oldest_unconsumed_age_ms: Some(20)
+            })
+        );
+    }
+
+    #[test]
+    fn backlog_without_a_store_time_is_an_error() {
+        assert!(combine_lag(&[q(3, 0, 0, 0)], 5_000).is_err());
     }
 }

@@ -415,6 +415,7 @@ pub fn order_create_message(topic: &str, event: &OrderCreateRequested) -> OutMes
         ],
         body: event.encode(),
         deliver_time_ms: None,
+        sharding_key: None,
     }
 }
 

@@ -1,0 +1,55 @@
+//! `activity create`: idempotent, warms Redis, and refuses to change the stock of an
+//! activity that has started.
+
+// The RocketMQ client's futures are deeply nested.
+#![recursion_limit = "256"]
+
+mod common;
+
+use chrono::{Duration, Utc};
+use common::TestEnv;
+use seckill::roles::activity::{create, CreateArgs};
+
+fn args(activity_id: i64, stock: i32, starts_in_secs: i64) -> CreateArgs {
+    CreateArgs {
+        activity_id,
+        name: "sale".into(),
+        skus: vec![(1, stock, 500)],
+        starts_at: Some(Utc::now() + Duration::seconds(starts_in_secs)),
+        duration_secs: 600,
+        reservation_valid_secs: Some(120),
+    }
+}
+
+#[tokio::test]
+async fn create_is_idempotent_and_refuses_to_change_a_started_activity() {
+    let env = TestEnv::new(false).await;
+    let redis = env.redis().await;
+
+    // Not started yet: creating twice is fine, and the stock may still change.
+    let future = args(10, 100, 3600);
+    create(&env.settings, &future).await.unwrap();
+    create(&env.settings, &future).await.unwrap();
+    assert_eq!(redis.sku_stock(10, 1).await.unwrap(), Some((100, 100)));
+    create(&env.settings, &args(10, 120, 3600)).await.unwrap();
+    assert_eq!(redis.sku_stock(10, 1).await.unwrap(), Some((120, 120)));
+    assert_eq!(
+        env.count("SELECT total_stock::int8 FROM activity_skus WHERE activity_id = 10")
+            .await,
+        120
+    );
+
+    // Started: the same stock is accepted again, another stock is refused everywhere.
+    let started = args(11, 50, -5);
+    create(&env.settings, &started).await.unwrap();
+    create(&env.settings, &started).await.unwrap();
+    let err = create(&env.settings, &args(11, 60, -5)).await.unwrap_err();
+    assert!(err.to_string().contains("has started"), "{err:#}");
+    assert_eq!(
+        env.count("SELECT total_stock::int8 FROM activity_skus WHERE activity_id = 11")
+            .await,
+        50
+    );
+    assert_eq!(redis.sku_stock(11, 1).await.unwrap(), Some((50, 50)));
+    env.cleanup().await;
+}
