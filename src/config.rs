@@ -38,6 +38,7 @@ pub struct Settings {
     pub mq: MqSettings,
     pub api: ApiSettings,
     pub consumer: ConsumerSettings,
+    pub scan: ScanSettings,
     pub telemetry: TelemetrySettings,
 }
 
@@ -116,6 +117,34 @@ pub struct ConsumerSettings {
     pub shutdown_grace_secs: u64,
     /// Seconds an order stays unpaid before the timeout cancel may take it back.
     pub pay_window_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScanSettings {
+    /// Where `scan` serves /metrics, /healthz, /readyz.
+    pub metrics_listen: SocketAddr,
+    /// Reservations one scanner leases per activity and pass.
+    pub scanner_batch: usize,
+    /// How long a scanner owns what it claimed; a dead scanner's claims return after it.
+    pub scanner_lease_ms: u64,
+    /// Pause between scanner passes when nothing was due.
+    pub scanner_poll_ms: u64,
+    /// Cap of the re-send backoff (it starts at `api.resend_backoff_ms` and doubles).
+    pub resend_backoff_cap_ms: u64,
+    /// Outbox rows one relay claims at a time.
+    pub relay_batch: usize,
+    /// How long a relay owns the rows it claimed before another may send them again.
+    pub relay_lease_secs: u64,
+    /// Attempts before an outbox row is marked DEAD (alert, operator).
+    pub relay_max_attempts: i32,
+    /// Fallback poll when no NOTIFY arrives.
+    pub relay_poll_ms: u64,
+    pub relay_backoff_base_ms: u64,
+    pub relay_backoff_cap_ms: u64,
+    /// Sends in flight at once (scanner and relay each).
+    pub send_concurrency: usize,
+    pub shutdown_grace_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -288,6 +317,43 @@ impl Settings {
         }
         if self.consumer.pay_window_secs == 0 {
             return Err(invalid("consumer.pay_window_secs", "must be positive"));
+        }
+        let sc = &self.scan;
+        if sc.scanner_batch == 0 || sc.scanner_batch > 10_000 {
+            return Err(invalid("scan.scanner_batch", "must be in 1..=10000"));
+        }
+        if sc.scanner_lease_ms < 100 {
+            return Err(invalid("scan.scanner_lease_ms", "must be at least 100"));
+        }
+        if sc.scanner_poll_ms == 0 || sc.relay_poll_ms == 0 {
+            return Err(invalid(
+                "scan.scanner_poll_ms",
+                "poll intervals must be positive",
+            ));
+        }
+        if sc.resend_backoff_cap_ms < self.api.resend_backoff_ms {
+            return Err(invalid(
+                "scan.resend_backoff_cap_ms",
+                "must be >= api.resend_backoff_ms",
+            ));
+        }
+        if sc.relay_batch == 0 || sc.relay_batch > 10_000 {
+            return Err(invalid("scan.relay_batch", "must be in 1..=10000"));
+        }
+        if sc.relay_lease_secs == 0 {
+            return Err(invalid("scan.relay_lease_secs", "must be positive"));
+        }
+        if sc.relay_max_attempts < 1 {
+            return Err(invalid("scan.relay_max_attempts", "must be at least 1"));
+        }
+        if sc.relay_backoff_base_ms == 0 || sc.relay_backoff_cap_ms < sc.relay_backoff_base_ms {
+            return Err(invalid(
+                "scan.relay_backoff_cap_ms",
+                "must be >= scan.relay_backoff_base_ms > 0",
+            ));
+        }
+        if sc.send_concurrency == 0 {
+            return Err(invalid("scan.send_concurrency", "must be at least 1"));
         }
         if tracing_subscriber::EnvFilter::try_new(&self.telemetry.log_level).is_err() {
             return Err(invalid(

@@ -94,6 +94,34 @@ pub trait BatchHandler: Send + Sync + 'static {
 
 pub type SharedHandler = Arc<dyn BatchHandler>;
 
+/// The broker message for an ORDER_CREATE_REQUESTED event (§9, §12): tag CREATE_ORDER, key
+/// reservation_id (plus order_id and request_id), identity in the `message_id` property.
+pub fn order_create_message(
+    topic: &str,
+    event: &crate::domain::OrderCreateRequested,
+) -> OutMessage {
+    OutMessage {
+        topic: topic.to_string(),
+        tag: crate::domain::event::TAG_CREATE_ORDER.to_string(),
+        keys: vec![
+            event.reservation_id.clone(),
+            event.order_id.clone(),
+            event.request_id.clone(),
+        ],
+        properties: vec![
+            ("message_id".into(), event.message_id.clone()),
+            ("reservation_id".into(), event.reservation_id.clone()),
+            ("order_id".into(), event.order_id.clone()),
+            ("request_id".into(), event.request_id.clone()),
+            ("schema_version".into(), event.schema_version.to_string()),
+            ("traceparent".into(), event.trace.traceparent.clone()),
+        ],
+        body: event.encode(),
+        deliver_time_ms: None,
+        sharding_key: None,
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Wiring from settings: what the roles call.
 // ---------------------------------------------------------------------------------------------

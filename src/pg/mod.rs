@@ -2,6 +2,7 @@
 
 pub mod errors;
 pub mod order_tx;
+pub mod outbox;
 pub mod queries;
 
 use std::time::Duration;

@@ -605,11 +605,20 @@ pub async fn process_batch(
         .await?;
         Ok(())
     };
-    let (r1, r2, r3, r4) = futures::join!(ledger, outbox, rejections, inbox);
+    // Wakes the outbox relays on commit (a NOTIFY is delivered only if the transaction commits).
+    let notify = async {
+        if ob_ids.is_empty() {
+            return Ok::<_, tokio_postgres::Error>(());
+        }
+        tx.batch_execute(&format!("NOTIFY {}", super::outbox::OUTBOX_CHANNEL))
+            .await
+    };
+    let (r1, r2, r3, r4, r5) = futures::join!(ledger, outbox, rejections, inbox, notify);
     r1?;
     r2?;
     r3?;
     r4?;
+    r5?;
 
     tx.commit().await?;
 

@@ -44,6 +44,14 @@ impl Keys {
     pub fn pending(&self, activity_id: i64) -> String {
         format!("{}:pending", self.tag(activity_id))
     }
+    /// Unconfirmed reservations scored by creation time: its head gives the oldest age.
+    pub fn pending_since(&self, activity_id: i64) -> String {
+        format!("{}:pending_since", self.tag(activity_id))
+    }
+    /// Activities with warmed stock: the scanner's work list (outside any hash tag).
+    pub fn activities(&self) -> String {
+        format!("{}:activities", self.prefix)
+    }
     pub fn reservation_prefix(&self, activity_id: i64) -> String {
         format!("{}:rsv:", self.tag(activity_id))
     }
@@ -131,6 +139,8 @@ struct Scripts {
     schedule_resend: Script,
     mark_failed: Script,
     warm: Script,
+    release: Script,
+    claim: Script,
 }
 
 fn view(parts: &[String]) -> ReservationView {
@@ -163,6 +173,8 @@ impl RedisStore {
                 schedule_resend: Script::new(include_str!("lua/schedule_resend.lua")),
                 mark_failed: Script::new(include_str!("lua/mark_failed.lua")),
                 warm: Script::new(include_str!("lua/warm.lua")),
+                release: Script::new(include_str!("lua/release.lua")),
+                claim: Script::new(include_str!("lua/claim.lua")),
             }),
         };
         store
@@ -190,6 +202,7 @@ impl RedisStore {
             .key(k.buyers(a.activity_id, a.sku_id))
             .key(k.requests(a.activity_id))
             .key(k.pending(a.activity_id))
+            .key(k.pending_since(a.activity_id))
             .arg(a.now_ms)
             .arg(a.user_id)
             .arg(a.request_id)
@@ -254,6 +267,7 @@ impl RedisStore {
             .mark_sent
             .key(self.keys.reservation(activity_id, reservation_id))
             .key(self.keys.pending(activity_id))
+            .key(self.keys.pending_since(activity_id))
             .arg(message_id)
             .arg(reservation_id)
             .arg(broker_msg_id)
@@ -305,6 +319,7 @@ impl RedisStore {
             .key(k.sku(activity_id, sku_id))
             .key(k.buyers(activity_id, sku_id))
             .key(k.requests(activity_id))
+            .key(k.pending_since(activity_id))
             .arg(message_id)
             .arg(reservation_id)
             .arg(error)
@@ -324,6 +339,7 @@ impl RedisStore {
         total: i32,
     ) -> anyhow::Result<WarmResult> {
         let mut conn = self.pool.get().await?;
+        let _: () = conn.sadd(self.keys.activities(), activity_id).await?;
         let code: String = self
             .scripts
             .warm
@@ -423,6 +439,85 @@ impl RedisStore {
             }
         }
         Ok(census)
+    }
+
+    /// Compensation: releases the reservation once. Returns `RELEASED`, `ALREADY_RELEASED`
+    /// or `MISSING`.
+    pub async fn release(
+        &self,
+        activity_id: i64,
+        sku_id: i64,
+        reservation_id: &str,
+        reason: &str,
+        now_ms: i64,
+    ) -> anyhow::Result<String> {
+        let k = &self.keys;
+        let mut conn = self.pool.get().await?;
+        Ok(self
+            .scripts
+            .release
+            .key(k.reservation(activity_id, reservation_id))
+            .key(k.sku(activity_id, sku_id))
+            .key(k.buyers(activity_id, sku_id))
+            .key(k.requests(activity_id))
+            .key(k.pending(activity_id))
+            .key(k.pending_since(activity_id))
+            .arg(reservation_id)
+            .arg(reason)
+            .arg(now_ms)
+            .invoke_async(&mut conn)
+            .await?)
+    }
+
+    /// Leases up to `batch` due reservations of one activity to `owner` for `lease_ms`.
+    pub async fn claim_due(
+        &self,
+        activity_id: i64,
+        now_ms: i64,
+        batch: usize,
+        owner: &str,
+        lease_ms: u64,
+    ) -> anyhow::Result<Vec<HashMap<String, String>>> {
+        let k = &self.keys;
+        let mut conn = self.pool.get().await?;
+        let raw: Vec<redis::Value> = self
+            .scripts
+            .claim
+            .key(k.pending(activity_id))
+            .key(k.pending_since(activity_id))
+            .arg(now_ms)
+            .arg(batch)
+            .arg(owner)
+            .arg(lease_ms)
+            .arg(k.reservation_prefix(activity_id))
+            .invoke_async(&mut conn)
+            .await?;
+        let mut out = Vec::new();
+        for pair in raw.chunks(2) {
+            if let [_, fields] = pair {
+                let map: HashMap<String, String> = redis::from_redis_value(fields)?;
+                out.push(map);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Activities whose stock was warmed (the scanner's work list).
+    pub async fn activities(&self) -> anyhow::Result<Vec<i64>> {
+        let mut conn = self.pool.get().await?;
+        Ok(conn.smembers(self.keys.activities()).await?)
+    }
+
+    /// `(count, oldest creation ms)` of the unconfirmed reservations of one activity.
+    pub async fn pending_stats(&self, activity_id: i64) -> anyhow::Result<(i64, Option<i64>)> {
+        let mut conn = self.pool.get().await?;
+        let key = self.keys.pending_since(activity_id);
+        let (count, head): (i64, Vec<(String, f64)>) = redis::pipe()
+            .zcard(&key)
+            .zrange_withscores(&key, 0, 0)
+            .query_async(&mut conn)
+            .await?;
+        Ok((count, head.first().map(|(_, s)| *s as i64)))
     }
 
     /// Size of the activity's pending (not yet confirmed) index.

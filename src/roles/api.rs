@@ -30,7 +30,7 @@ use crate::domain::{
     Ids, OrderCreateRequested, ReserveRequest, TraceContext, ValidationError,
     EVENT_ORDER_CREATE_REQUESTED, SCHEMA_VERSION,
 };
-use crate::mq::{OutMessage, Publisher, SendOutcome};
+use crate::mq::{order_create_message, Publisher, SendOutcome};
 use crate::pg::queries;
 use crate::redis::{RedisStore, ReservationView, ReserveArgs, ReserveResult};
 use crate::telemetry::{metrics_handle, Readiness};
@@ -391,31 +391,6 @@ async fn reserve_inner(
                 "the order queue refused the request; nothing was reserved, retry later",
             ))
         }
-    }
-}
-
-/// The broker message for an ORDER_CREATE_REQUESTED event (§9, §12): tag CREATE_ORDER, key
-/// reservation_id (plus order_id and request_id), identity in the `message_id` property.
-pub fn order_create_message(topic: &str, event: &OrderCreateRequested) -> OutMessage {
-    OutMessage {
-        topic: topic.to_string(),
-        tag: TAG_CREATE_ORDER.to_string(),
-        keys: vec![
-            event.reservation_id.clone(),
-            event.order_id.clone(),
-            event.request_id.clone(),
-        ],
-        properties: vec![
-            ("message_id".into(), event.message_id.clone()),
-            ("reservation_id".into(), event.reservation_id.clone()),
-            ("order_id".into(), event.order_id.clone()),
-            ("request_id".into(), event.request_id.clone()),
-            ("schema_version".into(), event.schema_version.to_string()),
-            ("traceparent".into(), event.trace.traceparent.clone()),
-        ],
-        body: event.encode(),
-        deliver_time_ms: None,
-        sharding_key: None,
     }
 }
 

@@ -5,4 +5,5 @@ pub mod api;
 pub mod bench;
 pub mod consume;
 pub mod migrate;
+pub mod scan;
 pub mod topics;

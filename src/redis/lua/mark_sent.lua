@@ -1,5 +1,5 @@
 -- CONFIRMED: MQ_PENDING -> MQ_SENT (compare-and-set on message_id), leave the pending index.
--- KEYS: 1 reservation, 2 pending index
+-- KEYS: 1 reservation, 2 pending index, 3 pending-since index
 -- ARGV: 1 message_id, 2 reservation_id, 3 broker message id, 4 now_ms
 local h = redis.call('HMGET', KEYS[1], 'message_id', 'mq_status')
 if not h[1] then return 'MISSING' end
@@ -7,4 +7,5 @@ if h[1] ~= ARGV[1] then return 'MISMATCH' end
 if h[2] ~= 'MQ_PENDING' then return h[2] end
 redis.call('HSET', KEYS[1], 'mq_status', 'MQ_SENT', 'broker_msg_id', ARGV[3], 'sent_at', ARGV[4])
 redis.call('ZREM', KEYS[2], ARGV[2])
+redis.call('ZREM', KEYS[3], ARGV[2])
 return 'OK'

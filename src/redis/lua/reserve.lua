@@ -1,5 +1,6 @@
 -- Atomic reservation (§2, §13.1). All keys share the activity's hash tag.
--- KEYS: 1 meta, 2 sku, 3 buyers, 4 requests, 5 pending index
+-- KEYS: 1 meta, 2 sku, 3 buyers, 4 requests, 5 pending index (by next retry), 6 pending-since index
+--       (by creation: its head is the oldest unconfirmed reservation)
 -- ARGV: 1 now_ms, 2 user_id, 3 request_id, 4 reservation_id, 5 message_id, 6 order_id,
 --       7 sku_id, 8 activity_id, 9 next_retry_at_ms, 10 reservation key prefix,
 --       11 traceparent, 12 reservation key ttl seconds
@@ -39,4 +40,5 @@ redis.call('HSET', rk,
   'traceparent', ARGV[11])
 redis.call('EXPIRE', rk, tonumber(ARGV[12]))
 redis.call('ZADD', KEYS[5], tonumber(ARGV[9]), ARGV[4])
+redis.call('ZADD', KEYS[6], now, ARGV[4])
 return {'OK', ARGV[4], ARGV[5], ARGV[6], 'MQ_PENDING', 'RESERVED', tostring(valid_until), ARGV[1]}

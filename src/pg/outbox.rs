@@ -1,0 +1,155 @@
+//! The outbox relay's side of PostgreSQL (002 §8.10): claim due PENDING rows with a lease
+//! (one short statement with `FOR UPDATE SKIP LOCKED`, so relays never block each other or
+//! the order transactions), then record what the send came to. A relay that dies between
+//! the send and the mark leaves the lease to expire: the row is sent again with the same
+//! event id and the consumers' inboxes absorb the duplicate.
+
+use chrono::{DateTime, Utc};
+use tokio_postgres::GenericClient;
+
+/// Channel the writers `NOTIFY` after adding outbox rows; the relay `LISTEN`s on it.
+pub const OUTBOX_CHANNEL: &str = "seckill_outbox";
+
+/// One outbox row, claimed for sending.
+#[derive(Debug, Clone)]
+pub struct OutboxRow {
+    pub event_id: String,
+    pub topic: String,
+    pub tag: String,
+    pub message_key: String,
+    pub aggregate_id: Option<String>,
+    pub aggregate_version: Option<i32>,
+    pub payload: serde_json::Value,
+    pub deliver_at: Option<DateTime<Utc>>,
+    /// Attempts including this one.
+    pub attempts: i32,
+}
+
+/// Claims up to `limit` due rows and pushes their next attempt `lease_secs` ahead.
+pub async fn claim(
+    client: &impl GenericClient,
+    limit: i64,
+    lease_secs: f64,
+) -> Result<Vec<OutboxRow>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "WITH due AS (
+                SELECT event_id FROM event_outbox
+                WHERE status = 'PENDING' AND next_attempt_at <= now()
+                ORDER BY next_attempt_at
+                LIMIT $1
+                FOR UPDATE SKIP LOCKED)
+             UPDATE event_outbox o
+                SET next_attempt_at = now() + make_interval(secs => $2), attempts = o.attempts + 1
+             FROM due WHERE o.event_id = due.event_id
+             RETURNING o.event_id, o.topic, o.tag, o.message_key, o.aggregate_id,
+                       o.aggregate_version, o.payload, o.deliver_at, o.attempts, o.created_at",
+            &[&limit, &lease_secs],
+        )
+        .await?;
+    let mut out: Vec<(DateTime<Utc>, OutboxRow)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.get(9),
+                OutboxRow {
+                    event_id: r.get(0),
+                    topic: r.get(1),
+                    tag: r.get(2),
+                    message_key: r.get(3),
+                    aggregate_id: r.get(4),
+                    aggregate_version: r.get(5),
+                    payload: r.get(6),
+                    deliver_at: r.get(7),
+                    attempts: r.get(8),
+                },
+            )
+        })
+        .collect();
+    // Oldest first, and an aggregate's versions in order.
+    out.sort_by(|a, b| {
+        (a.0, a.1.aggregate_version.unwrap_or(0)).cmp(&(b.0, b.1.aggregate_version.unwrap_or(0)))
+    });
+    Ok(out.into_iter().map(|(_, r)| r).collect())
+}
+
+/// Marks rows SENT with the broker's id.
+pub async fn mark_sent(
+    client: &impl GenericClient,
+    sent: &[(String, String)],
+) -> Result<u64, tokio_postgres::Error> {
+    if sent.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<&str> = sent.iter().map(|(e, _)| e.as_str()).collect();
+    let broker: Vec<&str> = sent.iter().map(|(_, b)| b.as_str()).collect();
+    client
+        .execute(
+            "UPDATE event_outbox o SET status = 'SENT', sent_at = now(), broker_msg_id = t.b, last_error = NULL
+             FROM unnest($1::text[], $2::text[]) AS t(e, b)
+             WHERE o.event_id = t.e AND o.status = 'PENDING'",
+            &[&ids, &broker],
+        )
+        .await
+}
+
+/// Schedules another attempt after `backoff_ms`, or marks the row DEAD when `dead`.
+pub async fn mark_failed(
+    client: &impl GenericClient,
+    event_id: &str,
+    error: &str,
+    backoff_ms: i64,
+    dead: bool,
+) -> Result<u64, tokio_postgres::Error> {
+    client
+        .execute(
+            "UPDATE event_outbox
+                SET last_error = $2,
+                    status = CASE WHEN $4 THEN 'DEAD' ELSE status END,
+                    next_attempt_at = now() + make_interval(secs => $3::float8 / 1000.0)
+             WHERE event_id = $1 AND status = 'PENDING'",
+            &[&event_id, &error, &(backoff_ms as f64), &dead],
+        )
+        .await
+}
+
+/// `(pending rows, age in seconds of the oldest pending row, dead rows)`.
+pub async fn backlog(
+    client: &impl GenericClient,
+) -> Result<(i64, f64, i64), tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT count(*) FILTER (WHERE status = 'PENDING'),
+                    coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'PENDING')), 0)::float8,
+                    count(*) FILTER (WHERE status = 'DEAD')
+             FROM event_outbox WHERE status IN ('PENDING', 'DEAD')",
+            &[],
+        )
+        .await?;
+    Ok((row.get(0), row.get(1), row.get(2)))
+}
+
+/// Exponential backoff with ±20 % jitter: `base × 2^(attempt-1)`, capped.
+pub fn backoff_ms(attempt: i32, base_ms: u64, cap_ms: u64) -> u64 {
+    let exp = base_ms.saturating_mul(1u64 << (attempt.clamp(1, 20) - 1) as u32);
+    let capped = exp.min(cap_ms).max(1);
+    let jitter = rand::random_range(0.8..1.2);
+    ((capped as f64) * jitter) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_is_capped_and_jittered() {
+        for _ in 0..100 {
+            let b1 = backoff_ms(1, 100, 30_000);
+            assert!((80..=120).contains(&b1), "{b1}");
+            let b4 = backoff_ms(4, 100, 30_000);
+            assert!((640..=960).contains(&b4), "{b4}");
+            let b30 = backoff_ms(30, 100, 30_000);
+            assert!((24_000..=36_000).contains(&b30), "{b30}");
+        }
+    }
+}

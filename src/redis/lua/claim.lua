@@ -1,0 +1,26 @@
+-- Scanner claim (§13.3): takes up to ARGV[2] due reservations from the pending index and
+-- leases them to one scanner: the score moves to the lease expiry, so no other scanner sees
+-- them until the lease runs out (a crashed scanner's work comes back by itself).
+-- KEYS: 1 pending index, 2 pending-since index
+-- ARGV: 1 now_ms, 2 batch, 3 owner, 4 lease_ms, 5 reservation key prefix
+-- Returns a flat list: reservation_id followed by its hash as field/value pairs, per claim.
+local now = tonumber(ARGV[1])
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+local out = {}
+for _, rid in ipairs(due) do
+  local rk = ARGV[5] .. rid
+  local status = redis.call('HGET', rk, 'mq_status')
+  if status ~= 'MQ_PENDING' then
+    -- Confirmed, failed or gone: nothing left to send.
+    redis.call('ZREM', KEYS[1], rid)
+    redis.call('ZREM', KEYS[2], rid)
+  else
+    local until_ms = now + tonumber(ARGV[4])
+    redis.call('HINCRBY', rk, 'send_attempt', 1)
+    redis.call('HSET', rk, 'lease_owner', ARGV[3], 'lease_until', tostring(until_ms))
+    redis.call('ZADD', KEYS[1], until_ms, rid)
+    table.insert(out, rid)
+    table.insert(out, redis.call('HGETALL', rk))
+  end
+end
+return out
