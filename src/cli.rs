@@ -26,6 +26,8 @@ pub enum Command {
         #[arg(long)]
         workers: Option<usize>,
     },
+    /// Consumer of the delay topic: conditional cancel of unpaid expired orders.
+    TimeoutCancel,
     /// Reservation re-send scanner and outbox relay (several instances are safe).
     Scan,
     /// Apply the database migrations in `sql/`.

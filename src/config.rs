@@ -39,6 +39,7 @@ pub struct Settings {
     pub api: ApiSettings,
     pub consumer: ConsumerSettings,
     pub scan: ScanSettings,
+    pub timeout: TimeoutSettings,
     pub telemetry: TelemetrySettings,
 }
 
@@ -149,6 +150,13 @@ pub struct ScanSettings {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct TimeoutSettings {
+    /// Where `timeout-cancel` serves /metrics, /healthz, /readyz.
+    pub metrics_listen: SocketAddr,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TelemetrySettings {
     /// `tracing` filter directive, e.g. `info,seckill=debug`.
     pub log_level: String,
@@ -164,6 +172,8 @@ pub struct Names {
     pub order_event_topic: String,
     pub compensate_topic: String,
     pub order_create_group: String,
+    pub compensate_group: String,
+    pub timeout_group: String,
     pub producer_group: String,
 }
 
@@ -182,6 +192,8 @@ impl Names {
             order_event_topic: format!("{env}_SECKILL_ORDER_EVENT_V1"),
             compensate_topic: format!("{env}_SECKILL_INVENTORY_COMPENSATE_V1"),
             order_create_group: format!("CG_{infix}SECKILL_ORDER_CREATE_PG_V1"),
+            compensate_group: format!("CG_{infix}SECKILL_INVENTORY_COMPENSATE_V1"),
+            timeout_group: format!("CG_{infix}SECKILL_ORDER_TIMEOUT_V1"),
             producer_group: format!("PG_{infix}SECKILL_PRODUCER_V1"),
         }
     }

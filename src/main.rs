@@ -34,6 +34,7 @@ fn main() -> std::process::ExitCode {
             Command::Consume { workers } => {
                 roles::consume::run(settings, workers).await.map(|_| true)
             }
+            Command::TimeoutCancel => roles::timeout_cancel::run(settings).await.map(|_| true),
             Command::Scan => roles::scan::run(settings).await.map(|_| true),
             Command::Migrate => roles::migrate::run(settings).await.map(|_| true),
             Command::Topics {

@@ -152,28 +152,49 @@ pub async fn connect_publisher(settings: &Settings) -> anyhow::Result<Arc<dyn Pu
     Ok(Arc::new(producer))
 }
 
+/// Starts a push consumer of `group` on `topic` with `threads` handler calls at once and up
+/// to `batch` messages per call.
+pub async fn start_consumer(
+    settings: &Settings,
+    group: &str,
+    topic: &str,
+    handler: SharedHandler,
+    threads: usize,
+    batch: usize,
+) -> anyhow::Result<rocketmq::ConsumerHandle> {
+    let rt = runtime()?;
+    rocketmq::start_push_consumer(
+        &rt,
+        &settings.mq.name_server,
+        group,
+        topic,
+        "*",
+        handler,
+        rocketmq::ConsumerOptions {
+            batch_size: batch.max(1) as u32,
+            consume_threads: threads.max(1) as u32,
+            max_reconsume_times: settings.consumer.max_reconsume_times,
+            consume_from: rocketmq::ConsumeFrom::FirstOffset,
+            shutdown_timeout: std::time::Duration::from_secs(settings.consumer.shutdown_grace_secs),
+        },
+    )
+    .await
+}
+
 /// Starts the order-create consumer group with `workers` handler calls at once.
 pub async fn start_order_create_consumer(
     settings: &Settings,
     handler: SharedHandler,
     workers: usize,
 ) -> anyhow::Result<rocketmq::ConsumerHandle> {
-    let rt = runtime()?;
     let names = settings.names();
-    rocketmq::start_push_consumer(
-        &rt,
-        &settings.mq.name_server,
+    start_consumer(
+        settings,
         &names.order_create_group,
         &names.order_create_topic,
-        "*",
         handler,
-        rocketmq::ConsumerOptions {
-            batch_size: settings.consumer.batch_size as u32,
-            consume_threads: workers.max(1) as u32,
-            max_reconsume_times: settings.consumer.max_reconsume_times,
-            consume_from: rocketmq::ConsumeFrom::FirstOffset,
-            shutdown_timeout: std::time::Duration::from_secs(settings.consumer.shutdown_grace_secs),
-        },
+        workers,
+        settings.consumer.batch_size,
     )
     .await
 }

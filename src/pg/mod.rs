@@ -1,6 +1,7 @@
 //! PostgreSQL: pools, migrations, and the transactions that make the source of truth.
 
 pub mod errors;
+pub mod order_state;
 pub mod order_tx;
 pub mod outbox;
 pub mod queries;
@@ -91,4 +92,33 @@ pub async fn migrate(settings: &PgSettings) -> anyhow::Result<Vec<u32>> {
         .iter()
         .map(|m| m.version())
         .collect())
+}
+
+/// Keeps a message that can never be processed, with its raw body, for an operator.
+pub async fn quarantine(
+    client: &impl tokio_postgres::GenericClient,
+    group: &str,
+    d: &crate::mq::Delivery,
+    reason: &str,
+    error: &str,
+) -> Result<u64, tokio_postgres::Error> {
+    let props = serde_json::to_value(&d.properties).unwrap_or_default();
+    client
+        .execute(
+            "INSERT INTO quarantined_messages
+               (consumer_group, topic, message_id, broker_msg_id, reason, error, raw_body, properties, delivery_attempt)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            &[
+                &group,
+                &d.topic,
+                &d.properties.get("message_id"),
+                &d.broker_msg_id,
+                &reason,
+                &error,
+                &d.body,
+                &props,
+                &d.reconsume_times,
+            ],
+        )
+        .await
 }

@@ -193,6 +193,22 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     )
     .await?;
     let consumer = crate::mq::start_order_create_consumer(&settings, handler, budget).await?;
+    // Compensation shares the process: it is light (one Lua call and one UPDATE per message)
+    // and must run wherever orders are created.
+    let compensation = Arc::new(crate::roles::compensate::CompensationHandler {
+        redis: crate::redis::RedisStore::connect(&settings.redis).await?,
+        pool: crate::pg::connect_pool(&settings.pg, 2).await?,
+        group: names.compensate_group.clone(),
+    });
+    let compensator = crate::mq::start_consumer(
+        &settings,
+        &names.compensate_group,
+        &names.compensate_topic,
+        compensation,
+        2,
+        16,
+    )
+    .await?;
     ready.set(true);
     info!(
         group = %names.order_create_group, topic = %names.order_create_topic, workers = budget,
@@ -203,10 +219,8 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     info!("shutdown signal: no new messages; draining in-flight transactions");
     ready.set(false);
     let grace = Duration::from_secs(settings.consumer.shutdown_grace_secs);
-    if tokio::time::timeout(grace, consumer.shutdown())
-        .await
-        .is_err()
-    {
+    let both = async { tokio::join!(consumer.shutdown(), compensator.shutdown()) };
+    if tokio::time::timeout(grace, both).await.is_err() {
         warn!(
             grace_secs = grace.as_secs(),
             "shutdown grace elapsed; unfinished batches stay un-ACKed and will be redelivered"

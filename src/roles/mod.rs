@@ -3,7 +3,9 @@
 pub mod activity;
 pub mod api;
 pub mod bench;
+pub mod compensate;
 pub mod consume;
 pub mod migrate;
 pub mod scan;
+pub mod timeout_cancel;
 pub mod topics;
