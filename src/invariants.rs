@@ -38,7 +38,8 @@ impl Report {
     }
 }
 
-/// Checks invariants 1, 2, 3 and 6 for one activity SKU.
+/// Checks invariants 1, 2, 3, 5 and 6 for one activity SKU (4, one compensation per
+/// reservation, is the unique key of `compensation_tasks` plus the Redis conservation below).
 pub async fn check(
     pg: &impl GenericClient,
     redis: &RedisStore,
@@ -139,6 +140,20 @@ pub async fn check(
         .get(0);
     if stuck > 0 {
         v.push(format!("{stuck} inbox rows left PROCESSING after commit"));
+    }
+    // 5. a paid order is never cancelled (nor its unit given back).
+    let paid_canceled: i64 = pg
+        .query_one(
+            "SELECT count(*) FROM orders o
+             WHERE o.activity_id = $1 AND o.sku_id = $2 AND o.paid_at IS NOT NULL
+               AND (o.status = 'CANCELED' OR EXISTS (SELECT 1 FROM stock_ledger l
+                      WHERE l.order_id = o.order_id AND l.reason = 'ORDER_CANCELED'))",
+            &[&activity_id, &sku_id],
+        )
+        .await?
+        .get(0);
+    if paid_canceled > 0 {
+        v.push(format!("{paid_canceled} paid orders were cancelled"));
     }
     // 6. conservation, within PostgreSQL ...
     if f.pg_total != f.pg_remaining + f.valid_orders {

@@ -770,8 +770,9 @@ impl Publisher for RocketProducer {
             })
     }
 
-    /// With sharding keys, see [`RocketProducer::send_sharded`]: keyed messages are grouped by
-    /// queue into per-queue batches, never sent concurrently with another message of their key.
+    /// With sharding keys (see "Ordered (sharded) sends" above): keyed messages are grouped by
+    /// queue into per-queue batches, never sent concurrently with another message of their key;
+    /// keyless ones take the path below at the same time.
     async fn send_batch(&self, msgs: Vec<OutMessage>, timeout_ms: u64) -> Vec<SendOutcome> {
         if msgs.iter().any(|m| m.sharding_key.is_some()) {
             return self.send_sharded(msgs, timeout_ms).await;

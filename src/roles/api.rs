@@ -101,6 +101,7 @@ pub fn router(state: ApiState) -> Router {
         )
         .route("/v1/reservations/{reservation_id}", get(get_reservation))
         .route("/v1/orders/{order_id}", get(get_order))
+        .route("/v1/orders/{order_id}/pay", post(pay_order))
         .route("/metrics", get(move || async move { handle.render() }))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -505,6 +506,94 @@ async fn get_order(
             StatusCode::NOT_FOUND,
             "ORDER_NOT_FOUND",
             "no such order (it may still be queued: see its reservation)",
+        )),
+    }
+}
+
+async fn pay_order(
+    State(s): State<ApiState>,
+    Path(order_id): Path<String>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    use crate::pg::order_state::{pay, PayOutcome, StateNames};
+    if !is_valid_id("ord", &order_id) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+            "order_id must look like ord_<ULID>",
+        ));
+    }
+    let max = s.settings.api.max_body_bytes;
+    let bytes = to_bytes(body, max)
+        .await
+        .map_err(|_| ApiError::invalid(ValidationError::TooLarge(max)))?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::invalid(ValidationError::Json(e.to_string())))?;
+    let payment_id = match v.get("payment_id") {
+        Some(serde_json::Value::String(p))
+            if !p.is_empty()
+                && p.len() <= 64
+                && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b)) =>
+        {
+            p.clone()
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(ValidationError::Field {
+                field: "payment_id",
+                reason: "must be 1-64 characters of A-Z a-z 0-9 - _ . :",
+            }))
+        }
+        None => return Err(ApiError::invalid(ValidationError::Missing("payment_id"))),
+    };
+    let names = StateNames {
+        order_event_topic: s.names.order_event_topic.clone(),
+        compensate_topic: s.names.compensate_topic.clone(),
+    };
+    let mut client = s.pg.get().await.map_err(|_| ApiError::unavailable("the order store"))?;
+    let outcome = pay(&mut client, &order_id, &payment_id, &names)
+        .await
+        .map_err(|e| {
+            warn!(order_id = %order_id, error = %e, "payment transaction failed");
+            ApiError::unavailable("the order store")
+        })?;
+    metrics::counter!("order_pay_total", "result" => match &outcome {
+        PayOutcome::Paid { .. } => "paid",
+        PayOutcome::AlreadyPaidSame => "repeat",
+        PayOutcome::AlreadyPaidOther => "paid_other",
+        PayOutcome::Canceled => "canceled",
+        PayOutcome::Expired => "expired",
+        PayOutcome::NotFound => "not_found",
+    })
+    .increment(1);
+    let paid = |repeat: bool| {
+        Json(json!({"order_id": order_id, "status": "PAID", "payment_id": payment_id, "repeat": repeat}))
+            .into_response()
+    };
+    match outcome {
+        PayOutcome::Paid { .. } => {
+            info!(order_id = %order_id, payment_id = %payment_id, "order paid");
+            Ok(paid(false))
+        }
+        PayOutcome::AlreadyPaidSame => Ok(paid(true)),
+        PayOutcome::AlreadyPaidOther => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "ALREADY_PAID",
+            "the order was paid with another payment",
+        )),
+        PayOutcome::Canceled => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "ORDER_CANCELED",
+            "the order was cancelled; the payment must be refunded",
+        )),
+        PayOutcome::Expired => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "ORDER_EXPIRED",
+            "the payment window has closed",
+        )),
+        PayOutcome::NotFound => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "ORDER_NOT_FOUND",
+            "no such order",
         )),
     }
 }

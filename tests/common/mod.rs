@@ -23,7 +23,7 @@ impl TestEnv {
     /// A fresh, migrated schema and key prefix; topics too when `with_topics`.
     pub async fn new(with_topics: bool) -> Self {
         seckill::telemetry::init_logs(&seckill::config::TelemetrySettings {
-            log_level: "warn".into(),
+            log_level: "warn,rocketmq_client_rust=error,rocketmq_runtime=error".into(),
             json: false,
         });
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
