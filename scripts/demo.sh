@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# make demo: services up, migrate, topics, a fresh flash-sale activity, api + consume, a burst
-# of buyers, wait for the orders, print what happened and whether the invariants hold.
+# make demo: services up, migrate, topics, a fresh flash-sale activity, api + consume + scan +
+# timeout-cancel, a burst of buyers, wait for the orders, pay half of them, let the rest expire
+# (10 s pay window in config/demo.toml) and be cancelled, then print what happened and whether
+# the invariants hold.
 # The last line is machine-readable: DEMO OK ... / DEMO FAILED ...
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -10,6 +12,7 @@ REQUESTS="${DEMO_REQUESTS:-20000}"
 BUYERS="${DEMO_BUYERS:-15000}"
 STOCK="${DEMO_STOCK:-2000}"
 CONCURRENCY="${DEMO_CONCURRENCY:-64}"
+PAY_SHARE="${DEMO_PAY_SHARE:-0.5}"
 WORKERS="${DEMO_WORKERS:-}"
 export SECKILL_ENV=demo
 RUN_DIR="${SECKILL_RUN_DIR:-$HOME/.cache/seckill/run}/demo"
@@ -40,9 +43,13 @@ trap stop_roles EXIT
 pids+=($!)
 "$BIN" consume ${WORKERS:+--workers "$WORKERS"} >"$RUN_DIR/consume.log" 2>&1 &
 pids+=($!)
+"$BIN" scan >"$RUN_DIR/scan.log" 2>&1 &
+pids+=($!)
+"$BIN" timeout-cancel >"$RUN_DIR/timeout-cancel.log" 2>&1 &
+pids+=($!)
 
 ready() { curl -fsS "$1" >/dev/null 2>&1; }
-for url in http://127.0.0.1:18080/readyz http://127.0.0.1:19101/readyz; do
+for url in http://127.0.0.1:18080/readyz http://127.0.0.1:19101/readyz http://127.0.0.1:19102/readyz http://127.0.0.1:19103/readyz; do
   for _ in $(seq 1 150); do ready "$url" && break; sleep 0.2; done
   ready "$url" || { echo "[demo] $url not ready; logs in $RUN_DIR"; tail -20 "$RUN_DIR"/*.log; echo "DEMO FAILED reason=roles_not_ready"; exit 1; }
 done
@@ -53,12 +60,12 @@ echo "[demo] activity $ACTIVITY_ID: $REQUESTS requests from $BUYERS buyers for $
 set +e
 "$BIN" bench --api http://127.0.0.1:18080 --activity-id "$ACTIVITY_ID" --sku-id 1 \
   --requests "$REQUESTS" --buyers "$BUYERS" --concurrency "$CONCURRENCY" \
-  --summary-prefix DEMO | tee "$RUN_DIR/bench.out"
+  --pay-share "$PAY_SHARE" --summary-prefix DEMO | tee "$RUN_DIR/bench.out"
 status=${PIPESTATUS[0]}
 set -e
 stop_roles
 trap - EXIT
-echo "[demo] role logs: $RUN_DIR/api.log $RUN_DIR/consume.log"
+echo "[demo] role logs: $RUN_DIR/{api,consume,scan,timeout-cancel}.log"
 line="$(grep -E '^DEMO (OK|FAILED)' "$RUN_DIR/bench.out" | tail -1)"
 echo "${line:-DEMO FAILED reason=no_summary}"
 exit "$status"

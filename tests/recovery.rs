@@ -24,7 +24,12 @@ use seckill::roles::scan::{outbox_message, Relay, Scanner};
 use seckill::roles::timeout_cancel::TimeoutCancelHandler;
 
 /// Reserves in Redis exactly as the API does, without sending (the process "died" here).
-async fn reserve_only(redis: &RedisStore, activity_id: i64, user_id: i64, next_retry_in_ms: i64) -> Ids {
+async fn reserve_only(
+    redis: &RedisStore,
+    activity_id: i64,
+    user_id: i64,
+    next_retry_in_ms: i64,
+) -> Ids {
     let ids = Ids::generate();
     let now = Utc::now().timestamp_millis();
     let r = redis
@@ -63,22 +68,41 @@ async fn the_scanner_sends_what_the_api_never_sent_with_the_same_message_id() {
     let settings = Arc::new(env.settings.clone());
     let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
     let handler = Arc::new(OrderCreateHandler::new(env.pool(3).await, &env.settings, 2));
-    let consumer = seckill::mq::start_order_create_consumer(&env.settings, handler, 2).await.unwrap();
+    let consumer = seckill::mq::start_order_create_consumer(&env.settings, handler, 2)
+        .await
+        .unwrap();
 
     let lost = reserve_only(&redis, 10, 1, 0).await;
     let scanner = Scanner::new(redis.clone(), publisher.clone(), settings.clone());
     let stats = scanner.scan_once().await.unwrap();
     assert_eq!((stats.claimed, stats.confirmed), (1, 1));
-    eventually(30, "the order", || async { env.count("SELECT count(*) FROM orders").await == 1 }).await;
+    eventually(30, "the order", || async {
+        env.count("SELECT count(*) FROM orders").await == 1
+    })
+    .await;
     let pool = env.pool(1).await;
     let c = pool.get().await.unwrap();
     let (mid, oid): (String, String) = {
-        let r = c.query_one("SELECT message_id, order_id FROM consumer_inbox", &[]).await.unwrap();
+        let r = c
+            .query_one("SELECT message_id, order_id FROM consumer_inbox", &[])
+            .await
+            .unwrap();
         (r.get(0), r.get(1))
     };
-    assert_eq!((mid, oid), (lost.message_id.clone(), lost.order_id.clone()), "same ids as reserved");
-    assert_eq!(redis.reservation(10, &lost.reservation_id).await.unwrap()["mq_status"], "MQ_SENT");
-    assert_eq!(scanner.scan_once().await.unwrap().claimed, 0, "nothing left to send");
+    assert_eq!(
+        (mid, oid),
+        (lost.message_id.clone(), lost.order_id.clone()),
+        "same ids as reserved"
+    );
+    assert_eq!(
+        redis.reservation(10, &lost.reservation_id).await.unwrap()["mq_status"],
+        "MQ_SENT"
+    );
+    assert_eq!(
+        scanner.scan_once().await.unwrap().claimed,
+        0,
+        "nothing left to send"
+    );
 
     // Two scanners at once never take the same reservation.
     for user in 100..120 {
@@ -99,13 +123,28 @@ async fn the_scanner_sends_what_the_api_never_sent_with_the_same_message_id() {
         .await
         .unwrap();
     assert_eq!(held.len(), 5);
-    assert_eq!(b.scan_once().await.unwrap().claimed, 0, "leased to the dead scanner");
+    assert_eq!(
+        b.scan_once().await.unwrap().claimed,
+        0,
+        "leased to the dead scanner"
+    );
     tokio::time::sleep(Duration::from_millis(1700)).await;
-    assert_eq!(b.scan_once().await.unwrap().confirmed, 5, "taken over after the lease");
+    assert_eq!(
+        b.scan_once().await.unwrap().confirmed,
+        5,
+        "taken over after the lease"
+    );
 
-    eventually(30, "26 orders", || async { env.count("SELECT count(*) FROM orders").await == 26 }).await;
+    eventually(30, "26 orders", || async {
+        env.count("SELECT count(*) FROM orders").await == 26
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(env.count("SELECT count(*) FROM orders").await, 26, "one order each");
+    assert_eq!(
+        env.count("SELECT count(*) FROM orders").await,
+        26,
+        "one order each"
+    );
     drop(c);
     consumer.shutdown().await;
     env.cleanup().await;
@@ -125,12 +164,16 @@ async fn an_expired_backlog_is_compensated_once_through_the_relay_even_when_rede
     let ids = reserve_only(&redis, 20, 7, 60_000).await;
     assert_eq!(redis.sku_stock(20, 1).await.unwrap(), Some((5, 4)));
     let fields = redis.reservation(20, &ids.reservation_id).await.unwrap();
-    let mut event: OrderCreateRequested = seckill::roles::scan::event_from_reservation(&fields).unwrap();
+    let mut event: OrderCreateRequested =
+        seckill::roles::scan::event_from_reservation(&fields).unwrap();
     event.reservation_valid_until = Utc::now() - chrono::Duration::seconds(1);
     event.reservation_created_at = event.reservation_valid_until - chrono::Duration::seconds(300);
     let order_handler = OrderCreateHandler::new(env.pool(2).await, &env.settings, 1);
     let d = delivery_of(&names.order_create_topic, &event);
-    assert_eq!(order_handler.process(&[d]).await.unwrap(), vec![Decision::Rejected(RejectReason::Expired)]);
+    assert_eq!(
+        order_handler.process(&[d]).await.unwrap(),
+        vec![Decision::Rejected(RejectReason::Expired)]
+    );
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 0);
 
     let comp = Arc::new(CompensationHandler {
@@ -138,9 +181,16 @@ async fn an_expired_backlog_is_compensated_once_through_the_relay_even_when_rede
         pool: env.pool(2).await,
         group: names.compensate_group.clone(),
     });
-    let consumer = seckill::mq::start_consumer(&env.settings, &names.compensate_group, &names.compensate_topic, comp.clone(), 2, 16)
-        .await
-        .unwrap();
+    let consumer = seckill::mq::start_consumer(
+        &env.settings,
+        &names.compensate_group,
+        &names.compensate_topic,
+        comp.clone(),
+        2,
+        16,
+    )
+    .await
+    .unwrap();
 
     // A relay sends the compensation event and dies before marking it SENT ...
     let pool = env.pool(2).await;
@@ -148,15 +198,26 @@ async fn an_expired_backlog_is_compensated_once_through_the_relay_even_when_rede
     let rows = outbox::claim(&**c, 10, 1.0).await.unwrap();
     assert_eq!(rows.len(), 1);
     let first = publisher.send(outbox_message(&rows[0]), 3000).await;
-    assert!(matches!(first, seckill::mq::SendOutcome::Confirmed { .. }), "{first:?}");
+    assert!(
+        matches!(first, seckill::mq::SendOutcome::Confirmed { .. }),
+        "{first:?}"
+    );
     // ... so after its lease another relay sends it again.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let relay = Relay::new(env.pool(2).await, publisher.clone(), settings.clone());
     assert_eq!(relay.relay_once().await.unwrap(), 1);
-    assert_eq!(env.count("SELECT count(*) FROM event_outbox WHERE status = 'SENT' AND broker_msg_id IS NOT NULL").await, 1);
+    assert_eq!(
+        env.count(
+            "SELECT count(*) FROM event_outbox WHERE status = 'SENT' AND broker_msg_id IS NOT NULL"
+        )
+        .await,
+        1
+    );
 
     eventually(30, "compensation done", || async {
-        env.count("SELECT count(*) FROM compensation_tasks WHERE status = 'DONE'").await == 1
+        env.count("SELECT count(*) FROM compensation_tasks WHERE status = 'DONE'")
+            .await
+            == 1
     })
     .await;
     // And a third delivery straight to the handler.
@@ -165,10 +226,18 @@ async fn an_expired_backlog_is_compensated_once_through_the_relay_even_when_rede
         .await
         .unwrap()
         .get::<_, serde_json::Value>(0);
-    let again = delivery(&names.compensate_topic, None, serde_json::to_vec(&payload).unwrap());
+    let again = delivery(
+        &names.compensate_topic,
+        None,
+        serde_json::to_vec(&payload).unwrap(),
+    );
     assert_eq!(comp.process(&again).await.unwrap(), "already_released");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(redis.sku_stock(20, 1).await.unwrap(), Some((5, 5)), "released exactly once");
+    assert_eq!(
+        redis.sku_stock(20, 1).await.unwrap(),
+        Some((5, 5)),
+        "released exactly once"
+    );
     let fields = redis.reservation(20, &ids.reservation_id).await.unwrap();
     assert_eq!(fields["status"], "RELEASED");
     // The buyer may try again.
@@ -191,13 +260,21 @@ async fn created_orders(env: &TestEnv, activity_id: i64, n: i64) -> Vec<String> 
     ids
 }
 
-fn cancel_delivery(env: &TestEnv, order_id: &str, expires_at: chrono::DateTime<Utc>) -> seckill::mq::Delivery {
+fn cancel_delivery(
+    env: &TestEnv,
+    order_id: &str,
+    expires_at: chrono::DateTime<Utc>,
+) -> seckill::mq::Delivery {
     let body = serde_json::json!({
         "schema_version": 1, "event_type": "CANCEL_ORDER_IF_UNPAID",
         "event_id": seckill::pg::order_tx::cancel_if_unpaid_event_id(order_id),
         "order_id": order_id, "expires_at": expires_at,
     });
-    delivery(&env.settings.names().order_timeout_topic, None, serde_json::to_vec(&body).unwrap())
+    delivery(
+        &env.settings.names().order_timeout_topic,
+        None,
+        serde_json::to_vec(&body).unwrap(),
+    )
 }
 
 #[tokio::test]
@@ -207,24 +284,69 @@ async fn an_early_cancel_changes_nothing_and_cancels_after_expiry() {
     let order_id = created_orders(&env, 30, 1).await.remove(0);
     let pool = env.pool(2).await;
     let c = pool.get().await.unwrap();
-    c.execute("UPDATE orders SET expires_at = now() + interval '1500 milliseconds'", &[]).await.unwrap();
-    let expires_at: chrono::DateTime<Utc> = c.query_one("SELECT expires_at FROM orders", &[]).await.unwrap().get(0);
+    c.execute(
+        "UPDATE orders SET expires_at = now() + interval '1500 milliseconds'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let expires_at: chrono::DateTime<Utc> = c
+        .query_one("SELECT expires_at FROM orders", &[])
+        .await
+        .unwrap()
+        .get(0);
     let h = TimeoutCancelHandler::new(env.pool(2).await, &env.settings);
     let d = cancel_delivery(&env, &order_id, expires_at);
-    assert!(matches!(h.process(&d).await.unwrap(), Some(CancelOutcome::NotYetExpired { .. })));
-    assert_eq!(h.handle(vec![d.clone()]).await, seckill::mq::ConsumeDecision::Retry, "redelivered later");
-    assert_eq!(env.count("SELECT count(*) FROM orders WHERE status = 'CREATED'").await, 1);
-    assert_eq!(env.count("SELECT count(*) FROM consumer_inbox WHERE consumer_group LIKE '%TIMEOUT%'").await, 0);
+    assert!(matches!(
+        h.process(&d).await.unwrap(),
+        Some(CancelOutcome::NotYetExpired { .. })
+    ));
+    assert_eq!(
+        h.handle(vec![d.clone()]).await,
+        seckill::mq::ConsumeDecision::Retry,
+        "redelivered later"
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM orders WHERE status = 'CREATED'")
+            .await,
+        1
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM consumer_inbox WHERE consumer_group LIKE '%TIMEOUT%'")
+            .await,
+        0
+    );
 
     tokio::time::sleep(Duration::from_millis(1700)).await;
-    assert!(matches!(h.process(&d).await.unwrap(), Some(CancelOutcome::Canceled { version: 2 })));
+    assert!(matches!(
+        h.process(&d).await.unwrap(),
+        Some(CancelOutcome::Canceled { version: 2 })
+    ));
     assert_eq!(h.process(&d).await.unwrap(), Some(CancelOutcome::Duplicate));
-    assert_eq!(env.count("SELECT remaining_stock::int8 FROM activity_skus").await, 5, "unit returned");
-    assert_eq!(env.count("SELECT count(*) FROM stock_ledger WHERE reason = 'ORDER_CANCELED'").await, 1);
-    assert_eq!(env.count("SELECT count(*) FROM compensation_tasks WHERE reason = 'ORDER_CANCELED'").await, 1);
+    assert_eq!(
+        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+            .await,
+        5,
+        "unit returned"
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM stock_ledger WHERE reason = 'ORDER_CANCELED'")
+            .await,
+        1
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM compensation_tasks WHERE reason = 'ORDER_CANCELED'")
+            .await,
+        1
+    );
     assert_eq!(env.count("SELECT count(*) FROM event_outbox WHERE tag = 'ORDER_CANCELED' AND aggregate_version = 2").await, 1);
     let mut client = pool.get().await.unwrap();
-    assert_eq!(pay(&mut client, &order_id, "pay-1", &state_names(&env)).await.unwrap(), PayOutcome::Canceled);
+    assert_eq!(
+        pay(&mut client, &order_id, "pay-1", &state_names(&env))
+            .await
+            .unwrap(),
+        PayOutcome::Canceled
+    );
     drop(c);
     env.cleanup().await;
 }
@@ -237,9 +359,21 @@ async fn pay_and_cancel_raced_100_times_each_never_both_win() {
     let pool = env.pool(12).await;
     {
         let c = pool.get().await.unwrap();
-        c.execute("UPDATE orders SET expires_at = now() + interval '400 milliseconds'", &[]).await.unwrap();
+        c.execute(
+            "UPDATE orders SET expires_at = now() + interval '400 milliseconds'",
+            &[],
+        )
+        .await
+        .unwrap();
     }
-    let expires_at: chrono::DateTime<Utc> = pool.get().await.unwrap().query_one("SELECT min(expires_at) FROM orders", &[]).await.unwrap().get(0);
+    let expires_at: chrono::DateTime<Utc> = pool
+        .get()
+        .await
+        .unwrap()
+        .query_one("SELECT min(expires_at) FROM orders", &[])
+        .await
+        .unwrap()
+        .get(0);
     let cancel = Arc::new(TimeoutCancelHandler::new(env.pool(6).await, &env.settings));
     let names = state_names(&env);
     let mut tasks = tokio::task::JoinSet::new();
@@ -249,7 +383,9 @@ async fn pay_and_cancel_raced_100_times_each_never_both_win() {
         tasks.spawn(async move {
             tokio::time::sleep(jitter).await;
             let mut c = pool.get().await.unwrap();
-            pay(&mut c, &order_id, &format!("pay-{order_id}"), &names).await.unwrap();
+            pay(&mut c, &order_id, &format!("pay-{order_id}"), &names)
+                .await
+                .unwrap();
         });
         let (cancel, d) = (cancel.clone(), cancel_delivery(&env, id, expires_at));
         let jitter = Duration::from_millis(((i * 53) % 200) as u64 + 300);
@@ -258,7 +394,9 @@ async fn pay_and_cancel_raced_100_times_each_never_both_win() {
             // An early delivery is redelivered: retry until it is decided.
             loop {
                 match cancel.process(&d).await.unwrap() {
-                    Some(CancelOutcome::NotYetExpired { .. }) => tokio::time::sleep(Duration::from_millis(50)).await,
+                    Some(CancelOutcome::NotYetExpired { .. }) => {
+                        tokio::time::sleep(Duration::from_millis(50)).await
+                    }
                     _ => break,
                 }
             }
@@ -267,14 +405,39 @@ async fn pay_and_cancel_raced_100_times_each_never_both_win() {
     while let Some(r) = tasks.join_next().await {
         r.unwrap();
     }
-    let paid = env.count("SELECT count(*) FROM orders WHERE status = 'PAID'").await;
-    let canceled = env.count("SELECT count(*) FROM orders WHERE status = 'CANCELED'").await;
+    let paid = env
+        .count("SELECT count(*) FROM orders WHERE status = 'PAID'")
+        .await;
+    let canceled = env
+        .count("SELECT count(*) FROM orders WHERE status = 'CANCELED'")
+        .await;
     assert_eq!(paid + canceled, 100);
-    assert!(paid > 0 && canceled > 0, "the race should go both ways: {paid} paid, {canceled} canceled");
-    assert_eq!(env.count("SELECT count(*) FROM orders WHERE paid_at IS NOT NULL AND canceled_at IS NOT NULL").await, 0);
-    assert_eq!(env.count("SELECT count(*) FROM stock_ledger WHERE reason = 'ORDER_CANCELED'").await, canceled, "each cancel released once");
-    assert_eq!(env.count("SELECT count(*) FROM compensation_tasks").await, canceled);
-    assert_eq!(env.count("SELECT remaining_stock::int8 FROM activity_skus").await, canceled);
+    assert!(
+        paid > 0 && canceled > 0,
+        "the race should go both ways: {paid} paid, {canceled} canceled"
+    );
+    assert_eq!(
+        env.count(
+            "SELECT count(*) FROM orders WHERE paid_at IS NOT NULL AND canceled_at IS NOT NULL"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM stock_ledger WHERE reason = 'ORDER_CANCELED'")
+            .await,
+        canceled,
+        "each cancel released once"
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM compensation_tasks").await,
+        canceled
+    );
+    assert_eq!(
+        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+            .await,
+        canceled
+    );
     assert_eq!(
         env.count("SELECT count(*) FROM stock_ledger l JOIN orders o USING (order_id) WHERE o.status = 'PAID' AND l.reason = 'ORDER_CANCELED'").await,
         0,

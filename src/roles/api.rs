@@ -533,7 +533,8 @@ async fn pay_order(
         Some(serde_json::Value::String(p))
             if !p.is_empty()
                 && p.len() <= 64
-                && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b)) =>
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b)) =>
         {
             p.clone()
         }
@@ -549,7 +550,10 @@ async fn pay_order(
         order_event_topic: s.names.order_event_topic.clone(),
         compensate_topic: s.names.compensate_topic.clone(),
     };
-    let mut client = s.pg.get().await.map_err(|_| ApiError::unavailable("the order store"))?;
+    let mut client =
+        s.pg.get()
+            .await
+            .map_err(|_| ApiError::unavailable("the order store"))?;
     let outcome = pay(&mut client, &order_id, &payment_id, &names)
         .await
         .map_err(|e| {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Args;
+use futures::StreamExt;
 use hdrhistogram::Histogram;
 use rand::Rng;
 use serde::Serialize;
@@ -46,6 +47,13 @@ pub struct BenchArgs {
     /// Give up waiting for the consumer after this long.
     #[arg(long, default_value_t = 120)]
     pub drain_timeout_secs: u64,
+    /// Share of created orders to pay through the API after the drain (the rest expire).
+    #[arg(long, default_value_t = 0.0)]
+    pub pay_share: f64,
+    /// With `--pay-share`: wait this long for every unpaid order to be cancelled and every
+    /// compensation to be done (needs `scan` and `timeout-cancel` running).
+    #[arg(long, default_value_t = 120)]
+    pub settle_timeout_secs: u64,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -113,6 +121,11 @@ pub struct BenchReport {
     pub order_latency_p99_ms: f64,
     pub order_latency_max_ms: f64,
     pub within_3s_pct: f64,
+    pub paid: usize,
+    pub pay_errors: usize,
+    pub canceled: i64,
+    pub settled: bool,
+    pub settle_secs: f64,
     pub invariants: invariants::Report,
 }
 
@@ -299,6 +312,9 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     } else {
         within as f64 * 100.0 / rows.len() as f64
     };
+    if args.pay_share > 0.0 {
+        settle(&args, &client, &pg, &mut report).await?;
+    }
     let redis = RedisStore::connect(&settings.redis).await?;
     report.invariants = invariants::check(
         &**pg,
@@ -317,6 +333,12 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
             .push("not drained: some accepted reservations never reached PostgreSQL".into());
     }
 
+    if args.pay_share > 0.0 && !report.settled {
+        report
+            .invariants
+            .violations
+            .push("not settled: unpaid orders or compensations still pending".into());
+    }
     let ok = report.invariants.ok() && report.transport_errors == 0;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -324,7 +346,7 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
         print_human(&report);
     }
     println!(
-        "{} {} requests={} accepted={} orders={} rejected={} sold_out={} already_purchased={} duplicate_requests={} errors={} req_per_s={:.0} api_p50_ms={:.2} api_p99_ms={:.2} api_p999_ms={:.2} order_p50_ms={:.1} order_p99_ms={:.1} within_3s_pct={:.2} drain_s={:.2} violations={}",
+        "{} {} requests={} accepted={} orders={} rejected={} sold_out={} already_purchased={} duplicate_requests={} errors={} req_per_s={:.0} api_p50_ms={:.2} api_p99_ms={:.2} api_p999_ms={:.2} order_p50_ms={:.1} order_p99_ms={:.1} within_3s_pct={:.2} drain_s={:.2} paid={} canceled={} violations={}",
         args.summary_prefix,
         if ok { "OK" } else { "FAILED" },
         report.requests,
@@ -343,9 +365,79 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
         report.order_latency_p99_ms,
         report.within_3s_pct,
         report.drain_secs,
+        report.paid,
+        report.canceled,
         report.invariants.violations.len(),
     );
     Ok(ok)
+}
+
+/// Pays a share of the created orders through the API, then waits until every other order
+/// was cancelled by the timeout path and every compensation is done.
+async fn settle(
+    args: &BenchArgs,
+    client: &reqwest::Client,
+    pg: &deadpool_postgres::Object,
+    report: &mut BenchReport,
+) -> anyhow::Result<()> {
+    let orders: Vec<String> = pg
+        .query(
+            "SELECT order_id FROM orders WHERE activity_id = $1 AND sku_id = $2 AND status = 'CREATED'
+             ORDER BY created_at",
+            &[&args.activity_id, &args.sku_id],
+        )
+        .await?
+        .into_iter()
+        .map(|r| r.get(0))
+        .collect();
+    let to_pay = ((orders.len() as f64) * args.pay_share.clamp(0.0, 1.0)).round() as usize;
+    let base = args.api.trim_end_matches('/').to_string();
+    let results: Vec<bool> = futures::stream::iter(orders.into_iter().take(to_pay))
+        .map(|order_id| {
+            let (client, base) = (client.clone(), base.clone());
+            async move {
+                client
+                    .post(format!("{base}/v1/orders/{order_id}/pay"))
+                    .json(&serde_json::json!({"payment_id": format!("pay-{order_id}")}))
+                    .send()
+                    .await
+                    .map(|r| r.status().is_success())
+                    .unwrap_or(false)
+            }
+        })
+        .buffer_unordered(args.concurrency.max(1))
+        .collect()
+        .await;
+    report.paid = results.iter().filter(|ok| **ok).count();
+    report.pay_errors = results.len() - report.paid;
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(args.settle_timeout_secs);
+    loop {
+        let row = pg
+            .query_one(
+                "SELECT (SELECT count(*) FROM orders WHERE activity_id = $1 AND sku_id = $2
+                           AND status IN ('CREATED', 'PAYING')),
+                        (SELECT count(*) FROM compensation_tasks WHERE activity_id = $1 AND sku_id = $2
+                           AND status = 'PENDING'),
+                        (SELECT count(*) FROM orders WHERE activity_id = $1 AND sku_id = $2
+                           AND status = 'CANCELED')",
+                &[&args.activity_id, &args.sku_id],
+            )
+            .await?;
+        let (unpaid, pending, canceled): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        report.canceled = canceled;
+        if unpaid == 0 && pending == 0 {
+            report.settled = true;
+            break;
+        }
+        if Instant::now() >= deadline {
+            eprintln!("settle timeout: {unpaid} unpaid orders, {pending} pending compensations");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    report.settle_secs = started.elapsed().as_secs_f64();
+    Ok(())
 }
 
 fn print_human(r: &BenchReport) {
@@ -410,6 +502,8 @@ mod tests {
             dup_request_share: dup,
             repeat_buyer_share: repeat,
             drain_timeout_secs: 1,
+            pay_share: 0.0,
+            settle_timeout_secs: 1,
             json: false,
             summary_prefix: "BENCH".into(),
         }
