@@ -392,13 +392,9 @@ async fn pay_and_cancel_raced_100_times_each_never_both_win() {
         tasks.spawn(async move {
             tokio::time::sleep(jitter).await;
             // An early delivery is redelivered: retry until it is decided.
-            loop {
-                match cancel.process(&d).await.unwrap() {
-                    Some(CancelOutcome::NotYetExpired { .. }) => {
-                        tokio::time::sleep(Duration::from_millis(50)).await
-                    }
-                    _ => break,
-                }
+            while let Some(CancelOutcome::NotYetExpired { .. }) = cancel.process(&d).await.unwrap()
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
         });
     }

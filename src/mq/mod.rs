@@ -23,8 +23,9 @@ pub struct OutMessage {
     pub body: Vec<u8>,
     /// Absolute deliver time (epoch ms) for delayed messages; `None` for normal ones.
     pub deliver_time_ms: Option<i64>,
-    /// Ordering key (e.g. the order_id): messages with the same key and topic go to one queue,
-    /// chosen deterministically from the key, in the order they are sent. `None`: any queue.
+    /// Ordering key (e.g. the order_id): messages of one topic with the same key are stored on
+    /// one queue, chosen deterministically from the key, in send order, provided the caller
+    /// sends them one after another or in one `send_batch`. `None`: any queue.
     pub sharding_key: Option<String>,
 }
 

@@ -772,7 +772,7 @@ impl Publisher for RocketProducer {
 
     /// With sharding keys (see "Ordered (sharded) sends" above): keyed messages are grouped by
     /// queue into per-queue batches, never sent concurrently with another message of their key;
-    /// keyless ones take the path below at the same time.
+    /// keyless ones go out as an unkeyed batch at the same time.
     async fn send_batch(&self, msgs: Vec<OutMessage>, timeout_ms: u64) -> Vec<SendOutcome> {
         if msgs.iter().any(|m| m.sharding_key.is_some()) {
             return self.send_sharded(msgs, timeout_ms).await;
@@ -1169,6 +1169,11 @@ impl LagProbe {
                     .into_iter()
                     .map(|(mq, o)| (mq, o.get_broker_offset(), o.get_consumer_offset())),
             );
+        }
+        if offsets.is_empty() {
+            // The broker skips a topic it does not have, or one the group (online with other
+            // subscriptions) does not subscribe to: a wrong pair must not read as "no lag".
+            bail!("brokers report no queues of {topic} for group {group}");
         }
         if offsets
             .iter()

@@ -469,6 +469,16 @@ fn print_human(r: &BenchReport) {
         "orders             {} (rejected reservations {})",
         r.orders, r.rejected
     );
+    if r.paid > 0 || r.canceled > 0 {
+        println!(
+            "payments           {} paid ({} failed), {} cancelled after expiry; settled: {} in {:.2}s",
+            r.paid,
+            r.pay_errors,
+            r.canceled,
+            if r.settled { "yes" } else { "NO" },
+            r.settle_secs
+        );
+    }
     println!(
         "reservation→order  p50 {:.1} ms  p99 {:.1} ms  max {:.1} ms  within 3 s {:.2}%",
         r.order_latency_p50_ms, r.order_latency_p99_ms, r.order_latency_max_ms, r.within_3s_pct
