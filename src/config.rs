@@ -103,6 +103,12 @@ pub struct ApiSettings {
     pub admin_token: String,
     /// Seconds to let in-flight requests finish on SIGTERM.
     pub shutdown_grace_secs: u64,
+    /// Fail closed (§21.2, §22.2): new reservations get 503 SALE_PAUSED while the oldest
+    /// unconfirmed reservation (or the order-create lag) is older than this share of the
+    /// reservation validity; admission resumes once it is back under half of that.
+    pub fail_closed_share: f64,
+    /// How often the admission check runs.
+    pub admission_check_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -314,6 +320,12 @@ impl Settings {
         }
         if self.api.reservation_valid_secs == 0 {
             return Err(invalid("api.reservation_valid_secs", "must be positive"));
+        }
+        if !(self.api.fail_closed_share > 0.0 && self.api.fail_closed_share <= 1.0) {
+            return Err(invalid("api.fail_closed_share", "must be in (0, 1]"));
+        }
+        if self.api.admission_check_ms == 0 {
+            return Err(invalid("api.admission_check_ms", "must be positive"));
         }
         if self.api.resend_backoff_ms == 0 {
             return Err(invalid("api.resend_backoff_ms", "must be positive"));

@@ -396,3 +396,54 @@ async fn a_poison_message_on_the_topic_is_quarantined_and_acknowledged() {
     app.stop().await;
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn admission_pauses_when_reservations_wait_too_long_and_resumes_when_they_drain() {
+    let mut env = TestEnv::new(true).await;
+    env.settings.api.reservation_valid_secs = 4;
+    env.settings.api.fail_closed_share = 0.25; // bound: 1 s
+    env.settings.api.admission_check_ms = 100;
+    env.activity(800, 1, 50).await;
+    // The broker is unreachable for this API: every send is UNKNOWN, reservations stay pending.
+    let mut dead = env.settings.clone();
+    dead.mq.name_server = "127.0.0.1:1".into();
+    dead.mq.send_timeout_ms = 200;
+    let publisher = seckill::mq::connect_publisher(&dead).await.unwrap();
+    let app = start(&env, publisher, false).await;
+    let (s, _) = reserve(&app.base, 800, 1, 1, "a").await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let (s, b) = reserve(&app.base, 800, 1, 2, "b").await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{b}");
+    assert_eq!(b["error"]["code"], "SALE_PAUSED");
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unconfirmed"),
+        "{b}"
+    );
+    let metrics = reqwest::get(format!("{}/metrics", app.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("admission_paused 1"), "{metrics}");
+
+    // The scanner, with a working broker, sends the backlog: admission resumes by itself.
+    let good = seckill::mq::connect_publisher(&env.settings).await.unwrap();
+    let scanner =
+        seckill::roles::scan::Scanner::new(env.redis().await, good, Arc::new(env.settings.clone()));
+    // The first re-send is due after the backoff; wait for it.
+    eventually(10, "the scanner re-sent the backlog", || async {
+        scanner.scan_once().await.unwrap();
+        env.redis().await.pending_count(800).await.unwrap() == 0
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let (s, b) = reserve(&app.base, 800, 1, 3, "c").await;
+    assert_ne!(s, StatusCode::SERVICE_UNAVAILABLE, "resumed: {b}");
+    app.stop().await;
+    env.cleanup().await;
+}

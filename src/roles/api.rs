@@ -46,6 +46,8 @@ pub struct ApiState {
     /// Bounds reservation requests in flight; beyond it the API sheds load with 503.
     pub inflight: Arc<Semaphore>,
     pub ready: Readiness,
+    /// Fail-closed admission, updated by the background checker.
+    pub admission: Arc<crate::roles::admission::Admission>,
 }
 
 /// A JSON error with a stable code: `{"error": {"code", "message"}}`.
@@ -167,6 +169,13 @@ async fn reserve_inner(
     })?;
     let activity_id = parse_path_id(activity, "activity_id").map_err(ApiError::invalid)?;
     let sku_id = parse_path_id(sku, "sku_id").map_err(ApiError::invalid)?;
+    if let Some(reason) = s.admission.paused() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "SALE_PAUSED",
+            format!("new reservations are paused: {reason}"),
+        ));
+    }
     let max = s.settings.api.max_body_bytes;
     let bytes = to_bytes(body, max)
         .await
@@ -617,6 +626,7 @@ pub async fn build_state(
         pg,
         publisher,
         ready: Readiness::default(),
+        admission: Default::default(),
     })
 }
 
@@ -628,6 +638,15 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let grace = Duration::from_secs(state.settings.api.shutdown_grace_secs);
+    let api = &state.settings.api;
+    let bound = Duration::from_secs_f64(api.reservation_valid_secs as f64 * api.fail_closed_share);
+    tokio::spawn(crate::roles::admission::run_checker(
+        state.admission.clone(),
+        state.redis.clone(),
+        bound,
+        Duration::from_millis(api.admission_check_ms),
+        shutdown.clone(),
+    ));
     state.ready.set(true);
     let ready = state.ready.clone();
     let app = router(state);

@@ -1,6 +1,7 @@
 //! One module per role or admin tool; each exposes `run`.
 
 pub mod activity;
+pub mod admission;
 pub mod api;
 pub mod bench;
 pub mod compensate;

@@ -1,0 +1,134 @@
+//! Fail-closed admission (§21.2, §22.2): when the pipeline cannot turn reservations into
+//! orders before they expire, taking more only creates work that will be rejected and
+//! compensated. The API checks, every `api.admission_check_ms`, how old the oldest
+//! unconfirmed reservation is (Redis pending-since index); past
+//! `api.fail_closed_share × reservation validity` it answers new reservations with 503
+//! SALE_PAUSED and a reason, and it resumes by itself once the age is back under half the
+//! bound (hysteresis, so it does not flap).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::redis::RedisStore;
+
+/// Shared admission state: read on every reservation, written by the checker.
+#[derive(Default)]
+pub struct Admission {
+    paused: AtomicBool,
+    reason: Mutex<String>,
+}
+
+impl Admission {
+    /// `Some(reason)` while new reservations are refused.
+    pub fn paused(&self) -> Option<String> {
+        if self.paused.load(Ordering::Relaxed) {
+            Some(self.reason.lock().map(|r| r.clone()).unwrap_or_default())
+        } else {
+            None
+        }
+    }
+
+    fn set(&self, paused: bool, reason: String) {
+        if let Ok(mut r) = self.reason.lock() {
+            *r = reason;
+        }
+        self.paused.store(paused, Ordering::Relaxed);
+        metrics::gauge!("admission_paused").set(if paused { 1.0 } else { 0.0 });
+    }
+
+    /// One decision from the measured age: pause past `bound`, resume under `bound / 2`.
+    pub fn decide(&self, oldest_pending_age: Duration, bound: Duration) -> bool {
+        let was = self.paused.load(Ordering::Relaxed);
+        let now = if was {
+            oldest_pending_age > bound / 2
+        } else {
+            oldest_pending_age > bound
+        };
+        if now != was {
+            let reason = format!(
+                "the oldest unconfirmed reservation is {:.1}s old (bound {:.1}s): orders cannot keep up",
+                oldest_pending_age.as_secs_f64(),
+                bound.as_secs_f64()
+            );
+            if now {
+                warn!(
+                    age_s = oldest_pending_age.as_secs_f64(),
+                    bound_s = bound.as_secs_f64(),
+                    "fail closed: new reservations paused"
+                );
+            } else {
+                info!(
+                    age_s = oldest_pending_age.as_secs_f64(),
+                    "pipeline caught up: reservations resumed"
+                );
+            }
+            self.set(now, reason);
+        }
+        now
+    }
+}
+
+/// Oldest unconfirmed reservation age over all warmed activities.
+pub async fn oldest_pending_age(redis: &RedisStore) -> anyhow::Result<Duration> {
+    let now = Utc::now().timestamp_millis();
+    let mut oldest: Option<i64> = None;
+    let mut total = 0i64;
+    for activity_id in redis.activities().await? {
+        let (count, head) = redis.pending_stats(activity_id).await?;
+        total += count;
+        if let Some(h) = head {
+            oldest = Some(oldest.map_or(h, |o| o.min(h)));
+        }
+    }
+    let age = oldest.map(|o| (now - o).max(0) as u64).unwrap_or(0);
+    metrics::gauge!("reservation_mq_pending").set(total as f64);
+    metrics::gauge!("reservation_mq_pending_oldest_age_seconds").set(age as f64 / 1000.0);
+    Ok(Duration::from_millis(age))
+}
+
+/// Runs the checker until `shutdown`.
+pub async fn run_checker(
+    admission: Arc<Admission>,
+    redis: RedisStore,
+    bound: Duration,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    loop {
+        match oldest_pending_age(&redis).await {
+            Ok(age) => {
+                admission.decide(age, bound);
+            }
+            Err(e) => warn!(error = %e, "admission check failed; keeping the last decision"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pauses_past_the_bound_and_resumes_under_half_of_it() {
+        let a = Admission::default();
+        let bound = Duration::from_secs(60);
+        assert!(!a.decide(Duration::from_secs(59), bound));
+        assert!(a.decide(Duration::from_secs(61), bound));
+        assert!(a.paused().unwrap().contains("61.0s"));
+        assert!(
+            a.decide(Duration::from_secs(45), bound),
+            "hysteresis: still paused"
+        );
+        assert!(!a.decide(Duration::from_secs(29), bound));
+        assert!(a.paused().is_none());
+    }
+}
