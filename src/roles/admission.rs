@@ -41,29 +41,41 @@ impl Admission {
         metrics::gauge!("admission_paused").set(if paused { 1.0 } else { 0.0 });
     }
 
-    /// One decision from the measured age: pause past `bound`, resume under `bound / 2`.
-    pub fn decide(&self, oldest_pending_age: Duration, bound: Duration) -> bool {
+    /// One decision from the measured ages (oldest unconfirmed reservation, order-create
+    /// consumer lag): pause when either passes `bound`, resume when both are under `bound / 2`.
+    pub fn decide(&self, pending_age: Duration, lag_age: Duration, bound: Duration) -> bool {
         let was = self.paused.load(Ordering::Relaxed);
+        let worst = pending_age.max(lag_age);
         let now = if was {
-            oldest_pending_age > bound / 2
+            worst > bound / 2
         } else {
-            oldest_pending_age > bound
+            worst > bound
         };
         if now != was {
-            let reason = format!(
-                "the oldest unconfirmed reservation is {:.1}s old (bound {:.1}s): orders cannot keep up",
-                oldest_pending_age.as_secs_f64(),
-                bound.as_secs_f64()
-            );
+            let reason = if pending_age >= lag_age {
+                format!(
+                    "the oldest unconfirmed reservation is {:.1}s old (bound {:.1}s): orders cannot keep up",
+                    pending_age.as_secs_f64(),
+                    bound.as_secs_f64()
+                )
+            } else {
+                format!(
+                    "the order queue's oldest unconsumed message is {:.1}s old (bound {:.1}s): orders cannot keep up",
+                    lag_age.as_secs_f64(),
+                    bound.as_secs_f64()
+                )
+            };
             if now {
                 warn!(
-                    age_s = oldest_pending_age.as_secs_f64(),
+                    pending_age_s = pending_age.as_secs_f64(),
+                    lag_age_s = lag_age.as_secs_f64(),
                     bound_s = bound.as_secs_f64(),
                     "fail closed: new reservations paused"
                 );
             } else {
                 info!(
-                    age_s = oldest_pending_age.as_secs_f64(),
+                    pending_age_s = pending_age.as_secs_f64(),
+                    lag_age_s = lag_age.as_secs_f64(),
                     "pipeline caught up: reservations resumed"
                 );
             }
@@ -91,18 +103,50 @@ pub async fn oldest_pending_age(redis: &RedisStore) -> anyhow::Result<Duration> 
     Ok(Duration::from_millis(age))
 }
 
+/// Where the checker reads the order-create consumer lag.
+#[derive(Clone)]
+pub struct LagSource {
+    pub probe: Arc<crate::mq::rocketmq::LagProbe>,
+    pub group: String,
+    pub topic: String,
+}
+
+/// Age of the oldest unconsumed order-create message (0 when caught up or unknown).
+pub async fn lag_age(source: &LagSource) -> Duration {
+    match source.probe.lag(&source.group, &source.topic).await {
+        Ok(lag) => {
+            let ms = lag.oldest_unconsumed_age_ms.unwrap_or(0).max(0) as u64;
+            metrics::gauge!("mq_consumer_lag_messages", "topic" => "order_create")
+                .set(lag.messages as f64);
+            metrics::gauge!("mq_consumer_lag_seconds", "topic" => "order_create")
+                .set(ms as f64 / 1000.0);
+            Duration::from_millis(ms)
+        }
+        Err(e) => {
+            // No reading (e.g. the group has not consumed yet): the pending age still guards.
+            tracing::debug!(error = %e, "consumer lag unavailable");
+            Duration::ZERO
+        }
+    }
+}
+
 /// Runs the checker until `shutdown`.
 pub async fn run_checker(
     admission: Arc<Admission>,
     redis: RedisStore,
+    lag: Option<LagSource>,
     bound: Duration,
     every: Duration,
     shutdown: CancellationToken,
 ) {
     loop {
+        let lag_age = match &lag {
+            Some(source) => lag_age(source).await,
+            None => Duration::ZERO,
+        };
         match oldest_pending_age(&redis).await {
             Ok(age) => {
-                admission.decide(age, bound);
+                admission.decide(age, lag_age, bound);
             }
             Err(e) => warn!(error = %e, "admission check failed; keeping the last decision"),
         }
@@ -121,14 +165,20 @@ mod tests {
     fn pauses_past_the_bound_and_resumes_under_half_of_it() {
         let a = Admission::default();
         let bound = Duration::from_secs(60);
-        assert!(!a.decide(Duration::from_secs(59), bound));
-        assert!(a.decide(Duration::from_secs(61), bound));
-        assert!(a.paused().unwrap().contains("61.0s"));
-        assert!(
-            a.decide(Duration::from_secs(45), bound),
-            "hysteresis: still paused"
-        );
-        assert!(!a.decide(Duration::from_secs(29), bound));
+        let s = Duration::from_secs;
+        assert!(!a.decide(s(59), s(0), bound));
+        assert!(a.decide(s(61), s(0), bound));
+        assert!(a
+            .paused()
+            .unwrap()
+            .contains("unconfirmed reservation is 61.0s"));
+        assert!(a.decide(s(45), s(0), bound), "hysteresis: still paused");
+        assert!(!a.decide(s(29), s(0), bound));
         assert!(a.paused().is_none());
+        // The consumer lag alone also closes admission, and says so.
+        assert!(a.decide(s(0), s(70), bound));
+        assert!(a.paused().unwrap().contains("unconsumed message is 70.0s"));
+        assert!(a.decide(s(0), s(31), bound));
+        assert!(!a.decide(s(10), s(20), bound));
     }
 }

@@ -48,6 +48,8 @@ pub struct ApiState {
     pub ready: Readiness,
     /// Fail-closed admission, updated by the background checker.
     pub admission: Arc<crate::roles::admission::Admission>,
+    /// Where the checker reads the order-create lag (`None`: pending age only).
+    pub lag: Option<crate::roles::admission::LagSource>,
 }
 
 /// A JSON error with a stable code: `{"error": {"code", "message"}}`.
@@ -627,6 +629,7 @@ pub async fn build_state(
         publisher,
         ready: Readiness::default(),
         admission: Default::default(),
+        lag: None,
     })
 }
 
@@ -643,6 +646,7 @@ pub async fn serve(
     tokio::spawn(crate::roles::admission::run_checker(
         state.admission.clone(),
         state.redis.clone(),
+        state.lag.clone(),
         bound,
         Duration::from_millis(api.admission_check_ms),
         shutdown.clone(),
@@ -676,7 +680,16 @@ pub async fn serve(
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let settings = Arc::new(settings);
     let mq = crate::mq::connect_publisher(&settings).await?;
-    let state = build_state(settings.clone(), mq).await?;
+    let mut state = build_state(settings.clone(), mq).await?;
+    let names = settings.names();
+    state.lag = Some(crate::roles::admission::LagSource {
+        probe: Arc::new(
+            crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server)
+                .await?,
+        ),
+        group: names.order_create_group,
+        topic: names.order_create_topic,
+    });
     let addr = settings.api.listen;
     let listener = tokio::net::TcpListener::bind(addr)
         .await

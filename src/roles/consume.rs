@@ -209,6 +209,25 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
         16,
     )
     .await?;
+    // Lag of this group (messages and age of the oldest unconsumed one), for /metrics.
+    let lag = crate::roles::admission::LagSource {
+        probe: Arc::new(
+            crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server)
+                .await?,
+        ),
+        group: names.order_create_group.clone(),
+        topic: names.order_create_topic.clone(),
+    };
+    let lag_stop = shutdown.clone();
+    tokio::spawn(async move {
+        while !lag_stop.is_cancelled() {
+            crate::roles::admission::lag_age(&lag).await;
+            tokio::select! {
+                _ = lag_stop.cancelled() => break,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    });
     ready.set(true);
     info!(
         group = %names.order_create_group, topic = %names.order_create_topic, workers = budget,

@@ -261,7 +261,12 @@ pub fn outbox_message(row: &OutboxRow) -> OutMessage {
             .deliver_at
             .map(|d| d.timestamp_millis())
             .filter(|&ms| ms > now_ms + 1000),
-        ..Default::default()
+        // Events of one order go to one queue, in version order (§18).
+        sharding_key: if row.topic.ends_with("_SECKILL_ORDER_EVENT_V1") {
+            row.aggregate_id.clone()
+        } else {
+            None
+        },
     }
 }
 
