@@ -1,5 +1,8 @@
 //! Thin entry point: parse the command line, load config, start telemetry, run the role.
 
+// The RocketMQ client's futures are deeply nested.
+#![recursion_limit = "256"]
+
 use clap::Parser;
 
 use seckill::cli::{ActivityCommand, Cli, Command, TopicsCommand};
