@@ -180,6 +180,7 @@ pub struct Names {
     pub order_create_group: String,
     pub compensate_group: String,
     pub timeout_group: String,
+    pub projection_group: String,
     pub producer_group: String,
 }
 
@@ -200,6 +201,7 @@ impl Names {
             order_create_group: format!("CG_{infix}SECKILL_ORDER_CREATE_PG_V1"),
             compensate_group: format!("CG_{infix}SECKILL_INVENTORY_COMPENSATE_V1"),
             timeout_group: format!("CG_{infix}SECKILL_ORDER_TIMEOUT_V1"),
+            projection_group: format!("CG_{infix}SECKILL_ORDER_QUERY_PROJECTION_V1"),
             producer_group: format!("PG_{infix}SECKILL_PRODUCER_V1"),
         }
     }

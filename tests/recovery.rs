@@ -441,3 +441,44 @@ async fn pay_and_cancel_raced_100_times_each_never_both_win() {
     );
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn order_events_are_projected_by_version_so_stale_and_repeated_events_are_no_ops() {
+    let env = TestEnv::new(false).await;
+    let names = env.settings.names();
+    let h = seckill::roles::projection::ProjectionHandler {
+        redis: env.redis().await,
+        pool: env.pool(1).await,
+        group: names.projection_group.clone(),
+    };
+    let ids = Ids::generate();
+    let ev = |version: i32, status: &str| {
+        let body = serde_json::json!({
+            "event_type": format!("ORDER_{status}"), "order_id": ids.order_id,
+            "reservation_id": ids.reservation_id, "status": status, "aggregate_version": version,
+        });
+        delivery(
+            &names.order_event_topic,
+            None,
+            serde_json::to_vec(&body).unwrap(),
+        )
+    };
+    // PAID (v2) overtakes CREATED (v1); v2 arrives twice.
+    assert_eq!(h.process(&ev(2, "PAID")).await.unwrap(), "applied");
+    assert_eq!(h.process(&ev(1, "CREATED")).await.unwrap(), "stale");
+    assert_eq!(h.process(&ev(2, "PAID")).await.unwrap(), "stale");
+    let p = env
+        .redis()
+        .await
+        .projection(&ids.reservation_id)
+        .await
+        .unwrap();
+    assert_eq!((p["status"].as_str(), p["version"].as_str()), ("PAID", "2"));
+    assert_eq!(
+        h.process(&delivery(&names.order_event_topic, None, b"nope".to_vec()))
+            .await
+            .unwrap(),
+        "quarantined"
+    );
+    env.cleanup().await;
+}

@@ -58,6 +58,10 @@ impl Keys {
     pub fn reservation(&self, activity_id: i64, reservation_id: &str) -> String {
         format!("{}{}", self.reservation_prefix(activity_id), reservation_id)
     }
+    /// Buyer-facing order status of one reservation (projection of the order events).
+    pub fn projection(&self, reservation_id: &str) -> String {
+        format!("{}:proj:{}", self.prefix, reservation_id)
+    }
     /// reservation_id → activity_id, outside the hash tag: lets `GET /v1/reservations/{id}`
     /// find the reservation without knowing its activity.
     pub fn location(&self, reservation_id: &str) -> String {
@@ -141,6 +145,7 @@ struct Scripts {
     warm: Script,
     release: Script,
     claim: Script,
+    project: Script,
 }
 
 fn view(parts: &[String]) -> ReservationView {
@@ -175,6 +180,7 @@ impl RedisStore {
                 warm: Script::new(include_str!("lua/warm.lua")),
                 release: Script::new(include_str!("lua/release.lua")),
                 claim: Script::new(include_str!("lua/claim.lua")),
+                project: Script::new(include_str!("lua/project.lua")),
             }),
         };
         store
@@ -500,6 +506,40 @@ impl RedisStore {
             }
         }
         Ok(out)
+    }
+
+    /// Applies an order event to the projection if it is newer. Returns `APPLIED` or `STALE`.
+    pub async fn project(
+        &self,
+        reservation_id: &str,
+        order_id: &str,
+        version: i32,
+        status: &str,
+        ttl_secs: u64,
+        now_ms: i64,
+    ) -> anyhow::Result<String> {
+        let mut conn = self.pool.get().await?;
+        Ok(self
+            .scripts
+            .project
+            .key(self.keys.projection(reservation_id))
+            .arg(version)
+            .arg(status)
+            .arg(order_id)
+            .arg(reservation_id)
+            .arg(ttl_secs)
+            .arg(now_ms)
+            .invoke_async(&mut conn)
+            .await?)
+    }
+
+    /// The projected order status of a reservation (empty when none yet).
+    pub async fn projection(
+        &self,
+        reservation_id: &str,
+    ) -> anyhow::Result<HashMap<String, String>> {
+        let mut conn = self.pool.get().await?;
+        Ok(conn.hgetall(self.keys.projection(reservation_id)).await?)
     }
 
     /// Activities whose stock was warmed (the scanner's work list).

@@ -417,6 +417,18 @@ async fn get_reservation(
             "reservation_id must look like rsv_<ULID>",
         ));
     }
+    // The projection answers most polls without touching PostgreSQL.
+    if let Ok(p) = s.redis.projection(&reservation_id).await {
+        if let (Some(status), Some(order_id)) = (p.get("status"), p.get("order_id")) {
+            return Ok(Json(json!({
+                "reservation_id": reservation_id,
+                "order_id": order_id,
+                "status": status,
+                "version": p.get("version").and_then(|v| v.parse::<i64>().ok()),
+            }))
+            .into_response());
+        }
+    }
     let client =
         s.pg.get()
             .await

@@ -209,6 +209,20 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
         16,
     )
     .await?;
+    let projection = Arc::new(crate::roles::projection::ProjectionHandler {
+        redis: crate::redis::RedisStore::connect(&settings.redis).await?,
+        pool: crate::pg::connect_pool(&settings.pg, 1).await?,
+        group: names.projection_group.clone(),
+    });
+    let projector = crate::mq::start_consumer(
+        &settings,
+        &names.projection_group,
+        &names.order_event_topic,
+        projection,
+        2,
+        16,
+    )
+    .await?;
     // Lag of this group (messages and age of the oldest unconsumed one), for /metrics.
     let lag = crate::roles::admission::LagSource {
         probe: Arc::new(
@@ -238,7 +252,13 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     info!("shutdown signal: no new messages; draining in-flight transactions");
     ready.set(false);
     let grace = Duration::from_secs(settings.consumer.shutdown_grace_secs);
-    let both = async { tokio::join!(consumer.shutdown(), compensator.shutdown()) };
+    let both = async {
+        tokio::join!(
+            consumer.shutdown(),
+            compensator.shutdown(),
+            projector.shutdown()
+        )
+    };
     if tokio::time::timeout(grace, both).await.is_err() {
         warn!(
             grace_secs = grace.as_secs(),

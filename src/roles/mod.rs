@@ -7,6 +7,7 @@ pub mod bench;
 pub mod compensate;
 pub mod consume;
 pub mod migrate;
+pub mod projection;
 pub mod scan;
 pub mod timeout_cancel;
 pub mod topics;
