@@ -114,6 +114,46 @@ async fn a_reservation_becomes_one_created_order_visible_through_the_api() {
 
     assert_eq!(env.count("SELECT count(*) FROM stock_ledger").await, 1);
     assert_eq!(env.count("SELECT count(*) FROM event_outbox").await, 2);
+
+    // Payment: paid once, the same payment again is the same answer, another one is refused.
+    let client = reqwest::Client::new();
+    let pay = |payment: &'static str| {
+        let (client, url) = (client.clone(), format!("{}/v1/orders/{oid}/pay", app.base));
+        async move {
+            let r = client
+                .post(url)
+                .json(&json!({"payment_id": payment}))
+                .send()
+                .await
+                .unwrap();
+            let status = r.status();
+            (status, r.json::<Value>().await.unwrap())
+        }
+    };
+    let (s, b) = pay("p-1").await;
+    assert_eq!(
+        (s, b["status"].as_str(), b["repeat"].as_bool()),
+        (StatusCode::OK, Some("PAID"), Some(false))
+    );
+    let (s, b) = pay("p-1").await;
+    assert_eq!((s, b["repeat"].as_bool()), (StatusCode::OK, Some(true)));
+    let (s, b) = pay("p-2").await;
+    assert_eq!(
+        (s, b["error"]["code"].as_str()),
+        (StatusCode::CONFLICT, Some("ALREADY_PAID"))
+    );
+    let (s, b) = pay("").await;
+    assert_eq!(
+        (s, b["error"]["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("INVALID_REQUEST"))
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM event_outbox WHERE tag = 'ORDER_PAID'")
+            .await,
+        1
+    );
+    let (_, order) = get(format!("{}/v1/orders/{oid}", app.base)).await;
+    assert_eq!(order["status"], "PAID");
     let fields = app.state.redis.reservation(100, &rid).await.unwrap();
     assert_eq!(fields["mq_status"], "MQ_SENT");
     let redis = env.redis().await;

@@ -482,3 +482,46 @@ async fn order_events_are_projected_by_version_so_stale_and_repeated_events_are_
     );
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn an_outbox_row_that_never_sends_goes_dead_after_its_last_attempt() {
+    let mut env = TestEnv::new(false).await;
+    env.settings.scan.relay_max_attempts = 2;
+    env.settings.scan.relay_backoff_base_ms = 1;
+    env.settings.scan.relay_backoff_cap_ms = 1;
+    let pool = env.pool(2).await;
+    let c = pool.get().await.unwrap();
+    // A topic the broker does not have: every send is a definite failure.
+    c.execute(
+        "INSERT INTO event_outbox (event_id, topic, tag, message_key, payload)
+         VALUES ('evt-dead', 'NO_SUCH_TOPIC_FOR_SECKILL_TESTS', 'ORDER_PAID', 'ord_x', '{\"event_type\":\"ORDER_PAID\"}')",
+        &[],
+    )
+    .await
+    .unwrap();
+    let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
+    let relay = Relay::new(env.pool(2).await, publisher, Arc::new(env.settings.clone()));
+    assert_eq!(relay.relay_once().await.unwrap(), 1);
+    let (s, a, e) = outbox_status(&c).await;
+    assert_eq!((s.as_str(), a), ("PENDING", 1), "retried after a failure");
+    assert!(e.is_some());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(relay.relay_once().await.unwrap(), 1);
+    let (s, a, _) = outbox_status(&c).await;
+    assert_eq!((s.as_str(), a), ("DEAD", 2), "dead after the last attempt");
+    assert_eq!(
+        relay.relay_once().await.unwrap(),
+        0,
+        "a dead row is not sent again"
+    );
+    drop(c);
+    env.cleanup().await;
+}
+
+async fn outbox_status(c: &deadpool_postgres::Object) -> (String, i32, Option<String>) {
+    let r = c
+        .query_one("SELECT status, attempts, last_error FROM event_outbox", &[])
+        .await
+        .unwrap();
+    (r.get(0), r.get(1), r.get(2))
+}
