@@ -20,7 +20,7 @@ demo: ## Services, migrate, a flash sale with a burst of buyers, invariants; las
 	scripts/demo.sh
 
 test: services-up ## The whole test suite against the real services
-	SECKILL_ENV=test cargo test --all-targets -- --test-threads=4
+	SECKILL_ENV=test cargo test --all-targets --features failpoints -- --test-threads=4
 
 test-unit: ## Unit tests only (no services)
 	cargo test --lib --bins
@@ -31,8 +31,9 @@ fmt: ## Format the code
 clippy: ## Lints, warnings are errors
 	cargo clippy --all-targets -- -D warnings
 
-lint: ## fmt check + clippy
+lint: ## fmt check + clippy (with and without the failpoints feature)
 	cargo fmt --all -- --check
 	cargo clippy --all-targets -- -D warnings
+	cargo clippy --all-targets --features failpoints -- -D warnings
 
 ci: test lint ## What CI runs

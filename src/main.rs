@@ -10,6 +10,9 @@ use seckill::config::Settings;
 use seckill::roles;
 
 fn main() -> std::process::ExitCode {
+    // Failpoints from the FAILPOINTS variable, only in builds for the fault tests.
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     let cli = Cli::parse();
     let settings = match Settings::load() {
         Ok(s) => s,

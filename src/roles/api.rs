@@ -266,8 +266,9 @@ async fn reserve_inner(
         }
     };
 
-    // Injection point of §29.3: the process dies after the reservation, before the send.
-    fail::fail_point!("api-after-reserve-before-send");
+    // Injection point of §29.3: the process dies after the reservation, before the send
+    // (`FAILPOINTS=api-after-reserve-before-send=return` aborts like a SIGKILL).
+    fail::fail_point!("api-after-reserve-before-send", |_| std::process::abort());
 
     let valid_until = Utc
         .timestamp_millis_opt(view.valid_until_ms)

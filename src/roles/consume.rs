@@ -152,10 +152,9 @@ impl BatchHandler for OrderCreateHandler {
                         }
                     }
                 }
-                // Injection point of §29.3: committed, killed before the ACK.
-                fail::fail_point!("consume-after-commit-before-ack", |_| {
-                    ConsumeDecision::Retry
-                });
+                // Injection point of §29.3: committed, killed before the ACK
+                // (`FAILPOINTS=consume-after-commit-before-ack=return` aborts like a SIGKILL).
+                fail::fail_point!("consume-after-commit-before-ack", |_| std::process::abort());
                 ConsumeDecision::Ack
             }
             Err(e) => {

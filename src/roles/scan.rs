@@ -122,7 +122,7 @@ impl Scanner {
                 .await?;
             stats.claimed += claims.len();
             // Injection point of §29.3: a scanner dies holding its leases.
-            fail::fail_point!("scanner-holding-lease", |_| Ok(stats));
+            fail::fail_point!("scanner-holding-lease", |_| std::process::abort());
             let results: Vec<(&'static str, String)> = futures::stream::iter(claims)
                 .map(|fields| self.resend(activity_id, fields))
                 .buffer_unordered(sc.send_concurrency)
@@ -303,7 +303,7 @@ impl Relay {
             .collect()
             .await;
         // Injection point of §29.3: the relay dies after the send, before marking SENT.
-        fail::fail_point!("relay-after-send-before-mark", |_| Ok(claimed));
+        fail::fail_point!("relay-after-send-before-mark", |_| std::process::abort());
         let mut sent: Vec<(String, String)> = Vec::new();
         for (row, outcome) in outcomes {
             metrics::counter!("outbox_publish_total", "tag" => tag_label(&row.tag), "outcome" => outcome.label())
