@@ -233,3 +233,192 @@ async fn consumer_killed_after_commit_before_ack_the_redelivery_hits_the_inbox()
     stop.cancel();
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn relay_killed_after_the_send_before_the_mark_sends_again_and_is_applied_once() {
+    let env = TestEnv::new(true).await;
+    env.activity(902, 1, 5).await;
+    let names = env.settings.names();
+    // An expired reservation: the order transaction rejects it and writes one compensation
+    // event to the outbox (a RELEASE_RESERVATION for the Redis unit).
+    let redis = env.redis().await;
+    let ids = seckill::domain::Ids::generate();
+    let now = chrono::Utc::now().timestamp_millis();
+    redis
+        .reserve(&seckill::redis::ReserveArgs {
+            activity_id: 902,
+            sku_id: 1,
+            user_id: 3,
+            request_id: "r3",
+            reservation_id: &ids.reservation_id,
+            message_id: &ids.message_id,
+            order_id: &ids.order_id,
+            now_ms: now,
+            next_retry_at_ms: now + 600_000,
+            traceparent: "",
+            valid_secs: 300,
+        })
+        .await
+        .unwrap();
+    let fields = redis.reservation(902, &ids.reservation_id).await.unwrap();
+    let mut event = seckill::roles::scan::event_from_reservation(&fields).unwrap();
+    event.reservation_valid_until = chrono::Utc::now() - chrono::Duration::seconds(1);
+    event.reservation_created_at = event.reservation_valid_until - chrono::Duration::seconds(300);
+    OrderCreateHandler::new(env.pool(2).await, &env.settings, 1)
+        .process(&[common::delivery_of(&names.order_create_topic, &event)])
+        .await
+        .unwrap();
+    assert_eq!(
+        env.count("SELECT count(*) FROM event_outbox WHERE status = 'PENDING'")
+            .await,
+        1
+    );
+
+    let comp = Arc::new(seckill::roles::compensate::CompensationHandler {
+        redis: redis.clone(),
+        pool: env.pool(2).await,
+        group: names.compensate_group.clone(),
+    });
+    let counting_seen = Arc::new(AtomicUsize::new(0));
+    struct CountComp(
+        Arc<seckill::roles::compensate::CompensationHandler>,
+        Arc<AtomicUsize>,
+    );
+    #[async_trait::async_trait]
+    impl BatchHandler for CountComp {
+        async fn handle(&self, batch: Vec<Delivery>) -> ConsumeDecision {
+            self.1.fetch_add(batch.len(), Ordering::SeqCst);
+            self.0.handle(batch).await
+        }
+    }
+    let consumer = seckill::mq::start_consumer(
+        &env.settings,
+        &names.compensate_group,
+        &names.compensate_topic,
+        Arc::new(CountComp(comp, counting_seen.clone())),
+        1,
+        16,
+    )
+    .await
+    .unwrap();
+
+    // The relay sends, then dies before marking the row SENT.
+    let port = free_port();
+    let lease = [
+        ("SECKILL__SCAN__METRICS_LISTEN", format!("127.0.0.1:{port}")),
+        ("SECKILL__SCAN__RELAY_LEASE_SECS", "2".to_string()),
+    ];
+    let mut scan = spawn(
+        &env,
+        &["scan"],
+        "relay-after-send-before-mark=return",
+        &lease,
+    );
+    let status = wait_exit(&mut scan, 30).await;
+    assert!(!status.success(), "aborted after the send: {status:?}");
+    assert_eq!(
+        env.count("SELECT count(*) FROM event_outbox WHERE status = 'PENDING'")
+            .await,
+        1,
+        "not marked"
+    );
+
+    // A healthy relay sends it again once the lease is over and marks it.
+    let port = free_port();
+    let lease = [
+        ("SECKILL__SCAN__METRICS_LISTEN", format!("127.0.0.1:{port}")),
+        ("SECKILL__SCAN__RELAY_LEASE_SECS", "2".to_string()),
+    ];
+    let _scan = spawn(&env, &["scan"], "", &lease);
+    eventually(30, "marked SENT", || async {
+        env.count("SELECT count(*) FROM event_outbox WHERE status = 'SENT'")
+            .await
+            == 1
+    })
+    .await;
+    eventually(30, "both copies delivered", || async {
+        counting_seen.load(Ordering::SeqCst) >= 2
+    })
+    .await;
+    assert_eq!(
+        redis.sku_stock(902, 1).await.unwrap(),
+        Some((5, 5)),
+        "released exactly once"
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM compensation_tasks WHERE status = 'DONE'")
+            .await,
+        1
+    );
+    consumer.shutdown().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_scanner_killed_holding_leases_is_taken_over_after_they_expire() {
+    let env = TestEnv::new(true).await;
+    env.activity(903, 1, 10).await;
+    let redis = env.redis().await;
+    let now = chrono::Utc::now().timestamp_millis();
+    for user in 1..=4 {
+        let ids = seckill::domain::Ids::generate();
+        redis
+            .reserve(&seckill::redis::ReserveArgs {
+                activity_id: 903,
+                sku_id: 1,
+                user_id: user,
+                request_id: "r",
+                reservation_id: &ids.reservation_id,
+                message_id: &ids.message_id,
+                order_id: &ids.order_id,
+                now_ms: now,
+                next_retry_at_ms: now,
+                traceparent: "",
+                valid_secs: 300,
+            })
+            .await
+            .unwrap();
+    }
+    let port = free_port();
+    let env_vars = [
+        ("SECKILL__SCAN__METRICS_LISTEN", format!("127.0.0.1:{port}")),
+        ("SECKILL__SCAN__SCANNER_LEASE_MS", "2000".to_string()),
+    ];
+    let mut scan = spawn(&env, &["scan"], "scanner-holding-lease=return", &env_vars);
+    let status = wait_exit(&mut scan, 30).await;
+    assert!(!status.success(), "aborted holding leases: {status:?}");
+    let fields = redis
+        .reservation(
+            903,
+            &redis.reservation_census(903, 1).await.unwrap().reserved_ids[0],
+        )
+        .await
+        .unwrap();
+    assert!(fields["lease_owner"].starts_with("scanner-"), "{fields:?}");
+
+    let handler = Arc::new(OrderCreateHandler::new(env.pool(3).await, &env.settings, 2));
+    let consumer = seckill::mq::start_order_create_consumer(&env.settings, handler, 2)
+        .await
+        .unwrap();
+    let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
+    let other = seckill::roles::scan::Scanner::new(
+        redis.clone(),
+        publisher,
+        Arc::new(env.settings.clone()),
+    );
+    assert_eq!(
+        other.scan_once().await.unwrap().claimed,
+        0,
+        "still leased to the dead scanner"
+    );
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    assert_eq!(other.scan_once().await.unwrap().confirmed, 4, "taken over");
+    eventually(30, "4 orders", || async {
+        env.count("SELECT count(*) FROM orders").await == 4
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(env.count("SELECT count(*) FROM orders").await, 4);
+    consumer.shutdown().await;
+    env.cleanup().await;
+}
