@@ -7,76 +7,14 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{eventually, TestEnv};
+use common::{eventually, free_port, spawn, wait_ready, TestEnv};
 use seckill::mq::{BatchHandler, ConsumeDecision, Delivery};
 use seckill::roles::consume::OrderCreateHandler;
 use serde_json::json;
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn spawn(env: &TestEnv, args: &[&str], failpoints: &str, extra: &[(&str, String)]) -> Proc {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_seckill"));
-    cmd.args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("SECKILL_ENV", "test")
-        .env("SECKILL__ENV", &env.settings.env)
-        .env("SECKILL__PG__SCHEMA", &env.settings.pg.schema)
-        .env("SECKILL__REDIS__KEY_PREFIX", &env.settings.redis.key_prefix)
-        .env("FAILPOINTS", failpoints)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    for (k, v) in extra {
-        cmd.env(k, v);
-    }
-    Proc(cmd.spawn().expect("binary starts"))
-}
-
-async fn wait_exit(p: &mut Proc, secs: u64) -> std::process::ExitStatus {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(s) = p.0.try_wait().unwrap() {
-            return s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "process still alive after {secs}s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn wait_ready(url: String) {
-    eventually(30, &url.clone(), || {
-        let url = url.clone();
-        async move {
-            reqwest::get(&url)
-                .await
-                .map(|r| r.status().is_success())
-                .unwrap_or(false)
-        }
-    })
-    .await;
-}
 
 #[tokio::test]
 async fn api_killed_after_the_reservation_before_the_send_the_scanner_sends_it_once() {
@@ -98,7 +36,7 @@ async fn api_killed_after_the_reservation_before_the_send_the_scanner_sends_it_o
         .send()
         .await;
     assert!(r.is_err(), "the process died mid-request: {r:?}");
-    let status = wait_exit(&mut api, 10).await;
+    let status = api.wait_exit(10).await;
     assert!(!status.success(), "aborted: {status:?}");
 
     let redis = env.redis().await;
@@ -142,15 +80,7 @@ async fn api_killed_after_the_reservation_before_the_send_the_scanner_sends_it_o
         fields["message_id"], mid,
         "the message_id minted before the crash"
     );
-    let report = seckill::invariants::check(
-        &**c,
-        &redis,
-        &env.settings.names().order_create_group,
-        900,
-        1,
-    )
-    .await
-    .unwrap();
+    let report = env.invariants(900, 1).await;
     assert!(report.ok(), "{:?}", report.violations);
     drop(c);
     consumer.shutdown().await;
@@ -202,7 +132,7 @@ async fn consumer_killed_after_commit_before_ack_the_redelivery_hits_the_inbox()
         .await
         .unwrap();
     assert_eq!(r.status(), reqwest::StatusCode::ACCEPTED);
-    let status = wait_exit(&mut consumer, 30).await;
+    let status = consumer.wait_exit(30).await;
     assert!(!status.success(), "aborted after the commit: {status:?}");
     assert_eq!(
         env.count("SELECT count(*) FROM orders").await,
@@ -314,7 +244,7 @@ async fn relay_killed_after_the_send_before_the_mark_sends_again_and_is_applied_
         "relay-after-send-before-mark=return",
         &lease,
     );
-    let status = wait_exit(&mut scan, 30).await;
+    let status = scan.wait_exit(30).await;
     assert!(!status.success(), "aborted after the send: {status:?}");
     assert_eq!(
         env.count("SELECT count(*) FROM event_outbox WHERE status = 'PENDING'")
@@ -385,7 +315,7 @@ async fn a_scanner_killed_holding_leases_is_taken_over_after_they_expire() {
         ("SECKILL__SCAN__SCANNER_LEASE_MS", "2000".to_string()),
     ];
     let mut scan = spawn(&env, &["scan"], "scanner-holding-lease=return", &env_vars);
-    let status = wait_exit(&mut scan, 30).await;
+    let status = scan.wait_exit(30).await;
     assert!(!status.success(), "aborted holding leases: {status:?}");
     let fields = redis
         .reservation(

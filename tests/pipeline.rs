@@ -158,16 +158,7 @@ async fn a_reservation_becomes_one_created_order_visible_through_the_api() {
     assert_eq!(fields["mq_status"], "MQ_SENT");
     let redis = env.redis().await;
     assert_eq!(redis.pending_count(100).await.unwrap(), 0);
-    let pool = env.pool(1).await;
-    let report = seckill::invariants::check(
-        &**pool.get().await.unwrap(),
-        &redis,
-        &env.settings.names().order_create_group,
-        100,
-        1,
-    )
-    .await
-    .unwrap();
+    let report = env.invariants(100, 1).await;
     assert!(report.ok(), "{:?}", report.violations);
     app.stop().await;
     env.cleanup().await;
@@ -218,16 +209,7 @@ async fn repeats_second_purchases_and_sell_out_are_answered_and_never_oversold()
             .await,
         0
     );
-    let pool = env.pool(1).await;
-    let report = seckill::invariants::check(
-        &**pool.get().await.unwrap(),
-        &env.redis().await,
-        &env.settings.names().order_create_group,
-        200,
-        1,
-    )
-    .await
-    .unwrap();
+    let report = env.invariants(200, 1).await;
     assert!(report.ok(), "{:?}", report.violations);
     app.stop().await;
     env.cleanup().await;

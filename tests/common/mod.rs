@@ -194,3 +194,98 @@ pub fn delivery_of(topic: &str, e: &OrderCreateRequested) -> Delivery {
 }
 
 pub type Shared<T> = Arc<T>;
+
+impl TestEnv {
+    /// Invariants 1, 2, 3, 5 and 6 for one activity SKU of this test.
+    pub async fn invariants(&self, activity_id: i64, sku_id: i64) -> seckill::invariants::Report {
+        let pool = self.pool(1).await;
+        let client = pool.get().await.unwrap();
+        seckill::invariants::check(
+            &**client,
+            &self.redis().await,
+            &self.settings.names().order_create_group,
+            activity_id,
+            sku_id,
+        )
+        .await
+        .unwrap()
+    }
+}
+
+/// A child process of the real binary, killed if the test fails before stopping it.
+pub struct Proc(pub std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    /// Waits for the process to exit on its own.
+    pub async fn wait_exit(&mut self, secs: u64) -> std::process::ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Some(s) = self.0.try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "process still alive after {secs}s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGTERM, then waits for the exit.
+    pub async fn terminate(&mut self, secs: u64) -> std::process::ExitStatus {
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(self.0.id().to_string())
+            .status();
+        self.wait_exit(secs).await
+    }
+}
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `seckill <args>` configured for this test (schema, key prefix, env name) plus
+/// `extra` variables; `failpoints` goes to `FAILPOINTS` (builds with the feature only).
+pub fn spawn(env: &TestEnv, args: &[&str], failpoints: &str, extra: &[(&str, String)]) -> Proc {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"));
+    cmd.args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("SECKILL_ENV", "test")
+        .env("SECKILL__ENV", &env.settings.env)
+        .env("SECKILL__PG__SCHEMA", &env.settings.pg.schema)
+        .env("SECKILL__REDIS__KEY_PREFIX", &env.settings.redis.key_prefix)
+        .env("FAILPOINTS", failpoints)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    Proc(cmd.spawn().expect("binary starts"))
+}
+
+/// Waits until `url` answers 2xx.
+pub async fn wait_ready(url: String) {
+    eventually(30, &url.clone(), || {
+        let url = url.clone();
+        async move {
+            reqwest::get(&url)
+                .await
+                .map(|r| r.status().is_success())
+                .unwrap_or(false)
+        }
+    })
+    .await;
+}
