@@ -37,6 +37,11 @@ pub enum Command {
         #[command(subcommand)]
         command: TopicsCommand,
     },
+    /// Dead letters: list, show, discard.
+    Dlq {
+        #[command(subcommand)]
+        command: crate::roles::dlq::DlqCommand,
+    },
     /// Flash-sale activities.
     Activity {
         #[command(subcommand)]

@@ -181,10 +181,33 @@ pub struct Names {
     pub compensate_group: String,
     pub timeout_group: String,
     pub projection_group: String,
+    /// The group that records dead letters of every other group.
+    pub dlq_intake_group: String,
     pub producer_group: String,
 }
 
 impl Names {
+    /// The broker's dead-letter topic of a consumer group.
+    pub fn dlq_topic(group: &str) -> String {
+        format!("%DLQ%{group}")
+    }
+
+    /// `(consumer group, the topic it consumes)` of every group whose dead letters are kept.
+    pub fn dead_letter_sources(&self) -> Vec<(String, String)> {
+        vec![
+            (
+                self.order_create_group.clone(),
+                self.order_create_topic.clone(),
+            ),
+            (self.compensate_group.clone(), self.compensate_topic.clone()),
+            (self.timeout_group.clone(), self.order_timeout_topic.clone()),
+            (
+                self.projection_group.clone(),
+                self.order_event_topic.clone(),
+            ),
+        ]
+    }
+
     /// Groups keep the articles' exact names in `PROD` (`CG_SECKILL_ORDER_CREATE_PG_V1`); any
     /// other environment inserts its name (`CG_STAGE_SECKILL_...`) so it never joins PROD's group.
     pub fn new(env: &str) -> Self {
@@ -202,6 +225,7 @@ impl Names {
             compensate_group: format!("CG_{infix}SECKILL_INVENTORY_COMPENSATE_V1"),
             timeout_group: format!("CG_{infix}SECKILL_ORDER_TIMEOUT_V1"),
             projection_group: format!("CG_{infix}SECKILL_ORDER_QUERY_PROJECTION_V1"),
+            dlq_intake_group: format!("CG_{infix}SECKILL_DLQ_INTAKE_V1"),
             producer_group: format!("PG_{infix}SECKILL_PRODUCER_V1"),
         }
     }

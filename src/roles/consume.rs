@@ -162,6 +162,20 @@ impl BatchHandler for OrderCreateHandler {
                     .iter()
                     .filter_map(|d| d.properties.get("message_id").map(String::as_str))
                     .collect();
+                // Remember why, outside the rolled-back transaction: a message that ends in
+                // the DLQ is recorded with the error that killed it.
+                if let Ok(client) = self.pool.get().await {
+                    for id in &ids {
+                        let _ = crate::pg::dlq::record_failure(
+                            &**client,
+                            &self.names.consumer_group,
+                            id,
+                            e.class(),
+                            &e.to_string(),
+                        )
+                        .await;
+                    }
+                }
                 metrics::counter!("mq_consume_total", "topic" => "order_create", "result" => e.class())
                     .increment(batch.len() as u64);
                 warn!(
@@ -222,6 +236,10 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
         16,
     )
     .await?;
+    // Dead letters of every group are recorded in PostgreSQL for operators.
+    let dlq_pool = crate::pg::connect_pool(&settings.pg, 2).await?;
+    let intakes = crate::roles::dlq::start_intakes(&settings, dlq_pool.clone()).await?;
+    tokio::spawn(crate::roles::dlq::run_gauges(dlq_pool, shutdown.clone()));
     // Lag of this group (messages and age of the oldest unconsumed one), for /metrics.
     let lag = crate::roles::admission::LagSource {
         probe: Arc::new(
@@ -255,7 +273,8 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
         tokio::join!(
             consumer.shutdown(),
             compensator.shutdown(),
-            projector.shutdown()
+            projector.shutdown(),
+            futures::future::join_all(intakes.into_iter().map(|i| i.shutdown()))
         )
     };
     if tokio::time::timeout(grace, both).await.is_err() {

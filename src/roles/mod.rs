@@ -6,6 +6,7 @@ pub mod api;
 pub mod bench;
 pub mod compensate;
 pub mod consume;
+pub mod dlq;
 pub mod migrate;
 pub mod projection;
 pub mod scan;

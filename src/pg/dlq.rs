@@ -1,0 +1,181 @@
+//! Dead letters in PostgreSQL: intake of `%DLQ%<group>` copies, the failure that killed them,
+//! the gauges, and the operator's list / show / discard (with an audit row each).
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use tokio_postgres::GenericClient;
+
+use crate::mq::Delivery;
+
+/// Remembers the latest failure of a message (called after its transaction rolled back).
+pub async fn record_failure(
+    client: &impl GenericClient,
+    group: &str,
+    message_id: &str,
+    class: &str,
+    error: &str,
+) -> Result<u64, tokio_postgres::Error> {
+    client
+        .execute(
+            "INSERT INTO consumer_failures (consumer_group, message_id, error_class, last_error)
+             VALUES ($1, $2, $3, $4)
+             ON CONFLICT (consumer_group, message_id) DO UPDATE
+               SET failures = consumer_failures.failures + 1, error_class = excluded.error_class,
+                   last_error = excluded.last_error, updated_at = now()",
+            &[&group, &message_id, &class, &error],
+        )
+        .await
+}
+
+/// Records one dead letter of `group` (originally on `topic`); a repeat of the same DLQ copy
+/// is a no-op. Returns true when the row is new.
+pub async fn intake(
+    client: &impl GenericClient,
+    group: &str,
+    topic: &str,
+    d: &Delivery,
+) -> Result<bool, tokio_postgres::Error> {
+    let message_id = d.properties.get("message_id");
+    let attempts: i32 = d
+        .properties
+        .get("RECONSUME_TIME")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(d.reconsume_times)
+        .max(1);
+    let props = serde_json::to_value(&d.properties).unwrap_or_default();
+    let n = client
+        .execute(
+            "INSERT INTO dlq_messages
+               (consumer_group, topic, message_id, reservation_id, order_id, broker_msg_id,
+                dlq_queue_id, dlq_queue_offset, attempts, error_class, last_error, payload, properties)
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, f.error_class, f.last_error, $10, $11
+             FROM (SELECT 1) one
+             LEFT JOIN consumer_failures f ON f.consumer_group = $1 AND f.message_id = $3
+             ON CONFLICT (consumer_group, dlq_queue_id, dlq_queue_offset) DO NOTHING",
+            &[
+                &group,
+                &topic,
+                &message_id,
+                &d.properties.get("reservation_id"),
+                &d.properties.get("order_id"),
+                &d.properties.get("ORIGIN_MESSAGE_ID").unwrap_or(&d.broker_msg_id),
+                &d.queue_id,
+                &d.queue_offset,
+                &attempts,
+                &d.body,
+                &props,
+            ],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// `(open dead letters, age in seconds of the oldest open one)`.
+pub async fn open_stats(client: &impl GenericClient) -> Result<(i64, f64), tokio_postgres::Error> {
+    let r = client
+        .query_one(
+            "SELECT count(*), coalesce(extract(epoch FROM now() - min(first_seen)), 0)::float8
+             FROM dlq_messages WHERE status = 'OPEN'",
+            &[],
+        )
+        .await?;
+    Ok((r.get(0), r.get(1)))
+}
+
+/// A dead letter as operators see it.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeadLetter {
+    pub dlq_id: i64,
+    pub consumer_group: String,
+    pub topic: String,
+    pub message_id: Option<String>,
+    pub reservation_id: Option<String>,
+    pub order_id: Option<String>,
+    pub attempts: i32,
+    pub error_class: Option<String>,
+    pub last_error: Option<String>,
+    pub status: String,
+    pub first_seen: DateTime<Utc>,
+    /// The raw body, as text where it is UTF-8 (lossy otherwise).
+    pub payload: String,
+}
+
+fn dead_letter(r: &tokio_postgres::Row) -> DeadLetter {
+    DeadLetter {
+        dlq_id: r.get(0),
+        consumer_group: r.get(1),
+        topic: r.get(2),
+        message_id: r.get(3),
+        reservation_id: r.get(4),
+        order_id: r.get(5),
+        attempts: r.get(6),
+        error_class: r.get(7),
+        last_error: r.get(8),
+        status: r.get(9),
+        first_seen: r.get(10),
+        payload: String::from_utf8_lossy(&r.get::<_, Vec<u8>>(11)).to_string(),
+    }
+}
+
+const COLUMNS: &str =
+    "dlq_id, consumer_group, topic, message_id, reservation_id, order_id, attempts,
+    error_class, last_error, status, first_seen, payload";
+
+/// Dead letters by status (and group), oldest first, at most `limit`.
+pub async fn list(
+    client: &impl GenericClient,
+    status: Option<&str>,
+    group: Option<&str>,
+    limit: i64,
+) -> Result<Vec<DeadLetter>, tokio_postgres::Error> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM dlq_messages
+         WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR consumer_group = $2)
+         ORDER BY first_seen, dlq_id LIMIT $3"
+    );
+    Ok(client
+        .query(&sql, &[&status, &group, &limit])
+        .await?
+        .iter()
+        .map(dead_letter)
+        .collect())
+}
+
+pub async fn show(
+    client: &impl GenericClient,
+    dlq_id: i64,
+) -> Result<Option<DeadLetter>, tokio_postgres::Error> {
+    let sql = format!("SELECT {COLUMNS} FROM dlq_messages WHERE dlq_id = $1");
+    Ok(client
+        .query_opt(&sql, &[&dlq_id])
+        .await?
+        .as_ref()
+        .map(dead_letter))
+}
+
+/// Marks an OPEN dead letter DISCARDED with an audit row. Returns false if it was not OPEN.
+pub async fn discard(
+    client: &mut tokio_postgres::Client,
+    dlq_id: i64,
+    actor: &str,
+    reason: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    let n = tx
+        .execute(
+            "UPDATE dlq_messages SET status = 'DISCARDED', updated_at = now()
+             WHERE dlq_id = $1 AND status = 'OPEN'",
+            &[&dlq_id],
+        )
+        .await?;
+    if n == 1 {
+        tx.execute(
+            "INSERT INTO dlq_audit (dlq_id, action, actor, reason, outcome)
+             VALUES ($1, 'DISCARD', $2, $3, 'DISCARDED')",
+            &[&dlq_id, &actor, &reason],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(n == 1)
+}
