@@ -40,6 +40,7 @@ pub struct Settings {
     pub consumer: ConsumerSettings,
     pub scan: ScanSettings,
     pub timeout: TimeoutSettings,
+    pub retention: RetentionSettings,
     pub telemetry: TelemetrySettings,
 }
 
@@ -159,6 +160,14 @@ pub struct ScanSettings {
 pub struct TimeoutSettings {
     /// Where `timeout-cancel` serves /metrics, /healthz, /readyz.
     pub metrics_listen: SocketAddr,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionSettings {
+    /// Days inbox rows are kept. A replay of a message older than this could slip past the
+    /// inbox and apply twice, so `dlq replay` refuses it unless forced.
+    pub inbox_days: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -404,6 +413,9 @@ impl Settings {
         }
         if sc.send_concurrency == 0 {
             return Err(invalid("scan.send_concurrency", "must be at least 1"));
+        }
+        if self.retention.inbox_days == 0 {
+            return Err(invalid("retention.inbox_days", "must be at least 1"));
         }
         if tracing_subscriber::EnvFilter::try_new(&self.telemetry.log_level).is_err() {
             return Err(invalid(

@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{event, eventually, spawn, TestEnv};
+use common::{event, eventually, TestEnv};
 use seckill::mq::order_create_message;
 use seckill::roles::consume::OrderCreateHandler;
 
@@ -88,44 +88,126 @@ async fn a_message_failing_every_time_is_dead_lettered_recorded_and_discardable(
     );
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 0);
 
-    // The operator's view and decision, through the binary.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
-        .args(["dlq", "list", "--json"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("SECKILL_ENV", "test")
-        .env("SECKILL__ENV", &env.settings.env)
-        .env("SECKILL__PG__SCHEMA", &env.settings.pg.schema)
-        .output()
-        .unwrap();
+    // The operator's view and decisions, through the binary.
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("SECKILL_ENV", "test")
+            .env("SECKILL__ENV", &env.settings.env)
+            .env("SECKILL__PG__SCHEMA", &env.settings.pg.schema)
+            .env("SECKILL__REDIS__KEY_PREFIX", &env.settings.redis.key_prefix)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["dlq", "list", "--json"]);
     let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(listed[0]["message_id"], e.message_id.as_str());
     let id = listed[0]["dlq_id"].as_i64().unwrap().to_string();
-    let mut discard = spawn(
-        &env,
-        &[
+
+    // The cause is fixed (the lock is gone): replay makes exactly one order, and so does a
+    // second replay of the same dead letter.
+    for _ in 0..2 {
+        let out = run(&[
             "dlq",
-            "discard",
+            "replay",
+            "--id",
             &id,
             "--reason",
-            "test: stock row was locked",
+            "lock released",
             "--actor",
             "tester",
-        ],
-        "",
-        &[],
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eventually(30, "the replayed order", || async {
+            env.count("SELECT count(*) FROM orders").await == 1
+        })
+        .await;
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(
+        env.count("SELECT count(*) FROM orders").await,
+        1,
+        "one effect for two replays"
     );
-    assert!(discard.wait_exit(30).await.success());
+    assert_eq!(env.count("SELECT count(*) FROM stock_ledger").await, 1);
+    assert_eq!(
+        env.count("SELECT count(*) FROM dlq_audit WHERE action = 'REPLAY' AND outcome = 'CONFIRMED' AND replay_id LIKE 'rpl_%'").await,
+        2
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM dlq_messages WHERE status = 'REPLAYED'")
+            .await,
+        1
+    );
+
+    // Older than the inbox retention: refused, unless forced (and then audited as forced).
+    c.execute(
+        "UPDATE dlq_messages SET first_seen = now() - interval '30 days'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let out = run(&[
+        "dlq", "replay", "--id", &id, "--reason", "old", "--actor", "tester",
+    ]);
+    assert!(!out.status.success(), "refused");
+    assert_eq!(
+        env.count("SELECT count(*) FROM dlq_audit WHERE outcome = 'REFUSED_OLDER_THAN_RETENTION'")
+            .await,
+        1
+    );
+    let out = run(&[
+        "dlq",
+        "replay",
+        "--id",
+        &id,
+        "--reason",
+        "old, on purpose",
+        "--actor",
+        "tester",
+        "--force",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM dlq_audit WHERE outcome = 'CONFIRMED_FORCED'")
+            .await,
+        1
+    );
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(env.count("SELECT count(*) FROM orders").await, 1);
+
+    // Discard: only an OPEN dead letter, audited.
+    c.execute("UPDATE dlq_messages SET status = 'OPEN'", &[])
+        .await
+        .unwrap();
+    let out = run(&[
+        "dlq",
+        "discard",
+        &id,
+        "--reason",
+        "test: done",
+        "--actor",
+        "tester",
+    ]);
+    assert!(out.status.success());
     assert_eq!(seckill::pg::dlq::open_stats(&**c).await.unwrap().0, 0);
     assert_eq!(
         env.count("SELECT count(*) FROM dlq_audit WHERE action = 'DISCARD' AND actor = 'tester'")
             .await,
         1
     );
-    let mut again = spawn(&env, &["dlq", "discard", &id, "--reason", "twice"], "", &[]);
-    assert!(
-        !again.wait_exit(30).await.success(),
-        "only an OPEN dead letter can be discarded"
-    );
+    assert!(!run(&["dlq", "discard", &id, "--reason", "twice"])
+        .status
+        .success());
 
     drop(c);
     consumer.shutdown().await;

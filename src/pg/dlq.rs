@@ -179,3 +179,85 @@ pub async fn discard(
     tx.commit().await?;
     Ok(n == 1)
 }
+
+/// A dead letter selected for replay, with what the re-publication needs.
+#[derive(Debug, Clone)]
+pub struct ReplayRow {
+    pub dlq_id: i64,
+    pub consumer_group: String,
+    pub topic: String,
+    pub message_id: Option<String>,
+    pub reservation_id: Option<String>,
+    pub order_id: Option<String>,
+    pub payload: Vec<u8>,
+    pub properties: serde_json::Value,
+    pub first_seen: DateTime<Utc>,
+    pub status: String,
+}
+
+/// Selects dead letters by id, or by group and time window; OPEN ones, and REPLAYED ones
+/// when named by id (a second replay is allowed: the inbox makes it a no-op).
+pub async fn select_for_replay(
+    client: &impl GenericClient,
+    ids: &[i64],
+    group: Option<&str>,
+    since: Option<DateTime<Utc>>,
+    until: Option<DateTime<Utc>>,
+) -> Result<Vec<ReplayRow>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT dlq_id, consumer_group, topic, message_id, reservation_id, order_id, payload,
+                    properties, first_seen, status
+             FROM dlq_messages
+             WHERE (cardinality($1::int8[]) > 0 AND dlq_id = ANY($1) AND status IN ('OPEN', 'REPLAYED'))
+                OR (cardinality($1::int8[]) = 0 AND status = 'OPEN'
+                    AND ($2::text IS NULL OR consumer_group = $2)
+                    AND ($3::timestamptz IS NULL OR first_seen >= $3)
+                    AND ($4::timestamptz IS NULL OR first_seen < $4))
+             ORDER BY first_seen, dlq_id",
+            &[&ids, &group, &since, &until],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| ReplayRow {
+            dlq_id: r.get(0),
+            consumer_group: r.get(1),
+            topic: r.get(2),
+            message_id: r.get(3),
+            reservation_id: r.get(4),
+            order_id: r.get(5),
+            payload: r.get(6),
+            properties: r.get(7),
+            first_seen: r.get(8),
+            status: r.get(9),
+        })
+        .collect())
+}
+
+/// Records one replay attempt (and marks the row REPLAYED when the broker confirmed it).
+pub async fn record_replay(
+    client: &mut tokio_postgres::Client,
+    dlq_id: i64,
+    actor: &str,
+    reason: &str,
+    outcome: &str,
+    replay_id: &str,
+    confirmed: bool,
+) -> Result<(), tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    if confirmed {
+        tx.execute(
+            "UPDATE dlq_messages SET status = 'REPLAYED', updated_at = now() WHERE dlq_id = $1",
+            &[&dlq_id],
+        )
+        .await?;
+    }
+    tx.execute(
+        "INSERT INTO dlq_audit (dlq_id, action, actor, reason, outcome, replay_id)
+         VALUES ($1, 'REPLAY', $2, $3, $4, $5)",
+        &[&dlq_id, &actor, &reason, &outcome, &replay_id],
+    )
+    .await?;
+    tx.commit().await
+}

@@ -129,6 +129,33 @@ pub enum DlqCommand {
     },
     /// One dead letter with its payload.
     Show { dlq_id: i64 },
+    /// Re-publish dead letters to their original topic with their original message_id plus
+    /// `replay_id` and `replay_count + 1` (rate-limited, one audit row each).
+    Replay {
+        /// Dead letters by id (OPEN or already REPLAYED).
+        #[arg(long = "id")]
+        ids: Vec<i64>,
+        /// All OPEN dead letters of this group (with --since/--until).
+        #[arg(long)]
+        group: Option<String>,
+        /// First-seen window start (RFC 3339).
+        #[arg(long)]
+        since: Option<chrono::DateTime<chrono::Utc>>,
+        /// First-seen window end (RFC 3339).
+        #[arg(long)]
+        until: Option<chrono::DateTime<chrono::Utc>>,
+        /// Why (kept in the audit).
+        #[arg(long)]
+        reason: String,
+        #[arg(long)]
+        actor: Option<String>,
+        /// Messages per second at most.
+        #[arg(long, default_value_t = 20.0)]
+        rate: f64,
+        /// Replay even what is older than the inbox retention (it may apply twice).
+        #[arg(long)]
+        force: bool,
+    },
     /// Give up on a dead letter (audited).
     Discard {
         dlq_id: i64,
@@ -194,6 +221,44 @@ pub async fn run(settings: Settings, cmd: DlqCommand) -> anyhow::Result<bool> {
                 false
             }
         },
+        DlqCommand::Replay {
+            ids,
+            group,
+            since,
+            until,
+            reason,
+            actor,
+            rate,
+            force,
+        } => {
+            anyhow::ensure!(!reason.trim().is_empty(), "--reason must say why");
+            anyhow::ensure!(rate > 0.0, "--rate must be positive");
+            anyhow::ensure!(
+                !ids.is_empty() || group.is_some() || since.is_some(),
+                "select dead letters with --id, --group or --since"
+            );
+            let actor = actor
+                .or_else(|| std::env::var("USER").ok())
+                .unwrap_or_else(|| "unknown".into());
+            let rows =
+                dlq::select_for_replay(&client, &ids, group.as_deref(), since, until).await?;
+            let publisher = crate::mq::connect_publisher(&settings).await?;
+            let (ok, refused, failed) = replay(
+                &settings,
+                &mut client,
+                publisher.as_ref(),
+                rows,
+                &actor,
+                &reason,
+                rate,
+                force,
+            )
+            .await?;
+            println!(
+                "replay: {ok} confirmed, {refused} refused (older than the inbox retention), {failed} failed"
+            );
+            failed == 0 && refused == 0
+        }
         DlqCommand::Discard {
             dlq_id,
             reason,
@@ -215,4 +280,139 @@ pub async fn run(settings: Settings, cmd: DlqCommand) -> anyhow::Result<bool> {
     drop(client);
     let _ = conn.await;
     Ok(ok)
+}
+
+/// The broker message of a replay: the original topic, tags, keys and message_id, plus
+/// `replay_id` and `replay_count + 1` (in the properties, and in a JSON body's `replay_count`).
+pub fn replay_message(row: &dlq::ReplayRow, replay_id: &str) -> crate::mq::OutMessage {
+    let prop = |k: &str| {
+        row.properties
+            .get(k)
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+    };
+    let replay_count = prop("replay_count")
+        .and_then(|v| v.parse::<i64>().ok())
+        .unwrap_or(0)
+        + 1;
+    let mut body = row.payload.clone();
+    if let Ok(serde_json::Value::Object(mut obj)) =
+        serde_json::from_slice::<serde_json::Value>(&row.payload)
+    {
+        if obj.contains_key("replay_count") {
+            obj.insert("replay_count".into(), replay_count.into());
+            body = serde_json::to_vec(&obj).unwrap_or(body);
+        }
+    }
+    let mut properties = vec![
+        ("replay_id".to_string(), replay_id.to_string()),
+        ("replay_count".to_string(), replay_count.to_string()),
+    ];
+    for key in [
+        "message_id",
+        "reservation_id",
+        "order_id",
+        "request_id",
+        "schema_version",
+        "traceparent",
+        "event_type",
+        "aggregate_version",
+    ] {
+        if let Some(v) = prop(key) {
+            properties.push((key.to_string(), v));
+        }
+    }
+    let keys: Vec<String> = prop("KEYS")
+        .map(|k| {
+            k.split(' ')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    crate::mq::OutMessage {
+        topic: row.topic.clone(),
+        tag: prop("TAGS").unwrap_or_default(),
+        keys,
+        properties,
+        body,
+        deliver_time_ms: None,
+        sharding_key: None,
+    }
+}
+
+/// Replays `rows` at most `rate` per second; returns (confirmed, refused, failed).
+#[allow(clippy::too_many_arguments)]
+async fn replay(
+    settings: &Settings,
+    client: &mut tokio_postgres::Client,
+    publisher: &dyn crate::mq::Publisher,
+    rows: Vec<dlq::ReplayRow>,
+    actor: &str,
+    reason: &str,
+    rate: f64,
+    force: bool,
+) -> anyhow::Result<(usize, usize, usize)> {
+    let retention = chrono::Duration::days(i64::from(settings.retention.inbox_days));
+    let bar = indicatif::ProgressBar::new(rows.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let pause = Duration::from_secs_f64(1.0 / rate);
+    let (mut ok, mut refused, mut failed) = (0, 0, 0);
+    for row in rows {
+        let replay_id = format!("rpl_{}", ulid::Ulid::new());
+        if row.first_seen < chrono::Utc::now() - retention && !force {
+            dlq::record_replay(
+                client,
+                row.dlq_id,
+                actor,
+                reason,
+                "REFUSED_OLDER_THAN_RETENTION",
+                &replay_id,
+                false,
+            )
+            .await?;
+            metrics::counter!("mq_dlq_replay_total", "result" => "refused").increment(1);
+            bar.println(format!(
+                "dead letter {}: refused, first seen {} is older than the inbox retention ({} days); use --force",
+                row.dlq_id, row.first_seen, settings.retention.inbox_days
+            ));
+            refused += 1;
+            bar.inc(1);
+            continue;
+        }
+        let outcome = publisher
+            .send(
+                replay_message(&row, &replay_id),
+                settings.mq.send_timeout_ms.max(1000),
+            )
+            .await;
+        let confirmed = matches!(outcome, crate::mq::SendOutcome::Confirmed { .. });
+        let label = if force && row.first_seen < chrono::Utc::now() - retention {
+            format!("{}_FORCED", outcome.label().to_uppercase())
+        } else {
+            outcome.label().to_uppercase()
+        };
+        dlq::record_replay(
+            client, row.dlq_id, actor, reason, &label, &replay_id, confirmed,
+        )
+        .await?;
+        metrics::counter!("mq_dlq_replay_total", "result" => outcome.label()).increment(1);
+        tracing::info!(dlq_id = row.dlq_id, consumer_group = %row.consumer_group, topic = %row.topic,
+                       message_id = row.message_id.as_deref().unwrap_or(""),
+                       reservation_id = row.reservation_id.as_deref().unwrap_or(""),
+                       order_id = row.order_id.as_deref().unwrap_or(""), replay_id = %replay_id,
+                       previous_status = %row.status, outcome = %label, "dead letter replayed");
+        if confirmed {
+            ok += 1;
+        } else {
+            failed += 1;
+        }
+        bar.inc(1);
+        tokio::time::sleep(pause).await;
+    }
+    bar.finish_with_message("done");
+    Ok((ok, refused, failed))
 }
