@@ -168,6 +168,15 @@ pub struct RetentionSettings {
     /// Days inbox rows are kept. A replay of a message older than this could slip past the
     /// inbox and apply twice, so `dlq replay` refuses it unless forced.
     pub inbox_days: u32,
+    /// Days SENT outbox rows are kept (PENDING and DEAD rows are never purged).
+    pub outbox_days: u32,
+    pub quarantine_days: u32,
+    /// Days REPLAYED / DISCARDED dead letters are kept (OPEN ones are never purged).
+    pub dlq_days: u32,
+    /// Rows deleted per statement: small enough to never hold locks for long.
+    pub batch: i64,
+    /// How often `scan` runs the purge.
+    pub interval_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -414,8 +423,19 @@ impl Settings {
         if sc.send_concurrency == 0 {
             return Err(invalid("scan.send_concurrency", "must be at least 1"));
         }
-        if self.retention.inbox_days == 0 {
-            return Err(invalid("retention.inbox_days", "must be at least 1"));
+        let rt = &self.retention;
+        if rt.inbox_days == 0 || rt.outbox_days == 0 || rt.quarantine_days == 0 || rt.dlq_days == 0
+        {
+            return Err(invalid(
+                "retention.inbox_days",
+                "retention days must be at least 1",
+            ));
+        }
+        if rt.batch <= 0 || rt.batch > 100_000 {
+            return Err(invalid("retention.batch", "must be in 1..=100000"));
+        }
+        if rt.interval_secs == 0 {
+            return Err(invalid("retention.interval_secs", "must be positive"));
         }
         if tracing_subscriber::EnvFilter::try_new(&self.telemetry.log_level).is_err() {
             return Err(invalid(

@@ -6,6 +6,7 @@ pub mod order_state;
 pub mod order_tx;
 pub mod outbox;
 pub mod queries;
+pub mod retention;
 
 use std::time::Duration;
 

@@ -461,6 +461,23 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             }
         }
     });
+    // Retention: settled bookkeeping rows past their retention, in small batches.
+    let retention_pool = crate::pg::connect_pool(&settings.pg, 1).await?;
+    let (stop, rt) = (shutdown.clone(), settings.retention.clone());
+    let retention_loop = tokio::spawn(async move {
+        while !stop.is_cancelled() {
+            if let Ok(client) = retention_pool.get().await {
+                match crate::pg::retention::purge_all(&**client, &rt).await {
+                    Ok(done) => info!(deleted = ?done, "retention pass"),
+                    Err(e) => warn!(error = %e, "retention pass failed"),
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(Duration::from_secs(rt.interval_secs)) => {}
+            }
+        }
+    });
     ready.set(true);
     info!(owner_metrics = %sc.metrics_listen, "scan started: reservation scanner and outbox relay");
     crate::telemetry::shutdown_signal().await;
@@ -471,6 +488,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let _ = tokio::time::timeout(grace, async {
         let _ = scan_loop.await;
         let _ = relay_loop.await;
+        let _ = retention_loop.await;
     })
     .await;
     let _ = listener.await;

@@ -1,0 +1,289 @@
+#!/usr/bin/env bash
+# Checks the operator files; exits non-zero if any check fails. Safe to run repeatedly.
+#
+#   config/prometheus/prometheus.yml   promtool check config (also loads alerts.yml)
+#   config/prometheus/alerts.yml       promtool check rules
+#   config/prometheus/alerts_test.yml  promtool test rules (unit tests of every alert)
+#   config/grafana/seckill.json        valid JSON, ${DS_PROMETHEUS} datasource on every panel and
+#                                      query, unique panel ids, every PromQL query parses (promtool)
+#   alerts + dashboard                 every metric name they use occurs in src/ (typo/rename guard)
+#   deploy/systemd/*                   systemd-analyze verify, the instance-number guard of the
+#                                      templates, systemd-analyze security (offline) exposure <= 2.5
+#
+# What the systemd check does and does not verify: `systemd-analyze verify` refuses a unit whose
+# ExecStart binary is missing, and /usr/local/bin/seckill is not installed on a build machine. So
+# the units are first verified as they are, accepting only the "Command /usr/local/bin/seckill is
+# not executable" complaint, and then as copies in a temp dir whose /usr/local/bin/seckill is
+# replaced by /bin/true, where any complaint about a seckill unit fails. That checks syntax, every
+# key and value (unknown keys, bad time spans, sandbox options), specifiers (%i), the
+# timer -> service link and dependencies. It does NOT check that the `seckill` user exists (verify
+# does not resolve users), that the subcommands and flags exist in the binary, that the sandbox
+# lets the real binary work (only a real start on a systemd host shows that), or /etc/seckill.
+#
+# Tools: promtool comes from the Debian package `prometheus`, systemd-analyze from `systemd`;
+# either is installed with apt-get when missing (needs root or password-less sudo). Note that
+# installing `prometheus` also installs (and on a systemd host enables) the Prometheus server.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PROM_DIR="$ROOT/config/prometheus"
+DASHBOARD="$ROOT/config/grafana/seckill.json"
+UNIT_DIR="$ROOT/deploy/systemd"
+SRC_DIR="$ROOT/src"
+
+failures=()
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+
+say() { printf '==> %s\n' "$*"; }
+indent() { sed 's/^/    /'; }
+pass() { printf '    ok: %s\n' "$*"; }
+fail() {
+    printf '    FAIL: %s\n' "$*"
+    failures+=("$*")
+}
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo -n "$@"
+    else
+        echo "need root (or sudo) to run: $*" >&2
+        return 1
+    fi
+}
+
+apt_install() {
+    local q=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@")
+    if ! as_root "${q[@]}" >"$TMP/apt.log" 2>&1; then
+        # Package lists may be missing or stale (fresh container): refresh once and retry.
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >>"$TMP/apt.log" 2>&1 || true
+        if ! as_root "${q[@]}" >>"$TMP/apt.log" 2>&1; then
+            tail -n 20 "$TMP/apt.log" >&2
+            return 1
+        fi
+    fi
+}
+
+need_tool() { # need_tool <command> <debian package>
+    if ! command -v "$1" >/dev/null 2>&1; then
+        say "$1 not found: installing Debian package $2"
+        apt_install "$2" || { echo "could not install $2 (provides $1)" >&2; exit 1; }
+        command -v "$1" >/dev/null 2>&1 || { echo "$2 installed but $1 still missing" >&2; exit 1; }
+    fi
+}
+
+run_check() { # run_check <description> <command...>: prints the output, records a failure
+    local desc="$1"
+    shift
+    if "$@" >"$TMP/out" 2>&1; then
+        indent <"$TMP/out"
+        pass "$desc"
+    else
+        indent <"$TMP/out"
+        fail "$desc"
+    fi
+}
+
+need_tool promtool prometheus
+need_tool systemd-analyze systemd
+need_tool python3 python3
+
+say "tools: $(promtool --version 2>&1 | head -n1); $(systemd-analyze --version | head -n1)"
+
+# --------------------------------------------------------------------------------- Prometheus
+say "Prometheus configuration"
+# rule_files are resolved relative to prometheus.yml, so alerts.yml beside it is found from any
+# working directory.
+run_check "promtool check config prometheus.yml" promtool check config "$PROM_DIR/prometheus.yml"
+run_check "promtool check rules alerts.yml" promtool check rules "$PROM_DIR/alerts.yml"
+run_check "promtool test rules alerts_test.yml" \
+    bash -c 'cd "$1" && promtool test rules alerts_test.yml' _ "$PROM_DIR"
+
+# Every alert name has a unit test.
+check_alerts_tested() {
+    local missing=0 name
+    for name in $(sed -n 's/^ *- alert: *\([A-Za-z0-9_]*\).*/\1/p' "$PROM_DIR/alerts.yml" | sort -u); do
+        if grep -Eq "^ *alertname: *$name *$" "$PROM_DIR/alerts_test.yml"; then
+            echo "$name: tested"
+        else
+            echo "$name: NO TEST in alerts_test.yml"
+            missing=1
+        fi
+    done
+    return "$missing"
+}
+run_check "every alert has a test case" check_alerts_tested
+
+# ------------------------------------------------------------------------------------ Grafana
+say "Grafana dashboard"
+run_check "python3 -m json.tool seckill.json" \
+    bash -c 'python3 -m json.tool "$1" >/dev/null && echo "valid JSON"' _ "$DASHBOARD"
+
+# Structure: datasource input/variable, unique ids; writes every query (Grafana's $__ variables
+# replaced by fixed ranges) as a recording rule so promtool parses it.
+check_dashboard() {
+    python3 - "$DASHBOARD" "$TMP/dashboard_queries.yml" <<'PY'
+import json, sys
+path, out = sys.argv[1], sys.argv[2]
+d = json.load(open(path))
+errors = []
+if not any(i.get("name") == "DS_PROMETHEUS" and i.get("pluginId") == "prometheus" for i in d.get("__inputs", [])):
+    errors.append("no __inputs entry DS_PROMETHEUS (prometheus)")
+if not any(v.get("name") == "DS_PROMETHEUS" and v.get("type") == "datasource" for v in d.get("templating", {}).get("list", [])):
+    errors.append("no datasource variable DS_PROMETHEUS")
+ids, exprs = set(), []
+def walk(panels):
+    for p in panels:
+        pid = p.get("id")
+        if pid in ids:
+            errors.append(f"duplicate panel id {pid}")
+        ids.add(pid)
+        if p.get("type") != "row":
+            if p.get("datasource", {}).get("uid") != "${DS_PROMETHEUS}":
+                errors.append(f"panel {pid} {p.get('title')!r}: datasource is not ${{DS_PROMETHEUS}}")
+            if not p.get("targets"):
+                errors.append(f"panel {pid} {p.get('title')!r}: no queries")
+            for t in p.get("targets", []):
+                if t.get("datasource", {}).get("uid") != "${DS_PROMETHEUS}":
+                    errors.append(f"panel {pid} query {t.get('refId')}: datasource is not ${{DS_PROMETHEUS}}")
+                exprs.append((pid, t.get("refId"), t.get("expr", "")))
+        walk(p.get("panels", []))
+walk(d.get("panels", []))
+with open(out, "w") as f:
+    f.write("groups:\n  - name: dashboard_queries\n    rules:\n")
+    for pid, ref, e in exprs:
+        e = e.replace("$__rate_interval", "1m").replace("$__interval", "1m").replace("$__range", "1h")
+        f.write(f"      - record: dashboard:panel{pid}:{ref}\n        expr: {json.dumps(e)}\n")
+print(f"{len(ids)} panels, {len(exprs)} queries, title {d.get('title')!r}, schemaVersion {d.get('schemaVersion')}")
+for e in errors:
+    print("ERROR:", e)
+sys.exit(1 if errors else 0)
+PY
+}
+run_check "dashboard structure (datasource, ids)" check_dashboard
+run_check "every dashboard query parses (promtool)" promtool check rules "$TMP/dashboard_queries.yml"
+
+# --------------------------------------------------------------------- metric names vs src/
+say "Metric names used by the alerts and the dashboard"
+check_metric_names() {
+    if [ ! -d "$SRC_DIR" ]; then
+        echo "no $SRC_DIR: skipped"
+        return 0
+    fi
+    python3 - "$PROM_DIR/alerts.yml" "$DASHBOARD" "$SRC_DIR" <<'PY'
+import os, re, sys
+alerts, dashboard, src = sys.argv[1:4]
+# Metric families of this project end in one of these words; histogram series add _bucket etc.
+name_re = re.compile(r"\b([a-z][a-z0-9_]*_(?:total|seconds|messages|pending|paused|acquired|budget|inflight|dead))(?:_bucket|_sum|_count)?\b")
+used = set()
+for path in (alerts, dashboard):
+    used |= set(name_re.findall(open(path, encoding="utf-8").read()))
+code = ""
+for base, _, files in os.walk(src):
+    for f in files:
+        if f.endswith(".rs"):
+            code += open(os.path.join(base, f), encoding="utf-8").read()
+missing = sorted(n for n in used if f'"{n}"' not in code)
+print(f"{len(used)} metric names used: " + ", ".join(sorted(used)))
+for n in missing:
+    print(f"ERROR: {n} is not a string literal anywhere in src/ (renamed, misspelt or not exported yet)")
+sys.exit(1 if missing else 0)
+PY
+}
+run_check "metric names exist in src/" check_metric_names
+
+# ------------------------------------------------------------------------------------ systemd
+say "systemd units"
+UNITS=(seckill-api.service seckill-consume@.service seckill-scan@.service
+    seckill-timeout-cancel.service seckill-migrate.service seckill-reconcile.service
+    seckill-reconcile.timer)
+# What verify loads: templates through an instance.
+VERIFY=(seckill-api.service seckill-consume@01.service seckill-scan@01.service
+    seckill-timeout-cancel.service seckill-migrate.service seckill-reconcile.service
+    seckill-reconcile.timer)
+
+check_units_present() {
+    local u missing=0
+    for u in "${UNITS[@]}"; do
+        if [ -f "$UNIT_DIR/$u" ]; then echo "$u"; else echo "missing: $u"; missing=1; fi
+    done
+    return "$missing"
+}
+run_check "unit files present" check_units_present
+
+mkdir -p "$TMP/as-is" "$TMP/stub"
+for u in "${UNITS[@]}"; do
+    cp "$UNIT_DIR/$u" "$TMP/as-is/$u"
+    sed 's#/usr/local/bin/seckill#/bin/true#g' "$UNIT_DIR/$u" >"$TMP/stub/$u"
+done
+
+verify_units() { # verify_units <dir> <allowed complaint regex or ''>
+    local dir="$1" allowed="$2" rc=0 bad
+    (cd / && systemd-analyze verify --man=no "${VERIFY[@]/#/$dir/}") >"$TMP/verify.out" 2>&1 || rc=$?
+    cat "$TMP/verify.out"
+    # Complaints about our units fail the check, except the allowed one; lines about other
+    # (system) units are shown but do not.
+    bad="$(grep -E 'seckill' "$TMP/verify.out" | { if [ -n "$allowed" ]; then grep -Ev "$allowed"; else cat; fi; } || true)"
+    if [ -n "$bad" ]; then
+        echo "complaints about seckill units (above)"
+        return 1
+    fi
+    if [ "$rc" -ne 0 ] && [ -z "$allowed" ]; then
+        echo "systemd-analyze verify exited $rc"
+        return 1
+    fi
+    echo "no complaints${allowed:+ other than the missing /usr/local/bin/seckill}"
+}
+run_check "systemd-analyze verify (units as shipped; only the missing binary is tolerated)" \
+    verify_units "$TMP/as-is" 'Command /usr/local/bin/seckill is not executable'
+run_check "systemd-analyze verify (copies with ExecStart=/bin/true)" verify_units "$TMP/stub" ''
+
+# The templates refuse an instance that is not two digits (it becomes the metrics port 92NN/93NN).
+check_instance_guard() {
+    python3 - "$UNIT_DIR/seckill-consume@.service" "$UNIT_DIR/seckill-scan@.service" <<'PY'
+import shlex, subprocess, sys
+bad = 0
+for path in sys.argv[1:]:
+    pre = [l.split("=", 1)[1] for l in open(path) if l.startswith("ExecStartPre=")]
+    if len(pre) != 1:
+        print(f"{path}: expected one ExecStartPre guard, found {len(pre)}"); bad = 1; continue
+    for inst, want_ok in (("01", True), ("42", True), ("99", True), ("1", False), ("100", False), ("ab", False)):
+        argv = shlex.split(pre[0].replace("%i", inst))
+        ok = subprocess.run(argv, capture_output=True).returncode == 0
+        print(f"{path.rsplit('/', 1)[1]} instance {inst!r}: {'accepted' if ok else 'refused'}")
+        if ok != want_ok:
+            print("  ^ wrong"); bad = 1
+sys.exit(bad)
+PY
+}
+run_check "template instance guard (two digits)" check_instance_guard
+
+check_security() {
+    if ! systemd-analyze security --help 2>/dev/null | grep -q -- '--offline'; then
+        echo "systemd-analyze security --offline not supported by this systemd: skipped"
+        return 0
+    fi
+    local u rc=0 line
+    for u in "${VERIFY[@]}"; do
+        case "$u" in *.timer) continue ;; esac
+        line="$(cd "$TMP/stub" && systemd-analyze security --offline=true --no-pager "$u" 2>&1 |
+            grep -E 'Overall exposure level' || true)"
+        echo "${line:-$u: no exposure level reported}"
+        if ! (cd "$TMP/stub" && systemd-analyze security --offline=true --threshold=25 --no-pager "$u" >/dev/null 2>&1); then
+            echo "  ^ exposure above 2.5"
+            rc=1
+        fi
+    done
+    return "$rc"
+}
+run_check "systemd-analyze security --offline (exposure <= 2.5)" check_security
+
+# ------------------------------------------------------------------------------------ summary
+if [ "${#failures[@]}" -gt 0 ]; then
+    printf '\nOPERATOR FILES: %d check(s) FAILED:\n' "${#failures[@]}"
+    printf '  - %s\n' "${failures[@]}"
+    exit 1
+fi
+printf '\nOPERATOR FILES OK\n'
