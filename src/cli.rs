@@ -37,7 +37,9 @@ pub enum Command {
         #[command(subcommand)]
         command: TopicsCommand,
     },
-    /// Dead letters: list, show, discard.
+    /// One-shot drift check (cron / systemd timer): emits missing events, changes no business state.
+    Reconcile(crate::roles::reconcile::ReconcileArgs),
+    /// Dead letters: list, show, replay, discard.
     Dlq {
         #[command(subcommand)]
         command: crate::roles::dlq::DlqCommand,

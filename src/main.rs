@@ -51,6 +51,7 @@ fn main() -> std::process::ExitCode {
             } => roles::activity::create(&settings, &args)
                 .await
                 .map(|_| true),
+            Command::Reconcile(args) => roles::reconcile::run(settings, args).await,
             Command::Dlq { command } => roles::dlq::run(settings, command).await,
             Command::Bench(args) => roles::bench::run(settings, args).await,
         }

@@ -9,6 +9,7 @@ pub mod consume;
 pub mod dlq;
 pub mod migrate;
 pub mod projection;
+pub mod reconcile;
 pub mod scan;
 pub mod timeout_cancel;
 pub mod topics;

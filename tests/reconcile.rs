@@ -1,0 +1,173 @@
+//! Reconcile on seeded drift: it emits exactly the missing events, a second run emits none,
+//! and no order row changes.
+
+// The RocketMQ client's futures are deeply nested.
+#![recursion_limit = "256"]
+
+mod common;
+
+use chrono::Utc;
+use common::{delivery_of, TestEnv};
+use seckill::domain::Ids;
+use seckill::pg::order_state::{pay, StateNames};
+use seckill::redis::{ReserveArgs, ReserveResult};
+use seckill::roles::consume::OrderCreateHandler;
+use seckill::roles::reconcile::{reconcile, ReconcileArgs};
+
+async fn snapshot(
+    c: &deadpool_postgres::Object,
+) -> Vec<(String, String, i32, chrono::DateTime<Utc>)> {
+    c.query(
+        "SELECT order_id, status, version, updated_at FROM orders ORDER BY order_id",
+        &[],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+    .collect()
+}
+
+#[tokio::test]
+async fn reconcile_emits_exactly_the_missing_events_once_and_changes_no_order() {
+    let env = TestEnv::new(false).await;
+    env.activity(960, 1, 10).await;
+    let redis = env.redis().await;
+    let names = env.settings.names();
+    let handler = OrderCreateHandler::new(env.pool(2).await, &env.settings, 1);
+    let mut orders = Vec::new();
+    for user in 1..=3 {
+        // Reserved in Redis exactly as the API does, then created by the consumer.
+        let ids = Ids::generate();
+        let now = Utc::now().timestamp_millis();
+        let r = redis
+            .reserve(&ReserveArgs {
+                activity_id: 960,
+                sku_id: 1,
+                user_id: user,
+                request_id: "r",
+                reservation_id: &ids.reservation_id,
+                message_id: &ids.message_id,
+                order_id: &ids.order_id,
+                now_ms: now,
+                next_retry_at_ms: now + 600_000,
+                traceparent: "",
+                valid_secs: 300,
+            })
+            .await
+            .unwrap();
+        assert!(matches!(r, ReserveResult::Reserved(_)));
+        let fields = redis.reservation(960, &ids.reservation_id).await.unwrap();
+        let event = seckill::roles::scan::event_from_reservation(&fields).unwrap();
+        handler
+            .process(&[delivery_of(&names.order_create_topic, &event)])
+            .await
+            .unwrap();
+        redis
+            .mark_sent(960, &ids.reservation_id, &ids.message_id, "b", now)
+            .await
+            .unwrap();
+        orders.push(ids.order_id);
+    }
+    let pool = env.pool(2).await;
+    let mut c = pool.get().await.unwrap();
+    let state = StateNames {
+        order_event_topic: names.order_event_topic.clone(),
+        compensate_topic: names.compensate_topic.clone(),
+    };
+    // Drift 1: a PAID order whose ORDER_PAID event row was lost.
+    pay(&mut c, &orders[0], "pay-0", &state).await.unwrap();
+    c.execute("DELETE FROM event_outbox WHERE tag = 'ORDER_PAID'", &[])
+        .await
+        .unwrap();
+    // Drift 2: an expired unpaid order that was never cancelled.
+    c.execute(
+        "UPDATE orders SET expires_at = now() - interval '10 minutes' WHERE order_id = $1",
+        &[&orders[1]],
+    )
+    .await
+    .unwrap();
+    let before = snapshot(&c).await;
+    let outbox_before = env.count("SELECT count(*) FROM event_outbox").await;
+
+    let args = ReconcileArgs {
+        window_hours: 1,
+        grace_secs: 0,
+        json: false,
+        fail_on_drift: true,
+        metrics_file: None,
+    };
+    let report = reconcile(&env.settings, &**c, &redis, &args).await.unwrap();
+    let found = |k: &str| {
+        report
+            .findings
+            .iter()
+            .find(|f| f.kind == k)
+            .map(|f| (f.found, f.emitted))
+            .unwrap()
+    };
+    assert_eq!(found("missing_order_paid"), (1, 1));
+    assert_eq!(found("expired_unpaid_not_canceled"), (1, 1));
+    assert_eq!(found("missing_order_created"), (0, 0));
+    assert_eq!(found("missing_order_canceled"), (0, 0));
+    assert_eq!(found("reservation_neither_ordered_nor_released"), (0, 0));
+    assert_eq!(found("stock_drift"), (0, 0), "{:?}", report.findings);
+    assert_eq!(
+        env.count("SELECT count(*) FROM event_outbox").await,
+        outbox_before + 2
+    );
+    assert_eq!(
+        env.count(&format!(
+            "SELECT count(*) FROM event_outbox WHERE event_id = '{}.v2.ORDER_PAID'",
+            orders[0]
+        ))
+        .await,
+        1,
+        "the canonical event id, so consumers recognise it"
+    );
+
+    // A second run emits nothing new, and no order changed.
+    let again = reconcile(&env.settings, &**c, &redis, &args).await.unwrap();
+    assert_eq!(again.emitted(), 0);
+    assert_eq!(
+        env.count("SELECT count(*) FROM event_outbox").await,
+        outbox_before + 2
+    );
+    assert_eq!(
+        snapshot(&c).await,
+        before,
+        "reconcile never changes business state"
+    );
+
+    // The binary: textfile for node_exporter, and a non-zero exit on drift.
+    let file = std::env::temp_dir().join(format!("seckill-reconcile-{}.prom", env.id));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
+        .args([
+            "reconcile",
+            "--grace-secs",
+            "0",
+            "--fail-on-drift",
+            "--metrics-file",
+        ])
+        .arg(&file)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("SECKILL_ENV", "test")
+        .env("SECKILL__ENV", &env.settings.env)
+        .env("SECKILL__PG__SCHEMA", &env.settings.pg.schema)
+        .env("SECKILL__REDIS__KEY_PREFIX", &env.settings.redis.key_prefix)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the expired order is still drift");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.contains("seckill_reconcile_drift{kind=\"expired_unpaid_not_canceled\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("seckill_reconcile_emitted{kind=\"missing_order_paid\"} 0"),
+        "{text}"
+    );
+    let _ = std::fs::remove_file(&file);
+    drop(c);
+    env.cleanup().await;
+}
