@@ -19,8 +19,9 @@ build: ## Build the release binary
 demo: ## Services, migrate, a flash sale with a burst of buyers, invariants; last line DEMO OK/FAILED
 	scripts/demo.sh
 
-test: services-up ## The whole test suite against the real services
+test: services-up ## The whole test suite against the real services, and the operator files
 	SECKILL_ENV=test cargo test --all-targets --features failpoints -- --test-threads=4
+	scripts/check-operator-files.sh
 
 test-unit: ## Unit tests only (no services)
 	cargo test --lib --bins

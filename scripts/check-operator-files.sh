@@ -176,7 +176,7 @@ check_metric_names() {
 import os, re, sys
 alerts, dashboard, src = sys.argv[1:4]
 # Metric families of this project end in one of these words; histogram series add _bucket etc.
-name_re = re.compile(r"\b([a-z][a-z0-9_]*_(?:total|seconds|messages|pending|paused|acquired|budget|inflight|dead))(?:_bucket|_sum|_count)?\b")
+name_re = re.compile(r"\b([a-z][a-z0-9_]*_(?:total|seconds|messages|pending|paused|acquired|budget|inflight|dead|drift|emitted))(?:_bucket|_sum|_count)?\b")
 used = set()
 for path in (alerts, dashboard):
     used |= set(name_re.findall(open(path, encoding="utf-8").read()))
@@ -185,10 +185,12 @@ for base, _, files in os.walk(src):
     for f in files:
         if f.endswith(".rs"):
             code += open(os.path.join(base, f), encoding="utf-8").read()
-missing = sorted(n for n in used if f'"{n}"' not in code)
+# As a whole word: most names are string literals ("mq_publish_total"), reconcile's textfile
+# names are inside format strings.
+missing = sorted(n for n in used if not re.search(r"(?<![A-Za-z0-9_])" + re.escape(n) + r"(?![A-Za-z0-9_])", code))
 print(f"{len(used)} metric names used: " + ", ".join(sorted(used)))
 for n in missing:
-    print(f"ERROR: {n} is not a string literal anywhere in src/ (renamed, misspelt or not exported yet)")
+    print(f"ERROR: {n} does not occur in src/ (renamed, misspelt or not exported yet)")
 sys.exit(1 if missing else 0)
 PY
 }

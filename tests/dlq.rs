@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{event, eventually, TestEnv};
-use seckill::mq::order_create_message;
+use seckill::mq::{order_create_message, BatchHandler};
 use seckill::roles::consume::OrderCreateHandler;
 
 #[tokio::test]
@@ -214,5 +214,54 @@ async fn a_message_failing_every_time_is_dead_lettered_recorded_and_discardable(
     for i in intakes {
         i.shutdown().await;
     }
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_replay_racing_the_normal_redelivery_of_the_same_message_has_one_effect() {
+    let env = TestEnv::new(false).await;
+    env.activity(951, 1, 5).await;
+    let names = env.settings.names();
+    let h = Arc::new(OrderCreateHandler::new(env.pool(6).await, &env.settings, 4));
+    let e = event(951, 1, 7, 300);
+    let normal = common::delivery_of(&names.order_create_topic, &e);
+    // What `dlq replay` publishes for this message: same message_id, a replay id and count.
+    let row = seckill::pg::dlq::ReplayRow {
+        dlq_id: 1,
+        consumer_group: names.order_create_group.clone(),
+        topic: names.order_create_topic.clone(),
+        message_id: Some(e.message_id.clone()),
+        reservation_id: Some(e.reservation_id.clone()),
+        order_id: Some(e.order_id.clone()),
+        payload: e.encode(),
+        properties: serde_json::json!({"message_id": e.message_id, "TAGS": "CREATE_ORDER"}),
+        first_seen: chrono::Utc::now(),
+        status: "OPEN".into(),
+    };
+    let msg = seckill::roles::dlq::replay_message(&row, "rpl_test");
+    assert!(msg
+        .properties
+        .contains(&("replay_count".to_string(), "1".to_string())));
+    let mut replayed = common::delivery(
+        &names.order_create_topic,
+        Some(&e.message_id),
+        msg.body.clone(),
+    );
+    replayed.properties.extend(msg.properties.iter().cloned());
+    let calls = (0..20).map(|i| {
+        let (h, d) = (
+            h.clone(),
+            if i % 2 == 0 {
+                normal.clone()
+            } else {
+                replayed.clone()
+            },
+        );
+        async move { h.handle(vec![d]).await }
+    });
+    futures::future::join_all(calls).await;
+    assert_eq!(env.count("SELECT count(*) FROM orders").await, 1);
+    assert_eq!(env.count("SELECT count(*) FROM stock_ledger").await, 1);
+    assert_eq!(env.count("SELECT count(*) FROM consumer_inbox").await, 1);
     env.cleanup().await;
 }
