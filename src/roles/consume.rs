@@ -113,6 +113,18 @@ impl BatchHandler for OrderCreateHandler {
                         .get("traceparent")
                         .map(String::as_str)
                         .unwrap_or("");
+                    // The trace started at the API continues here: a span per message carrying
+                    // its trace and parent span ids (JSON logs print the span's fields).
+                    let (trace_id, parent_span_id) =
+                        crate::domain::ids::parse_traceparent(trace).unwrap_or_default();
+                    let span = tracing::info_span!(
+                        "order_create",
+                        trace_id = %trace_id,
+                        parent_span_id = %parent_span_id,
+                        message_id,
+                        reservation_id
+                    );
+                    let _entered = span.enter();
                     match decision {
                         Decision::Created { order_id } => debug!(
                             message_id, reservation_id, order_id = %order_id,
