@@ -172,24 +172,7 @@ async fn relay_killed_after_the_send_before_the_mark_sends_again_and_is_applied_
     // An expired reservation: the order transaction rejects it and writes one compensation
     // event to the outbox (a RELEASE_RESERVATION for the Redis unit).
     let redis = env.redis().await;
-    let ids = seckill::domain::Ids::generate();
-    let now = chrono::Utc::now().timestamp_millis();
-    redis
-        .reserve(&seckill::redis::ReserveArgs {
-            activity_id: 902,
-            sku_id: 1,
-            user_id: 3,
-            request_id: "r3",
-            reservation_id: &ids.reservation_id,
-            message_id: &ids.message_id,
-            order_id: &ids.order_id,
-            now_ms: now,
-            next_retry_at_ms: now + 600_000,
-            traceparent: "",
-            valid_secs: 300,
-        })
-        .await
-        .unwrap();
+    let ids = common::reserve_only(&redis, 902, 3, 600_000).await;
     let fields = redis.reservation(902, &ids.reservation_id).await.unwrap();
     let mut event = seckill::roles::scan::event_from_reservation(&fields).unwrap();
     event.reservation_valid_until = chrono::Utc::now() - chrono::Duration::seconds(1);
@@ -289,25 +272,8 @@ async fn a_scanner_killed_holding_leases_is_taken_over_after_they_expire() {
     let env = TestEnv::new(true).await;
     env.activity(903, 1, 10).await;
     let redis = env.redis().await;
-    let now = chrono::Utc::now().timestamp_millis();
     for user in 1..=4 {
-        let ids = seckill::domain::Ids::generate();
-        redis
-            .reserve(&seckill::redis::ReserveArgs {
-                activity_id: 903,
-                sku_id: 1,
-                user_id: user,
-                request_id: "r",
-                reservation_id: &ids.reservation_id,
-                message_id: &ids.message_id,
-                order_id: &ids.order_id,
-                now_ms: now,
-                next_retry_at_ms: now,
-                traceparent: "",
-                valid_secs: 300,
-            })
-            .await
-            .unwrap();
+        common::reserve_only(&redis, 903, user, 0).await;
     }
     let port = free_port();
     let env_vars = [

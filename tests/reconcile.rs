@@ -7,10 +7,8 @@
 mod common;
 
 use chrono::Utc;
-use common::{delivery_of, TestEnv};
-use seckill::domain::Ids;
+use common::{delivery_of, reserve_only, TestEnv};
 use seckill::pg::order_state::{pay, StateNames};
-use seckill::redis::{ReserveArgs, ReserveResult};
 use seckill::roles::consume::OrderCreateHandler;
 use seckill::roles::reconcile::{reconcile, ReconcileArgs};
 
@@ -38,25 +36,8 @@ async fn reconcile_emits_exactly_the_missing_events_once_and_changes_no_order() 
     let mut orders = Vec::new();
     for user in 1..=3 {
         // Reserved in Redis exactly as the API does, then created by the consumer.
-        let ids = Ids::generate();
+        let ids = reserve_only(&redis, 960, user, 600_000).await;
         let now = Utc::now().timestamp_millis();
-        let r = redis
-            .reserve(&ReserveArgs {
-                activity_id: 960,
-                sku_id: 1,
-                user_id: user,
-                request_id: "r",
-                reservation_id: &ids.reservation_id,
-                message_id: &ids.message_id,
-                order_id: &ids.order_id,
-                now_ms: now,
-                next_retry_at_ms: now + 600_000,
-                traceparent: "",
-                valid_secs: 300,
-            })
-            .await
-            .unwrap();
-        assert!(matches!(r, ReserveResult::Reserved(_)));
         let fields = redis.reservation(960, &ids.reservation_id).await.unwrap();
         let event = seckill::roles::scan::event_from_reservation(&fields).unwrap();
         handler

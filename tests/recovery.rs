@@ -11,46 +11,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use common::{delivery, delivery_of, eventually, TestEnv};
+use common::{delivery, delivery_of, eventually, reserve_only, TestEnv};
 use seckill::domain::{Ids, OrderCreateRequested};
 use seckill::mq::BatchHandler;
 use seckill::pg::order_state::{pay, CancelOutcome, PayOutcome, StateNames};
 use seckill::pg::order_tx::{Decision, RejectReason};
 use seckill::pg::outbox;
-use seckill::redis::{RedisStore, ReserveArgs, ReserveResult};
 use seckill::roles::compensate::CompensationHandler;
 use seckill::roles::consume::OrderCreateHandler;
 use seckill::roles::scan::{outbox_message, Relay, Scanner};
 use seckill::roles::timeout_cancel::TimeoutCancelHandler;
-
-/// Reserves in Redis exactly as the API does, without sending (the process "died" here).
-async fn reserve_only(
-    redis: &RedisStore,
-    activity_id: i64,
-    user_id: i64,
-    next_retry_in_ms: i64,
-) -> Ids {
-    let ids = Ids::generate();
-    let now = Utc::now().timestamp_millis();
-    let r = redis
-        .reserve(&ReserveArgs {
-            activity_id,
-            sku_id: 1,
-            user_id,
-            request_id: &format!("req-{user_id}"),
-            reservation_id: &ids.reservation_id,
-            message_id: &ids.message_id,
-            order_id: &ids.order_id,
-            now_ms: now,
-            next_retry_at_ms: now + next_retry_in_ms,
-            traceparent: "",
-            valid_secs: 300,
-        })
-        .await
-        .unwrap();
-    assert!(matches!(r, ReserveResult::Reserved(_)), "{r:?}");
-    ids
-}
 
 fn state_names(env: &TestEnv) -> StateNames {
     let n = env.settings.names();

@@ -407,17 +407,24 @@ async fn reserve_inner(
     }
 }
 
+/// A path id this system minted (`rsv_<ULID>`, `ord_<ULID>`), or a 400.
+fn require_id(prefix: &str, name: &str, id: &str) -> Result<(), ApiError> {
+    if is_valid_id(prefix, id) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+            format!("{name} must look like {prefix}_<ULID>"),
+        ))
+    }
+}
+
 async fn get_reservation(
     State(s): State<ApiState>,
     Path(reservation_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    if !is_valid_id("rsv", &reservation_id) {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_REQUEST",
-            "reservation_id must look like rsv_<ULID>",
-        ));
-    }
+    require_id("rsv", "reservation_id", &reservation_id)?;
     // The projection answers most polls without touching PostgreSQL.
     if let Ok(p) = s.redis.projection(&reservation_id).await {
         if let (Some(status), Some(order_id)) = (p.get("status"), p.get("order_id")) {
@@ -510,13 +517,7 @@ async fn get_order(
     State(s): State<ApiState>,
     Path(order_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    if !is_valid_id("ord", &order_id) {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_REQUEST",
-            "order_id must look like ord_<ULID>",
-        ));
-    }
+    require_id("ord", "order_id", &order_id)?;
     let client =
         s.pg.get()
             .await
@@ -540,13 +541,7 @@ async fn pay_order(
     body: Body,
 ) -> Result<Response, ApiError> {
     use crate::pg::order_state::{pay, PayOutcome, StateNames};
-    if !is_valid_id("ord", &order_id) {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "INVALID_REQUEST",
-            "order_id must look like ord_<ULID>",
-        ));
-    }
+    require_id("ord", "order_id", &order_id)?;
     let max = s.settings.api.max_body_bytes;
     let bytes = to_bytes(body, max)
         .await

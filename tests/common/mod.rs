@@ -289,3 +289,36 @@ pub async fn wait_ready(url: String) {
     })
     .await;
 }
+
+/// Reserves in Redis exactly as the API does, without sending (as if the process died
+/// right after the script); the first re-send is due in `next_retry_in_ms`.
+pub async fn reserve_only(
+    redis: &RedisStore,
+    activity_id: i64,
+    user_id: i64,
+    next_retry_in_ms: i64,
+) -> Ids {
+    let ids = Ids::generate();
+    let now = Utc::now().timestamp_millis();
+    let r = redis
+        .reserve(&seckill::redis::ReserveArgs {
+            activity_id,
+            sku_id: 1,
+            user_id,
+            request_id: &format!("req-{user_id}"),
+            reservation_id: &ids.reservation_id,
+            message_id: &ids.message_id,
+            order_id: &ids.order_id,
+            now_ms: now,
+            next_retry_at_ms: now + next_retry_in_ms,
+            traceparent: "",
+            valid_secs: 300,
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(r, seckill::redis::ReserveResult::Reserved(_)),
+        "{r:?}"
+    );
+    ids
+}
