@@ -258,6 +258,8 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     // Drain: every accepted reservation has a recorded decision in PostgreSQL.
     let pool = crate::pg::connect_pool(&settings.pg, 2).await?;
     let pg = pool.get().await?;
+    // The checks read whole tables; they are not bound by the hot path's statement timeout.
+    pg.batch_execute("SET statement_timeout = '120s'").await?;
     let drain_started = Instant::now();
     let deadline = drain_started + Duration::from_secs(args.drain_timeout_secs);
     loop {

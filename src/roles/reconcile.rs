@@ -361,6 +361,10 @@ pub async fn run(settings: Settings, args: ReconcileArgs) -> anyhow::Result<bool
     let cfg = crate::pg::pg_config(&settings.pg)?;
     let (client, conn) = cfg.connect(tokio_postgres::NoTls).await?;
     let conn = tokio::spawn(conn);
+    // A one-shot scan over the window, not the hot path: it gets a longer statement bound.
+    client
+        .batch_execute("SET statement_timeout = '300s'")
+        .await?;
     let redis = RedisStore::connect(&settings.redis).await?;
     let report = reconcile(&settings, &client, &redis, &args).await?;
     if args.json {
