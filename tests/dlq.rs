@@ -89,17 +89,7 @@ async fn a_message_failing_every_time_is_dead_lettered_recorded_and_discardable(
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 0);
 
     // The operator's view and decisions, through the binary.
-    let run = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
-            .args(args)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .env("SECKILL_ENV", "test")
-            .env("SECKILL__ENV", &env.settings.env)
-            .env("SECKILL__PG__SCHEMA", &env.settings.pg.schema)
-            .env("SECKILL__REDIS__KEY_PREFIX", &env.settings.redis.key_prefix)
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| common::cli(&env, args);
     let out = run(&["dlq", "list", "--json"]);
     let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(listed[0]["message_id"], e.message_id.as_str());

@@ -122,22 +122,19 @@ async fn reconcile_emits_exactly_the_missing_events_once_and_changes_no_order() 
 
     // The binary: textfile for node_exporter, and a non-zero exit on drift.
     let file = std::env::temp_dir().join(format!("seckill-reconcile-{}.prom", env.id));
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
-        .args([
+    let out = common::command(
+        &env,
+        &[
             "reconcile",
             "--grace-secs",
             "0",
             "--fail-on-drift",
             "--metrics-file",
-        ])
-        .arg(&file)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("SECKILL_ENV", "test")
-        .env("SECKILL__ENV", &env.settings.env)
-        .env("SECKILL__PG__SCHEMA", &env.settings.pg.schema)
-        .env("SECKILL__REDIS__KEY_PREFIX", &env.settings.redis.key_prefix)
-        .output()
-        .unwrap();
+        ],
+    )
+    .arg(&file)
+    .output()
+    .unwrap();
     assert!(!out.status.success(), "the expired order is still drift");
     let text = std::fs::read_to_string(&file).unwrap();
     assert!(

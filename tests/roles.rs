@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{eventually, free_port, spawn, wait_ready, TestEnv};
+use common::{assert_metrics, eventually, free_port, spawn, wait_ready, TestEnv};
 use serde_json::json;
 
 #[tokio::test]
@@ -54,20 +54,16 @@ async fn roles_serve_metrics_and_a_consumer_stopped_mid_load_loses_and_doubles_n
         }
     }
     assert_eq!(accepted, 150);
-    let metrics = reqwest::get(format!("http://127.0.0.1:{api_port}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    for name in [
-        "mq_publish_total",
-        "reservation_total",
-        "mq_publish_latency_seconds",
-        "http_request_duration_seconds",
-    ] {
-        assert!(metrics.contains(name), "api /metrics lacks {name}");
-    }
+    assert_metrics(
+        &format!("http://127.0.0.1:{api_port}/metrics"),
+        &[
+            "mq_publish_total",
+            "reservation_total",
+            "mq_publish_latency_seconds",
+            "http_request_duration_seconds",
+        ],
+    )
+    .await;
 
     // A new consumer finishes the work.
     let mut consumer = spawn(
@@ -84,20 +80,16 @@ async fn roles_serve_metrics_and_a_consumer_stopped_mid_load_loses_and_doubles_n
         env.count("SELECT count(*) FROM orders").await == 150
     })
     .await;
-    let metrics = reqwest::get(format!("http://127.0.0.1:{c2_port}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    for name in [
-        "mq_consume_total",
-        "order_tx_latency_seconds",
-        "pg_pool_wait_seconds",
-        "worker_budget",
-    ] {
-        assert!(metrics.contains(name), "consumer /metrics lacks {name}");
-    }
+    assert_metrics(
+        &format!("http://127.0.0.1:{c2_port}/metrics"),
+        &[
+            "mq_consume_total",
+            "order_tx_latency_seconds",
+            "pg_pool_wait_seconds",
+            "worker_budget",
+        ],
+    )
+    .await;
     assert!(consumer.terminate(40).await.success());
     assert!(api.terminate(20).await.success());
 

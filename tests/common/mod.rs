@@ -260,20 +260,39 @@ pub fn free_port() -> u16 {
 /// Starts `seckill <args>` configured for this test (schema, key prefix, env name) plus
 /// `extra` variables; `failpoints` goes to `FAILPOINTS` (builds with the feature only).
 pub fn spawn(env: &TestEnv, args: &[&str], failpoints: &str, extra: &[(&str, String)]) -> Proc {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"));
-    cmd.args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("SECKILL_ENV", "test")
-        .env("SECKILL__ENV", &env.settings.env)
-        .env("SECKILL__PG__SCHEMA", &env.settings.pg.schema)
-        .env("SECKILL__REDIS__KEY_PREFIX", &env.settings.redis.key_prefix)
-        .env("FAILPOINTS", failpoints)
+    let mut cmd = command(env, args);
+    cmd.env("FAILPOINTS", failpoints)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
     for (k, v) in extra {
         cmd.env(k, v);
     }
     Proc(cmd.spawn().expect("binary starts"))
+}
+
+/// `seckill <args>` configured for this test (schema, key prefix, env name).
+pub fn command(env: &TestEnv, args: &[&str]) -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"));
+    cmd.args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("SECKILL_ENV", "test")
+        .env("SECKILL__ENV", &env.settings.env)
+        .env("SECKILL__PG__SCHEMA", &env.settings.pg.schema)
+        .env("SECKILL__REDIS__KEY_PREFIX", &env.settings.redis.key_prefix);
+    cmd
+}
+
+/// Runs a one-shot command (dlq, reconcile, ...) to completion and returns its output.
+pub fn cli(env: &TestEnv, args: &[&str]) -> std::process::Output {
+    command(env, args).output().expect("binary runs")
+}
+
+/// Asserts a role's `/metrics` exposes every name.
+pub async fn assert_metrics(url: &str, names: &[&str]) {
+    let text = reqwest::get(url).await.unwrap().text().await.unwrap();
+    for name in names {
+        assert!(text.contains(name), "{url} lacks {name}");
+    }
 }
 
 /// Waits until `url` answers 2xx.
