@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help services-up services-down build demo test test-unit fmt clippy lint ci
+.PHONY: help services-up services-down build demo bench limits test test-unit fmt clippy lint ci
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -19,12 +19,22 @@ build: ## Build the release binary
 demo: ## Services, migrate, a flash sale with a burst of buyers, invariants; last line DEMO OK/FAILED
 	scripts/demo.sh
 
+bench: ## Limits of this machine + the pipeline's figures; last line RATIOS ... (BENCHMARKS.md)
+	scripts/bench.sh
+
+limits: services-up ## Only the naive limits (pgbench, redis-benchmark, direct PostgreSQL); last line LIMITS ...
+	scripts/limits.sh
+
 test: services-up ## The whole test suite against the real services, and the operator files
 	SECKILL_ENV=test cargo test --all-targets --features failpoints -- --test-threads=4
 	scripts/check-operator-files.sh
 
 test-unit: ## Unit tests only (no services)
 	cargo test --lib --bins
+
+.PHONY: test-api-fuzz
+test-api-fuzz: ## schemathesis against a live api (docs/openapi.yaml)
+	scripts/schemathesis.sh
 
 fmt: ## Format the code
 	cargo fmt --all

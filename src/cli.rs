@@ -22,7 +22,8 @@ pub enum Command {
     Api,
     /// Order-create consumer group (one PostgreSQL transaction per batch).
     Consume {
-        /// PostgreSQL transactions at once (default: the worker budget from `pg.*`).
+        /// Batches taken from the broker at once (default: the worker budget from `pg.*`).
+        /// Transactions at once never exceed the budget, whatever this says.
         #[arg(long)]
         workers: Option<usize>,
     },
@@ -51,6 +52,11 @@ pub enum Command {
     },
     /// Load generator against a running API, drain wait and invariant check.
     Bench(BenchArgs),
+    /// Order-consumer throughput: fill a backlog (Redis reservations + broker batches) and
+    /// time how fast a running `seckill consume` turns it into orders.
+    BenchBacklog(crate::roles::bench_backlog::BacklogArgs),
+    /// The broker's raw send rate, one message per call or in batches.
+    BenchBroker(crate::roles::bench_broker::BrokerArgs),
 }
 
 #[derive(Debug, Subcommand)]

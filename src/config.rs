@@ -86,6 +86,12 @@ pub struct MqSettings {
     /// Queues per topic at creation (§7.3, calibrated for this machine).
     pub order_create_queues: u32,
     pub other_queues: u32,
+    /// Reservations gathered into one broker call by the API (1 = one send per reservation).
+    pub send_batch_max: usize,
+    /// How long a batch waits for more reservations after its first, in microseconds.
+    pub send_linger_us: u64,
+    /// Broker calls the API has in flight at once.
+    pub send_batches_in_flight: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -117,6 +123,11 @@ pub struct ApiSettings {
 pub struct ConsumerSettings {
     /// Messages handed to one listener call (and one PostgreSQL transaction).
     pub batch_size: usize,
+    /// The adaptive limit of order transactions in flight shrinks when a transaction takes
+    /// longer than this (begin to commit)...
+    pub tx_latency_target_ms: u64,
+    /// ...or waits longer than this for a pooled connection; it grows back while both hold.
+    pub pool_wait_target_ms: u64,
     /// Broker redeliveries before a message goes to the DLQ.
     pub max_reconsume_times: i32,
     /// Where `consume` serves /metrics, /healthz, /readyz.
@@ -350,6 +361,18 @@ impl Settings {
         if self.mq.send_timeout_ms == 0 || self.mq.send_timeout_ms > 10_000 {
             return Err(invalid("mq.send_timeout_ms", "must be in 1..=10000"));
         }
+        if self.mq.send_batch_max == 0 || self.mq.send_batch_max > 256 {
+            return Err(invalid("mq.send_batch_max", "must be in 1..=256"));
+        }
+        if self.mq.send_linger_us > 10_000 {
+            return Err(invalid(
+                "mq.send_linger_us",
+                "must be at most 10000 (10 ms): every reservation may wait this long",
+            ));
+        }
+        if self.mq.send_batches_in_flight == 0 || self.mq.send_batches_in_flight > 64 {
+            return Err(invalid("mq.send_batches_in_flight", "must be in 1..=64"));
+        }
         if self.mq.order_create_queues == 0 || self.mq.other_queues == 0 {
             return Err(invalid(
                 "mq.order_create_queues",
@@ -376,6 +399,12 @@ impl Settings {
         }
         if self.consumer.batch_size == 0 || self.consumer.batch_size > 32 {
             return Err(invalid("consumer.batch_size", "must be in 1..=32"));
+        }
+        if self.consumer.tx_latency_target_ms == 0 {
+            return Err(invalid("consumer.tx_latency_target_ms", "must be positive"));
+        }
+        if self.consumer.pool_wait_target_ms == 0 {
+            return Err(invalid("consumer.pool_wait_target_ms", "must be positive"));
         }
         if self.consumer.max_reconsume_times < 0 {
             return Err(invalid(

@@ -26,6 +26,24 @@ pub struct SkuFigures {
     pub quarantined: i64,
 }
 
+impl SkuFigures {
+    /// Adds another SKU's figures (for a report over several SKUs; ids stay the first's).
+    pub fn add(&mut self, o: &SkuFigures) {
+        self.pg_total += o.pg_total;
+        self.pg_remaining += o.pg_remaining;
+        self.valid_orders += o.valid_orders;
+        self.ledger_sum += o.ledger_sum;
+        self.rejected += o.rejected;
+        self.pending_compensations += o.pending_compensations;
+        self.redis_total += o.redis_total;
+        self.redis_remaining += o.redis_remaining;
+        self.redis_reserved += o.redis_reserved;
+        self.unrecorded += o.unrecorded;
+        // Quarantine is counted per consumer group, not per SKU: the same figure each time.
+        self.quarantined = self.quarantined.max(o.quarantined);
+    }
+}
+
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Report {
     pub figures: SkuFigures,

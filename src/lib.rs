@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 pub mod domain;
 pub mod invariants;
+pub mod limiter;
 pub mod mq;
 pub mod pg;
 pub mod redis;

@@ -54,6 +54,8 @@ fn main() -> std::process::ExitCode {
             Command::Reconcile(args) => roles::reconcile::run(settings, args).await,
             Command::Dlq { command } => roles::dlq::run(settings, command).await,
             Command::Bench(args) => roles::bench::run(settings, args).await,
+            Command::BenchBacklog(args) => roles::bench_backlog::run(settings, args).await,
+            Command::BenchBroker(args) => roles::bench_broker::run(settings, args).await,
         }
     });
     match result {

@@ -12,23 +12,90 @@ use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
+use tracing::Level;
+use tracing_subscriber::filter::filter_fn;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 use crate::config::TelemetrySettings;
 
 /// Installs the global log subscriber. `RUST_LOG` overrides the configured level.
+///
+/// Next to the log output sits [`AckFailureLayer`], with its own filter, so the ACK-failure
+/// count does not depend on the configured log level.
 pub fn init_logs(settings: &TelemetrySettings) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&settings.log_level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(true);
-    // A second init (tests) is harmless: the first subscriber stays.
-    let _ = if settings.json {
-        builder.json().flatten_event(true).try_init()
+    let fmt = tracing_subscriber::fmt::layer().with_target(true);
+    let fmt = if settings.json {
+        fmt.json().flatten_event(true).boxed()
     } else {
-        builder.try_init()
+        fmt.boxed()
     };
+    // A second init (tests) is harmless: the first subscriber stays.
+    let _ = tracing_subscriber::registry()
+        .with(fmt.with_filter(filter))
+        .with(AckFailureLayer.with_filter(filter_fn(|m| {
+            *m.level() == Level::ERROR && m.target().starts_with(MQ_CLIENT_TARGET)
+        })))
+        .try_init();
+}
+
+/// Log target prefix of the RocketMQ client crate.
+const MQ_CLIENT_TARGET: &str = "rocketmq_client_rust";
+
+/// Which ACK failed, from one of the MQ client's own error events, if it reports one.
+///
+/// A push consumer "ACKs" in two ways the client does not surface to the listener: it commits
+/// the consumed offset to the broker (`offset_commit`; on failure the messages since the last
+/// commit are redelivered and hit the inbox), and it sends a message to be retried back to the
+/// broker (`send_back`; on failure the client retries it locally). Both are logged at ERROR
+/// by the client with these messages (rocketmq-client-rust 1.0.0).
+pub fn ack_failure_kind(target: &str, message: &str) -> Option<&'static str> {
+    if !target.starts_with(MQ_CLIENT_TARGET) {
+        return None;
+    }
+    if message.starts_with("updateConsumeOffsetToBroker exception") {
+        Some("offset_commit")
+    } else if message.starts_with("send message back") {
+        Some("send_back")
+    } else {
+        None
+    }
+}
+
+/// Counts the MQ client's ACK failures as `mq_ack_failure_total{kind}` (§28.2).
+pub struct AckFailureLayer;
+
+impl<S: tracing::Subscriber> Layer<S> for AckFailureLayer {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut message = MessageField(String::new());
+        event.record(&mut message);
+        if let Some(kind) = ack_failure_kind(event.metadata().target(), &message.0) {
+            metrics::counter!("mq_ack_failure_total", "kind" => kind).increment(1);
+        }
+    }
+}
+
+struct MessageField(String);
+
+impl tracing::field::Visit for MessageField {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "message" {
+            self.0 = value.to_owned();
+        }
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        }
+    }
 }
 
 static PROMETHEUS: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -84,6 +151,14 @@ fn describe() {
         "Listener call duration per batch"
     );
     describe_gauge!("mq_consumer_inflight", "Batches being processed");
+    describe_gauge!(
+        "mq_consumer_ready",
+        "Messages pulled into the consumer and waiting for a worker"
+    );
+    describe_counter!(
+        "mq_dlq_replay_total",
+        "DLQ replays by result (confirmed, unknown, definite_failure, refused), from the audit table"
+    );
     describe_counter!(
         "mq_duplicate_message_total",
         "Messages already processed (inbox hit)"
@@ -98,7 +173,7 @@ fn describe() {
     );
     describe_counter!(
         "mq_ack_failure_total",
-        "ACKs that failed after commit (redelivery hits the inbox)"
+        "ACKs the MQ client failed to deliver after commit, by kind (offset_commit, send_back); the redelivery hits the inbox"
     );
     describe_histogram!(
         "order_tx_latency_seconds",
@@ -193,5 +268,64 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => {},
         _ = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    #[test]
+    fn ack_failure_kinds_come_only_from_the_client_crate() {
+        let store = "rocketmq_client_rust::consumer::store::remote_broker_offset_store";
+        assert_eq!(
+            ack_failure_kind(store, "updateConsumeOffsetToBroker exception, mq,boom"),
+            Some("offset_commit")
+        );
+        assert_eq!(
+            ack_failure_kind(
+                "rocketmq_client_rust::consumer::consumer_impl::default_mq_push_consumer_impl",
+                "send message back error: timeout"
+            ),
+            Some("send_back")
+        );
+        assert_eq!(
+            ack_failure_kind(store, "fetchConsumeOffsetFromBroker exception"),
+            None
+        );
+        assert_eq!(
+            ack_failure_kind("seckill::roles", "updateConsumeOffsetToBroker exception"),
+            None
+        );
+    }
+
+    #[test]
+    fn the_layer_counts_client_ack_failures_into_the_metric() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let subscriber = tracing_subscriber::registry().with(AckFailureLayer);
+        metrics::with_local_recorder(&recorder, || {
+            tracing::subscriber::with_default(subscriber, || {
+                tracing::error!(
+                    target: "rocketmq_client_rust::consumer::store::remote_broker_offset_store",
+                    "updateConsumeOffsetToBroker exception, {},{}", "mq0", "connection refused"
+                );
+                tracing::error!(
+                    target: "rocketmq_client_rust::consumer::consumer_impl::default_mq_push_consumer_impl",
+                    "send message back error: {}", "timeout"
+                );
+                tracing::error!(target: "seckill", "unrelated error");
+            })
+        });
+        let text = handle.render();
+        assert!(
+            text.contains(r#"mq_ack_failure_total{kind="offset_commit"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"mq_ack_failure_total{kind="send_back"} 1"#),
+            "{text}"
+        );
     }
 }

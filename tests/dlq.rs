@@ -174,6 +174,11 @@ async fn a_message_failing_every_time_is_dead_lettered_recorded_and_discardable(
     );
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 1);
+    // What the consume role exports as mq_dlq_replay_total{result}: the CLI is not scraped.
+    assert_eq!(
+        seckill::pg::dlq::replay_counts(&**c).await.unwrap(),
+        vec![("confirmed".to_owned(), 3), ("refused".to_owned(), 1)]
+    );
 
     // Discard: only an OPEN dead letter, audited.
     c.execute("UPDATE dlq_messages SET status = 'OPEN'", &[])

@@ -318,3 +318,169 @@ async fn a_scanner_killed_holding_leases_is_taken_over_after_they_expire() {
     consumer.shutdown().await;
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn one_message_failing_its_batch_does_not_hold_back_the_others() {
+    let env = TestEnv::new(false).await;
+    env.activity(960, 1, 10).await;
+    let h = OrderCreateHandler::new(env.pool(3).await, &env.settings, 2);
+    let topic = env.settings.names().order_create_topic;
+    let events: Vec<_> = (1..=5).map(|u| common::event(960, 1, u, 300)).collect();
+    let batch: Vec<Delivery> = events
+        .iter()
+        .map(|e| common::delivery_of(&topic, e))
+        .collect();
+    let bad = events[2].message_id.clone();
+    fail::cfg("order-tx-fails-for-message", &format!("return({bad})")).unwrap();
+
+    // The batch transaction fails; split, the four others commit, the batch is redelivered.
+    assert_eq!(h.handle(batch.clone()).await, ConsumeDecision::Retry);
+    assert_eq!(env.count("SELECT count(*) FROM orders").await, 4);
+    assert_eq!(
+        env.count(&format!(
+            "SELECT count(*) FROM orders WHERE reservation_id = '{}'",
+            events[2].reservation_id
+        ))
+        .await,
+        0
+    );
+    assert_eq!(
+        env.count(&format!(
+            "SELECT count(*) FROM consumer_failures WHERE message_id = '{bad}'"
+        ))
+        .await,
+        1,
+        "the failing message's error is recorded for the DLQ"
+    );
+
+    // Redelivered while it still fails: still four orders, nothing doubled.
+    assert_eq!(h.handle(batch.clone()).await, ConsumeDecision::Retry);
+    assert_eq!(env.count("SELECT count(*) FROM orders").await, 4);
+
+    // The cause goes away: the whole batch is acknowledged, the fifth order appears once.
+    fail::remove("order-tx-fails-for-message");
+    assert_eq!(h.handle(batch).await, ConsumeDecision::Ack);
+    assert_eq!(env.count("SELECT count(*) FROM orders").await, 5);
+    assert_eq!(env.count("SELECT count(*) FROM stock_ledger").await, 5);
+    assert_eq!(
+        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+            .await,
+        5
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn api_killed_after_the_broker_stored_the_message_makes_one_order() {
+    let env = TestEnv::new(true).await;
+    env.activity(961, 1, 5).await;
+    let handler = Arc::new(OrderCreateHandler::new(env.pool(3).await, &env.settings, 2));
+    let consumer = seckill::mq::start_order_create_consumer(&env.settings, handler, 2)
+        .await
+        .unwrap();
+    let port = free_port();
+    let mut api = spawn(
+        &env,
+        &["api"],
+        "api-after-send-before-mark=return",
+        &[("SECKILL__API__LISTEN", format!("127.0.0.1:{port}"))],
+    );
+    wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
+    let r = reqwest::Client::new()
+        .post(format!(
+            "http://127.0.0.1:{port}/v1/activities/961/skus/1/reservations"
+        ))
+        .json(&json!({"user_id": 6, "request_id": "stored-then-killed", "quantity": 1}))
+        .send()
+        .await;
+    assert!(r.is_err(), "the process died before answering: {r:?}");
+    assert!(!api.wait_exit(10).await.success());
+
+    // The broker had it: the order appears although nobody recorded the send.
+    eventually(30, "the order from the stored message", || async {
+        env.count("SELECT count(*) FROM orders").await == 1
+    })
+    .await;
+    let redis = env.redis().await;
+    assert_eq!(
+        redis.pending_count(961).await.unwrap(),
+        1,
+        "Redis never learnt of the send"
+    );
+    // The scanner re-sends it (same message_id): the consumer's inbox absorbs it.
+    let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
+    let scanner = seckill::roles::scan::Scanner::new(
+        redis.clone(),
+        publisher,
+        Arc::new(env.settings.clone()),
+    );
+    eventually(20, "the scanner re-sent it", || async {
+        scanner.scan_once().await.unwrap().confirmed == 1
+    })
+    .await;
+    eventually(30, "the duplicate reached the inbox", || async {
+        env.count("SELECT count(*) FROM consumer_inbox").await == 1
+            && redis.pending_count(961).await.unwrap() == 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(env.count("SELECT count(*) FROM orders").await, 1);
+    assert_eq!(env.count("SELECT count(*) FROM stock_ledger").await, 1);
+    let report = env.invariants(961, 1).await;
+    assert!(report.ok(), "{:?}", report.violations);
+    consumer.shutdown().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn consumer_killed_inside_the_transaction_commits_nothing_and_the_redelivery_creates_it() {
+    let env = TestEnv::new(true).await;
+    env.activity(962, 1, 5).await;
+    let mport = free_port();
+    let mut consumer = spawn(
+        &env,
+        &["consume", "--workers", "1"],
+        "consume-inside-transaction=return",
+        &[(
+            "SECKILL__CONSUMER__METRICS_LISTEN",
+            format!("127.0.0.1:{mport}"),
+        )],
+    );
+    wait_ready(format!("http://127.0.0.1:{mport}/readyz")).await;
+    let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
+    let e = common::event(962, 1, 9, 300);
+    let sent = publisher
+        .send(
+            seckill::mq::order_create_message(&env.settings.names().order_create_topic, &e),
+            3000,
+        )
+        .await;
+    assert!(matches!(sent, seckill::mq::SendOutcome::Confirmed { .. }));
+    assert!(
+        !consumer.wait_exit(30).await.success(),
+        "aborted mid-transaction"
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM orders").await,
+        0,
+        "rolled back"
+    );
+    assert_eq!(env.count("SELECT count(*) FROM consumer_inbox").await, 0);
+
+    let handler = Arc::new(OrderCreateHandler::new(env.pool(2).await, &env.settings, 1));
+    let again = seckill::mq::start_order_create_consumer(&env.settings, handler, 1)
+        .await
+        .unwrap();
+    eventually(60, "the redelivered message makes the order", || async {
+        env.count("SELECT count(*) FROM orders").await == 1
+    })
+    .await;
+    assert_eq!(env.count("SELECT count(*) FROM stock_ledger").await, 1);
+    assert_eq!(
+        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+            .await,
+        4
+    );
+    again.shutdown().await;
+    env.cleanup().await;
+}

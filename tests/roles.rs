@@ -87,6 +87,7 @@ async fn roles_serve_metrics_and_a_consumer_stopped_mid_load_loses_and_doubles_n
             "order_tx_latency_seconds",
             "pg_pool_wait_seconds",
             "worker_budget",
+            "mq_consumer_ready{topic=\"order_create\"}",
         ],
     )
     .await;

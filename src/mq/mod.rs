@@ -6,6 +6,7 @@
 //! only after its own work is durable. The real implementation lives in `rocketmq.rs`;
 //! unit tests use in-memory fakes of the traits.
 
+pub mod batching;
 pub mod rocketmq;
 
 use std::collections::HashMap;
@@ -137,7 +138,7 @@ pub fn runtime() -> anyhow::Result<rocketmq::MqRuntime> {
         return Ok(rt.clone());
     }
     let rt = rocketmq::MqRuntime::new(rocketmq::MqRuntimeConfig {
-        listener_slots: 64,
+        listener_slots: 160,
         ..Default::default()
     })?;
     Ok(RUNTIME.get_or_init(|| rt).clone())
@@ -151,6 +152,22 @@ pub async fn connect_publisher(settings: &Settings) -> anyhow::Result<Arc<dyn Pu
     opts.send_timeout_ms = settings.mq.send_timeout_ms;
     let producer = rocketmq::RocketProducer::start(&rt, opts).await?;
     Ok(Arc::new(producer))
+}
+
+/// The API's publisher: batched sends (`mq.send_batch_max` > 1) over the process's producer.
+pub async fn hot_path_publisher(settings: &Settings) -> anyhow::Result<Arc<dyn Publisher>> {
+    let producer = connect_publisher(settings).await?;
+    if settings.mq.send_batch_max <= 1 {
+        return Ok(producer);
+    }
+    Ok(Arc::new(batching::BatchingPublisher::start(
+        producer,
+        batching::BatchingOptions {
+            max_batch: settings.mq.send_batch_max,
+            linger: std::time::Duration::from_micros(settings.mq.send_linger_us),
+            max_in_flight: settings.mq.send_batches_in_flight,
+        },
+    )))
 }
 
 /// Starts a push consumer of `group` on `topic` with `threads` handler calls at once and up

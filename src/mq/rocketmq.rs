@@ -832,15 +832,18 @@ impl Default for ConsumerOptions {
 #[derive(Default)]
 struct InFlight {
     count: AtomicUsize,
+    /// Messages inside those calls.
+    messages: AtomicUsize,
     idle: Notify,
 }
 
-struct InFlightGuard<'a>(&'a InFlight);
+struct InFlightGuard<'a>(&'a InFlight, usize);
 
 impl InFlight {
-    fn enter(&self) -> InFlightGuard<'_> {
+    fn enter(&self, messages: usize) -> InFlightGuard<'_> {
         self.count.fetch_add(1, Ordering::AcqRel);
-        InFlightGuard(self)
+        self.messages.fetch_add(messages, Ordering::AcqRel);
+        InFlightGuard(self, messages)
     }
 
     async fn wait_idle(&self) {
@@ -859,6 +862,7 @@ impl InFlight {
 
 impl Drop for InFlightGuard<'_> {
     fn drop(&mut self) {
+        self.0.messages.fetch_sub(self.1, Ordering::AcqRel);
         if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.0.idle.notify_waiters();
         }
@@ -880,7 +884,7 @@ impl MessageListenerConcurrently for BridgeListener {
         msgs: &[&MessageExt],
         _context: &ConsumeConcurrentlyContext,
     ) -> ClientResult<ConsumeConcurrentlyStatus> {
-        let _guard = self.in_flight.enter();
+        let _guard = self.in_flight.enter(msgs.len());
         let batch: Vec<Delivery> = msgs.iter().map(|m| to_delivery(m)).collect();
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let handler = Arc::clone(&self.handler);
@@ -954,6 +958,24 @@ impl ConsumerHandle {
     /// Handler calls running right now.
     pub fn in_flight(&self) -> usize {
         self.in_flight.count.load(Ordering::Acquire)
+    }
+
+    /// Messages the client has pulled for this consumer and not yet handed to a handler
+    /// (`mq_consumer_ready`): its process queues' cached messages minus those inside
+    /// handler calls right now.
+    pub async fn ready_messages(&self) -> anyhow::Result<u64> {
+        let info = self
+            .consumer
+            .consumer_running_info()
+            .await
+            .map_err(|e| anyhow!("reading the running info of {}: {e}", self.group))?;
+        let cached: u64 = info
+            .mq_table
+            .values()
+            .map(|q| u64::from(q.cached_msg_count))
+            .sum();
+        let handling = self.in_flight.messages.load(Ordering::Acquire) as u64;
+        Ok(cached.saturating_sub(handling))
     }
 
     /// Stops pulling, lets running handler calls finish and commits their offsets.

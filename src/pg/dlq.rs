@@ -82,6 +82,37 @@ pub async fn open_stats(client: &impl GenericClient) -> Result<(i64, f64), tokio
     Ok((r.get(0), r.get(1)))
 }
 
+/// Replays recorded in the audit table, by result label of `mq_dlq_replay_total`
+/// (`confirmed`, `unknown`, `definite_failure`, `refused`; forced replays count under their
+/// send outcome).
+pub async fn replay_counts(
+    client: &impl GenericClient,
+) -> Result<Vec<(String, i64)>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT outcome, count(*) FROM dlq_audit WHERE action = 'REPLAY' GROUP BY outcome",
+            &[],
+        )
+        .await?;
+    let mut counts: std::collections::BTreeMap<String, i64> = Default::default();
+    for r in rows {
+        let outcome: String = r.get(0);
+        *counts.entry(replay_result(&outcome)).or_default() += r.get::<_, i64>(1);
+    }
+    Ok(counts.into_iter().collect())
+}
+
+/// `REFUSED_OLDER_THAN_RETENTION` → `refused`; `CONFIRMED_FORCED` → `confirmed`.
+pub fn replay_result(outcome: &str) -> String {
+    if outcome.starts_with("REFUSED") {
+        return "refused".to_owned();
+    }
+    outcome
+        .strip_suffix("_FORCED")
+        .unwrap_or(outcome)
+        .to_lowercase()
+}
+
 /// A dead letter as operators see it.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeadLetter {
@@ -260,4 +291,18 @@ pub async fn record_replay(
     )
     .await?;
     tx.commit().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::replay_result;
+
+    #[test]
+    fn audit_outcomes_map_to_replay_results() {
+        assert_eq!(replay_result("CONFIRMED"), "confirmed");
+        assert_eq!(replay_result("CONFIRMED_FORCED"), "confirmed");
+        assert_eq!(replay_result("UNKNOWN"), "unknown");
+        assert_eq!(replay_result("DEFINITE_FAILURE_FORCED"), "definite_failure");
+        assert_eq!(replay_result("REFUSED_OLDER_THAN_RETENTION"), "refused");
+    }
 }

@@ -620,6 +620,9 @@ pub async fn process_batch(
     r4?;
     r5?;
 
+    // Injection point of §29.3: the process dies inside the transaction, before the commit
+    // (`consume-inside-transaction=return` aborts like a SIGKILL; PostgreSQL rolls back).
+    fail::fail_point!("consume-inside-transaction", |_| std::process::abort());
     tx.commit().await?;
 
     for &i in &created {

@@ -155,6 +155,42 @@ async fn reserve(
     resp
 }
 
+/// The ORDER_CREATE_REQUESTED event of a fresh reservation (first send, from the API).
+pub fn reservation_event(
+    a: &ReserveArgs<'_>,
+    quantity: i32,
+    valid_until_ms: i64,
+    trace: TraceContext,
+) -> OrderCreateRequested {
+    let reserved_at = Utc
+        .timestamp_millis_opt(a.now_ms)
+        .single()
+        .unwrap_or_else(Utc::now);
+    OrderCreateRequested {
+        schema_version: SCHEMA_VERSION,
+        event_type: EVENT_ORDER_CREATE_REQUESTED.to_string(),
+        message_id: a.message_id.to_owned(),
+        message_key: a.reservation_id.to_owned(),
+        request_id: a.request_id.to_owned(),
+        reservation_id: a.reservation_id.to_owned(),
+        order_id: a.order_id.to_owned(),
+        activity_id: a.activity_id,
+        sku_id: a.sku_id,
+        user_id: a.user_id,
+        quantity,
+        reservation_created_at: reserved_at,
+        reservation_valid_until: Utc
+            .timestamp_millis_opt(valid_until_ms)
+            .single()
+            .unwrap_or(reserved_at),
+        created_at: Utc::now(),
+        retry_count: 0,
+        replay_count: 0,
+        producer: "seckill-api".to_string(),
+        trace,
+    }
+}
+
 async fn reserve_inner(
     s: &ApiState,
     activity: &str,
@@ -198,21 +234,22 @@ async fn reserve_inner(
     // The scanner must not pick the reservation up while this request is still sending it.
     let next_retry_at_ms = now_ms + (send_timeout + api.resend_backoff_ms) as i64;
 
+    let args = ReserveArgs {
+        activity_id,
+        sku_id,
+        user_id: req.user_id,
+        request_id: &req.request_id,
+        reservation_id: &ids.reservation_id,
+        message_id: &ids.message_id,
+        order_id: &ids.order_id,
+        now_ms,
+        next_retry_at_ms,
+        traceparent: &traceparent,
+        valid_secs: api.reservation_valid_secs,
+    };
     let result = s
         .redis
-        .reserve(&ReserveArgs {
-            activity_id,
-            sku_id,
-            user_id: req.user_id,
-            request_id: &req.request_id,
-            reservation_id: &ids.reservation_id,
-            message_id: &ids.message_id,
-            order_id: &ids.order_id,
-            now_ms,
-            next_retry_at_ms,
-            traceparent: &traceparent,
-            valid_secs: api.reservation_valid_secs,
-        })
+        .reserve(&args)
         .await
         .map_err(|e| {
             warn!(error = %e, request_id = %req.request_id, user_id = req.user_id, "reserve script failed");
@@ -270,34 +307,16 @@ async fn reserve_inner(
     // (`FAILPOINTS=api-after-reserve-before-send=return` aborts like a SIGKILL).
     fail::fail_point!("api-after-reserve-before-send", |_| std::process::abort());
 
-    let valid_until = Utc
-        .timestamp_millis_opt(view.valid_until_ms)
-        .single()
-        .unwrap_or(now);
-    let event = OrderCreateRequested {
-        schema_version: SCHEMA_VERSION,
-        event_type: EVENT_ORDER_CREATE_REQUESTED.to_string(),
-        message_id: ids.message_id.clone(),
-        message_key: ids.reservation_id.clone(),
-        request_id: req.request_id.clone(),
-        reservation_id: ids.reservation_id.clone(),
-        order_id: ids.order_id.clone(),
-        activity_id,
-        sku_id,
-        user_id: req.user_id,
-        quantity: req.quantity,
-        reservation_created_at: now,
-        reservation_valid_until: valid_until,
-        created_at: Utc::now(),
-        retry_count: 0,
-        replay_count: 0,
-        producer: "seckill-api".to_string(),
-        trace: TraceContext {
+    let event = reservation_event(
+        &args,
+        req.quantity,
+        view.valid_until_ms,
+        TraceContext {
             trace_id: trace_id.clone(),
             span_id,
             traceparent: traceparent.clone(),
         },
-    };
+    );
     let msg = order_create_message(&s.names.order_create_topic, &event);
     let topic = s.names.order_create_topic.clone();
     let send_started = Instant::now();
@@ -319,6 +338,9 @@ async fn reserve_inner(
     let done_ms = Utc::now().timestamp_millis();
     match &outcome {
         SendOutcome::Confirmed { broker_msg_id } => {
+            // Injection point of §29.3: the broker stored the message, the process dies before
+            // recording it (`api-after-send-before-mark=return` aborts like a SIGKILL).
+            fail::fail_point!("api-after-send-before-mark", |_| std::process::abort());
             let cas = s
                 .redis
                 .mark_sent(
@@ -687,7 +709,7 @@ pub async fn serve(
 /// `seckill api`.
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let settings = Arc::new(settings);
-    let mq = crate::mq::connect_publisher(&settings).await?;
+    let mq = crate::mq::hot_path_publisher(&settings).await?;
     let mut state = build_state(settings.clone(), mq).await?;
     let names = settings.names();
     state.lag = Some(crate::roles::admission::LagSource {

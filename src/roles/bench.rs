@@ -14,7 +14,7 @@ use futures::StreamExt;
 use hdrhistogram::Histogram;
 use rand::Rng;
 use serde::Serialize;
-use tokio::sync::Mutex;
+use tokio::sync::Semaphore;
 
 use crate::config::Settings;
 use crate::invariants;
@@ -27,8 +27,24 @@ pub struct BenchArgs {
     pub api: String,
     #[arg(long)]
     pub activity_id: i64,
+    /// The SKU, or with `--skus N` the first of N consecutive SKU ids.
     #[arg(long)]
     pub sku_id: i64,
+    /// Spread the requests uniformly over this many SKUs (`--sku-id` .. `--sku-id + N - 1`).
+    #[arg(long, default_value_t = 1)]
+    pub skus: i64,
+    /// Open loop: send this many requests per second on a fixed schedule, whatever the answers
+    /// take (latency counts from each request's planned start, so a stall is not hidden);
+    /// `--concurrency` then bounds the requests outstanding. Without it: closed loop.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Report the CPU each process used during the load: `name=pid` or `name=pid+pid+...`
+    /// (repeatable), e.g. `--cpu api=1234 --cpu postgres=$(pgrep -d+ postgres)`.
+    #[arg(long = "cpu", value_parser = parse_cpu_target)]
+    pub cpu: Vec<CpuTarget>,
+    /// Label of the scenario, printed in the summary line.
+    #[arg(long, default_value = "hot-sku")]
+    pub scenario: String,
     /// Total requests to send.
     #[arg(long, default_value_t = 20_000)]
     pub requests: usize,
@@ -66,6 +82,7 @@ pub struct BenchArgs {
 #[derive(Debug, Clone)]
 struct Planned {
     user_id: i64,
+    sku_id: i64,
     request_id: String,
 }
 
@@ -91,6 +108,7 @@ fn plan(args: &BenchArgs, run_tag: &str) -> Vec<Planned> {
         };
         out.push(Planned {
             user_id,
+            sku_id: args.sku_id + rng.random_range(0..args.skus.max(1)),
             request_id: format!("{run_tag}-{i}"),
         });
     }
@@ -99,6 +117,10 @@ fn plan(args: &BenchArgs, run_tag: &str) -> Vec<Planned> {
 
 #[derive(Debug, Default, Serialize)]
 pub struct BenchReport {
+    pub scenario: String,
+    /// `closed` (concurrency) or `open` (fixed arrival rate).
+    pub mode: String,
+    pub target_rate: Option<f64>,
     pub requests: usize,
     pub accepted: usize,
     pub duplicate_requests: usize,
@@ -119,6 +141,7 @@ pub struct BenchReport {
     pub rejected: i64,
     pub order_latency_p50_ms: f64,
     pub order_latency_p99_ms: f64,
+    pub order_latency_p999_ms: f64,
     pub order_latency_max_ms: f64,
     pub within_3s_pct: f64,
     pub paid: usize,
@@ -126,11 +149,95 @@ pub struct BenchReport {
     pub canceled: i64,
     pub settled: bool,
     pub settle_secs: f64,
+    /// Orders created per second, first to last order (database timestamps).
+    pub orders_per_sec: f64,
+    /// Dead letters and outbox rows given up on (DEAD) at the end: both must be 0.
+    pub dlq_open: i64,
+    pub outbox_dead: i64,
+    /// CPU used during the load, per named process: seconds and share of one core.
+    pub cpu: Vec<CpuUse>,
     pub invariants: invariants::Report,
 }
 
+/// A process (or group of processes) whose CPU the bench reports.
+#[derive(Debug, Clone)]
+pub struct CpuTarget {
+    pub name: String,
+    pub pids: Vec<u32>,
+}
+
+fn parse_cpu_target(s: &str) -> Result<CpuTarget, String> {
+    let (name, pids) = s
+        .split_once('=')
+        .ok_or_else(|| format!("--cpu {s}: expected name=pid[+pid...]"))?;
+    let pids = pids
+        .split(['+', ','])
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            p.parse::<u32>()
+                .map_err(|_| format!("--cpu {s}: bad pid {p}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if name.is_empty() || pids.is_empty() {
+        return Err(format!("--cpu {s}: expected name=pid[+pid...]"));
+    }
+    Ok(CpuTarget {
+        name: name.to_owned(),
+        pids,
+    })
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CpuUse {
+    pub name: String,
+    pub cpu_secs: f64,
+    /// Percent of one core over the load phase.
+    pub core_pct: f64,
+}
+
+/// utime + stime of a process in clock ticks, from /proc (None once it is gone).
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces: fields start after the last ')'.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After ')': state(0) ppid(1) ... utime is field 14 of the line, i.e. index 11 here.
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Clock ticks per second of /proc times (USER_HZ; 100 on Linux).
+const USER_HZ: f64 = 100.0;
+
+fn cpu_snapshot(targets: &[CpuTarget]) -> Vec<Vec<Option<u64>>> {
+    targets
+        .iter()
+        .map(|t| t.pids.iter().map(|p| cpu_ticks(*p)).collect())
+        .collect()
+}
+
+fn cpu_use(targets: &[CpuTarget], before: &[Vec<Option<u64>>], wall: Duration) -> Vec<CpuUse> {
+    targets
+        .iter()
+        .zip(before)
+        .map(|(t, b)| {
+            let ticks: u64 = t
+                .pids
+                .iter()
+                .zip(b)
+                .filter_map(|(p, before)| Some(cpu_ticks(*p)?.saturating_sub((*before)?)))
+                .sum();
+            let secs = ticks as f64 / USER_HZ;
+            CpuUse {
+                name: t.name.clone(),
+                cpu_secs: secs,
+                core_pct: secs * 100.0 / wall.as_secs_f64().max(1e-9),
+            }
+        })
+        .collect()
+}
+
+#[derive(Default)]
 struct Tally {
-    hist: Histogram<u64>,
     accepted: HashSet<String>,
     duplicate_requests: usize,
     sold_out: usize,
@@ -147,91 +254,172 @@ fn ms(h: &Histogram<u64>, q: f64) -> f64 {
     }
 }
 
+/// What one reservation request came to.
+enum Answer {
+    Accepted {
+        id: String,
+        duplicate: bool,
+    },
+    /// An error answer, by its stable code.
+    Refused(String),
+    Transport,
+}
+
+async fn one_request(client: &reqwest::Client, base: &str, p: &Planned) -> Answer {
+    let body = serde_json::json!({"user_id": p.user_id, "request_id": p.request_id, "quantity": 1});
+    let resp = client
+        .post(format!("{base}/{}/reservations", p.sku_id))
+        .json(&body)
+        .send()
+        .await;
+    match resp {
+        Err(_) => Answer::Transport,
+        Ok(r) => {
+            let status = r.status().as_u16();
+            let v: serde_json::Value = r.json().await.unwrap_or_default();
+            match (status, v["reservation_id"].as_str()) {
+                (202, Some(id)) => Answer::Accepted {
+                    id: id.to_owned(),
+                    duplicate: v["duplicate"].as_bool() == Some(true),
+                },
+                _ => Answer::Refused(
+                    v["error"]["code"]
+                        .as_str()
+                        .unwrap_or("UNPARSEABLE")
+                        .to_owned(),
+                ),
+            }
+        }
+    }
+}
+
+fn latency_histogram() -> anyhow::Result<Histogram<u64>> {
+    Ok(Histogram::new_with_bounds(1, 60_000_000, 3)?)
+}
+
+/// `concurrency` buyers, each sending its next request when the previous one is answered.
+async fn closed_loop(
+    client: &reqwest::Client,
+    base: &str,
+    plan: &Arc<Vec<Planned>>,
+    concurrency: usize,
+) -> anyhow::Result<(Histogram<u64>, Vec<Answer>)> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..concurrency.min(plan.len()) {
+        let (client, base, plan, next) =
+            (client.clone(), base.to_owned(), plan.clone(), next.clone());
+        workers.spawn(async move {
+            let mut hist = latency_histogram()?;
+            let mut answers = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(p) = plan.get(i) else { break };
+                let t = Instant::now();
+                answers.push(one_request(&client, &base, p).await);
+                hist.record((t.elapsed().as_micros() as u64).max(1))?;
+            }
+            anyhow::Ok((hist, answers))
+        });
+    }
+    let mut hist = latency_histogram()?;
+    let mut answers = Vec::with_capacity(plan.len());
+    while let Some(done) = workers.join_next().await {
+        let (h, a) = done??;
+        hist.add(&h)?;
+        answers.extend(a);
+    }
+    Ok((hist, answers))
+}
+
+/// Requests start on a fixed schedule (`rate` per second) whatever the answers take; at most
+/// `max_outstanding` are in flight. Latency counts from the planned start, so time spent
+/// waiting for a free slot is part of it (no coordinated omission).
+async fn open_loop(
+    client: &reqwest::Client,
+    base: &str,
+    plan: &Arc<Vec<Planned>>,
+    rate: f64,
+    max_outstanding: usize,
+) -> anyhow::Result<(Histogram<u64>, Vec<Answer>)> {
+    let slots = Arc::new(Semaphore::new(max_outstanding.max(1)));
+    let mut requests = tokio::task::JoinSet::new();
+    let start = tokio::time::Instant::now();
+    for i in 0..plan.len() {
+        let due = start + Duration::from_secs_f64(i as f64 / rate);
+        tokio::time::sleep_until(due).await;
+        let slot = Arc::clone(&slots).acquire_owned().await?;
+        let (client, base, plan) = (client.clone(), base.to_owned(), plan.clone());
+        requests.spawn(async move {
+            let answer = one_request(&client, &base, &plan[i]).await;
+            drop(slot);
+            ((due.elapsed().as_micros() as u64).max(1), answer)
+        });
+    }
+    let mut hist = latency_histogram()?;
+    let mut answers = Vec::with_capacity(plan.len());
+    while let Some(done) = requests.join_next().await {
+        let (us, a) = done?;
+        hist.record(us)?;
+        answers.push(a);
+    }
+    Ok((hist, answers))
+}
+
 /// Runs the load, waits for the drain and checks the invariants.
 pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     anyhow::ensure!(args.concurrency > 0, "--concurrency must be at least 1");
     anyhow::ensure!(args.requests > 0, "--requests must be at least 1");
+    anyhow::ensure!(args.skus > 0, "--skus must be at least 1");
+    if let Some(rate) = args.rate {
+        anyhow::ensure!(rate > 0.0, "--rate must be positive");
+    }
     let run_tag = format!("b{}", ulid::Ulid::new());
     let plan = Arc::new(plan(&args, &run_tag));
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(args.concurrency)
         .timeout(Duration::from_secs(10))
         .build()?;
-    let url = format!(
-        "{}/v1/activities/{}/skus/{}/reservations",
+    let base = format!(
+        "{}/v1/activities/{}/skus",
         args.api.trim_end_matches('/'),
-        args.activity_id,
-        args.sku_id
+        args.activity_id
     );
-    let next = Arc::new(AtomicUsize::new(0));
-    let tally = Arc::new(Mutex::new(Tally {
-        hist: Histogram::new_with_bounds(1, 60_000_000, 3)?,
-        accepted: HashSet::new(),
-        duplicate_requests: 0,
-        sold_out: 0,
-        already_purchased: 0,
-        other: BTreeMap::new(),
-        transport_errors: 0,
-    }));
+    let cpu_before = cpu_snapshot(&args.cpu);
+    let bench_started_at = chrono::Utc::now();
     let started = Instant::now();
-    let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..args.concurrency.min(args.requests) {
-        let (client, url, plan, next, tally) = (
-            client.clone(),
-            url.clone(),
-            plan.clone(),
-            next.clone(),
-            tally.clone(),
-        );
-        workers.spawn(async move {
-            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("static bounds");
-            let mut local = Vec::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(p) = plan.get(i) else { break };
-                let body = serde_json::json!({"user_id": p.user_id, "request_id": p.request_id, "quantity": 1});
-                let t = Instant::now();
-                let resp = client.post(&url).json(&body).send().await;
-                let outcome = match resp {
-                    Ok(r) => {
-                        let status = r.status().as_u16();
-                        let v: serde_json::Value = r.json().await.unwrap_or_default();
-                        Ok((status, v))
-                    }
-                    Err(e) => Err(e),
-                };
-                let _ = hist.record((t.elapsed().as_micros() as u64).max(1));
-                local.push(outcome);
-            }
-            let mut t = tally.lock().await;
-            let _ = t.hist.add(&hist);
-            for o in local {
-                match o {
-                    Err(_) => t.transport_errors += 1,
-                    Ok((202, v)) => {
-                        if v["duplicate"].as_bool() == Some(true) {
-                            t.duplicate_requests += 1;
-                        }
-                        if let Some(id) = v["reservation_id"].as_str() {
-                            t.accepted.insert(id.to_string());
-                        }
-                    }
-                    Ok((_, v)) => {
-                        let code = v["error"]["code"].as_str().unwrap_or("UNPARSEABLE").to_string();
-                        match code.as_str() {
-                            "SOLD_OUT" => t.sold_out += 1,
-                            "ALREADY_PURCHASED" => t.already_purchased += 1,
-                            _ => *t.other.entry(code).or_default() += 1,
-                        }
-                    }
-                }
-            }
-        });
-    }
-    while workers.join_next().await.is_some() {}
+    let (hist, answers) = match args.rate {
+        None => closed_loop(&client, &base, &plan, args.concurrency).await?,
+        Some(rate) => open_loop(&client, &base, &plan, rate, args.concurrency).await?,
+    };
     let elapsed = started.elapsed();
-    let t = tally.lock().await;
+    let cpu = cpu_use(&args.cpu, &cpu_before, elapsed);
+    let mut t = Tally::default();
+    for a in answers {
+        match a {
+            Answer::Transport => t.transport_errors += 1,
+            Answer::Accepted { id, duplicate } => {
+                if duplicate {
+                    t.duplicate_requests += 1;
+                }
+                t.accepted.insert(id);
+            }
+            Answer::Refused(code) => match code.as_str() {
+                "SOLD_OUT" => t.sold_out += 1,
+                "ALREADY_PURCHASED" => t.already_purchased += 1,
+                _ => *t.other.entry(code).or_default() += 1,
+            },
+        }
+    }
     let mut report = BenchReport {
+        scenario: args.scenario.clone(),
+        mode: if args.rate.is_some() {
+            "open"
+        } else {
+            "closed"
+        }
+        .into(),
+        target_rate: args.rate,
         requests: args.requests,
         accepted: t.accepted.len(),
         duplicate_requests: t.duplicate_requests,
@@ -242,18 +430,18 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
         elapsed_secs: elapsed.as_secs_f64(),
         requests_per_sec: args.requests as f64 / elapsed.as_secs_f64(),
         accepted_per_sec: t.accepted.len() as f64 / elapsed.as_secs_f64(),
-        api_p50_ms: ms(&t.hist, 0.5),
-        api_p99_ms: ms(&t.hist, 0.99),
-        api_p999_ms: ms(&t.hist, 0.999),
-        api_max_ms: if t.hist.is_empty() {
+        api_p50_ms: ms(&hist, 0.5),
+        api_p99_ms: ms(&hist, 0.99),
+        api_p999_ms: ms(&hist, 0.999),
+        api_max_ms: if hist.is_empty() {
             0.0
         } else {
-            t.hist.max() as f64 / 1000.0
+            hist.max() as f64 / 1000.0
         },
+        cpu,
         ..Default::default()
     };
-    let accepted: Vec<String> = t.accepted.iter().cloned().collect();
-    drop(t);
+    let accepted: Vec<String> = t.accepted.into_iter().collect();
 
     // Drain: every accepted reservation has a recorded decision in PostgreSQL.
     let pool = crate::pg::connect_pool(&settings.pg, 2).await?;
@@ -286,13 +474,25 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     report.drain_secs = drain_started.elapsed().as_secs_f64();
 
     let mut lat = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3)?;
+    let last_sku = args.sku_id + args.skus - 1;
     let rows = pg
         .query(
             "SELECT (extract(epoch FROM (created_at - reserved_at)) * 1000000)::int8
-             FROM orders WHERE activity_id = $1 AND sku_id = $2",
-            &[&args.activity_id, &args.sku_id],
+             FROM orders WHERE activity_id = $1 AND sku_id BETWEEN $2 AND $3",
+            &[&args.activity_id, &args.sku_id, &last_sku],
         )
         .await?;
+    let span: Option<f64> = pg
+        .query_one(
+            "SELECT extract(epoch FROM max(created_at) - min(created_at))::float8
+             FROM orders WHERE activity_id = $1 AND sku_id BETWEEN $2 AND $3",
+            &[&args.activity_id, &args.sku_id, &last_sku],
+        )
+        .await?
+        .get(0);
+    if let Some(span) = span.filter(|s| *s > 0.0) {
+        report.orders_per_sec = (rows.len().saturating_sub(1)) as f64 / span;
+    }
     let mut within = 0usize;
     for r in &rows {
         let us: i64 = r.get(0);
@@ -304,6 +504,7 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     report.orders = rows.len() as i64;
     report.order_latency_p50_ms = ms(&lat, 0.5);
     report.order_latency_p99_ms = ms(&lat, 0.99);
+    report.order_latency_p999_ms = ms(&lat, 0.999);
     report.order_latency_max_ms = if lat.is_empty() {
         0.0
     } else {
@@ -318,15 +519,39 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
         settle(&args, &client, &pg, &mut report).await?;
     }
     let redis = RedisStore::connect(&settings.redis).await?;
-    report.invariants = invariants::check(
-        &**pg,
-        &redis,
-        &settings.names().order_create_group,
-        args.activity_id,
-        args.sku_id,
-    )
-    .await
-    .context("invariant check")?;
+    for sku in args.sku_id..=last_sku {
+        let r = invariants::check(
+            &**pg,
+            &redis,
+            &settings.names().order_create_group,
+            args.activity_id,
+            sku,
+        )
+        .await
+        .context("invariant check")?;
+        if sku == args.sku_id {
+            report.invariants = r;
+        } else {
+            report.invariants.figures.add(&r.figures);
+            report.invariants.violations.extend(r.violations);
+        }
+    }
+    // Nothing may be left behind: no dead letter, no outbox row given up on.
+    let row = pg
+        .query_one(
+            "SELECT (SELECT count(*) FROM dlq_messages WHERE status = 'OPEN' AND first_seen >= $1),
+                    (SELECT count(*) FROM event_outbox WHERE status = 'DEAD' AND created_at >= $1)",
+            &[&bench_started_at],
+        )
+        .await?;
+    report.dlq_open = row.get(0);
+    report.outbox_dead = row.get(1);
+    if report.dlq_open > 0 || report.outbox_dead > 0 {
+        report.invariants.violations.push(format!(
+            "left behind: {} dead letters, {} dead outbox rows",
+            report.dlq_open, report.outbox_dead
+        ));
+    }
     report.rejected = report.invariants.figures.rejected;
     if !report.drained {
         report
@@ -347,10 +572,17 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     } else {
         print_human(&report);
     }
+    let cpu: String = report
+        .cpu
+        .iter()
+        .map(|c| format!(" cpu_{}_pct={:.0}", c.name, c.core_pct))
+        .collect();
     println!(
-        "{} {} requests={} accepted={} orders={} rejected={} sold_out={} already_purchased={} duplicate_requests={} errors={} req_per_s={:.0} api_p50_ms={:.2} api_p99_ms={:.2} api_p999_ms={:.2} order_p50_ms={:.1} order_p99_ms={:.1} within_3s_pct={:.2} drain_s={:.2} paid={} canceled={} violations={}",
+        "{} {} scenario={} mode={} requests={} accepted={} orders={} rejected={} sold_out={} already_purchased={} duplicate_requests={} errors={} req_per_s={:.0} accepted_per_s={:.0} api_p50_ms={:.2} api_p99_ms={:.2} api_p999_ms={:.2} orders_per_s={:.0} order_p50_ms={:.1} order_p99_ms={:.1} order_p999_ms={:.1} within_3s_pct={:.2} drain_s={:.2} paid={} canceled={} dlq={} violations={}{}",
         args.summary_prefix,
         if ok { "OK" } else { "FAILED" },
+        report.scenario,
+        report.mode,
         report.requests,
         report.accepted,
         report.orders,
@@ -360,16 +592,21 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
         report.duplicate_requests,
         report.transport_errors + report.other_errors.values().sum::<usize>(),
         report.requests_per_sec,
+        report.accepted_per_sec,
         report.api_p50_ms,
         report.api_p99_ms,
         report.api_p999_ms,
+        report.orders_per_sec,
         report.order_latency_p50_ms,
         report.order_latency_p99_ms,
+        report.order_latency_p999_ms,
         report.within_3s_pct,
         report.drain_secs,
         report.paid,
         report.canceled,
+        report.dlq_open,
         report.invariants.violations.len(),
+        cpu,
     );
     Ok(ok)
 }
@@ -382,11 +619,13 @@ async fn settle(
     pg: &deadpool_postgres::Object,
     report: &mut BenchReport,
 ) -> anyhow::Result<()> {
+    let last_sku = args.sku_id + args.skus - 1;
     let orders: Vec<String> = pg
         .query(
-            "SELECT order_id FROM orders WHERE activity_id = $1 AND sku_id = $2 AND status = 'CREATED'
+            "SELECT order_id FROM orders WHERE activity_id = $1 AND sku_id BETWEEN $2 AND $3
+               AND status = 'CREATED'
              ORDER BY created_at",
-            &[&args.activity_id, &args.sku_id],
+            &[&args.activity_id, &args.sku_id, &last_sku],
         )
         .await?
         .into_iter()
@@ -417,13 +656,13 @@ async fn settle(
     loop {
         let row = pg
             .query_one(
-                "SELECT (SELECT count(*) FROM orders WHERE activity_id = $1 AND sku_id = $2
-                           AND status IN ('CREATED', 'PAYING')),
-                        (SELECT count(*) FROM compensation_tasks WHERE activity_id = $1 AND sku_id = $2
-                           AND status = 'PENDING'),
-                        (SELECT count(*) FROM orders WHERE activity_id = $1 AND sku_id = $2
-                           AND status = 'CANCELED')",
-                &[&args.activity_id, &args.sku_id],
+                "SELECT (SELECT count(*) FROM orders WHERE activity_id = $1
+                           AND sku_id BETWEEN $2 AND $3 AND status IN ('CREATED', 'PAYING')),
+                        (SELECT count(*) FROM compensation_tasks WHERE activity_id = $1
+                           AND sku_id BETWEEN $2 AND $3 AND status = 'PENDING'),
+                        (SELECT count(*) FROM orders WHERE activity_id = $1
+                           AND sku_id BETWEEN $2 AND $3 AND status = 'CANCELED')",
+                &[&args.activity_id, &args.sku_id, &last_sku],
             )
             .await?;
         let (unpaid, pending, canceled): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
@@ -444,6 +683,14 @@ async fn settle(
 
 fn print_human(r: &BenchReport) {
     let f = &r.invariants.figures;
+    println!(
+        "scenario           {} ({} loop{})",
+        r.scenario,
+        r.mode,
+        r.target_rate
+            .map(|x| format!(", {x:.0} requests/s planned"))
+            .unwrap_or_default()
+    );
     println!(
         "requests           {} in {:.2}s ({:.0}/s)",
         r.requests, r.elapsed_secs, r.requests_per_sec
@@ -482,9 +729,23 @@ fn print_human(r: &BenchReport) {
         );
     }
     println!(
-        "reservation→order  p50 {:.1} ms  p99 {:.1} ms  max {:.1} ms  within 3 s {:.2}%",
-        r.order_latency_p50_ms, r.order_latency_p99_ms, r.order_latency_max_ms, r.within_3s_pct
+        "reservation→order  p50 {:.1} ms  p99 {:.1} ms  p99.9 {:.1} ms  max {:.1} ms  within 3 s {:.2}%",
+        r.order_latency_p50_ms,
+        r.order_latency_p99_ms,
+        r.order_latency_p999_ms,
+        r.order_latency_max_ms,
+        r.within_3s_pct
     );
+    println!(
+        "order creation     {:.0} orders/s, first to last order",
+        r.orders_per_sec
+    );
+    for c in &r.cpu {
+        println!(
+            "cpu {:<14} {:.2} s ({:.0}% of a core)",
+            c.name, c.cpu_secs, c.core_pct
+        );
+    }
     println!(
         "stock              PG total {} remaining {} valid orders {} ledger {} | Redis total {} remaining {} live reservations {} in flight {}",
         f.pg_total, f.pg_remaining, f.valid_orders, f.ledger_sum, f.redis_total, f.redis_remaining, f.redis_reserved, f.unrecorded
@@ -508,6 +769,10 @@ mod tests {
             api: String::new(),
             activity_id: 1,
             sku_id: 1,
+            skus: 1,
+            rate: None,
+            cpu: Vec::new(),
+            scenario: "test".into(),
             requests,
             buyers,
             concurrency: 1,
@@ -526,6 +791,7 @@ mod tests {
         let p = plan(&args(10_000, 2_000, 0.0, 0.0), "t");
         assert_eq!(p.len(), 10_000);
         let users: HashSet<i64> = p.iter().map(|x| x.user_id).collect();
+        assert!(p.iter().all(|x| x.sku_id == 1));
         assert_eq!(users.len(), 2_000);
         assert!(p.iter().all(|x| (1..=2_000).contains(&x.user_id)));
         let reqs: HashSet<&str> = p.iter().map(|x| x.request_id.as_str()).collect();
@@ -541,6 +807,39 @@ mod tests {
             reqs.len() < 6_000,
             "about half repeat an earlier request: {}",
             reqs.len()
+        );
+    }
+
+    #[test]
+    fn many_skus_spread_the_plan_over_consecutive_ids() {
+        let mut a = args(1000, 1000, 0.0, 0.0);
+        a.sku_id = 10;
+        a.skus = 4;
+        let p = plan(&a, "t");
+        let skus: HashSet<i64> = p.iter().map(|x| x.sku_id).collect();
+        assert_eq!(skus, HashSet::from([10, 11, 12, 13]));
+    }
+
+    #[test]
+    fn cpu_targets_parse_and_read_this_process() {
+        let t = parse_cpu_target("postgres=1+2,3").unwrap();
+        assert_eq!(
+            (t.name.as_str(), t.pids.clone()),
+            ("postgres", vec![1, 2, 3])
+        );
+        assert!(parse_cpu_target("api").is_err());
+        assert!(parse_cpu_target("api=x").is_err());
+        let me = std::process::id();
+        let before = cpu_ticks(me).unwrap();
+        let mut x = 0u64;
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(300) {
+            x = x.wrapping_add(std::hint::black_box(1));
+        }
+        assert!(x > 0);
+        assert!(
+            cpu_ticks(me).unwrap() > before,
+            "a busy loop shows up in /proc"
         );
     }
 }

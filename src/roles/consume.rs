@@ -11,12 +11,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
 
 use crate::config::Settings;
 use crate::domain::OrderCreateRequested;
+use crate::limiter::{AdaptiveLimiter, LimiterSettings, Sample};
 use crate::mq::{BatchHandler, ConsumeDecision, Delivery};
+use crate::pg::errors::TxError;
 use crate::pg::order_tx::{process_batch, Decision, Inbound, TxNames};
 use crate::telemetry::Readiness;
 
@@ -24,8 +25,8 @@ use crate::telemetry::Readiness;
 pub struct OrderCreateHandler {
     pool: deadpool_postgres::Pool,
     names: TxNames,
-    /// Worker budget: PostgreSQL transactions this process runs at once.
-    budget: Arc<Semaphore>,
+    /// PostgreSQL transactions this process runs at once: adaptive, at most the worker budget.
+    limiter: Arc<AdaptiveLimiter>,
     pay_window: chrono::Duration,
 }
 
@@ -41,7 +42,12 @@ impl OrderCreateHandler {
                 order_timeout_topic: n.order_timeout_topic,
                 compensate_topic: n.compensate_topic,
             },
-            budget: Arc::new(Semaphore::new(budget.max(1))),
+            limiter: AdaptiveLimiter::new(LimiterSettings {
+                initial: budget.max(1),
+                max: budget.max(1),
+                latency_target: Duration::from_millis(settings.consumer.tx_latency_target_ms),
+                pool_wait_target: Duration::from_millis(settings.consumer.pool_wait_target_ms),
+            }),
             pay_window: chrono::Duration::seconds(settings.consumer.pay_window_secs as i64),
         }
     }
@@ -64,14 +70,32 @@ impl OrderCreateHandler {
         batch: &[Delivery],
     ) -> Result<Vec<Decision>, crate::pg::errors::TxError> {
         let items: Vec<Inbound> = batch.iter().map(Self::inbound).collect();
-        let _permit = self
-            .budget
-            .acquire()
-            .await
-            .map_err(|e| crate::pg::errors::TxError::Transient(e.to_string()))?;
+        // Injection point: a failure that one message causes (its message_id is the
+        // failpoint's argument) fails any transaction that contains it.
+        #[cfg(feature = "failpoints")]
+        if let Some(Some(id)) = fail::eval("order-tx-fails-for-message", |arg| arg) {
+            if batch
+                .iter()
+                .any(|d| d.properties.get("message_id") == Some(&id))
+            {
+                return Err(TxError::Unknown(format!("injected failure for {id}")));
+            }
+        }
+        let permit = self.limiter.acquire().await;
         let wait = Instant::now();
-        let mut client = self.pool.get().await?;
-        metrics::histogram!("pg_pool_wait_seconds").record(wait.elapsed().as_secs_f64());
+        let mut client = match self.pool.get().await {
+            Ok(c) => c,
+            Err(e) => {
+                permit.done(Sample {
+                    latency: Duration::ZERO,
+                    pool_wait: wait.elapsed(),
+                    overloaded: true,
+                });
+                return Err(e.into());
+            }
+        };
+        let pool_wait = wait.elapsed();
+        metrics::histogram!("pg_pool_wait_seconds").record(pool_wait.as_secs_f64());
         let status = self.pool.status();
         metrics::gauge!("pg_pool_acquired").set((status.size - status.available) as f64);
         let tx_started = Instant::now();
@@ -83,8 +107,128 @@ impl OrderCreateHandler {
             self.pay_window,
         )
         .await;
-        metrics::histogram!("order_tx_latency_seconds").record(tx_started.elapsed().as_secs_f64());
+        let latency = tx_started.elapsed();
+        metrics::histogram!("order_tx_latency_seconds").record(latency.as_secs_f64());
+        permit.done(Sample {
+            latency,
+            pool_wait,
+            overloaded: matches!(result, Err(TxError::Transient(_))),
+        });
         result
+    }
+}
+
+/// In-process attempts of a transaction that failed transiently (deadlock, serialization,
+/// lost connection) before the batch goes back to the broker, whose first redelivery comes
+/// only after 10 s. Pauses between attempts, in milliseconds.
+const TRANSIENT_RETRY_PAUSES_MS: [u64; 2] = [20, 100];
+
+impl OrderCreateHandler {
+    /// One transaction for `batch`, retried in-process while it fails transiently.
+    async fn process_retrying(&self, batch: &[Delivery]) -> Result<Vec<Decision>, TxError> {
+        let mut pauses = TRANSIENT_RETRY_PAUSES_MS.iter();
+        loop {
+            match self.process(batch).await {
+                Err(TxError::Transient(why)) => match pauses.next() {
+                    Some(ms) => {
+                        debug!(batch = batch.len(), error = %why, pause_ms = ms,
+                               "transient failure; retrying the transaction in-process");
+                        tokio::time::sleep(Duration::from_millis(*ms)).await;
+                    }
+                    None => return Err(TxError::Transient(why)),
+                },
+                other => return other,
+            }
+        }
+    }
+
+    /// Outcome per message of a batch: one transaction; if it fails, each message in a
+    /// transaction of its own, so one bad message cannot keep the others from committing.
+    /// A failed message makes the broker redeliver the whole batch; the committed ones then
+    /// hit the inbox.
+    async fn decide(&self, batch: &[Delivery]) -> Vec<Result<Decision, TxError>> {
+        let first = match self.process_retrying(batch).await {
+            Ok(decisions) => return decisions.into_iter().map(Ok).collect(),
+            Err(e) if batch.len() == 1 => return vec![Err(e)],
+            Err(e) => e,
+        };
+        metrics::counter!("mq_consume_batch_split_total").increment(1);
+        warn!(batch = batch.len(), error_class = first.class(), error = %first,
+              "batch transaction failed; splitting it into one transaction per message");
+        let mut out = Vec::with_capacity(batch.len());
+        for d in batch {
+            out.push(
+                self.process_retrying(std::slice::from_ref(d))
+                    .await
+                    .map(|mut one| one.remove(0)),
+            );
+        }
+        out
+    }
+
+    fn log_decision(&self, d: &Delivery, decision: &Decision) {
+        metrics::counter!("mq_consume_total", "topic" => "order_create", "result" => decision.label())
+            .increment(1);
+        let message_id = d
+            .properties
+            .get("message_id")
+            .map(String::as_str)
+            .unwrap_or("");
+        let reservation_id = d.keys.split(' ').next().unwrap_or("");
+        let trace = d
+            .properties
+            .get("traceparent")
+            .map(String::as_str)
+            .unwrap_or("");
+        // The trace started at the API continues here: a span per message carrying
+        // its trace and parent span ids (JSON logs print the span's fields).
+        let (trace_id, parent_span_id) =
+            crate::domain::ids::parse_traceparent(trace).unwrap_or_default();
+        let span = tracing::info_span!(
+            "order_create",
+            trace_id = %trace_id,
+            parent_span_id = %parent_span_id,
+            message_id,
+            reservation_id
+        );
+        let _entered = span.enter();
+        match decision {
+            Decision::Created { order_id } => debug!(
+                message_id, reservation_id, order_id = %order_id,
+                consumer_group = %self.names.consumer_group, queue = d.queue_id,
+                offset = d.queue_offset, delivery_attempt = d.reconsume_times,
+                decision = "CREATED", traceparent = trace, "order created"
+            ),
+            Decision::DuplicateMessage | Decision::DuplicateReservation => {
+                metrics::counter!("mq_duplicate_message_total").increment(1);
+                info!(
+                    message_id,
+                    reservation_id,
+                    decision = decision.label(),
+                    delivery_attempt = d.reconsume_times,
+                    traceparent = trace,
+                    "duplicate: already processed, acknowledged"
+                );
+            }
+            Decision::Rejected(reason) => {
+                metrics::counter!("mq_business_reject_total", "reason" => reason.code())
+                    .increment(1);
+                info!(
+                    message_id,
+                    reservation_id,
+                    decision = "REJECTED",
+                    reason = reason.code(),
+                    traceparent = trace,
+                    "reservation rejected; compensation recorded"
+                );
+            }
+            Decision::Quarantined(code) => {
+                metrics::counter!("mq_quarantine_total", "reason" => *code).increment(1);
+                warn!(message_id, broker_msg_id = %d.broker_msg_id, reason = *code,
+                      queue = d.queue_id, offset = d.queue_offset,
+                      "poison message quarantined with its raw body");
+            }
+        }
     }
 }
 
@@ -93,120 +237,67 @@ impl BatchHandler for OrderCreateHandler {
     async fn handle(&self, batch: Vec<Delivery>) -> ConsumeDecision {
         let started = Instant::now();
         metrics::gauge!("mq_consumer_inflight").increment(1.0);
-        let result = self.process(&batch).await;
+        metrics::histogram!("mq_consume_batch_size").record(batch.len() as f64);
+        let result = self.decide(&batch).await;
         metrics::gauge!("mq_consumer_inflight").decrement(1.0);
         metrics::histogram!("mq_consume_process_seconds", "topic" => "order_create")
             .record(started.elapsed().as_secs_f64());
-        match result {
-            Ok(decisions) => {
-                for (d, decision) in batch.iter().zip(&decisions) {
-                    metrics::counter!("mq_consume_total", "topic" => "order_create", "result" => decision.label())
-                        .increment(1);
-                    let message_id = d
-                        .properties
-                        .get("message_id")
-                        .map(String::as_str)
-                        .unwrap_or("");
-                    let reservation_id = d.keys.split(' ').next().unwrap_or("");
-                    let trace = d
-                        .properties
-                        .get("traceparent")
-                        .map(String::as_str)
-                        .unwrap_or("");
-                    // The trace started at the API continues here: a span per message carrying
-                    // its trace and parent span ids (JSON logs print the span's fields).
-                    let (trace_id, parent_span_id) =
-                        crate::domain::ids::parse_traceparent(trace).unwrap_or_default();
-                    let span = tracing::info_span!(
-                        "order_create",
-                        trace_id = %trace_id,
-                        parent_span_id = %parent_span_id,
-                        message_id,
-                        reservation_id
-                    );
-                    let _entered = span.enter();
-                    match decision {
-                        Decision::Created { order_id } => debug!(
-                            message_id, reservation_id, order_id = %order_id,
-                            consumer_group = %self.names.consumer_group, queue = d.queue_id,
-                            offset = d.queue_offset, delivery_attempt = d.reconsume_times,
-                            decision = "CREATED", traceparent = trace, "order created"
-                        ),
-                        Decision::DuplicateMessage | Decision::DuplicateReservation => {
-                            metrics::counter!("mq_duplicate_message_total").increment(1);
-                            info!(
-                                message_id,
-                                reservation_id,
-                                decision = decision.label(),
-                                delivery_attempt = d.reconsume_times,
-                                traceparent = trace,
-                                "duplicate: already processed, acknowledged"
-                            );
-                        }
-                        Decision::Rejected(reason) => {
-                            metrics::counter!("mq_business_reject_total", "reason" => reason.code())
-                                .increment(1);
-                            info!(
-                                message_id,
-                                reservation_id,
-                                decision = "REJECTED",
-                                reason = reason.code(),
-                                traceparent = trace,
-                                "reservation rejected; compensation recorded"
-                            );
-                        }
-                        Decision::Quarantined(code) => {
-                            metrics::counter!("mq_quarantine_total", "reason" => *code)
-                                .increment(1);
-                            warn!(message_id, broker_msg_id = %d.broker_msg_id, reason = *code,
-                                  queue = d.queue_id, offset = d.queue_offset,
-                                  "poison message quarantined with its raw body");
-                        }
-                    }
-                }
-                // Injection point of §29.3: committed, killed before the ACK
-                // (`FAILPOINTS=consume-after-commit-before-ack=return` aborts like a SIGKILL).
-                fail::fail_point!("consume-after-commit-before-ack", |_| std::process::abort());
-                ConsumeDecision::Ack
-            }
-            Err(e) => {
-                let ids: Vec<&str> = batch
-                    .iter()
-                    .filter_map(|d| d.properties.get("message_id").map(String::as_str))
-                    .collect();
-                // Remember why, outside the rolled-back transaction: a message that ends in
-                // the DLQ is recorded with the error that killed it.
-                if let Ok(client) = self.pool.get().await {
-                    for id in &ids {
-                        let _ = crate::pg::dlq::record_failure(
-                            &**client,
-                            &self.names.consumer_group,
-                            id,
-                            e.class(),
-                            &e.to_string(),
-                        )
-                        .await;
-                    }
-                }
-                metrics::counter!("mq_consume_total", "topic" => "order_create", "result" => e.class())
-                    .increment(batch.len() as u64);
-                warn!(
-                    message_ids = ?ids, error_class = e.class(), error = %e,
-                    delivery_attempt = batch.first().map(|d| d.reconsume_times).unwrap_or(0),
-                    "order transaction rolled back; the broker will redeliver"
-                );
-                ConsumeDecision::Retry
+        for (d, outcome) in batch.iter().zip(&result) {
+            if let Ok(decision) = outcome {
+                self.log_decision(d, decision);
             }
         }
+        let failed: Vec<(&Delivery, &TxError)> = batch
+            .iter()
+            .zip(&result)
+            .filter_map(|(d, r)| r.as_ref().err().map(|e| (d, e)))
+            .collect();
+        if failed.is_empty() {
+            // Injection point of §29.3: committed, killed before the ACK
+            // (`FAILPOINTS=consume-after-commit-before-ack=return` aborts like a SIGKILL).
+            fail::fail_point!("consume-after-commit-before-ack", |_| std::process::abort());
+            return ConsumeDecision::Ack;
+        }
+        // Remember why, outside the rolled-back transaction: a message that ends in the DLQ
+        // is recorded with the error that killed it.
+        if let Ok(client) = self.pool.get().await {
+            for (d, e) in &failed {
+                if let Some(id) = d.properties.get("message_id") {
+                    let _ = crate::pg::dlq::record_failure(
+                        &**client,
+                        &self.names.consumer_group,
+                        id,
+                        e.class(),
+                        &e.to_string(),
+                    )
+                    .await;
+                }
+            }
+        }
+        for (d, e) in &failed {
+            metrics::counter!("mq_consume_total", "topic" => "order_create", "result" => e.class())
+                .increment(1);
+            warn!(
+                message_id = d.properties.get("message_id").map(String::as_str).unwrap_or(""),
+                reservation_id = d.keys.split(' ').next().unwrap_or(""),
+                error_class = e.class(), error = %e, delivery_attempt = d.reconsume_times,
+                "order transaction rolled back; the broker will redeliver"
+            );
+        }
+        ConsumeDecision::Retry
     }
 }
 
 /// `seckill consume [--workers N]`.
 pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<()> {
-    let budget = workers.unwrap_or_else(|| settings.worker_budget()).max(1);
+    // `--workers` sets the batches taken from the broker at once; the transactions among them
+    // that run at once stay within the worker budget (§22), under the adaptive limit. Raising
+    // `--workers` past the budget only queues batches in memory, it cannot overload PostgreSQL.
+    let workers = workers.unwrap_or_else(|| settings.worker_budget()).max(1);
+    let budget = settings.worker_budget().min(workers);
     metrics::gauge!("worker_budget").set(budget as f64);
     let names = settings.names();
-    // One connection per worker plus one spare, so a worker never waits on another's slot.
+    // One connection per transaction slot plus one spare, so a worker never waits on another's.
     let pool = crate::pg::connect_pool(&settings.pg, budget + 1).await?;
     let handler = Arc::new(OrderCreateHandler::new(pool, &settings, budget));
     let ready = Readiness::default();
@@ -217,7 +308,7 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
         shutdown.clone(),
     )
     .await?;
-    let consumer = crate::mq::start_order_create_consumer(&settings, handler, budget).await?;
+    let consumer = crate::mq::start_order_create_consumer(&settings, handler, workers).await?;
     // Compensation shares the process: it is light (one Lua call and one UPDATE per message)
     // and must run wherever orders are created.
     let compensation = Arc::new(crate::roles::compensate::CompensationHandler {
@@ -273,11 +364,24 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     });
     ready.set(true);
     info!(
-        group = %names.order_create_group, topic = %names.order_create_topic, workers = budget,
+        group = %names.order_create_group, topic = %names.order_create_topic, workers, budget,
         batch_size = settings.consumer.batch_size, metrics = %settings.consumer.metrics_listen,
         "consumer started"
     );
-    crate::telemetry::shutdown_signal().await;
+    // Messages pulled into the client and waiting for a worker (§28.2 mq_consumer_ready).
+    let signal = crate::telemetry::shutdown_signal();
+    tokio::pin!(signal);
+    loop {
+        tokio::select! {
+            _ = &mut signal => break,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {
+                match consumer.ready_messages().await {
+                    Ok(n) => metrics::gauge!("mq_consumer_ready", "topic" => "order_create").set(n as f64),
+                    Err(e) => debug!(error = %e, "mq_consumer_ready not sampled"),
+                }
+            }
+        }
+    }
     info!("shutdown signal: no new messages; draining in-flight transactions");
     ready.set(false);
     let grace = Duration::from_secs(settings.consumer.shutdown_grace_secs);

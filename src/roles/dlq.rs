@@ -104,6 +104,14 @@ pub async fn run_gauges(pool: deadpool_postgres::Pool, shutdown: CancellationTok
                 metrics::gauge!("mq_dlq_messages").set(open as f64);
                 metrics::gauge!("mq_dlq_oldest_age_seconds").set(oldest);
             }
+            // Replays run from the short-lived CLI, which nothing scrapes: the audit table is
+            // the record, and this long-running role exports it as a counter.
+            if let Ok(counts) = dlq::replay_counts(&**client).await {
+                for (result, n) in counts {
+                    metrics::counter!("mq_dlq_replay_total", "result" => result)
+                        .absolute(n.max(0) as u64);
+                }
+            }
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -374,7 +382,6 @@ async fn replay(
                 false,
             )
             .await?;
-            metrics::counter!("mq_dlq_replay_total", "result" => "refused").increment(1);
             bar.println(format!(
                 "dead letter {}: refused, first seen {} is older than the inbox retention ({} days); use --force",
                 row.dlq_id, row.first_seen, settings.retention.inbox_days
@@ -399,7 +406,6 @@ async fn replay(
             client, row.dlq_id, actor, reason, &label, &replay_id, confirmed,
         )
         .await?;
-        metrics::counter!("mq_dlq_replay_total", "result" => outcome.label()).increment(1);
         tracing::info!(dlq_id = row.dlq_id, consumer_group = %row.consumer_group, topic = %row.topic,
                        message_id = row.message_id.as_deref().unwrap_or(""),
                        reservation_id = row.reservation_id.as_deref().unwrap_or(""),

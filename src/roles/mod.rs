@@ -4,6 +4,8 @@ pub mod activity;
 pub mod admission;
 pub mod api;
 pub mod bench;
+pub mod bench_backlog;
+pub mod bench_broker;
 pub mod compensate;
 pub mod consume;
 pub mod dlq;

@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# make bench: the machine's naive limits (scripts/limits.sh) and the pipeline's own figures,
+# measured in one run on this machine, then each figure as a ratio to its limit.
+#
+#   1. limits: pgbench with the order transaction (one per transaction and batched),
+#      redis-benchmark with the reservation script, direct-to-PostgreSQL purchases;
+#      the broker's raw send rate (seckill bench-broker), one per call and batched.
+#   2. order consumer on a backlog (seckill bench-backlog), one hot SKU: batched transactions,
+#      one order per transaction, and --workers far past the budget.
+#   3. the API (seckill bench): accepted reservations/s with batched sends and with one send
+#      per reservation; answers/s for a sold-out SKU; a 10,000-unit sale from 100,000 requests
+#      by 60,000 buyers; many SKUs; duplicate-heavy traffic; open-loop arrivals.
+#
+# The last line is machine-readable:
+#   RATIOS order_vs_pgbench_single=… order_vs_pgbench_batch=… accept_batched_vs_unbatched=…
+#          soldout_vs_direct_pg=… within_3s_pct=… violations=…
+# Knobs: BENCH_QUICK=1 (smaller runs, for a smoke test), BENCH_CONCURRENCY (default 64),
+# LIMITS_SECONDS (default 10).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+export SECKILL_ENV=bench
+RUN_DIR="${SECKILL_RUN_DIR:-$HOME/.cache/seckill/run}/bench"
+mkdir -p "$RUN_DIR"
+CONC="${BENCH_CONCURRENCY:-64}"
+if [[ "${BENCH_QUICK:-0}" == 1 ]]; then
+  SALE_REQ=10000 SALE_BUYERS=6000 SALE_STOCK=1000 BACKLOG=5000 BACKLOG_SINGLE=1000 API_REQ=5000
+  export LIMITS_SECONDS="${LIMITS_SECONDS:-3}"
+else
+  SALE_REQ=100000 SALE_BUYERS=60000 SALE_STOCK=10000 BACKLOG=30000 BACKLOG_SINGLE=5000 API_REQ=30000
+  export LIMITS_SECONDS="${LIMITS_SECONDS:-10}"
+fi
+
+log() { printf '[bench] %s\n' "$*" >&2; }
+field() { sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<<"$1"; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "nan" }'; }
+
+scripts/services-up.sh >&2
+log "building (release)"
+cargo build --release --quiet
+BIN="$root/target/release/seckill"
+"$BIN" migrate >&2
+"$BIN" topics create >&2
+
+# --- 1. limits -------------------------------------------------------------------------------
+log "limits (pgbench, redis-benchmark, direct PostgreSQL), ${LIMITS_SECONDS}s each"
+DIRECT_PG_CLIENTS="$CONC" scripts/limits.sh | tee "$RUN_DIR/limits.out" >&2
+LIMITS="$(grep '^LIMITS ' "$RUN_DIR/limits.out" | tail -1)"
+[[ -n "$LIMITS" ]] || { echo "RATIOS FAILED reason=no_limits"; exit 1; }
+log "broker raw send rate"
+BROKER1="$("$BIN" bench-broker --batch 1 --senders 16 --seconds 5 | tail -1)"
+BROKER32="$("$BIN" bench-broker --batch 32 --senders 4 --seconds 5 | tail -1)"
+log "$BROKER1"
+log "$BROKER32"
+
+# --- roles -----------------------------------------------------------------------------------
+declare -A PID=()
+start() { # name, args...
+  local name="$1"; shift
+  "$BIN" "$@" >"$RUN_DIR/$name.log" 2>&1 &
+  PID[$name]=$!
+}
+stop() { # name
+  local pid="${PID[$1]:-}"
+  [[ -n "$pid" ]] || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  unset "PID[$1]"
+}
+stop_all() { for n in "${!PID[@]}"; do stop "$n"; done; }
+trap stop_all EXIT
+wait_ready() { # url
+  for _ in $(seq 1 150); do curl -fsS "$1" >/dev/null 2>&1 && return 0; sleep 0.2; done
+  log "$1 not ready; logs in $RUN_DIR"; return 1
+}
+cpu_args() { # the --cpu flags for the processes running now
+  local a=()
+  for n in "${!PID[@]}"; do a+=(--cpu "$n=${PID[$n]}"); done
+  local b; b="$(pgrep -d+ -f rocketmq-broker-rust || true)"; [[ -n "$b" ]] && a+=(--cpu "broker=$b")
+  local p; p="$(pgrep -d+ -x postgres || true)"; [[ -n "$p" ]] && a+=(--cpu "postgres=$p")
+  local r; r="$(pgrep -d+ -x redis-server || true)"; [[ -n "$r" ]] && a+=(--cpu "redis=$r")
+  printf '%s\n' "${a[@]}"
+}
+next_activity=$(( $(date +%s) * 10 ))
+activity() { # stock [skus] -> prints the new activity id
+  local stock="$1" skus="${2:-1}" spec=() i
+  next_activity=$((next_activity + 1))
+  for i in $(seq 1 "$skus"); do spec+=(--sku "$i:$stock:9900"); done
+  "$BIN" activity create --activity-id "$next_activity" --name "bench" "${spec[@]}" \
+    --duration-secs 3600 >&2
+  echo "$next_activity"
+}
+consume() { # args... (restarts the consumer)
+  stop consume
+  start consume consume "$@"
+  wait_ready http://127.0.0.1:29101/readyz
+  sleep 2 # queue assignment
+}
+backlog() { # label stock messages -> BACKLOG line
+  local a; a="$(activity "$2")"
+  local line
+  line="$("$BIN" bench-backlog --activity-id "$a" --messages "$3" --summary-prefix "BACKLOG_$1" | tail -1)"
+  log "$line"
+  echo "$line"
+}
+api_bench() { # label activity sku skus requests buyers [extra bench args...]
+  local label="$1" a="$2" sku="$3" skus="$4" req="$5" buyers="$6"; shift 6
+  local cpu; mapfile -t cpu < <(cpu_args)
+  local line
+  line="$("$BIN" bench --api http://127.0.0.1:28080 --activity-id "$a" --sku-id "$sku" --skus "$skus" \
+    --requests "$req" --buyers "$buyers" --concurrency "$CONC" --scenario "$label" \
+    --summary-prefix BENCH "${cpu[@]}" "$@" | tee "$RUN_DIR/bench-$label.out" | tail -1)"
+  log "$line"
+  echo "$line"
+}
+
+# --- 2. order consumer on a backlog ----------------------------------------------------------
+log "order consumer on a backlog, one hot SKU"
+consume
+B_BATCH="$(backlog batched "$((BACKLOG * 2))" "$BACKLOG")"
+consume --workers 64
+B_WIDE="$(backlog workers64 "$((BACKLOG * 2))" "$BACKLOG")"
+stop consume
+SECKILL__CONSUMER__BATCH_SIZE=1 consume
+B_SINGLE="$(backlog single "$((BACKLOG_SINGLE * 2))" "$BACKLOG_SINGLE")"
+consume
+
+# --- 3. through the API ----------------------------------------------------------------------
+start scan scan
+wait_ready http://127.0.0.1:29102/readyz
+start api api
+wait_ready http://127.0.0.1:28080/readyz
+log "accepted reservations/s, batched sends"
+A_BATCHED="$(api_bench accept-batched "$(activity "$API_REQ")" 1 1 "$API_REQ" "$API_REQ" \
+  --dup-request-share 0 --repeat-buyer-share 0)"
+stop api
+SECKILL__MQ__SEND_BATCH_MAX=1 start api api
+wait_ready http://127.0.0.1:28080/readyz
+log "accepted reservations/s, one send per reservation"
+A_SINGLE="$(api_bench accept-unbatched "$(activity "$API_REQ")" 1 1 "$API_REQ" "$API_REQ" \
+  --dup-request-share 0 --repeat-buyer-share 0)"
+stop api
+start api api
+wait_ready http://127.0.0.1:28080/readyz
+log "sold-out SKU"
+SOLDOUT_A="$(activity 0)"
+SOLDOUT="$(api_bench sold-out "$SOLDOUT_A" 1 1 "$API_REQ" "$API_REQ")"
+log "the sale: $SALE_REQ requests by $SALE_BUYERS buyers for $SALE_STOCK units"
+SALE="$(api_bench hot-sku "$(activity "$SALE_STOCK")" 1 1 "$SALE_REQ" "$SALE_BUYERS")"
+log "many SKUs"
+MANY="$(api_bench many-skus "$(activity $((SALE_STOCK / 10)) 20)" 1 20 "$((API_REQ / 2))" "$((API_REQ / 2))")"
+log "duplicate-heavy traffic"
+DUPS="$(api_bench duplicates "$(activity "$SALE_STOCK")" 1 1 "$((API_REQ / 2))" "$((API_REQ / 8))" \
+  --dup-request-share 0.4 --repeat-buyer-share 0.3)"
+log "open loop"
+OPEN="$(api_bench open-loop "$(activity "$SALE_STOCK")" 1 1 "$((API_REQ / 2))" "$((API_REQ / 2))" \
+  --rate 2000)"
+stop_all
+trap - EXIT
+
+# --- ratios ----------------------------------------------------------------------------------
+single_tps="$(field "$LIMITS" pgbench_single_tps)"
+batch_ops="$(field "$LIMITS" pgbench_batch_orders_per_s)"
+soldout_pg="$(field "$LIMITS" direct_pg_soldout_per_s)"
+orders_ps="$(field "$B_BATCH" orders_per_s)"
+violations=0
+for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT" "$SALE" "$MANY" "$DUPS" "$OPEN"; do
+  v="$(field "$line" violations)"
+  violations=$((violations + ${v:-1}))
+  [[ "$line" == *" OK "* ]] || violations=$((violations + 1))
+done
+{
+  echo
+  echo "== limits (this machine, this run) =="
+  echo "$LIMITS"
+  echo "$BROKER1"
+  echo "$BROKER32"
+  echo "== pipeline =="
+  for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT" "$SALE" "$MANY" "$DUPS" "$OPEN"; do
+    echo "$line"
+  done
+  echo "== ratios =="
+  echo "consumer orders/s (batched) $orders_ps vs pgbench one order/tx $single_tps and batched $batch_ops"
+  echo "consumer orders/s, --workers 64: $(field "$B_WIDE" orders_per_s); one order per transaction: $(field "$B_SINGLE" orders_per_s)"
+  echo "accepted/s batched $(field "$A_BATCHED" accepted_per_s) vs unbatched $(field "$A_SINGLE" accepted_per_s)"
+  echo "sold-out answers/s $(field "$SOLDOUT" req_per_s) vs direct PostgreSQL $soldout_pg at $CONC clients"
+} | tee "$RUN_DIR/summary.txt"
+echo "RATIOS order_vs_pgbench_single=$(ratio "$orders_ps" "$single_tps") order_vs_pgbench_batch=$(ratio "$orders_ps" "$batch_ops") accept_batched_vs_unbatched=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$A_SINGLE" accepted_per_s)") soldout_vs_direct_pg=$(ratio "$(field "$SOLDOUT" req_per_s)" "$soldout_pg") within_3s_pct=$(field "$SALE" within_3s_pct) workers64_vs_budget=$(ratio "$(field "$B_WIDE" orders_per_s)" "$orders_ps") violations=$violations"
+[[ "$violations" == 0 ]]

@@ -1,0 +1,235 @@
+//! `seckill bench-backlog`: how fast the order consumer turns a backlog into orders.
+//!
+//! It reserves `--messages` units in Redis exactly as the API does (same script, same ids),
+//! publishes their ORDER_CREATE_REQUESTED messages in broker batches far faster than any
+//! consumer drains them, marks them sent, and waits until PostgreSQL has recorded every one.
+//! The figure is orders per second from the first to the last order's `created_at`, i.e. what
+//! a running `seckill consume` sustains, comparable with `pgbench` running the same
+//! transaction (`scripts/limits.sh`). Then it checks the invariants of the SKU.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use chrono::Utc;
+use clap::Args;
+use futures::StreamExt;
+
+use crate::config::Settings;
+use crate::domain::event::TraceContext;
+use crate::domain::ids::{new_traceparent, Ids};
+use crate::domain::OrderCreateRequested;
+use crate::invariants;
+use crate::mq::{order_create_message, SendOutcome};
+use crate::redis::{RedisStore, ReserveArgs, ReserveResult};
+
+#[derive(Debug, Clone, Args)]
+pub struct BacklogArgs {
+    #[arg(long)]
+    pub activity_id: i64,
+    #[arg(long, default_value_t = 1)]
+    pub sku_id: i64,
+    /// Reservations (one unit each) to turn into orders.
+    #[arg(long, default_value_t = 20_000)]
+    pub messages: usize,
+    /// Buyers are user ids `first_user ..` (one reservation each).
+    #[arg(long, default_value_t = 1)]
+    pub first_user: i64,
+    /// Messages per broker call while filling the backlog.
+    #[arg(long, default_value_t = 32)]
+    pub publish_batch: usize,
+    #[arg(long, default_value_t = 300)]
+    pub drain_timeout_secs: u64,
+    /// Prefix of the final machine-readable line.
+    #[arg(long, default_value = "BACKLOG")]
+    pub summary_prefix: String,
+}
+
+pub async fn run(settings: Settings, args: BacklogArgs) -> anyhow::Result<bool> {
+    anyhow::ensure!(args.messages > 0, "--messages must be at least 1");
+    let redis = RedisStore::connect(&settings.redis).await?;
+    let publisher = crate::mq::connect_publisher(&settings).await?;
+    let topic = settings.names().order_create_topic;
+    let valid_secs = settings.api.reservation_valid_secs;
+
+    // 1. Reserve, as the API does.
+    let reserve_started = Instant::now();
+    let reserved: Vec<anyhow::Result<Option<OrderCreateRequested>>> =
+        futures::stream::iter(0..args.messages)
+            .map(|i| {
+                let redis = redis.clone();
+                let args = &args;
+                async move {
+                    let ids = Ids::generate();
+                    let request_id = format!("bl-{}", ids.reservation_id);
+                    let (trace_id, span_id, traceparent) = new_traceparent();
+                    let now_ms = Utc::now().timestamp_millis();
+                    let a = ReserveArgs {
+                        activity_id: args.activity_id,
+                        sku_id: args.sku_id,
+                        user_id: args.first_user + i as i64,
+                        request_id: &request_id,
+                        reservation_id: &ids.reservation_id,
+                        message_id: &ids.message_id,
+                        order_id: &ids.order_id,
+                        now_ms,
+                        // Not the scanner's to send while this bench sends it.
+                        next_retry_at_ms: now_ms + 60_000,
+                        traceparent: &traceparent,
+                        valid_secs,
+                    };
+                    Ok(match redis.reserve(&a).await? {
+                        ReserveResult::Reserved(view) => {
+                            Some(crate::roles::api::reservation_event(
+                                &a,
+                                1,
+                                view.valid_until_ms,
+                                TraceContext {
+                                    trace_id,
+                                    span_id,
+                                    traceparent: traceparent.clone(),
+                                },
+                            ))
+                        }
+                        _ => None,
+                    })
+                }
+            })
+            .buffer_unordered(64)
+            .collect()
+            .await;
+    let mut events = Vec::with_capacity(args.messages);
+    for r in reserved {
+        if let Some(e) = r.context("reserving in Redis")? {
+            events.push(e);
+        }
+    }
+    let reserve_secs = reserve_started.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        !events.is_empty(),
+        "no reservation succeeded: is activity {} SKU {} on sale with stock?",
+        args.activity_id,
+        args.sku_id
+    );
+
+    // 2. Publish in batches, then mark each confirmed reservation sent.
+    let publish_started = Instant::now();
+    let chunks: Vec<Vec<OrderCreateRequested>> = events
+        .chunks(args.publish_batch.max(1))
+        .map(<[OrderCreateRequested]>::to_vec)
+        .collect();
+    let outcomes: Vec<(Vec<OrderCreateRequested>, Vec<SendOutcome>)> =
+        futures::stream::iter(chunks)
+            .map(|chunk| {
+                let publisher = publisher.clone();
+                let topic = topic.clone();
+                async move {
+                    let msgs = chunk
+                        .iter()
+                        .map(|e| order_create_message(&topic, e))
+                        .collect();
+                    let out = publisher.send_batch(msgs, 3_000).await;
+                    (chunk, out)
+                }
+            })
+            .buffer_unordered(4)
+            .collect()
+            .await;
+    let publish_secs = publish_started.elapsed().as_secs_f64();
+    let mut unconfirmed = 0usize;
+    let mut sent = Vec::new();
+    for (chunk, outs) in outcomes {
+        for (e, o) in chunk.into_iter().zip(outs) {
+            match o {
+                SendOutcome::Confirmed { broker_msg_id } => sent.push((e, broker_msg_id)),
+                // Left MQ_PENDING: a running scanner re-sends it (same message_id).
+                _ => unconfirmed += 1,
+            }
+        }
+    }
+    let now_ms = Utc::now().timestamp_millis();
+    futures::stream::iter(&sent)
+        .for_each_concurrent(64, |(e, broker_msg_id)| {
+            let redis = redis.clone();
+            async move {
+                let _ = redis
+                    .mark_sent(
+                        e.activity_id,
+                        &e.reservation_id,
+                        &e.message_id,
+                        broker_msg_id,
+                        now_ms,
+                    )
+                    .await;
+            }
+        })
+        .await;
+
+    // 3. Wait for PostgreSQL to record every reservation.
+    let ids: Vec<String> = events.iter().map(|e| e.reservation_id.clone()).collect();
+    let pool = crate::pg::connect_pool(&settings.pg, 1).await?;
+    let pg = pool.get().await?;
+    pg.batch_execute("SET statement_timeout = '120s'").await?;
+    let deadline = Instant::now() + Duration::from_secs(args.drain_timeout_secs);
+    let drained = loop {
+        let n: i64 = pg
+            .query_one(
+                "SELECT count(*) FROM reservations WHERE reservation_id = ANY($1::text[])",
+                &[&ids],
+            )
+            .await?
+            .get(0);
+        if n as usize >= ids.len() {
+            break true;
+        }
+        if Instant::now() >= deadline {
+            eprintln!("drain timeout: {n} of {} reservations recorded", ids.len());
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let drain_secs = publish_started.elapsed().as_secs_f64();
+    let row = pg
+        .query_one(
+            "SELECT count(*), coalesce(extract(epoch FROM max(created_at) - min(created_at)), 0)::float8
+             FROM orders WHERE reservation_id = ANY($1::text[])",
+            &[&ids],
+        )
+        .await?;
+    let (orders, span): (i64, f64) = (row.get(0), row.get(1));
+    let orders_per_sec = if span > 0.0 {
+        (orders - 1).max(0) as f64 / span
+    } else {
+        0.0
+    };
+    let mut report = invariants::check(
+        &**pg,
+        &redis,
+        &settings.names().order_create_group,
+        args.activity_id,
+        args.sku_id,
+    )
+    .await
+    .context("invariant check")?;
+    if !drained {
+        report
+            .violations
+            .push("not drained: some reservations never reached PostgreSQL".into());
+    }
+    let ok = report.ok() && unconfirmed == 0;
+    println!(
+        "reserved {} in {reserve_secs:.2}s, published in {publish_secs:.2}s ({unconfirmed} unconfirmed)",
+        events.len()
+    );
+    println!("orders   {orders} in {span:.2}s first to last: {orders_per_sec:.0} orders/s; all recorded {drain_secs:.2}s after the first send");
+    for v in &report.violations {
+        println!("  - {v}");
+    }
+    println!(
+        "{} {} messages={} orders={orders} orders_per_s={orders_per_sec:.0} span_s={span:.2} drain_s={drain_secs:.2} unconfirmed={unconfirmed} violations={}",
+        args.summary_prefix,
+        if ok { "OK" } else { "FAILED" },
+        events.len(),
+        report.violations.len()
+    );
+    Ok(ok)
+}

@@ -1,0 +1,96 @@
+//! `seckill bench-broker`: the broker's raw send rate on this machine, one message per call
+//! and in batches, through the same producer the pipeline uses. It writes to a topic of its
+//! own (`<env>_SECKILL_BENCH_RAW_V1`) that nothing consumes.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+
+use crate::config::Settings;
+use crate::mq::{OutMessage, SendOutcome};
+
+#[derive(Debug, Clone, Args)]
+pub struct BrokerArgs {
+    /// Concurrent senders.
+    #[arg(long, default_value_t = 16)]
+    pub senders: usize,
+    /// Messages per broker call (1 = one send per message).
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// How long to send.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Body size in bytes (an ORDER_CREATE_REQUESTED body is about 700).
+    #[arg(long, default_value_t = 700)]
+    pub body_bytes: usize,
+}
+
+pub async fn run(settings: Settings, args: BrokerArgs) -> anyhow::Result<bool> {
+    anyhow::ensure!(
+        args.senders > 0 && args.batch > 0,
+        "--senders and --batch must be positive"
+    );
+    let topic = format!("{}_SECKILL_BENCH_RAW_V1", settings.env);
+    crate::mq::create_topics(
+        &settings,
+        &[(topic.clone(), settings.mq.order_create_queues)],
+    )
+    .await?;
+    let publisher = crate::mq::connect_publisher(&settings).await?;
+    let body = vec![b'x'; args.body_bytes];
+    let confirmed = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let calls = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs_f64(args.seconds);
+    let started = Instant::now();
+    let mut senders = tokio::task::JoinSet::new();
+    for s in 0..args.senders {
+        let (publisher, topic, body) = (publisher.clone(), topic.clone(), body.clone());
+        let (confirmed, failed, calls) = (confirmed.clone(), failed.clone(), calls.clone());
+        let batch = args.batch;
+        senders.spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                let msgs: Vec<OutMessage> = (0..batch)
+                    .map(|i| OutMessage {
+                        topic: topic.clone(),
+                        tag: "BENCH".into(),
+                        keys: vec![format!("s{s}-{n}-{i}")],
+                        properties: vec![("message_id".into(), format!("raw-{s}-{n}-{i}"))],
+                        body: body.clone(),
+                        ..Default::default()
+                    })
+                    .collect();
+                n += 1;
+                let outcomes = if batch == 1 {
+                    let m = msgs.into_iter().next().expect("one message");
+                    vec![publisher.send(m, 3_000).await]
+                } else {
+                    publisher.send_batch(msgs, 3_000).await
+                };
+                calls.fetch_add(1, Ordering::Relaxed);
+                for o in outcomes {
+                    if matches!(o, SendOutcome::Confirmed { .. }) {
+                        confirmed.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        });
+    }
+    while senders.join_next().await.is_some() {}
+    let secs = started.elapsed().as_secs_f64();
+    let ok_msgs = confirmed.load(Ordering::Relaxed);
+    let bad = failed.load(Ordering::Relaxed);
+    println!(
+        "BROKER batch={} senders={} msgs_per_s={:.0} calls_per_s={:.0} confirmed={ok_msgs} failed={bad} seconds={secs:.2}",
+        args.batch,
+        args.senders,
+        ok_msgs as f64 / secs,
+        calls.load(Ordering::Relaxed) as f64 / secs,
+    );
+    Ok(bad == 0)
+}
