@@ -25,9 +25,10 @@ bench: ## Limits of this machine + the pipeline's figures; last line RATIOS ... 
 limits: services-up ## Only the naive limits (pgbench, redis-benchmark, direct PostgreSQL); last line LIMITS ...
 	scripts/limits.sh
 
-test: services-up ## The whole test suite against the real services, and the operator files
+test: services-up ## The whole test suite against the real services, the operator files, schemathesis
 	SECKILL_ENV=test cargo test --all-targets --features failpoints -- --test-threads=4
 	scripts/check-operator-files.sh
+	scripts/schemathesis.sh
 
 test-unit: ## Unit tests only (no services)
 	cargo test --lib --bins

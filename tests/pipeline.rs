@@ -253,6 +253,46 @@ async fn bad_input_gets_a_400_json_error_and_writes_nothing() {
             "overflow",
         ),
         (big, "oversized"),
+        (r#"[1,"arr-1",1]"#.into(), "positional array"),
+        ("null".into(), "null"),
+        (r#""a string""#.into(), "bare string"),
+        (
+            r#"{"user_id":true,"request_id":"a","quantity":1}"#.into(),
+            "bool user",
+        ),
+        (
+            r#"{"user_id":1.5,"request_id":"a","quantity":1}"#.into(),
+            "fractional user",
+        ),
+        (
+            r#"{"user_id":9223372036854775808,"request_id":"a","quantity":1}"#.into(),
+            "user past i64",
+        ),
+        (
+            r#"{"user_id":1,"request_id":"a","quantity":-1}"#.into(),
+            "negative quantity",
+        ),
+        (
+            r#"{"user_id":1,"request_id":"a","quantity":4294967297}"#.into(),
+            "quantity past u32",
+        ),
+        (
+            r#"{"user_id":1,"request_id":"\u0000\ud83d\ude00","quantity":1}"#.into(),
+            "control and emoji request id",
+        ),
+        (
+            "{\"user_id\":1,\"request_id\":\"\u{e4}\u{20ac}\u{1d11e}\",\"quantity\":1}".into(),
+            "unicode request id",
+        ),
+        (
+            r#"{"user_id":1,"request_id":{"nested":[1,2,3]},"quantity":1}"#.into(),
+            "object request id",
+        ),
+        (
+            format!("{}1{}", "[".repeat(3000), "]".repeat(3000)),
+            "deep nesting",
+        ),
+        ("\u{feff}{}".into(), "byte order mark"),
     ];
     for (body, what) in bodies {
         let r = client
@@ -273,6 +313,11 @@ async fn bad_input_gets_a_400_json_error_and_writes_nothing() {
         "/v1/activities/-1/skus/1/reservations",
         "/v1/activities/abc/skus/1/reservations",
         "/v1/activities/300/skus/0/reservations",
+        "/v1/activities/+300/skus/1/reservations",
+        "/v1/activities/0300/skus/1/reservations",
+        "/v1/activities/99999999999999999999/skus/1/reservations",
+        "/v1/activities/%FF/skus/1/reservations",
+        "/v1/activities/%E2%82%AC/skus/1/reservations",
     ] {
         let r = client
             .post(format!("{}{path}", app.base))
@@ -281,6 +326,30 @@ async fn bad_input_gets_a_400_json_error_and_writes_nothing() {
             .await
             .unwrap();
         assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{path}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "INVALID_REQUEST", "{path}: {v}");
+    }
+    // Hostile headers: a huge one, a garbage trace context; a 4xx, never a 5xx.
+    let r = client
+        .post(&url)
+        .header("x-filler", "x".repeat(60_000))
+        .header("traceparent", "00-zzzz-00-ff")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_client_error(), "{}", r.status());
+    for path in [
+        "/v1/reservations/%FF",
+        "/v1/orders/%FF",
+        "/v1/orders/ord_%00",
+    ] {
+        let (s, b) = get(format!("{}{path}", app.base)).await;
+        assert_eq!(
+            (s, b["error"]["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("INVALID_REQUEST")),
+            "{path}"
+        );
     }
     let (s, b) = get(format!("{}/v1/reservations/not-an-id", app.base)).await;
     assert_eq!(

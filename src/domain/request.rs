@@ -52,8 +52,16 @@ fn positive_i64(v: &serde_json::Value, field: &'static str) -> Result<i64, Valid
 
 impl ReserveRequest {
     pub fn parse(body: &[u8]) -> Result<Self, ValidationError> {
-        let raw: RawReserve =
+        let value: serde_json::Value =
             serde_json::from_slice(body).map_err(|e| ValidationError::Json(e.to_string()))?;
+        if !value.is_object() {
+            // serde would also take the positional form `[user_id, request_id, quantity]`.
+            return Err(ValidationError::Json(
+                "the body must be a JSON object".into(),
+            ));
+        }
+        let raw =
+            RawReserve::deserialize(value).map_err(|e| ValidationError::Json(e.to_string()))?;
         let user_id = positive_i64(
             raw.user_id
                 .as_ref()
@@ -104,6 +112,10 @@ impl ReserveRequest {
 
 /// Parses a path id: a positive integer that fits in i64.
 pub fn parse_path_id(s: &str, name: &'static str) -> Result<i64, ValidationError> {
+    // Canonical decimal only: no sign, no leading zero (`+1` and `01` are not ids).
+    if s.is_empty() || s.starts_with('0') || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(ValidationError::Path(name));
+    }
     match s.parse::<i64>() {
         Ok(n) if n > 0 => Ok(n),
         _ => Err(ValidationError::Path(name)),
@@ -210,6 +222,11 @@ mod tests {
             ReserveRequest::parse(b"[]"),
             Err(ValidationError::Json(_))
         ));
+        // serde's positional form of the struct is not an accepted body.
+        assert!(matches!(
+            ReserveRequest::parse(br#"[424242,"arr-1",1]"#),
+            Err(ValidationError::Json(_))
+        ));
     }
 
     #[test]
@@ -219,5 +236,8 @@ mod tests {
         assert!(parse_path_id("-1", "activity_id").is_err());
         assert!(parse_path_id("99999999999999999999", "activity_id").is_err());
         assert!(parse_path_id("abc", "activity_id").is_err());
+        assert!(parse_path_id("+1", "activity_id").is_err());
+        assert!(parse_path_id("01", "activity_id").is_err());
+        assert!(parse_path_id("", "activity_id").is_err());
     }
 }

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::{to_bytes, Body};
-use axum::extract::{Path, State};
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -138,9 +139,30 @@ fn queued_body(v: &ReservationView, duplicate: bool) -> serde_json::Value {
     })
 }
 
+/// `Path` whose rejection (a segment that is not UTF-8, say) is the same JSON 400 as every
+/// other bad input, never axum's plain-text one.
+struct IdPath<T>(T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> FromRequestParts<S> for IdPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Path(t)| IdPath(t))
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "INVALID_REQUEST",
+                    format!("bad path: {}", e.body_text()),
+                )
+            })
+    }
+}
+
 async fn reserve(
     State(s): State<ApiState>,
-    Path((activity, sku)): Path<(String, String)>,
+    IdPath((activity, sku)): IdPath<(String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -444,7 +466,7 @@ fn require_id(prefix: &str, name: &str, id: &str) -> Result<(), ApiError> {
 
 async fn get_reservation(
     State(s): State<ApiState>,
-    Path(reservation_id): Path<String>,
+    IdPath(reservation_id): IdPath<String>,
 ) -> Result<Response, ApiError> {
     require_id("rsv", "reservation_id", &reservation_id)?;
     // The projection answers most polls without touching PostgreSQL.
@@ -537,7 +559,7 @@ async fn get_reservation(
 
 async fn get_order(
     State(s): State<ApiState>,
-    Path(order_id): Path<String>,
+    IdPath(order_id): IdPath<String>,
 ) -> Result<Response, ApiError> {
     require_id("ord", "order_id", &order_id)?;
     let client =
@@ -559,7 +581,7 @@ async fn get_order(
 
 async fn pay_order(
     State(s): State<ApiState>,
-    Path(order_id): Path<String>,
+    IdPath(order_id): IdPath<String>,
     body: Body,
 ) -> Result<Response, ApiError> {
     use crate::pg::order_state::{pay, PayOutcome, StateNames};
