@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help services-up services-down build demo bench limits test test-unit fmt clippy lint ci
+.PHONY: help services-up services-down build demo bench limits test test-faults chaos test-unit fmt clippy lint ci
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -29,6 +29,12 @@ test: services-up ## The whole test suite against the real services, the operato
 	SECKILL_ENV=test cargo test --all-targets --features failpoints -- --test-threads=4
 	scripts/check-operator-files.sh
 	scripts/schemathesis.sh
+
+test-faults: services-up ## Faults that disturb the shared services (broker kill, PostgreSQL restart), one at a time
+	SECKILL_ENV=test cargo test --features failpoints --test sale_faults -- --ignored --test-threads=1
+
+chaos: ## A 50,000-request sale while roles, the broker and PostgreSQL are killed; table + CHAOS_RUN line
+	scripts/chaos.sh
 
 test-unit: ## Unit tests only (no services)
 	cargo test --lib --bins

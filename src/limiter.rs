@@ -7,6 +7,7 @@
 //! fails transiently, at most once per window. It never leaves `1..=max`. Its value is the
 //! gauge `order_tx_concurrency_limit`.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -41,6 +42,9 @@ pub struct AdaptiveLimiter {
     sem: Arc<Semaphore>,
     state: Mutex<State>,
     settings: LimiterSettings,
+    /// Slots held right now, and the most ever held at once.
+    held: AtomicUsize,
+    high_water: AtomicUsize,
 }
 
 /// A slot for one transaction; report how it went with [`LimitPermit::done`].
@@ -71,6 +75,8 @@ impl AdaptiveLimiter {
                 debt: 0,
             }),
             settings: LimiterSettings { max, ..settings },
+            held: AtomicUsize::new(0),
+            high_water: AtomicUsize::new(0),
         });
         limiter.publish(initial);
         limiter
@@ -81,12 +87,19 @@ impl AdaptiveLimiter {
         self.lock().limit
     }
 
+    /// The most slots ever held at once (never above the budget).
+    pub fn high_water(&self) -> usize {
+        self.high_water.load(Ordering::Acquire)
+    }
+
     /// Waits for a slot.
     pub async fn acquire(self: &Arc<Self>) -> LimitPermit {
         let permit = Arc::clone(&self.sem)
             .acquire_owned()
             .await
             .expect("the limiter never closes its semaphore");
+        let held = self.held.fetch_add(1, Ordering::AcqRel) + 1;
+        self.high_water.fetch_max(held, Ordering::AcqRel);
         LimitPermit {
             limiter: Arc::clone(self),
             permit: Some(permit),
@@ -133,6 +146,7 @@ impl AdaptiveLimiter {
 
     /// A permit comes back: retire it if the limit fell meanwhile.
     fn release(&self, permit: OwnedSemaphorePermit) {
+        self.held.fetch_sub(1, Ordering::AcqRel);
         let mut st = self.lock();
         if st.debt > 0 {
             st.debt -= 1;

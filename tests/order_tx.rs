@@ -410,3 +410,33 @@ async fn many_buyers_at_once_never_deadlock_and_never_oversell() {
     );
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn calls_far_past_the_budget_never_run_more_transactions_than_the_budget() {
+    let env = TestEnv::new(false).await;
+    env.activity(1, 1, 200).await;
+    // A pool much larger than the budget: only the limiter can hold the line.
+    let h = Arc::new(OrderCreateHandler::new(
+        env.pool(20).await,
+        &env.settings,
+        2,
+    ));
+    let topic = env.settings.names().order_create_topic;
+    // 64 batches at once, as `consume --workers 64` would hand over.
+    let calls = (1..=64).map(|user| {
+        let h = h.clone();
+        let d = delivery_of(&topic, &event(1, 1, user, 300));
+        async move { h.handle(vec![d]).await }
+    });
+    let decisions = futures::future::join_all(calls).await;
+    assert!(decisions.iter().all(|d| *d == ConsumeDecision::Ack));
+    assert_eq!(env.count("SELECT count(*) FROM orders").await, 64);
+    let limiter = h.limiter();
+    assert!(
+        limiter.high_water() <= 2,
+        "transactions at once: {}",
+        limiter.high_water()
+    );
+    assert!(limiter.high_water() >= 1 && limiter.limit() <= 2);
+    env.cleanup().await;
+}

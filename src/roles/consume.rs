@@ -52,6 +52,11 @@ impl OrderCreateHandler {
         }
     }
 
+    /// The limit on this handler's transactions in flight.
+    pub fn limiter(&self) -> &AdaptiveLimiter {
+        &self.limiter
+    }
+
     /// Turns broker deliveries into transaction inputs (poison is kept, not dropped).
     pub fn inbound(d: &Delivery) -> Inbound {
         Inbound {

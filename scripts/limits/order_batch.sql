@@ -1,0 +1,88 @@
+-- scripts/limits.sh, measurement 2: the same order transaction as order_single.sql for a
+-- batch of :batch messages (-D batch=20), set-based like src/pg/order_tx.rs (one multi-row
+-- statement per step, one conditional LEAST(...) decrement of the hot row for the whole
+-- batch, the ledger/outbox/inbox/NOTIFY step pipelined).
+-- The inbox update looks its rows up with = ANY (ARRAY(...)), an index scan whatever the
+-- table statistics say (a join with generate_series may get a hash join over the whole inbox
+-- once pgbench's prepared statements switch to a generic plan).
+-- Ids: (per-client counter * 1000 + client_id) * 100 + g, g = 1..batch (batch <= 99).
+-- Requires -D n=0 -D batch=<size> and -M prepared or -M extended (pipeline).
+\set n :n + 1
+\set k :n * 1000 + :client_id
+\set ub (permute(:k, 10000000000000) + 1) * 100
+BEGIN;
+INSERT INTO seckill_limits.consumer_inbox
+    (consumer_group, message_id, topic, reservation_id, order_id, status, delivery_attempt)
+SELECT 'seckill-limits-consumer', 'evt_' || lpad((:k::bigint * 100 + g)::text, 26, '0'),
+       'seckill-order-create', 'rsv_' || lpad((:k::bigint * 100 + g)::text, 26, '0'),
+       'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0'), 'PROCESSING', 0
+FROM generate_series(1, :batch::int) AS g
+ON CONFLICT DO NOTHING
+RETURNING message_id;
+INSERT INTO seckill_limits.reservations
+    (reservation_id, message_id, request_id, order_id, activity_id, sku_id, user_id,
+     status, reject_reason, reserved_at, valid_until)
+SELECT 'rsv_' || lpad((:k::bigint * 100 + g)::text, 26, '0'),
+       'evt_' || lpad((:k::bigint * 100 + g)::text, 26, '0'),
+       'req_' || lpad((:k::bigint * 100 + g)::text, 26, '0'),
+       'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0'), 1, 1, :ub::bigint + g,
+       'ORDERED', NULL, now() - interval '20 milliseconds', now() + interval '15 minutes'
+FROM generate_series(1, :batch::int) AS g
+ON CONFLICT (reservation_id) DO NOTHING
+RETURNING reservation_id;
+INSERT INTO seckill_limits.orders
+    (order_id, reservation_id, activity_id, sku_id, user_id, status, amount_cents,
+     expires_at, reserved_at)
+SELECT 'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0'),
+       'rsv_' || lpad((:k::bigint * 100 + g)::text, 26, '0'), 1, 1, :ub::bigint + g,
+       'CREATED', k.price_cents, now() + interval '15 minutes', now() - interval '20 milliseconds'
+FROM generate_series(1, :batch::int) AS g
+JOIN seckill_limits.activity_skus k ON k.activity_id = 1 AND k.sku_id = 1
+ON CONFLICT DO NOTHING
+RETURNING order_id;
+WITH cur AS (
+    SELECT activity_id, sku_id, remaining_stock FROM seckill_limits.activity_skus
+    WHERE activity_id = 1 AND sku_id = 1 FOR NO KEY UPDATE)
+UPDATE seckill_limits.activity_skus s
+   SET remaining_stock = cur.remaining_stock - LEAST(cur.remaining_stock, :batch::int),
+       updated_at = now()
+FROM cur WHERE s.activity_id = cur.activity_id AND s.sku_id = cur.sku_id
+RETURNING LEAST(cur.remaining_stock, :batch::int);
+\startpipeline
+INSERT INTO seckill_limits.stock_ledger (activity_id, sku_id, order_id, delta, reason)
+SELECT 1, 1, 'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0'), -1, 'ORDER_CREATED'
+FROM generate_series(1, :batch::int) AS g;
+INSERT INTO seckill_limits.event_outbox
+    (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, deliver_at)
+SELECT o || '.v1.ORDER_CREATED', 'seckill-order-event', 'ORDER_CREATED', o, o, 1,
+       jsonb_build_object(
+           'schema_version', 1, 'event_type', 'ORDER_CREATED',
+           'event_id', o || '.v1.ORDER_CREATED', 'order_id', o, 'reservation_id', r,
+           'activity_id', 1, 'sku_id', 1, 'user_id', u,
+           'status', 'CREATED', 'aggregate_version', 1,
+           'expires_at', now() + interval '15 minutes', 'occurred_at', now(),
+           'traceparent', '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'),
+       NULL
+FROM (SELECT 'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0') AS o,
+             'rsv_' || lpad((:k::bigint * 100 + g)::text, 26, '0') AS r,
+             :ub::bigint + g AS u
+      FROM generate_series(1, :batch::int) AS g) AS t
+UNION ALL
+SELECT o || '.CANCEL_IF_UNPAID', 'seckill-order-timeout', 'CANCEL_IF_UNPAID', o, o, NULL,
+       jsonb_build_object(
+           'schema_version', 1, 'event_type', 'CANCEL_ORDER_IF_UNPAID',
+           'event_id', o || '.CANCEL_IF_UNPAID', 'order_id', o, 'activity_id', 1, 'sku_id', 1,
+           'expires_at', now() + interval '15 minutes',
+           'traceparent', '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'),
+       now() + interval '15 minutes'
+FROM (SELECT 'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0') AS o
+      FROM generate_series(1, :batch::int) AS g) AS t
+ON CONFLICT (event_id) DO NOTHING;
+UPDATE seckill_limits.consumer_inbox i
+   SET status = 'SUCCEEDED', decision = 'CREATED', updated_at = now()
+ WHERE i.consumer_group = 'seckill-limits-consumer'
+   AND i.message_id = ANY (ARRAY(SELECT 'evt_' || lpad((:k::bigint * 100 + g)::text, 26, '0')
+                                 FROM generate_series(1, :batch::int) AS g));
+NOTIFY seckill_limits_outbox;
+\endpipeline
+COMMIT;

@@ -1,0 +1,80 @@
+-- scripts/limits.sh, measurement 1: the project's order transaction for ONE message, as
+-- src/pg/order_tx.rs runs it for a batch of one (happy path: fresh message, fresh
+-- reservation, stock left). Same statements in the same order and the same round trips:
+--   BEGIN; inbox insert; reservation insert; order insert (joined with the SKU row, FK check
+--   = FOR KEY SHARE on the hot row); hot-row decrement (FOR NO KEY UPDATE, LEAST(...));
+--   then ledger, outbox (ORDER_CREATED + delayed CANCEL_IF_UNPAID), inbox status and NOTIFY
+--   pipelined; COMMIT.
+-- Ids: k = per-client counter * 1000 + client_id: unique and rising, like the ULID-based
+-- ids (evt_/rsv_/ord_ + 26 characters). Buyers: a permutation of k (unique, scattered).
+-- Requires -D n=0 (the counter) and -M prepared or -M extended (pipeline).
+-- NOTIFY uses a private channel so a running outbox relay is not woken.
+\set n :n + 1
+\set k :n * 1000 + :client_id
+\set uid permute(:k, 10000000000000) + 1
+BEGIN;
+INSERT INTO seckill_limits.consumer_inbox
+    (consumer_group, message_id, topic, reservation_id, order_id, status, delivery_attempt)
+VALUES ('seckill-limits-consumer', 'evt_' || lpad(:k::text, 26, '0'), 'seckill-order-create',
+        'rsv_' || lpad(:k::text, 26, '0'), 'ord_' || lpad(:k::text, 26, '0'), 'PROCESSING', 0)
+ON CONFLICT DO NOTHING
+RETURNING message_id;
+INSERT INTO seckill_limits.reservations
+    (reservation_id, message_id, request_id, order_id, activity_id, sku_id, user_id,
+     status, reject_reason, reserved_at, valid_until)
+VALUES ('rsv_' || lpad(:k::text, 26, '0'), 'evt_' || lpad(:k::text, 26, '0'),
+        'req_' || lpad(:k::text, 26, '0'), 'ord_' || lpad(:k::text, 26, '0'), 1, 1, :uid,
+        'ORDERED', NULL, now() - interval '20 milliseconds', now() + interval '15 minutes')
+ON CONFLICT (reservation_id) DO NOTHING
+RETURNING reservation_id;
+INSERT INTO seckill_limits.orders
+    (order_id, reservation_id, activity_id, sku_id, user_id, status, amount_cents,
+     expires_at, reserved_at)
+SELECT 'ord_' || lpad(:k::text, 26, '0'), 'rsv_' || lpad(:k::text, 26, '0'), 1, 1, :uid,
+       'CREATED', k.price_cents, now() + interval '15 minutes', now() - interval '20 milliseconds'
+FROM seckill_limits.activity_skus k
+WHERE k.activity_id = 1 AND k.sku_id = 1
+ON CONFLICT DO NOTHING
+RETURNING order_id;
+WITH cur AS (
+    SELECT activity_id, sku_id, remaining_stock FROM seckill_limits.activity_skus
+    WHERE activity_id = 1 AND sku_id = 1 FOR NO KEY UPDATE)
+UPDATE seckill_limits.activity_skus s
+   SET remaining_stock = cur.remaining_stock - LEAST(cur.remaining_stock, 1),
+       updated_at = now()
+FROM cur WHERE s.activity_id = cur.activity_id AND s.sku_id = cur.sku_id
+RETURNING LEAST(cur.remaining_stock, 1);
+\startpipeline
+INSERT INTO seckill_limits.stock_ledger (activity_id, sku_id, order_id, delta, reason)
+VALUES (1, 1, 'ord_' || lpad(:k::text, 26, '0'), -1, 'ORDER_CREATED');
+INSERT INTO seckill_limits.event_outbox
+    (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, deliver_at)
+SELECT 'ord_' || lpad(:k::text, 26, '0') || '.v1.ORDER_CREATED', 'seckill-order-event',
+       'ORDER_CREATED', 'ord_' || lpad(:k::text, 26, '0'), 'ord_' || lpad(:k::text, 26, '0'), 1,
+       jsonb_build_object(
+           'schema_version', 1, 'event_type', 'ORDER_CREATED',
+           'event_id', 'ord_' || lpad(:k::text, 26, '0') || '.v1.ORDER_CREATED',
+           'order_id', 'ord_' || lpad(:k::text, 26, '0'),
+           'reservation_id', 'rsv_' || lpad(:k::text, 26, '0'),
+           'activity_id', 1, 'sku_id', 1, 'user_id', :uid::bigint,
+           'status', 'CREATED', 'aggregate_version', 1,
+           'expires_at', now() + interval '15 minutes', 'occurred_at', now(),
+           'traceparent', '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'),
+       NULL
+UNION ALL
+SELECT 'ord_' || lpad(:k::text, 26, '0') || '.CANCEL_IF_UNPAID', 'seckill-order-timeout',
+       'CANCEL_IF_UNPAID', 'ord_' || lpad(:k::text, 26, '0'), 'ord_' || lpad(:k::text, 26, '0'), NULL,
+       jsonb_build_object(
+           'schema_version', 1, 'event_type', 'CANCEL_ORDER_IF_UNPAID',
+           'event_id', 'ord_' || lpad(:k::text, 26, '0') || '.CANCEL_IF_UNPAID',
+           'order_id', 'ord_' || lpad(:k::text, 26, '0'), 'activity_id', 1, 'sku_id', 1,
+           'expires_at', now() + interval '15 minutes',
+           'traceparent', '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'),
+       now() + interval '15 minutes'
+ON CONFLICT (event_id) DO NOTHING;
+UPDATE seckill_limits.consumer_inbox
+   SET status = 'SUCCEEDED', decision = 'CREATED', updated_at = now()
+ WHERE consumer_group = 'seckill-limits-consumer' AND message_id = 'evt_' || lpad(:k::text, 26, '0');
+NOTIFY seckill_limits_outbox;
+\endpipeline
+COMMIT;

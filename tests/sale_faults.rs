@@ -1,0 +1,261 @@
+//! A sale through the real binaries (`api`, `consume`, `scan`) while something fails (§29.3):
+//! every consumer killed and restarted (runs in `make test`); the broker killed and restarted,
+//! PostgreSQL restarted (these disturb services every other test shares, so they are ignored
+//! by `make test` and run one at a time by `make test-faults`). Each ends with the pipeline
+//! converged and every invariant holding: no order lost, doubled or oversold.
+
+// The RocketMQ client's futures are deeply nested.
+#![recursion_limit = "256"]
+
+mod common;
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{eventually, free_port, spawn, wait_ready, Proc, TestEnv};
+use futures::StreamExt;
+use serde_json::json;
+
+const STOCK: i32 = 300;
+const BUYERS: i64 = 900;
+
+/// The roles of one sale, each a real process.
+struct Roles {
+    api: Proc,
+    api_port: u16,
+    consumers: Vec<(Proc, u16)>,
+    scan: Proc,
+}
+
+fn start_consumer(env: &TestEnv) -> (Proc, u16) {
+    let port = free_port();
+    let p = spawn(
+        env,
+        &["consume", "--workers", "2"],
+        "",
+        &[(
+            "SECKILL__CONSUMER__METRICS_LISTEN",
+            format!("127.0.0.1:{port}"),
+        )],
+    );
+    (p, port)
+}
+
+async fn start_roles(env: &TestEnv, consumers: usize) -> Roles {
+    let api_port = free_port();
+    let scan_port = free_port();
+    let api = spawn(
+        env,
+        &["api"],
+        "",
+        &[("SECKILL__API__LISTEN", format!("127.0.0.1:{api_port}"))],
+    );
+    let scan = spawn(
+        env,
+        &["scan"],
+        "",
+        &[(
+            "SECKILL__SCAN__METRICS_LISTEN",
+            format!("127.0.0.1:{scan_port}"),
+        )],
+    );
+    let consumers: Vec<(Proc, u16)> = (0..consumers).map(|_| start_consumer(env)).collect();
+    wait_ready(format!("http://127.0.0.1:{api_port}/readyz")).await;
+    wait_ready(format!("http://127.0.0.1:{scan_port}/readyz")).await;
+    for (_, port) in &consumers {
+        wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
+    }
+    Roles {
+        api,
+        api_port,
+        consumers,
+        scan,
+    }
+}
+
+/// Buyers 1..=BUYERS, 8 at a time; `fault` runs once a third of them have been answered.
+/// Returns how many got a 202.
+async fn sale_with<F, Fut>(env: &TestEnv, activity: i64, api_port: u16, fault: F) -> usize
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{api_port}/v1/activities/{activity}/skus/1/reservations");
+    let answered = Arc::new(AtomicUsize::new(0));
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let load = {
+        let (answered, accepted) = (answered.clone(), accepted.clone());
+        tokio::spawn(
+            futures::stream::iter(1..=BUYERS)
+                .for_each_concurrent(8, move |user| {
+                    let (client, url) = (client.clone(), url.clone());
+                    let (answered, accepted) = (answered.clone(), accepted.clone());
+                    async move {
+                        let r = client
+                            .post(&url)
+                            .json(&json!({"user_id": user, "request_id": format!("u{user}"), "quantity": 1}))
+                            .send()
+                            .await;
+                        if matches!(&r, Ok(r) if r.status() == reqwest::StatusCode::ACCEPTED) {
+                            accepted.fetch_add(1, Ordering::SeqCst);
+                        }
+                        answered.fetch_add(1, Ordering::SeqCst);
+                        // Buyers arrive over a few seconds, so the fault lands mid-sale.
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }),
+        )
+    };
+    eventually(60, "a third of the buyers answered", || async {
+        answered.load(Ordering::SeqCst) as i64 >= BUYERS / 3
+    })
+    .await;
+    fault().await;
+    load.await.unwrap();
+    let _ = env;
+    accepted.load(Ordering::SeqCst)
+}
+
+/// Waits until every Redis reservation is recorded in PostgreSQL and the invariants hold.
+async fn converged(env: &TestEnv, activity: i64) -> seckill::invariants::Report {
+    eventually(
+        240,
+        "the pipeline converged with every invariant holding",
+        || async {
+            let r = env.invariants(activity, 1).await;
+            r.ok() && r.figures.unrecorded == 0
+        },
+    )
+    .await;
+    let r = env.invariants(activity, 1).await;
+    assert_eq!(
+        r.figures.valid_orders, STOCK as i64,
+        "sold out exactly: {:?}",
+        r.figures
+    );
+    r
+}
+
+async fn finish(mut roles: Roles, env: TestEnv) {
+    let _ = roles.api.terminate(20).await;
+    let _ = roles.scan.terminate(20).await;
+    for (c, _) in &mut roles.consumers {
+        let _ = c.terminate(40).await;
+    }
+    env.cleanup().await;
+}
+
+fn sigkill(p: &mut Proc) {
+    let _ = p.0.kill();
+    let _ = p.0.wait();
+}
+
+#[tokio::test]
+async fn every_consumer_killed_and_restarted_during_a_sale_loses_and_doubles_nothing() {
+    let env = TestEnv::new(true).await;
+    env.activity(980, 1, STOCK).await;
+    let mut roles = start_roles(&env, 2).await;
+    let api_port = roles.api_port;
+    let consumers = &mut roles.consumers;
+    let env_ref = &env;
+    let accepted = sale_with(&env, 980, api_port, move || async move {
+        // Both consumers die mid-transaction or mid-ACK, without a clean shutdown; two new
+        // ones take over their queues (rebalance) and get the un-ACKed batches again.
+        for (c, _) in consumers.iter_mut() {
+            sigkill(c);
+        }
+        let fresh: Vec<(Proc, u16)> = (0..2).map(|_| start_consumer(env_ref)).collect();
+        for (_, port) in &fresh {
+            wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
+        }
+        *consumers = fresh;
+    })
+    .await;
+    assert!(accepted >= STOCK as usize, "accepted {accepted}");
+    let report = converged(&env, 980).await;
+    assert!(report.ok(), "{:?}", report.violations);
+    finish(roles, env).await;
+}
+
+/// Where `scripts/rocketmq-up.sh` keeps its pid files.
+fn run_dir() -> std::path::PathBuf {
+    std::env::var("SECKILL_RUN_DIR")
+        .map(Into::into)
+        .unwrap_or_else(|_| Path::new(&std::env::var("HOME").unwrap()).join(".cache/seckill/run"))
+}
+
+fn script(name: &str) -> std::process::ExitStatus {
+    std::process::Command::new(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("scripts")
+            .join(name),
+    )
+    .stdout(std::process::Stdio::null())
+    .status()
+    .expect("script runs")
+}
+
+#[tokio::test]
+#[ignore = "kills the shared broker: run by `make test-faults`, one test at a time"]
+async fn the_broker_killed_and_restarted_mid_sale_loses_and_doubles_nothing() {
+    let env = TestEnv::new(true).await;
+    env.activity(981, 1, STOCK).await;
+    let roles = start_roles(&env, 1).await;
+    let accepted = sale_with(&env, 981, roles.api_port, || async {
+        let pid = std::fs::read_to_string(run_dir().join("broker.pid")).unwrap();
+        let killed = std::process::Command::new("kill")
+            .args(["-KILL", pid.trim()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        // Reservations made meanwhile end UNKNOWN (kept, re-sent by the scanner) or refused.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(script("rocketmq-up.sh").success(), "broker restarted");
+    })
+    .await;
+    assert!(accepted > 0);
+    let report = converged(&env, 981).await;
+    assert!(report.ok(), "{:?}", report.violations);
+    finish(roles, env).await;
+}
+
+#[tokio::test]
+#[ignore = "restarts the shared PostgreSQL: run by `make test-faults`, one test at a time"]
+async fn postgresql_restarted_mid_sale_rolls_back_retries_and_loses_nothing() {
+    let env = TestEnv::new(true).await;
+    env.activity(982, 1, STOCK).await;
+    let roles = start_roles(&env, 1).await;
+    let accepted = sale_with(&env, 982, roles.api_port, || async {
+        let version = std::fs::read_dir("/etc/postgresql")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .max_by_key(|v| v.parse::<u32>().unwrap_or(0))
+            .unwrap();
+        // Immediate: open transactions are cut, as in a crash; the consumers see transient
+        // errors, roll back and retry on fresh connections.
+        let restarted = std::process::Command::new("pg_ctlcluster")
+            .args([
+                "--skip-systemctl-redirect",
+                &version,
+                "main",
+                "restart",
+                "-m",
+                "immediate",
+            ])
+            .status()
+            .unwrap();
+        assert!(restarted.success(), "PostgreSQL restarted");
+    })
+    .await;
+    assert!(accepted >= STOCK as usize, "accepted {accepted}");
+    let report = converged(&env, 982).await;
+    assert!(report.ok(), "{:?}", report.violations);
+    finish(roles, env).await;
+}
