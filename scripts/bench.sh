@@ -83,14 +83,17 @@ cpu_args() { # the --cpu flags for the processes running now
   local r; r="$(pgrep -d+ -x redis-server || true)"; [[ -n "$r" ]] && a+=(--cpu "redis=$r")
   printf '%s\n' "${a[@]}"
 }
-next_activity=$(( $(date +%s) * 10 ))
+# Every scenario gets a fresh activity; its id comes from a counter file, since the helper
+# runs in command substitutions (subshells) that cannot update a shell variable.
+echo $(( $(date +%s) * 100 )) >"$RUN_DIR/next-activity"
 activity() { # stock [skus] -> prints the new activity id
-  local stock="$1" skus="${2:-1}" spec=() i
-  next_activity=$((next_activity + 1))
+  local stock="$1" skus="${2:-1}" spec=() i a
+  a=$(( $(cat "$RUN_DIR/next-activity") + 1 ))
+  echo "$a" >"$RUN_DIR/next-activity"
   for i in $(seq 1 "$skus"); do spec+=(--sku "$i:$stock:9900"); done
-  "$BIN" activity create --activity-id "$next_activity" --name "bench" "${spec[@]}" \
+  "$BIN" activity create --activity-id "$a" --name "bench" "${spec[@]}" \
     --duration-secs 3600 >&2
-  echo "$next_activity"
+  echo "$a"
 }
 consume() { # args... (restarts the consumer)
   stop consume

@@ -123,6 +123,223 @@ struct Cols {
     j: Vec<Option<String>>,
 }
 
+/// What the transaction already knows when it writes the outcomes.
+struct Ctx<'a> {
+    names: &'a TxNames,
+    events: &'a [Option<&'a OrderCreateRequested>],
+    decisions: &'a [Option<Decision>],
+    now: DateTime<Utc>,
+    expires_at: DateTime<Utc>,
+}
+
+impl Ctx<'_> {
+    fn ev(&self, idx: usize) -> &OrderCreateRequested {
+        self.events[idx].expect("index of a decoded event")
+    }
+}
+
+/// Step 6: ledger, outbox, rejections with their compensation, inbox status of every owned
+/// message. Independent statements, sent pipelined on the one connection.
+async fn write_outcomes(
+    tx: &deadpool_postgres::Transaction<'_>,
+    cx: &Ctx<'_>,
+    owned: &[usize],
+    created: &[usize],
+    rejected: &[(usize, RejectReason)],
+) -> Result<(), tokio_postgres::Error> {
+    let mut led = Cols::default();
+    let mut ob_ids: Vec<String> = Vec::new();
+    let mut ob_topics: Vec<String> = Vec::new();
+    let mut ob_tags: Vec<String> = Vec::new();
+    let mut ob_keys: Vec<String> = Vec::new();
+    let mut ob_agg: Vec<Option<String>> = Vec::new();
+    let mut ob_ver: Vec<Option<i32>> = Vec::new();
+    let mut ob_payload: Vec<serde_json::Value> = Vec::new();
+    let mut ob_deliver: Vec<Option<DateTime<Utc>>> = Vec::new();
+    for &i in created {
+        let e = cx.ev(i);
+        led.a.push(e.order_id.clone());
+        led.e.push(e.activity_id);
+        led.f.push(e.sku_id);
+        let trace = &e.trace.traceparent;
+        ob_ids.push(order_created_event_id(&e.order_id));
+        ob_topics.push(cx.names.order_event_topic.clone());
+        ob_tags.push("ORDER_CREATED".into());
+        ob_keys.push(e.order_id.clone());
+        ob_agg.push(Some(e.order_id.clone()));
+        ob_ver.push(Some(1));
+        ob_payload.push(json!({
+            "schema_version": 1, "event_type": "ORDER_CREATED",
+            "event_id": order_created_event_id(&e.order_id),
+            "order_id": e.order_id, "reservation_id": e.reservation_id,
+            "activity_id": e.activity_id, "sku_id": e.sku_id, "user_id": e.user_id,
+            "status": "CREATED", "aggregate_version": 1, "expires_at": cx.expires_at,
+            "occurred_at": cx.now, "traceparent": trace,
+        }));
+        ob_deliver.push(None);
+        ob_ids.push(cancel_if_unpaid_event_id(&e.order_id));
+        ob_topics.push(cx.names.order_timeout_topic.clone());
+        ob_tags.push("CANCEL_IF_UNPAID".into());
+        ob_keys.push(e.order_id.clone());
+        ob_agg.push(Some(e.order_id.clone()));
+        ob_ver.push(None);
+        ob_payload.push(json!({
+            "schema_version": 1, "event_type": "CANCEL_ORDER_IF_UNPAID",
+            "event_id": cancel_if_unpaid_event_id(&e.order_id),
+            "order_id": e.order_id, "activity_id": e.activity_id, "sku_id": e.sku_id,
+            "expires_at": cx.expires_at, "traceparent": trace,
+        }));
+        ob_deliver.push(Some(cx.expires_at));
+    }
+    let mut rj = Cols::default();
+    for &(i, reason) in rejected {
+        let e = cx.ev(i);
+        rj.a.push(e.reservation_id.clone());
+        rj.b.push(reason.code().to_string());
+        rj.e.push(e.activity_id);
+        rj.f.push(e.sku_id);
+        rj.g.push(e.user_id);
+        rj.c.push(format!("cmp_{}", e.reservation_id));
+        ob_ids.push(compensation_event_id(&e.reservation_id));
+        ob_topics.push(cx.names.compensate_topic.clone());
+        ob_tags.push("RELEASE_RESERVATION".into());
+        ob_keys.push(e.reservation_id.clone());
+        ob_agg.push(None);
+        ob_ver.push(None);
+        ob_payload.push(json!({
+            "schema_version": 1, "event_type": "RELEASE_RESERVATION",
+            "event_id": compensation_event_id(&e.reservation_id),
+            "reservation_id": e.reservation_id, "message_id": e.message_id,
+            "order_id": e.order_id, "activity_id": e.activity_id, "sku_id": e.sku_id,
+            "user_id": e.user_id, "reason": reason.code(), "occurred_at": cx.now,
+            "traceparent": e.trace.traceparent,
+        }));
+        ob_deliver.push(None);
+    }
+    // Inbox outcome of every message this batch owns.
+    let rejected_map: HashMap<usize, RejectReason> = rejected.iter().copied().collect();
+    let mut ib_mid: Vec<String> = Vec::new();
+    let mut ib_status: Vec<&str> = Vec::new();
+    let mut ib_decision: Vec<String> = Vec::new();
+    for &i in owned {
+        let e = cx.ev(i);
+        let (status, decision) = if let Some(r) = rejected_map.get(&i) {
+            ("REJECTED", r.code().to_string())
+        } else if cx.decisions[i] == Some(Decision::DuplicateReservation) {
+            ("SUCCEEDED", "DUPLICATE_RESERVATION".to_string())
+        } else {
+            ("SUCCEEDED", "CREATED".to_string())
+        };
+        ib_mid.push(e.message_id.clone());
+        ib_status.push(status);
+        ib_decision.push(decision);
+    }
+
+    let ledger = async {
+        if led.a.is_empty() {
+            return Ok::<_, tokio_postgres::Error>(());
+        }
+        let stmt = tx
+            .prepare_cached(
+                "INSERT INTO stock_ledger (activity_id, sku_id, order_id, delta, reason)
+                 SELECT t.a, t.s, t.o, -1, 'ORDER_CREATED'
+                 FROM unnest($1::int8[], $2::int8[], $3::text[]) AS t(a, s, o)",
+            )
+            .await?;
+        tx.execute(&stmt, &[&led.e, &led.f, &led.a]).await?;
+        Ok(())
+    };
+    let outbox = async {
+        if ob_ids.is_empty() {
+            return Ok::<_, tokio_postgres::Error>(());
+        }
+        let stmt = tx
+            .prepare_cached(
+                "INSERT INTO event_outbox
+                   (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, deliver_at)
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                                      $6::int[], $7::jsonb[], $8::timestamptz[])
+                 ON CONFLICT (event_id) DO NOTHING",
+            )
+            .await?;
+        tx.execute(
+            &stmt,
+            &[
+                &ob_ids,
+                &ob_topics,
+                &ob_tags,
+                &ob_keys,
+                &ob_agg,
+                &ob_ver,
+                &ob_payload,
+                &ob_deliver,
+            ],
+        )
+        .await?;
+        Ok(())
+    };
+    let rejections = async {
+        if rj.a.is_empty() {
+            return Ok::<_, tokio_postgres::Error>(());
+        }
+        let upd = tx
+            .prepare_cached(
+                "UPDATE reservations r SET status = 'REJECTED', reject_reason = t.x
+                 FROM unnest($1::text[], $2::text[]) AS t(id, x)
+                 WHERE r.reservation_id = t.id",
+            )
+            .await?;
+        let ins = tx
+            .prepare_cached(
+                "INSERT INTO compensation_tasks (task_id, reservation_id, activity_id, sku_id, user_id, reason)
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::text[])
+                 ON CONFLICT DO NOTHING",
+            )
+            .await?;
+        let upd_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&rj.a, &rj.b];
+        let ins_params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+            [&rj.c, &rj.a, &rj.e, &rj.f, &rj.g, &rj.b];
+        let (a, b) = futures::join!(tx.execute(&upd, &upd_params), tx.execute(&ins, &ins_params));
+        a?;
+        b?;
+        Ok(())
+    };
+    let inbox = async {
+        if ib_mid.is_empty() {
+            return Ok::<_, tokio_postgres::Error>(());
+        }
+        let stmt = tx
+            .prepare_cached(
+                "UPDATE consumer_inbox i SET status = t.st, decision = t.d, updated_at = now()
+                 FROM unnest($2::text[], $3::text[], $4::text[]) AS t(m, st, d)
+                 WHERE i.consumer_group = $1 AND i.message_id = t.m",
+            )
+            .await?;
+        tx.execute(
+            &stmt,
+            &[&cx.names.consumer_group, &ib_mid, &ib_status, &ib_decision],
+        )
+        .await?;
+        Ok(())
+    };
+    // Wakes the outbox relays on commit (a NOTIFY is delivered only if the transaction commits).
+    let notify = async {
+        if ob_ids.is_empty() {
+            return Ok::<_, tokio_postgres::Error>(());
+        }
+        tx.batch_execute(&format!("NOTIFY {}", super::outbox::OUTBOX_CHANNEL))
+            .await
+    };
+    let (r1, r2, r3, r4, r5) = futures::join!(ledger, outbox, rejections, inbox, notify);
+    r1?;
+    r2?;
+    r3?;
+    r4?;
+    r5?;
+    Ok(())
+
+}
+
 /// Processes a batch in one transaction. Returns one decision per input, in order.
 /// On `Err` nothing was committed (or the commit's result is unknown: redelivery resolves it).
 pub async fn process_batch(
@@ -373,10 +590,8 @@ pub async fn process_batch(
         }
     }
 
-    // 5. Final stock: one conditional decrement per SKU, in key order (no deadlocks between
-    //    batches), granting at most what is left. Surplus orders are removed and rejected.
-    //    The row lock is FOR NO KEY UPDATE: the orders' foreign-key checks hold FOR KEY SHARE
-    //    on the same row, and FOR UPDATE would deadlock two transactions against each other.
+    // 5. Final stock, taken as late as possible: the hot row's lock is what serialises the
+    //    sale, so it should be held for the final UPDATE and the commit only.
     let mut per_sku: BTreeMap<(i64, i64), Vec<usize>> = BTreeMap::new();
     for &i in &eligible {
         if inserted.contains(&ev(i).order_id) {
@@ -386,239 +601,121 @@ pub async fn process_batch(
                 .push(i);
         }
     }
+    let cx = Ctx {
+        names,
+        events: &events,
+        decisions: &decisions,
+        now,
+        expires_at,
+    };
     let mut created: Vec<usize> = Vec::new();
-    let mut surplus: Vec<String> = Vec::new();
-    for ((activity_id, sku_id), idxs) in &per_sku {
-        let stmt = tx
+    // Optimistic path, when an unlocked read shows enough stock for every SKU of the batch:
+    // write every outcome as if all were granted, then decrement each SKU conditionally
+    // (`remaining_stock >= wanted`, re-checked by PostgreSQL on the latest row version), in
+    // key order. If one falls short (the sale ran out meanwhile), roll back to the savepoint
+    // and take the locked path below.
+    let mut settled = false;
+    if !per_sku.is_empty() {
+        let a: Vec<i64> = per_sku.keys().map(|k| k.0).collect();
+        let s: Vec<i64> = per_sku.keys().map(|k| k.1).collect();
+        let peek = tx
             .prepare_cached(
-                "WITH cur AS (
-                    SELECT activity_id, sku_id, remaining_stock FROM activity_skus
-                    WHERE activity_id = $1 AND sku_id = $2 FOR NO KEY UPDATE)
-                 UPDATE activity_skus s
-                    SET remaining_stock = cur.remaining_stock - LEAST(cur.remaining_stock, $3),
-                        updated_at = now()
-                 FROM cur WHERE s.activity_id = cur.activity_id AND s.sku_id = cur.sku_id
-                 RETURNING LEAST(cur.remaining_stock, $3)",
+                "SELECT k.activity_id, k.sku_id, k.remaining_stock::int8
+                 FROM unnest($1::int8[], $2::int8[]) AS t(a, s)
+                 JOIN activity_skus k ON k.activity_id = t.a AND k.sku_id = t.s",
             )
             .await?;
-        let want = idxs.len() as i32;
-        let granted: i32 = tx
-            .query_opt(&stmt, &[activity_id, sku_id, &want])
-            .await?
-            .map(|row| row.get(0))
-            .unwrap_or(0);
-        let granted = granted.clamp(0, want) as usize;
-        if granted < idxs.len() {
-            metrics::counter!("inventory_condition_update_miss_total")
-                .increment((idxs.len() - granted) as u64);
-        }
-        for (n, &i) in idxs.iter().enumerate() {
-            if n < granted {
-                created.push(i);
+        let peek_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&a, &s];
+        let (sp, rows) = futures::join!(
+            tx.batch_execute("SAVEPOINT stock"),
+            tx.query(&peek, &peek_params)
+        );
+        sp?;
+        let left: HashMap<(i64, i64), i64> = rows?
+            .into_iter()
+            .map(|r| ((r.get(0), r.get(1)), r.get(2)))
+            .collect();
+        let enough = per_sku
+            .iter()
+            .all(|(k, idxs)| left.get(k).copied().unwrap_or(0) >= idxs.len() as i64);
+        if enough {
+            let all: Vec<usize> = per_sku.values().flatten().copied().collect();
+            write_outcomes(&tx, &cx, &owned, &all, &rejected).await?;
+            let take = tx
+                .prepare_cached(
+                    "UPDATE activity_skus SET remaining_stock = remaining_stock - $3, updated_at = now()
+                     WHERE activity_id = $1 AND sku_id = $2 AND remaining_stock >= $3
+                     RETURNING remaining_stock",
+                )
+                .await?;
+            let mut granted_all = true;
+            for ((activity_id, sku_id), idxs) in &per_sku {
+                let want = idxs.len() as i32;
+                if tx
+                    .query_opt(&take, &[activity_id, sku_id, &want])
+                    .await?
+                    .is_none()
+                {
+                    granted_all = false;
+                    break;
+                }
+            }
+            if granted_all {
+                created = all;
+                settled = true;
             } else {
-                surplus.push(ev(i).order_id.clone());
-                rejected.push((i, RejectReason::NoStock));
+                metrics::counter!("order_tx_stock_fallback_total").increment(1);
+                tx.batch_execute("ROLLBACK TO SAVEPOINT stock").await?;
             }
         }
     }
-    if !surplus.is_empty() {
-        let stmt = tx
-            .prepare_cached("DELETE FROM orders WHERE order_id = ANY($1::text[])")
-            .await?;
-        tx.execute(&stmt, &[&surplus]).await?;
+    if !settled {
+        // Locked path: one conditional decrement per SKU, in key order (no deadlocks between
+        // batches), granting at most what is left. Surplus orders are removed and rejected.
+        // The row lock is FOR NO KEY UPDATE: the orders' foreign-key checks hold FOR KEY
+        // SHARE on the same row, and FOR UPDATE would deadlock two transactions.
+        let mut surplus: Vec<String> = Vec::new();
+        for ((activity_id, sku_id), idxs) in &per_sku {
+            let stmt = tx
+                .prepare_cached(
+                    "WITH cur AS (
+                        SELECT activity_id, sku_id, remaining_stock FROM activity_skus
+                        WHERE activity_id = $1 AND sku_id = $2 FOR NO KEY UPDATE)
+                     UPDATE activity_skus s
+                        SET remaining_stock = cur.remaining_stock - LEAST(cur.remaining_stock, $3),
+                            updated_at = now()
+                     FROM cur WHERE s.activity_id = cur.activity_id AND s.sku_id = cur.sku_id
+                     RETURNING LEAST(cur.remaining_stock, $3)",
+                )
+                .await?;
+            let want = idxs.len() as i32;
+            let granted: i32 = tx
+                .query_opt(&stmt, &[activity_id, sku_id, &want])
+                .await?
+                .map(|row| row.get(0))
+                .unwrap_or(0);
+            let granted = granted.clamp(0, want) as usize;
+            if granted < idxs.len() {
+                metrics::counter!("inventory_condition_update_miss_total")
+                    .increment((idxs.len() - granted) as u64);
+            }
+            for (n, &i) in idxs.iter().enumerate() {
+                if n < granted {
+                    created.push(i);
+                } else {
+                    surplus.push(ev(i).order_id.clone());
+                    rejected.push((i, RejectReason::NoStock));
+                }
+            }
+        }
+        if !surplus.is_empty() {
+            let stmt = tx
+                .prepare_cached("DELETE FROM orders WHERE order_id = ANY($1::text[])")
+                .await?;
+            tx.execute(&stmt, &[&surplus]).await?;
+        }
+        write_outcomes(&tx, &cx, &owned, &created, &rejected).await?;
     }
-
-    // 6. Ledger, outbox, rejections, compensation, inbox status: independent statements,
-    //    sent pipelined on the one connection.
-    let mut led = Cols::default();
-    let mut ob_ids: Vec<String> = Vec::new();
-    let mut ob_topics: Vec<String> = Vec::new();
-    let mut ob_tags: Vec<String> = Vec::new();
-    let mut ob_keys: Vec<String> = Vec::new();
-    let mut ob_agg: Vec<Option<String>> = Vec::new();
-    let mut ob_ver: Vec<Option<i32>> = Vec::new();
-    let mut ob_payload: Vec<serde_json::Value> = Vec::new();
-    let mut ob_deliver: Vec<Option<DateTime<Utc>>> = Vec::new();
-    for &i in &created {
-        let e = ev(i);
-        led.a.push(e.order_id.clone());
-        led.e.push(e.activity_id);
-        led.f.push(e.sku_id);
-        let trace = &e.trace.traceparent;
-        ob_ids.push(order_created_event_id(&e.order_id));
-        ob_topics.push(names.order_event_topic.clone());
-        ob_tags.push("ORDER_CREATED".into());
-        ob_keys.push(e.order_id.clone());
-        ob_agg.push(Some(e.order_id.clone()));
-        ob_ver.push(Some(1));
-        ob_payload.push(json!({
-            "schema_version": 1, "event_type": "ORDER_CREATED",
-            "event_id": order_created_event_id(&e.order_id),
-            "order_id": e.order_id, "reservation_id": e.reservation_id,
-            "activity_id": e.activity_id, "sku_id": e.sku_id, "user_id": e.user_id,
-            "status": "CREATED", "aggregate_version": 1, "expires_at": expires_at,
-            "occurred_at": now, "traceparent": trace,
-        }));
-        ob_deliver.push(None);
-        ob_ids.push(cancel_if_unpaid_event_id(&e.order_id));
-        ob_topics.push(names.order_timeout_topic.clone());
-        ob_tags.push("CANCEL_IF_UNPAID".into());
-        ob_keys.push(e.order_id.clone());
-        ob_agg.push(Some(e.order_id.clone()));
-        ob_ver.push(None);
-        ob_payload.push(json!({
-            "schema_version": 1, "event_type": "CANCEL_ORDER_IF_UNPAID",
-            "event_id": cancel_if_unpaid_event_id(&e.order_id),
-            "order_id": e.order_id, "activity_id": e.activity_id, "sku_id": e.sku_id,
-            "expires_at": expires_at, "traceparent": trace,
-        }));
-        ob_deliver.push(Some(expires_at));
-    }
-    let mut rj = Cols::default();
-    for &(i, reason) in &rejected {
-        let e = ev(i);
-        rj.a.push(e.reservation_id.clone());
-        rj.b.push(reason.code().to_string());
-        rj.e.push(e.activity_id);
-        rj.f.push(e.sku_id);
-        rj.g.push(e.user_id);
-        rj.c.push(format!("cmp_{}", e.reservation_id));
-        ob_ids.push(compensation_event_id(&e.reservation_id));
-        ob_topics.push(names.compensate_topic.clone());
-        ob_tags.push("RELEASE_RESERVATION".into());
-        ob_keys.push(e.reservation_id.clone());
-        ob_agg.push(None);
-        ob_ver.push(None);
-        ob_payload.push(json!({
-            "schema_version": 1, "event_type": "RELEASE_RESERVATION",
-            "event_id": compensation_event_id(&e.reservation_id),
-            "reservation_id": e.reservation_id, "message_id": e.message_id,
-            "order_id": e.order_id, "activity_id": e.activity_id, "sku_id": e.sku_id,
-            "user_id": e.user_id, "reason": reason.code(), "occurred_at": now,
-            "traceparent": e.trace.traceparent,
-        }));
-        ob_deliver.push(None);
-    }
-    // Inbox outcome of every message this batch owns.
-    let rejected_map: HashMap<usize, RejectReason> = rejected.iter().copied().collect();
-    let mut ib_mid: Vec<String> = Vec::new();
-    let mut ib_status: Vec<&str> = Vec::new();
-    let mut ib_decision: Vec<String> = Vec::new();
-    for &i in &owned {
-        let e = ev(i);
-        let (status, decision) = if let Some(r) = rejected_map.get(&i) {
-            ("REJECTED", r.code().to_string())
-        } else if decisions[i] == Some(Decision::DuplicateReservation) {
-            ("SUCCEEDED", "DUPLICATE_RESERVATION".to_string())
-        } else {
-            ("SUCCEEDED", "CREATED".to_string())
-        };
-        ib_mid.push(e.message_id.clone());
-        ib_status.push(status);
-        ib_decision.push(decision);
-    }
-
-    let ledger = async {
-        if led.a.is_empty() {
-            return Ok::<_, tokio_postgres::Error>(());
-        }
-        let stmt = tx
-            .prepare_cached(
-                "INSERT INTO stock_ledger (activity_id, sku_id, order_id, delta, reason)
-                 SELECT t.a, t.s, t.o, -1, 'ORDER_CREATED'
-                 FROM unnest($1::int8[], $2::int8[], $3::text[]) AS t(a, s, o)",
-            )
-            .await?;
-        tx.execute(&stmt, &[&led.e, &led.f, &led.a]).await?;
-        Ok(())
-    };
-    let outbox = async {
-        if ob_ids.is_empty() {
-            return Ok::<_, tokio_postgres::Error>(());
-        }
-        let stmt = tx
-            .prepare_cached(
-                "INSERT INTO event_outbox
-                   (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, deliver_at)
-                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                                      $6::int[], $7::jsonb[], $8::timestamptz[])
-                 ON CONFLICT (event_id) DO NOTHING",
-            )
-            .await?;
-        tx.execute(
-            &stmt,
-            &[
-                &ob_ids,
-                &ob_topics,
-                &ob_tags,
-                &ob_keys,
-                &ob_agg,
-                &ob_ver,
-                &ob_payload,
-                &ob_deliver,
-            ],
-        )
-        .await?;
-        Ok(())
-    };
-    let rejections = async {
-        if rj.a.is_empty() {
-            return Ok::<_, tokio_postgres::Error>(());
-        }
-        let upd = tx
-            .prepare_cached(
-                "UPDATE reservations r SET status = 'REJECTED', reject_reason = t.x
-                 FROM unnest($1::text[], $2::text[]) AS t(id, x)
-                 WHERE r.reservation_id = t.id",
-            )
-            .await?;
-        let ins = tx
-            .prepare_cached(
-                "INSERT INTO compensation_tasks (task_id, reservation_id, activity_id, sku_id, user_id, reason)
-                 SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::text[])
-                 ON CONFLICT DO NOTHING",
-            )
-            .await?;
-        let upd_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&rj.a, &rj.b];
-        let ins_params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
-            [&rj.c, &rj.a, &rj.e, &rj.f, &rj.g, &rj.b];
-        let (a, b) = futures::join!(tx.execute(&upd, &upd_params), tx.execute(&ins, &ins_params));
-        a?;
-        b?;
-        Ok(())
-    };
-    let inbox = async {
-        if ib_mid.is_empty() {
-            return Ok::<_, tokio_postgres::Error>(());
-        }
-        let stmt = tx
-            .prepare_cached(
-                "UPDATE consumer_inbox i SET status = t.st, decision = t.d, updated_at = now()
-                 FROM unnest($2::text[], $3::text[], $4::text[]) AS t(m, st, d)
-                 WHERE i.consumer_group = $1 AND i.message_id = t.m",
-            )
-            .await?;
-        tx.execute(
-            &stmt,
-            &[&names.consumer_group, &ib_mid, &ib_status, &ib_decision],
-        )
-        .await?;
-        Ok(())
-    };
-    // Wakes the outbox relays on commit (a NOTIFY is delivered only if the transaction commits).
-    let notify = async {
-        if ob_ids.is_empty() {
-            return Ok::<_, tokio_postgres::Error>(());
-        }
-        tx.batch_execute(&format!("NOTIFY {}", super::outbox::OUTBOX_CHANNEL))
-            .await
-    };
-    let (r1, r2, r3, r4, r5) = futures::join!(ledger, outbox, rejections, inbox, notify);
-    r1?;
-    r2?;
-    r3?;
-    r4?;
-    r5?;
 
     // Injection point of §29.3: the process dies inside the transaction, before the commit
     // (`consume-inside-transaction=return` aborts like a SIGKILL; PostgreSQL rolls back).
