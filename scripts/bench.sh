@@ -101,10 +101,18 @@ consume() { # args... (restarts the consumer)
   wait_ready http://127.0.0.1:29101/readyz
   sleep 2 # queue assignment
 }
-backlog() { # label stock messages -> BACKLOG line
-  local a; a="$(activity "$2")"
+backlog() { # label stock messages [consume args...] -> BACKLOG line
+  # The backlog is filled while no consumer runs, then a fresh consumer drains it: the figure
+  # is the consumer's alone (first to last order), not shared with the load generator.
+  local label="$1" stock="$2" n="$3"; shift 3
+  local a; a="$(activity "$stock")"
+  stop consume
+  "$BIN" bench-backlog --activity-id "$a" --messages "$n" --fill-only >&2
+  start consume consume "$@"
   local line
-  line="$("$BIN" bench-backlog --activity-id "$a" --messages "$3" --summary-prefix "BACKLOG_$1" | tail -1)"
+  line="$("$BIN" bench-backlog --activity-id "$a" --messages "$n" --drain-only \
+    --summary-prefix "BACKLOG_$label" | tail -1)"
+  stop consume
   log "$line"
   echo "$line"
 }
@@ -121,13 +129,9 @@ api_bench() { # label activity sku skus requests buyers [extra bench args...]
 
 # --- 2. order consumer on a backlog ----------------------------------------------------------
 log "order consumer on a backlog, one hot SKU"
-consume
 B_BATCH="$(backlog batched "$((BACKLOG * 2))" "$BACKLOG")"
-consume --workers 64
-B_WIDE="$(backlog workers64 "$((BACKLOG * 2))" "$BACKLOG")"
-stop consume
-SECKILL__CONSUMER__BATCH_SIZE=1 consume
-B_SINGLE="$(backlog single "$((BACKLOG_SINGLE * 2))" "$BACKLOG_SINGLE")"
+B_WIDE="$(backlog workers64 "$((BACKLOG * 2))" "$BACKLOG" --workers 64)"
+B_SINGLE="$(SECKILL__CONSUMER__BATCH_SIZE=1 backlog single "$((BACKLOG_SINGLE * 2))" "$BACKLOG_SINGLE")"
 consume
 
 # --- 3. through the API ----------------------------------------------------------------------
@@ -160,6 +164,22 @@ DUPS="$(api_bench duplicates "$(activity "$SALE_STOCK")" 1 1 "$((API_REQ / 2))" 
 log "open loop"
 OPEN="$(api_bench open-loop "$(activity "$SALE_STOCK")" 1 1 "$((API_REQ / 2))" "$((API_REQ / 2))" \
   --rate 2000)"
+stop api
+stop scan
+stop consume
+
+# --- 4. the baseline a team would otherwise build: same route, straight to PostgreSQL --------
+BASE_SOLDOUT_A=1 BASE_BUY_A="$(date +%s)"
+start baseline baseline-api --pool 16 --stock "$BASE_SOLDOUT_A:1:0" --stock "$BASE_BUY_A:1:2000000000"
+wait_ready http://127.0.0.1:28090/readyz
+log "baseline (direct PostgreSQL over HTTP): sold-out answers and purchases"
+BASE_SOLDOUT="$("$BIN" bench --api http://127.0.0.1:28090 --activity-id "$BASE_SOLDOUT_A" --sku-id 1 \
+  --requests "$API_REQ" --buyers "$API_REQ" --concurrency "$CONC" --load-only --scenario baseline-sold-out | tail -1)"
+log "$BASE_SOLDOUT"
+BASE_BUY="$("$BIN" bench --api http://127.0.0.1:28090 --activity-id "$BASE_BUY_A" --sku-id 1 \
+  --requests "$((API_REQ / 3))" --buyers "$((API_REQ / 3))" --concurrency "$CONC" --load-only \
+  --dup-request-share 0 --repeat-buyer-share 0 --scenario baseline-buy | tail -1)"
+log "$BASE_BUY"
 stop_all
 trap - EXIT
 
@@ -188,7 +208,10 @@ done
   echo "consumer orders/s (batched) $orders_ps vs pgbench one order/tx $single_tps and batched $batch_ops"
   echo "consumer orders/s, --workers 64: $(field "$B_WIDE" orders_per_s); one order per transaction: $(field "$B_SINGLE" orders_per_s)"
   echo "accepted/s batched $(field "$A_BATCHED" accepted_per_s) vs unbatched $(field "$A_SINGLE" accepted_per_s)"
-  echo "sold-out answers/s $(field "$SOLDOUT" req_per_s) vs direct PostgreSQL $soldout_pg at $CONC clients"
+  echo "$BASE_SOLDOUT"
+  echo "$BASE_BUY"
+  echo "sold-out answers/s $(field "$SOLDOUT" req_per_s) vs direct PostgreSQL over HTTP $(field "$BASE_SOLDOUT" req_per_s) and pgbench $soldout_pg, $CONC clients"
+  echo "accepted/s $(field "$A_BATCHED" accepted_per_s) vs direct PostgreSQL purchases over HTTP $(field "$BASE_BUY" accepted_per_s) and pgbench $(field "$LIMITS" direct_pg_buy_per_s)"
 } | tee "$RUN_DIR/summary.txt"
-echo "RATIOS order_vs_pgbench_single=$(ratio "$orders_ps" "$single_tps") order_vs_pgbench_batch=$(ratio "$orders_ps" "$batch_ops") accept_batched_vs_unbatched=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$A_SINGLE" accepted_per_s)") soldout_vs_direct_pg=$(ratio "$(field "$SOLDOUT" req_per_s)" "$soldout_pg") within_3s_pct=$(field "$SALE" within_3s_pct) workers64_vs_budget=$(ratio "$(field "$B_WIDE" orders_per_s)" "$orders_ps") violations=$violations"
+echo "RATIOS order_vs_pgbench_single=$(ratio "$orders_ps" "$single_tps") order_vs_pgbench_batch=$(ratio "$orders_ps" "$batch_ops") accept_batched_vs_unbatched=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$A_SINGLE" accepted_per_s)") soldout_vs_direct_pg=$(ratio "$(field "$SOLDOUT" req_per_s)" "$(field "$BASE_SOLDOUT" req_per_s)") soldout_vs_pgbench_direct=$(ratio "$(field "$SOLDOUT" req_per_s)" "$soldout_pg") accept_vs_direct_pg_buy=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$BASE_BUY" accepted_per_s)") within_3s_pct=$(field "$SALE" within_3s_pct) workers64_vs_budget=$(ratio "$(field "$B_WIDE" orders_per_s)" "$orders_ps") violations=$violations"
 [[ "$violations" == 0 ]]

@@ -57,6 +57,9 @@ pub enum Command {
     BenchBacklog(crate::roles::bench_backlog::BacklogArgs),
     /// The broker's raw send rate, one message per call or in batches.
     BenchBroker(crate::roles::bench_broker::BrokerArgs),
+    /// For benchmarks only: the same route served straight from PostgreSQL (UPDATE stock +
+    /// INSERT order per request), the design this project is compared with.
+    BaselineApi(crate::roles::baseline::BaselineArgs),
 }
 
 #[derive(Debug, Subcommand)]

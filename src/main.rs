@@ -56,6 +56,7 @@ fn main() -> std::process::ExitCode {
             Command::Bench(args) => roles::bench::run(settings, args).await,
             Command::BenchBacklog(args) => roles::bench_backlog::run(settings, args).await,
             Command::BenchBroker(args) => roles::bench_broker::run(settings, args).await,
+            Command::BaselineApi(args) => roles::baseline::run(settings, args).await.map(|_| true),
         }
     });
     match result {

@@ -153,7 +153,11 @@ fn describe() {
     describe_gauge!("mq_consumer_inflight", "Batches being processed");
     describe_gauge!(
         "mq_consumer_ready",
-        "Messages pulled into the consumer and waiting for a worker"
+        "Messages of the group on the broker, not pulled yet (lag minus the client's cache)"
+    );
+    describe_gauge!(
+        "mq_consumer_cached_messages",
+        "Messages the consumer has pulled and not ACKed yet (its local cache)"
     );
     describe_counter!(
         "mq_dlq_replay_total",

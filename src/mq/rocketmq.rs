@@ -960,22 +960,24 @@ impl ConsumerHandle {
         self.in_flight.count.load(Ordering::Acquire)
     }
 
-    /// Messages the client has pulled for this consumer and not yet handed to a handler
-    /// (`mq_consumer_ready`): its process queues' cached messages minus those inside
-    /// handler calls right now.
-    pub async fn ready_messages(&self) -> anyhow::Result<u64> {
+    /// Messages the client has pulled for this consumer and holds in its process queues
+    /// (waiting for a worker or inside a handler call), i.e. not yet ACKed.
+    pub async fn cached_messages(&self) -> anyhow::Result<u64> {
         let info = self
             .consumer
             .consumer_running_info()
             .await
             .map_err(|e| anyhow!("reading the running info of {}: {e}", self.group))?;
-        let cached: u64 = info
+        Ok(info
             .mq_table
             .values()
             .map(|q| u64::from(q.cached_msg_count))
-            .sum();
-        let handling = self.in_flight.messages.load(Ordering::Acquire) as u64;
-        Ok(cached.saturating_sub(handling))
+            .sum())
+    }
+
+    /// Messages inside handler calls right now.
+    pub fn handling_messages(&self) -> usize {
+        self.in_flight.messages.load(Ordering::Acquire)
     }
 
     /// Stops pulling, lets running handler calls finish and commits their offsets.

@@ -73,6 +73,10 @@ pub struct BenchArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Only the load: no drain, no database figures, no invariants (for a server that is not
+    /// `seckill api`, such as `seckill baseline-api`).
+    #[arg(long)]
+    pub load_only: bool,
     /// Faults are being injected (chaos): lost answers and 5xx are counted, not failures, and
     /// the invariants are re-checked until they hold or `--drain-timeout-secs` passes.
     #[arg(long)]
@@ -446,6 +450,27 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
         ..Default::default()
     };
     let accepted: Vec<String> = t.accepted.into_iter().collect();
+    if args.load_only {
+        let ok = report.transport_errors == 0;
+        println!(
+            "{} {} scenario={} mode={} load_only=1 requests={} accepted={} sold_out={} already_purchased={} errors={} req_per_s={:.0} accepted_per_s={:.0} api_p50_ms={:.2} api_p99_ms={:.2} api_p999_ms={:.2}",
+            args.summary_prefix,
+            if ok { "OK" } else { "FAILED" },
+            report.scenario,
+            report.mode,
+            report.requests,
+            report.accepted,
+            report.sold_out,
+            report.already_purchased,
+            report.transport_errors + report.other_errors.values().sum::<usize>(),
+            report.requests_per_sec,
+            report.accepted_per_sec,
+            report.api_p50_ms,
+            report.api_p99_ms,
+            report.api_p999_ms,
+        );
+        return Ok(ok);
+    }
 
     // Drain: every accepted reservation has a recorded decision in PostgreSQL.
     let pool = crate::pg::connect_pool(&settings.pg, 2).await?;
@@ -803,6 +828,7 @@ mod tests {
             settle_timeout_secs: 1,
             json: false,
             tolerate_faults: false,
+            load_only: false,
             summary_prefix: "BENCH".into(),
         }
     }

@@ -357,32 +357,33 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
         group: names.order_create_group.clone(),
         topic: names.order_create_topic.clone(),
     };
-    let lag_stop = shutdown.clone();
-    tokio::spawn(async move {
-        while !lag_stop.is_cancelled() {
-            crate::roles::admission::lag_age(&lag).await;
-            tokio::select! {
-                _ = lag_stop.cancelled() => break,
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            }
-        }
-    });
     ready.set(true);
     info!(
         group = %names.order_create_group, topic = %names.order_create_topic, workers, budget,
         batch_size = settings.consumer.batch_size, metrics = %settings.consumer.metrics_listen,
         "consumer started"
     );
-    // Messages pulled into the client and waiting for a worker (§28.2 mq_consumer_ready).
+    // Every second: the group's lag (from the broker), the messages the client has pulled
+    // and holds (mq_consumer_cached_messages), and the ones still waiting on the broker,
+    // not pulled yet (mq_consumer_ready, RocketMQ's "ready" as opposed to in flight).
     let signal = crate::telemetry::shutdown_signal();
     tokio::pin!(signal);
     loop {
         tokio::select! {
             _ = &mut signal => break,
             _ = tokio::time::sleep(Duration::from_secs(1)) => {
-                match consumer.ready_messages().await {
-                    Ok(n) => metrics::gauge!("mq_consumer_ready", "topic" => "order_create").set(n as f64),
-                    Err(e) => debug!(error = %e, "mq_consumer_ready not sampled"),
+                let lag = crate::roles::admission::read_lag(&lag).await;
+                match consumer.cached_messages().await {
+                    Ok(cached) => {
+                        metrics::gauge!("mq_consumer_cached_messages", "topic" => "order_create")
+                            .set(cached as f64);
+                        if let Some(lag) = lag {
+                            let ready = (lag.messages - cached as i64).max(0);
+                            metrics::gauge!("mq_consumer_ready", "topic" => "order_create")
+                                .set(ready as f64);
+                        }
+                    }
+                    Err(e) => debug!(error = %e, "consumer cache not sampled"),
                 }
             }
         }

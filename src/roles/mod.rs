@@ -3,6 +3,7 @@
 pub mod activity;
 pub mod admission;
 pub mod api;
+pub mod baseline;
 pub mod bench;
 pub mod bench_backlog;
 pub mod bench_broker;

@@ -1,0 +1,190 @@
+//! `seckill baseline-api`: the design a team would otherwise build, for comparison only
+//! (`make bench`). Same HTTP route, same request validation, same server stack as `seckill
+//! api`, but every request goes straight to PostgreSQL: one transaction with
+//! `UPDATE stock SET remaining = remaining - 1 WHERE ... AND remaining > 0` and an `INSERT`
+//! of the order. No Redis, no broker. It keeps its own tables in schema `seckill_baseline`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::body::{to_bytes, Body};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use clap::Args;
+use serde_json::json;
+
+use crate::config::Settings;
+use crate::domain::request::{parse_path_id, ReserveRequest};
+
+#[derive(Debug, Clone, Args)]
+pub struct BaselineArgs {
+    #[arg(long, default_value = "127.0.0.1:28090")]
+    pub listen: SocketAddr,
+    /// PostgreSQL connections (the requests served at once).
+    #[arg(long, default_value_t = 16)]
+    pub pool: usize,
+    /// `activity_id:sku_id:stock`, repeatable: (re)sets the stock of a SKU at start.
+    #[arg(long = "stock", value_parser = parse_stock)]
+    pub stock: Vec<(i64, i64, i32)>,
+}
+
+fn parse_stock(s: &str) -> Result<(i64, i64, i32), String> {
+    let bad = || format!("`{s}`: expected activity_id:sku_id:stock");
+    let p: Vec<&str> = s.split(':').collect();
+    if p.len() != 3 {
+        return Err(bad());
+    }
+    Ok((
+        p[0].parse().map_err(|_| bad())?,
+        p[1].parse().map_err(|_| bad())?,
+        p[2].parse().map_err(|_| bad())?,
+    ))
+}
+
+const SCHEMA: &str = "seckill_baseline";
+
+#[derive(Clone)]
+struct Baseline {
+    pool: deadpool_postgres::Pool,
+    max_body: usize,
+}
+
+fn error(status: StatusCode, code: &str) -> Response {
+    (
+        status,
+        Json(json!({"error": {"code": code, "message": code}})),
+    )
+        .into_response()
+}
+
+async fn reserve(
+    State(b): State<Arc<Baseline>>,
+    Path((activity, sku)): Path<(String, String)>,
+    body: Body,
+) -> Response {
+    let (Ok(activity_id), Ok(sku_id)) = (
+        parse_path_id(&activity, "activity_id"),
+        parse_path_id(&sku, "sku_id"),
+    ) else {
+        return error(StatusCode::BAD_REQUEST, "INVALID_REQUEST");
+    };
+    let Ok(bytes) = to_bytes(body, b.max_body).await else {
+        return error(StatusCode::BAD_REQUEST, "INVALID_REQUEST");
+    };
+    let Ok(req) = ReserveRequest::parse(&bytes) else {
+        return error(StatusCode::BAD_REQUEST, "INVALID_REQUEST");
+    };
+    match buy(&b.pool, activity_id, sku_id, &req).await {
+        Ok(Some(order_id)) => (
+            StatusCode::ACCEPTED,
+            Json(json!({"status": "ORDERED", "reservation_id": format!("base_{order_id}")})),
+        )
+            .into_response(),
+        Ok(None) => error(StatusCode::GONE, "SOLD_OUT"),
+        Err(Failed::AlreadyPurchased) => error(StatusCode::CONFLICT, "ALREADY_PURCHASED"),
+        Err(Failed::Unavailable) => error(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"),
+    }
+}
+
+enum Failed {
+    AlreadyPurchased,
+    Unavailable,
+}
+
+impl From<tokio_postgres::Error> for Failed {
+    fn from(e: tokio_postgres::Error) -> Self {
+        if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) {
+            Failed::AlreadyPurchased
+        } else {
+            Failed::Unavailable
+        }
+    }
+}
+
+/// One purchase: decrement if any is left, then insert the order; `None` when sold out.
+async fn buy(
+    pool: &deadpool_postgres::Pool,
+    activity_id: i64,
+    sku_id: i64,
+    req: &ReserveRequest,
+) -> Result<Option<i64>, Failed> {
+    let mut client = pool.get().await.map_err(|_| Failed::Unavailable)?;
+    let tx = client.transaction().await?;
+    let take = tx
+        .prepare_cached(
+            "UPDATE stock SET remaining = remaining - 1
+             WHERE activity_id = $1 AND sku_id = $2 AND remaining > 0 RETURNING remaining",
+        )
+        .await?;
+    if tx
+        .query_opt(&take, &[&activity_id, &sku_id])
+        .await?
+        .is_none()
+    {
+        tx.rollback().await?;
+        return Ok(None);
+    }
+    let order = tx
+        .prepare_cached(
+            "INSERT INTO orders (activity_id, sku_id, user_id, request_id)
+             VALUES ($1, $2, $3, $4) RETURNING order_id",
+        )
+        .await?;
+    let id: i64 = tx
+        .query_one(&order, &[&activity_id, &sku_id, &req.user_id, &req.request_id])
+        .await?
+        .get(0);
+    tx.commit().await?;
+    Ok(Some(id))
+}
+
+pub async fn run(settings: Settings, args: BaselineArgs) -> anyhow::Result<()> {
+    let mut pg = settings.pg.clone();
+    pg.schema = SCHEMA.to_owned();
+    let pool = crate::pg::connect_pool(&pg, args.pool.max(1)).await?;
+    {
+        let c = pool.get().await?;
+        c.batch_execute(&format!(
+            "CREATE SCHEMA IF NOT EXISTS {SCHEMA};
+             CREATE TABLE IF NOT EXISTS {SCHEMA}.stock (
+               activity_id BIGINT NOT NULL, sku_id BIGINT NOT NULL,
+               remaining INTEGER NOT NULL CHECK (remaining >= 0),
+               PRIMARY KEY (activity_id, sku_id));
+             CREATE TABLE IF NOT EXISTS {SCHEMA}.orders (
+               order_id BIGSERIAL PRIMARY KEY, activity_id BIGINT NOT NULL, sku_id BIGINT NOT NULL,
+               user_id BIGINT NOT NULL, request_id TEXT NOT NULL,
+               created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+               UNIQUE (activity_id, sku_id, user_id),
+               FOREIGN KEY (activity_id, sku_id) REFERENCES {SCHEMA}.stock);"
+        ))
+        .await?;
+        for (a, s, n) in &args.stock {
+            c.execute(
+                "INSERT INTO stock VALUES ($1, $2, $3)
+                 ON CONFLICT (activity_id, sku_id) DO UPDATE SET remaining = EXCLUDED.remaining",
+                &[a, s, n],
+            )
+            .await?;
+        }
+    }
+    let state = Arc::new(Baseline {
+        pool,
+        max_body: settings.api.max_body_bytes,
+    });
+    let app = Router::new()
+        .route(
+            "/v1/activities/{activity_id}/skus/{sku_id}/reservations",
+            post(reserve),
+        )
+        .route("/readyz", axum::routing::get(|| async { "ready" }))
+        .with_state(state);
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    tracing::info!(listen = %args.listen, pool = args.pool, "baseline api (direct PostgreSQL) started");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(crate::telemetry::shutdown_signal())
+        .await?;
+    Ok(())
+}
