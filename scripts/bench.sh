@@ -116,7 +116,20 @@ backlog() { # label stock messages [consume args...] -> BACKLOG line
   log "$line"
   echo "$line"
 }
+quiesce() { # waits (up to 3 minutes) until the relay has published every outbox row
+  local n=1 i
+  for i in $(seq 1 900); do
+    n="$(psql -h 127.0.0.1 -U postgres -Atc \
+      "SELECT count(*) FROM seckill_bench.event_outbox WHERE status = 'PENDING'")"
+    [[ "$n" == 0 ]] && { log "quiet: outbox drained (${i}×0.2 s)"; return 0; }
+    sleep 0.2
+  done
+  log "outbox still has $n pending rows; measuring anyway"
+}
 api_bench() { # label activity sku skus requests buyers [extra bench args...]
+  # Each scenario starts quiet: the relay has published what earlier scenarios left behind,
+  # so a scenario's figures carry its own background work, not its predecessors'.
+  quiesce
   local label="$1" a="$2" sku="$3" skus="$4" req="$5" buyers="$6"; shift 6
   local cpu; mapfile -t cpu < <(cpu_args)
   local line

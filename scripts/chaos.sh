@@ -17,7 +17,10 @@ REQUESTS="${CHAOS_REQUESTS:-50000}"
 BUYERS="${CHAOS_BUYERS:-40000}"
 STOCK="${CHAOS_STOCK:-5000}"
 KILL_EVERY="${CHAOS_KILL_EVERY:-3}"
-CONC="${CHAOS_CONCURRENCY:-32}"
+CONC="${CHAOS_CONCURRENCY:-64}"
+# Open loop: the sale lasts REQUESTS / RATE seconds (50,000 / 1,500 ≈ 33 s), long enough for a
+# fault every few seconds, whatever the roles' state.
+RATE="${CHAOS_RATE:-1500}"
 RUN_DIR="${SECKILL_RUN_DIR:-$HOME/.cache/seckill/run}"
 LOG_DIR="$RUN_DIR/chaos"
 mkdir -p "$LOG_DIR"
@@ -62,9 +65,9 @@ for r in api consume scan timeout-cancel; do start "$r"; done
 for r in api consume scan timeout-cancel; do wait_ready "$r"; done
 sleep 2
 
-log "sale: $REQUESTS requests from $BUYERS buyers for $STOCK units, $CONC at a time"
+log "sale: $REQUESTS requests from $BUYERS buyers for $STOCK units, $RATE a second (at most $CONC at a time)"
 "$BIN" bench --api http://127.0.0.1:38080 --activity-id "$ACTIVITY" --sku-id 1 \
-  --requests "$REQUESTS" --buyers "$BUYERS" --concurrency "$CONC" --scenario chaos \
+  --requests "$REQUESTS" --buyers "$BUYERS" --concurrency "$CONC" --rate "$RATE" --scenario chaos \
   --tolerate-faults --drain-timeout-secs 300 --summary-prefix CHAOS >"$LOG_DIR/bench.out" 2>&1 &
 bench=$!
 

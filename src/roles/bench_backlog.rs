@@ -1,11 +1,14 @@
 //! `seckill bench-backlog`: how fast the order consumer turns a backlog into orders.
 //!
 //! It reserves `--messages` units in Redis exactly as the API does (same script, same ids),
-//! publishes their ORDER_CREATE_REQUESTED messages in broker batches far faster than any
-//! consumer drains them, marks them sent, and waits until PostgreSQL has recorded every one.
-//! The figure is orders per second from the first to the last order's `created_at`, i.e. what
-//! a running `seckill consume` sustains, comparable with `pgbench` running the same
-//! transaction (`scripts/limits.sh`). Then it checks the invariants of the SKU.
+//! publishes their ORDER_CREATE_REQUESTED messages in broker batches and marks them sent, then
+//! waits until PostgreSQL has recorded every one. The figure is orders per second from the
+//! first to the last order's `created_at`: what a running `seckill consume` sustains,
+//! comparable with `pgbench` running the same transaction (`scripts/limits.sh`). Then it
+//! checks the invariants of the SKU.
+//!
+//! `--fill-only` and `--drain-only` split the two halves, so that the backlog can be filled
+//! while no consumer runs and a consumer started afterwards is measured alone.
 
 use std::time::{Duration, Instant};
 
