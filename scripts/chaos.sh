@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A sale under faults: CHAOS_REQUESTS requests (default 50,000) from CHAOS_BUYERS buyers for
 # CHAOS_STOCK units (default 5,000) while a random role (api, consume, scan, timeout-cancel) is
-# killed with SIGKILL every CHAOS_KILL_EVERY seconds (default 3) and restarted, the broker is
+# killed with SIGKILL every CHAOS_KILL_EVERY seconds (default 2) and restarted, the broker is
 # killed (SIGKILL) and restarted once, PostgreSQL is restarted once. Then it waits for the
 # pipeline to converge, checks the invariants (seckill bench --tolerate-faults) and runs
 # `seckill reconcile --fail-on-drift`. Prints a table of the faults injected and the verdicts;
@@ -16,7 +16,7 @@ export SECKILL_ENV=chaos
 REQUESTS="${CHAOS_REQUESTS:-50000}"
 BUYERS="${CHAOS_BUYERS:-40000}"
 STOCK="${CHAOS_STOCK:-5000}"
-KILL_EVERY="${CHAOS_KILL_EVERY:-3}"
+KILL_EVERY="${CHAOS_KILL_EVERY:-2}"
 CONC="${CHAOS_CONCURRENCY:-64}"
 # Open loop: the sale lasts REQUESTS / RATE seconds (50,000 / 1,500 ≈ 33 s), long enough for a
 # fault every few seconds, whatever the roles' state.
@@ -95,7 +95,7 @@ while kill -0 "$bench" 2>/dev/null; do
     broker_done=1
     continue
   fi
-  if [[ $pg_done == 0 && $n == 6 ]]; then
+  if [[ $pg_done == 0 && $n == 1 ]]; then
     ver="$(ls /etc/postgresql | sort -V | tail -1)"
     pg_ctlcluster --skip-systemctl-redirect "$ver" main restart -m immediate >>"$LOG_DIR/pg.log" 2>&1
     log "PostgreSQL restarted (immediate: open transactions are lost, not committed)"
