@@ -337,7 +337,6 @@ async fn write_outcomes(
     r4?;
     r5?;
     Ok(())
-
 }
 
 /// Processes a batch in one transaction. Returns one decision per input, in order.

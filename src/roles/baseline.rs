@@ -134,7 +134,10 @@ async fn buy(
         )
         .await?;
     let id: i64 = tx
-        .query_one(&order, &[&activity_id, &sku_id, &req.user_id, &req.request_id])
+        .query_one(
+            &order,
+            &[&activity_id, &sku_id, &req.user_id, &req.request_id],
+        )
         .await?
         .get(0);
     tx.commit().await?;

@@ -200,7 +200,11 @@ async fn fill(
 }
 
 /// Waits until PostgreSQL recorded `--messages` reservations of the activity, then reports.
-async fn drain(settings: &Settings, args: &BacklogArgs, redis: &RedisStore) -> anyhow::Result<bool> {
+async fn drain(
+    settings: &Settings,
+    args: &BacklogArgs,
+    redis: &RedisStore,
+) -> anyhow::Result<bool> {
     let pool = crate::pg::connect_pool(&settings.pg, 1).await?;
     let pg = pool.get().await?;
     pg.batch_execute("SET statement_timeout = '120s'").await?;
