@@ -278,7 +278,7 @@ async fn a_scanner_killed_holding_leases_is_taken_over_after_they_expire() {
     let port = free_port();
     let env_vars = [
         ("SECKILL__SCAN__METRICS_LISTEN", format!("127.0.0.1:{port}")),
-        ("SECKILL__SCAN__SCANNER_LEASE_MS", "2000".to_string()),
+        ("SECKILL__SCAN__SCANNER_LEASE_MS", "8000".to_string()),
     ];
     let mut scan = spawn(&env, &["scan"], "scanner-holding-lease=return", &env_vars);
     let status = scan.wait_exit(30).await;
@@ -291,24 +291,30 @@ async fn a_scanner_killed_holding_leases_is_taken_over_after_they_expire() {
         .await
         .unwrap();
     assert!(fields["lease_owner"].starts_with("scanner-"), "{fields:?}");
+    let lease_until: i64 = fields["lease_until"].parse().unwrap();
 
-    let handler = Arc::new(OrderCreateHandler::new(env.pool(3).await, &env.settings, 2));
-    let consumer = seckill::mq::start_order_create_consumer(&env.settings, handler, 2)
-        .await
-        .unwrap();
     let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
     let other = seckill::roles::scan::Scanner::new(
         redis.clone(),
         publisher,
         Arc::new(env.settings.clone()),
     );
-    assert_eq!(
-        other.scan_once().await.unwrap().claimed,
-        0,
-        "still leased to the dead scanner"
-    );
-    tokio::time::sleep(Duration::from_millis(2200)).await;
-    assert_eq!(other.scan_once().await.unwrap().confirmed, 4, "taken over");
+    // Judged against the lease's own expiry, not a guess of how long the steps above take.
+    let claimed = other.scan_once().await.unwrap().claimed;
+    if chrono::Utc::now().timestamp_millis() < lease_until - 100 {
+        assert_eq!(claimed, 0, "still leased to the dead scanner");
+    }
+    let handler = Arc::new(OrderCreateHandler::new(env.pool(3).await, &env.settings, 2));
+    let consumer = seckill::mq::start_order_create_consumer(&env.settings, handler, 2)
+        .await
+        .unwrap();
+    let wait = lease_until + 300 - chrono::Utc::now().timestamp_millis();
+    if wait > 0 {
+        tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+    }
+    if claimed == 0 {
+        assert_eq!(other.scan_once().await.unwrap().confirmed, 4, "taken over");
+    }
     eventually(30, "4 orders", || async {
         env.count("SELECT count(*) FROM orders").await == 4
     })
