@@ -105,16 +105,8 @@ impl BatchHandler for Counting {
 async fn consumer_killed_after_commit_before_ack_the_redelivery_hits_the_inbox() {
     let env = TestEnv::new(true).await;
     env.activity(901, 1, 5).await;
-    let mport = free_port();
-    let mut consumer = spawn(
-        &env,
-        &["consume", "--workers", "1"],
-        "consume-after-commit-before-ack=return",
-        &[(
-            "SECKILL__CONSUMER__METRICS_LISTEN",
-            format!("127.0.0.1:{mport}"),
-        )],
-    );
+    let (mut consumer, mport) =
+        common::spawn_consume(&env, "1", "consume-after-commit-before-ack=return");
     wait_ready(format!("http://127.0.0.1:{mport}/readyz")).await;
     // One reservation through the real hot path, in-process.
     let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
@@ -442,16 +434,8 @@ async fn api_killed_after_the_broker_stored_the_message_makes_one_order() {
 async fn consumer_killed_inside_the_transaction_commits_nothing_and_the_redelivery_creates_it() {
     let env = TestEnv::new(true).await;
     env.activity(962, 1, 5).await;
-    let mport = free_port();
-    let mut consumer = spawn(
-        &env,
-        &["consume", "--workers", "1"],
-        "consume-inside-transaction=return",
-        &[(
-            "SECKILL__CONSUMER__METRICS_LISTEN",
-            format!("127.0.0.1:{mport}"),
-        )],
-    );
+    let (mut consumer, mport) =
+        common::spawn_consume(&env, "1", "consume-inside-transaction=return");
     wait_ready(format!("http://127.0.0.1:{mport}/readyz")).await;
     let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
     let e = common::event(962, 1, 9, 300);

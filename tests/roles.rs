@@ -15,22 +15,14 @@ use serde_json::json;
 async fn roles_serve_metrics_and_a_consumer_stopped_mid_load_loses_and_doubles_nothing() {
     let env = TestEnv::new(true).await;
     env.activity(700, 1, 150).await;
-    let (api_port, c1_port, c2_port) = (free_port(), free_port(), free_port());
+    let api_port = free_port();
     let mut api = spawn(
         &env,
         &["api"],
         "",
         &[("SECKILL__API__LISTEN", format!("127.0.0.1:{api_port}"))],
     );
-    let mut consumer = spawn(
-        &env,
-        &["consume", "--workers", "2"],
-        "",
-        &[(
-            "SECKILL__CONSUMER__METRICS_LISTEN",
-            format!("127.0.0.1:{c1_port}"),
-        )],
-    );
+    let (mut consumer, c1_port) = common::spawn_consume(&env, "2", "");
     wait_ready(format!("http://127.0.0.1:{api_port}/readyz")).await;
     wait_ready(format!("http://127.0.0.1:{c1_port}/readyz")).await;
 
@@ -66,15 +58,7 @@ async fn roles_serve_metrics_and_a_consumer_stopped_mid_load_loses_and_doubles_n
     .await;
 
     // A new consumer finishes the work.
-    let mut consumer = spawn(
-        &env,
-        &["consume", "--workers", "2"],
-        "",
-        &[(
-            "SECKILL__CONSUMER__METRICS_LISTEN",
-            format!("127.0.0.1:{c2_port}"),
-        )],
-    );
+    let (mut consumer, c2_port) = common::spawn_consume(&env, "2", "");
     wait_ready(format!("http://127.0.0.1:{c2_port}/readyz")).await;
     eventually(90, "150 orders", || async {
         env.count("SELECT count(*) FROM orders").await == 150

@@ -31,17 +31,7 @@ struct Roles {
 }
 
 fn start_consumer(env: &TestEnv) -> (Proc, u16) {
-    let port = free_port();
-    let p = spawn(
-        env,
-        &["consume", "--workers", "2"],
-        "",
-        &[(
-            "SECKILL__CONSUMER__METRICS_LISTEN",
-            format!("127.0.0.1:{port}"),
-        )],
-    );
-    (p, port)
+    common::spawn_consume(env, "2", "")
 }
 
 async fn start_roles(env: &TestEnv, consumers: usize) -> Roles {

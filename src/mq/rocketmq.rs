@@ -1134,15 +1134,21 @@ pub struct LagProbe {
     _runtime: MqRuntime,
 }
 
+/// An admin client of the process's runtime, started against `name_srv`.
+async fn start_admin(runtime: &MqRuntime, name_srv: &str) -> anyhow::Result<DefaultMQAdminExt> {
+    let mut admin = DefaultMQAdminExt::new(runtime.client_runtime());
+    admin.set_namesrv_addr(name_srv);
+    admin
+        .start()
+        .await
+        .map_err(|e| anyhow!("starting admin client against {name_srv}: {e}"))?;
+    Ok(admin)
+}
+
 impl LagProbe {
     /// Starts the admin client against `name_srv`.
     pub async fn new(runtime: &MqRuntime, name_srv: &str) -> anyhow::Result<Self> {
-        let mut admin = DefaultMQAdminExt::new(runtime.client_runtime());
-        admin.set_namesrv_addr(name_srv);
-        admin
-            .start()
-            .await
-            .map_err(|e| anyhow!("starting admin client against {name_srv}: {e}"))?;
+        let admin = start_admin(runtime, name_srv).await?;
         Ok(Self {
             admin,
             brokers: Mutex::new(HashMap::new()),
@@ -1311,12 +1317,7 @@ pub async fn create_topics(
     cluster: &str,
     topics: &[(String, u32)],
 ) -> anyhow::Result<()> {
-    let mut admin = DefaultMQAdminExt::new(runtime.client_runtime());
-    admin.set_namesrv_addr(name_srv);
-    admin
-        .start()
-        .await
-        .map_err(|e| anyhow!("starting admin client against {name_srv}: {e}"))?;
+    let mut admin = start_admin(runtime, name_srv).await?;
     let result = create_topics_with(&admin, broker_addr, cluster, topics).await;
     admin.shutdown().await;
     result

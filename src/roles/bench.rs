@@ -452,23 +452,7 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     let accepted: Vec<String> = t.accepted.into_iter().collect();
     if args.load_only {
         let ok = report.transport_errors == 0;
-        println!(
-            "{} {} scenario={} mode={} load_only=1 requests={} accepted={} sold_out={} already_purchased={} errors={} req_per_s={:.0} accepted_per_s={:.0} api_p50_ms={:.2} api_p99_ms={:.2} api_p999_ms={:.2}",
-            args.summary_prefix,
-            if ok { "OK" } else { "FAILED" },
-            report.scenario,
-            report.mode,
-            report.requests,
-            report.accepted,
-            report.sold_out,
-            report.already_purchased,
-            report.transport_errors + report.other_errors.values().sum::<usize>(),
-            report.requests_per_sec,
-            report.accepted_per_sec,
-            report.api_p50_ms,
-            report.api_p99_ms,
-            report.api_p999_ms,
-        );
+        print_summary(&args.summary_prefix, ok, &report);
         return Ok(ok);
     }
 
@@ -511,17 +495,9 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
             &[&args.activity_id, &args.sku_id, &last_sku],
         )
         .await?;
-    let span: Option<f64> = pg
-        .query_one(
-            "SELECT extract(epoch FROM max(created_at) - min(created_at))::float8
-             FROM orders WHERE activity_id = $1 AND sku_id BETWEEN $2 AND $3",
-            &[&args.activity_id, &args.sku_id, &last_sku],
-        )
+    report.orders_per_sec = order_rate(&pg, args.activity_id, args.sku_id, last_sku)
         .await?
-        .get(0);
-    if let Some(span) = span.filter(|s| *s > 0.0) {
-        report.orders_per_sec = (rows.len().saturating_sub(1)) as f64 / span;
-    }
+        .rate;
     let mut within = 0usize;
     for r in &rows {
         let us: i64 = r.get(0);
@@ -595,42 +571,7 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     } else {
         print_human(&report);
     }
-    let cpu: String = report
-        .cpu
-        .iter()
-        .map(|c| format!(" cpu_{}_pct={:.0}", c.name, c.core_pct))
-        .collect();
-    println!(
-        "{} {} scenario={} mode={} requests={} accepted={} orders={} rejected={} sold_out={} already_purchased={} duplicate_requests={} errors={} req_per_s={:.0} accepted_per_s={:.0} api_p50_ms={:.2} api_p99_ms={:.2} api_p999_ms={:.2} orders_per_s={:.0} order_p50_ms={:.1} order_p99_ms={:.1} order_p999_ms={:.1} within_3s_pct={:.2} drain_s={:.2} paid={} canceled={} dlq={} violations={}{}",
-        args.summary_prefix,
-        if ok { "OK" } else { "FAILED" },
-        report.scenario,
-        report.mode,
-        report.requests,
-        report.accepted,
-        report.orders,
-        report.rejected,
-        report.sold_out,
-        report.already_purchased,
-        report.duplicate_requests,
-        report.transport_errors + report.other_errors.values().sum::<usize>(),
-        report.requests_per_sec,
-        report.accepted_per_sec,
-        report.api_p50_ms,
-        report.api_p99_ms,
-        report.api_p999_ms,
-        report.orders_per_sec,
-        report.order_latency_p50_ms,
-        report.order_latency_p99_ms,
-        report.order_latency_p999_ms,
-        report.within_3s_pct,
-        report.drain_secs,
-        report.paid,
-        report.canceled,
-        report.dlq_open,
-        report.invariants.violations.len(),
-        cpu,
-    );
+    print_summary(&args.summary_prefix, ok, &report);
     Ok(ok)
 }
 
@@ -654,6 +595,82 @@ async fn check_skus(
         }
     }
     Ok(all)
+}
+
+/// The machine-readable last line (`make bench`, `make demo` and chaos parse it by field name).
+fn print_summary(prefix: &str, ok: bool, r: &BenchReport) {
+    let cpu: String = r
+        .cpu
+        .iter()
+        .map(|c| format!(" cpu_{}_pct={:.0}", c.name, c.core_pct))
+        .collect();
+    println!(
+        "{} {} scenario={} mode={} requests={} accepted={} orders={} rejected={} sold_out={} already_purchased={} duplicate_requests={} errors={} req_per_s={:.0} accepted_per_s={:.0} api_p50_ms={:.2} api_p99_ms={:.2} api_p999_ms={:.2} orders_per_s={:.0} order_p50_ms={:.1} order_p99_ms={:.1} order_p999_ms={:.1} within_3s_pct={:.2} drain_s={:.2} paid={} canceled={} dlq={} violations={}{}",
+        prefix,
+        if ok { "OK" } else { "FAILED" },
+        r.scenario,
+        r.mode,
+        r.requests,
+        r.accepted,
+        r.orders,
+        r.rejected,
+        r.sold_out,
+        r.already_purchased,
+        r.duplicate_requests,
+        r.transport_errors + r.other_errors.values().sum::<usize>(),
+        r.requests_per_sec,
+        r.accepted_per_sec,
+        r.api_p50_ms,
+        r.api_p99_ms,
+        r.api_p999_ms,
+        r.orders_per_sec,
+        r.order_latency_p50_ms,
+        r.order_latency_p99_ms,
+        r.order_latency_p999_ms,
+        r.within_3s_pct,
+        r.drain_secs,
+        r.paid,
+        r.canceled,
+        r.dlq_open,
+        r.invariants.violations.len(),
+        cpu,
+    );
+}
+
+/// Orders of some SKUs of an activity, and how fast they were created.
+pub struct OrderRate {
+    pub orders: i64,
+    /// Seconds from the first to the last order's `created_at`.
+    pub span_secs: f64,
+    /// Orders per second over that span (0 with fewer than two orders).
+    pub rate: f64,
+}
+
+/// Order creation rate from the database's own timestamps, first to last order.
+pub async fn order_rate(
+    pg: &tokio_postgres::Client,
+    activity_id: i64,
+    first_sku: i64,
+    last_sku: i64,
+) -> anyhow::Result<OrderRate> {
+    let row = pg
+        .query_one(
+            "SELECT count(*), coalesce(extract(epoch FROM max(created_at) - min(created_at)), 0)::float8
+             FROM orders WHERE activity_id = $1 AND sku_id BETWEEN $2 AND $3",
+            &[&activity_id, &first_sku, &last_sku],
+        )
+        .await?;
+    let (orders, span_secs): (i64, f64) = (row.get(0), row.get(1));
+    let rate = if span_secs > 0.0 {
+        (orders - 1).max(0) as f64 / span_secs
+    } else {
+        0.0
+    };
+    Ok(OrderRate {
+        orders,
+        span_secs,
+        rate,
+    })
 }
 
 /// Pays a share of the created orders through the API, then waits until every other order

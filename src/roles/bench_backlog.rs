@@ -229,19 +229,9 @@ async fn drain(
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let drain_secs = started.elapsed().as_secs_f64();
-    let row = pg
-        .query_one(
-            "SELECT count(*), coalesce(extract(epoch FROM max(created_at) - min(created_at)), 0)::float8
-             FROM orders WHERE activity_id = $1 AND sku_id = $2",
-            &[&args.activity_id, &args.sku_id],
-        )
-        .await?;
-    let (orders, span): (i64, f64) = (row.get(0), row.get(1));
-    let orders_per_sec = if span > 0.0 {
-        (orders - 1).max(0) as f64 / span
-    } else {
-        0.0
-    };
+    let r =
+        crate::roles::bench::order_rate(&pg, args.activity_id, args.sku_id, args.sku_id).await?;
+    let (orders, span, orders_per_sec) = (r.orders, r.span_secs, r.rate);
     let mut report = invariants::check(
         &**pg,
         redis,

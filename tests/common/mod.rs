@@ -270,6 +270,21 @@ pub fn spawn(env: &TestEnv, args: &[&str], failpoints: &str, extra: &[(&str, Str
     Proc(cmd.spawn().expect("binary starts"))
 }
 
+/// `seckill consume --workers <workers>` serving /metrics and /readyz on a free port (returned).
+pub fn spawn_consume(env: &TestEnv, workers: &str, failpoints: &str) -> (Proc, u16) {
+    let port = free_port();
+    let p = spawn(
+        env,
+        &["consume", "--workers", workers],
+        failpoints,
+        &[(
+            "SECKILL__CONSUMER__METRICS_LISTEN",
+            format!("127.0.0.1:{port}"),
+        )],
+    );
+    (p, port)
+}
+
 /// `seckill <args>` configured for this test (schema, key prefix, env name).
 pub fn command(env: &TestEnv, args: &[&str]) -> std::process::Command {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"));
