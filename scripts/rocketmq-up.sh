@@ -29,13 +29,28 @@ BROKER_BIN="$TOOLS_DIR/bin/rocketmq-broker-rust"
 
 log() { echo "rocketmq-up: $*"; }
 
+# Each start writes this marker into the server's log; an error shows the lines after it.
+MARKER="==== rocketmq-up start $$"
+
+# Free space (MiB) on the file system holding $1.
+free_mib() { df -Pm "$1" 2>/dev/null | awk 'NR == 2 { print $4 }'; }
+
 die() {
-  # $1 message, $2 optional log file whose tail explains it
-  echo "rocketmq-up: ERROR: $1" >&2
+  # $1 message, $2 optional log file whose lines since this script's start marker explain it.
+  # The message comes last, after the evidence, so that a truncated CI log still shows it.
   if [[ -n "${2:-}" && -f "$2" ]]; then
-    echo "---- last 40 lines of $2 ----" >&2
-    tail -n 40 "$2" >&2
+    echo "---- $2 since this start (last 40 lines) ----" >&2
+    awk -v m="$MARKER" 'index($0, m) { keep = 1; n = 0 } keep { buf[++n] = $0 }
+      END { s = n > 40 ? n - 40 : 0; for (i = s + 1; i <= n; i++) print buf[i];
+            if (!keep) print "(no start marker: the log file could not be written)" }' "$2" >&2
   fi
+  {
+    echo "---- listeners on the RocketMQ ports ----"
+    ss -ltnp 2>/dev/null | grep -E ":($NAMESRV_PORT|$BROKER_PORT|${NAMESRV_HEALTH##*:}|${BROKER_HEALTH##*:})\b" || echo "(none)"
+    echo "---- free space ----"
+    df -h "$RUN_DIR" "$DATA_DIR" 2>/dev/null || true
+  } >&2
+  echo "rocketmq-up: ERROR: $1" >&2
   exit 1
 }
 
@@ -67,15 +82,48 @@ start_detached() {
   # before exec'ing the server, since setsid may fork.
   local pidfile="$1" logfile="$2"
   shift 2
-  rm -f "$pidfile"
-  # 9>&-: the server must not inherit (and keep holding) this script's lock.
-  setsid bash -c 'echo $$ >"$0"; exec "$@"' "$pidfile" "$@" >>"$logfile" 2>&1 </dev/null 9>&- &
-  local i
-  for i in $(seq 50); do
-    [[ -s "$pidfile" ]] && return 0
-    sleep 0.1
+  # Keep one older log beside the current one; a long-lived machine would otherwise grow them.
+  if [[ -f "$logfile" ]] && (($(stat -c %s "$logfile") > 64 * 1024 * 1024)); then
+    mv -f "$logfile" "$logfile.1"
+  fi
+  if ! echo "$MARKER $(date -u +%FT%TZ): $*" >>"$logfile"; then
+    die "cannot write $logfile (only $(free_mib "$RUN_DIR") MiB free)"
+  fi
+  # A full disk shows up as a server that cannot write its pid, log or store: say so plainly.
+  local free min="${SECKILL_MQ_MIN_FREE_MIB:-1024}"
+  free="$(free_mib "$DATA_DIR")"
+  if [[ -n "$free" ]] && ((free < min)); then
+    die "only ${free} MiB free for $DATA_DIR (need ${min}; SECKILL_MQ_MIN_FREE_MIB)" "$logfile"
+  fi
+  local attempt i
+  for attempt in 1 2 3; do
+    rm -f "$pidfile"
+    # 9>&-: the server must not inherit (and keep holding) this script's lock.
+    setsid bash -c 'echo $$ >"$0"; exec "$@"' "$pidfile" "$@" >>"$logfile" 2>&1 </dev/null 9>&- &
+    for i in $(seq 100); do
+      [[ -s "$pidfile" ]] && return 0
+      sleep 0.1
+    done
+    log "attempt $attempt: no pid file $pidfile after 10 s"
   done
   die "could not launch: $*" "$logfile"
+}
+
+# A server we started earlier that is alive but does not answer (hung, or half shut down)
+# would hold its ports or its store: stop it before starting another.
+stop_stale() {
+  local pidfile="$1" name="$2" pid
+  pid_alive "$pidfile" "$name" || return 0
+  pid="$(cat "$pidfile")"
+  log "$name (pid $pid) is alive but not ready; stopping it first"
+  kill -CONT "$pid" 2>/dev/null || true
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 50); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.2
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+  sleep 0.5
 }
 
 wait_until() {
@@ -111,6 +159,7 @@ export ROCKETMQ_SECURITY_PROFILE=development-insecure-loopback
 if port_open "$NAMESRV_PORT"; then
   log "name server already answers on 127.0.0.1:$NAMESRV_PORT"
 else
+  stop_stale "$RUN_DIR/namesrv.pid" rocketmq-namesrv-rust
   render "$REPO_DIR/config/rocketmq/namesrv.toml" "$RUN_DIR/conf/namesrv.toml"
   log "starting name server (log $RUN_DIR/logs/namesrv.log)"
   start_detached "$RUN_DIR/namesrv.pid" "$RUN_DIR/logs/namesrv.log" \
@@ -126,15 +175,15 @@ fi
 if broker_ready; then
   log "broker already ready on 127.0.0.1:$BROKER_PORT"
 else
+  if pid_alive "$RUN_DIR/broker.pid" rocketmq-broker-rust; then
+    # Ours, alive, not ready yet: it is starting (recovering its store can take a while).
+    log "broker (pid $(cat "$RUN_DIR/broker.pid")) is starting; waiting"
+    wait_until "broker" "$RUN_DIR/logs/broker.log" "$RUN_DIR/broker.pid" rocketmq-broker-rust broker_ready
+    log "broker ready"
+    exit 0
+  fi
   if port_open "$BROKER_PORT"; then
-    # Something holds the port but is not ready (starting, or a foreign process).
-    if pid_alive "$RUN_DIR/broker.pid" rocketmq-broker-rust; then
-      log "broker (pid $(cat "$RUN_DIR/broker.pid")) is starting; waiting"
-      wait_until "broker" "$RUN_DIR/logs/broker.log" "$RUN_DIR/broker.pid" rocketmq-broker-rust broker_ready
-      log "broker ready"
-      exit 0
-    fi
-    die "port $BROKER_PORT is in use but http://$BROKER_HEALTH/readyz does not answer 200" \
+    die "port $BROKER_PORT is in use by another process, and http://$BROKER_HEALTH/readyz does not answer 200" \
       "$RUN_DIR/logs/broker.log"
   fi
   render "$REPO_DIR/config/rocketmq/broker.toml" "$RUN_DIR/conf/broker.toml"
