@@ -7,7 +7,8 @@
 #      the broker's raw send rate (seckill bench-broker), one per call and batched.
 #   2. order consumer on a backlog (seckill bench-backlog), one hot SKU: batched transactions,
 #      one order per transaction, and --workers far past the budget.
-#   3. the API (seckill bench): accepted reservations/s with batched sends and with one send
+#   3. the outbox relay draining the events those backlogs left (events/s).
+#   4. the API (seckill bench): accepted reservations/s with batched sends and with one send
 #      per reservation; answers/s for a sold-out SKU; a 10,000-unit sale from 100,000 requests
 #      by 60,000 buyers; many SKUs; duplicate-heavy traffic; open-loop arrivals.
 #
@@ -147,9 +148,25 @@ B_WIDE="$(backlog workers64 "$((BACKLOG * 2))" "$BACKLOG" --workers 64)"
 B_SINGLE="$(SECKILL__CONSUMER__BATCH_SIZE=1 backlog single "$((BACKLOG_SINGLE * 2))" "$BACKLOG_SINGLE")"
 consume
 
-# --- 3. through the API ----------------------------------------------------------------------
+# --- 3. the outbox relay on the backlog's events ----------------------------------------------
+# The backlogs above left their orders' events (ORDER_CREATED, and the CANCEL_IF_UNPAID timer
+# of each order) in the outbox, with no relay running: a fresh relay drains them alone.
+pending() {
+  psql -h 127.0.0.1 -U postgres -Atc \
+    "SELECT count(*) FROM seckill_bench.event_outbox WHERE status = 'PENDING'"
+}
+RELAY_ROWS="$(pending)"
+log "outbox relay on a backlog of $RELAY_ROWS events"
+relay_t0="$(date +%s.%N)"
 start scan scan
+for _ in $(seq 1 1800); do [[ "$(pending)" == 0 ]] && break; sleep 0.1; done
+relay_left="$(pending)"
+RELAY="RELAY $([[ "$relay_left" == 0 ]] && echo OK || echo FAILED) rows=$RELAY_ROWS left=$relay_left $(awk -v n="$RELAY_ROWS" -v t0="$relay_t0" -v t1="$(date +%s.%N)" \
+  'BEGIN { printf "seconds=%.2f events_per_s=%.0f", t1 - t0, n / (t1 - t0) }')"
+log "$RELAY"
 wait_ready http://127.0.0.1:29102/readyz
+
+# --- 4. through the API ----------------------------------------------------------------------
 start api api
 wait_ready http://127.0.0.1:28080/readyz
 log "accepted reservations/s, batched sends"
@@ -181,7 +198,7 @@ stop api
 stop scan
 stop consume
 
-# --- 4. the baseline a team would otherwise build: same route, straight to PostgreSQL --------
+# --- 5. the baseline a team would otherwise build: same route, straight to PostgreSQL --------
 BASE_SOLDOUT_A=1 BASE_BUY_A="$(date +%s)"
 start baseline baseline-api --pool 16 --stock "$BASE_SOLDOUT_A:1:0" --stock "$BASE_BUY_A:1:2000000000"
 wait_ready http://127.0.0.1:28090/readyz
@@ -202,6 +219,7 @@ batch_ops="$(field "$LIMITS" pgbench_batch_orders_per_s)"
 soldout_pg="$(field "$LIMITS" direct_pg_soldout_per_s)"
 orders_ps="$(field "$B_BATCH" orders_per_s)"
 violations=0
+[[ "$RELAY" == *" OK "* ]] || violations=$((violations + 1))
 for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT" "$SALE" "$MANY" "$DUPS" "$OPEN"; do
   v="$(field "$line" violations)"
   violations=$((violations + ${v:-1}))
@@ -214,17 +232,18 @@ done
   echo "$BROKER1"
   echo "$BROKER32"
   echo "== pipeline =="
-  for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT" "$SALE" "$MANY" "$DUPS" "$OPEN"; do
+  for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$RELAY" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT" "$SALE" "$MANY" "$DUPS" "$OPEN"; do
     echo "$line"
   done
   echo "== ratios =="
   echo "consumer orders/s (batched) $orders_ps vs pgbench one order/tx $single_tps and batched $batch_ops"
   echo "consumer orders/s, --workers 64: $(field "$B_WIDE" orders_per_s); one order per transaction: $(field "$B_SINGLE" orders_per_s)"
+  echo "outbox relay events/s $(field "$RELAY" events_per_s) vs the broker's one-message sends/s $(field "$BROKER1" msgs_per_s)"
   echo "accepted/s batched $(field "$A_BATCHED" accepted_per_s) vs unbatched $(field "$A_SINGLE" accepted_per_s)"
   echo "$BASE_SOLDOUT"
   echo "$BASE_BUY"
   echo "sold-out answers/s $(field "$SOLDOUT" req_per_s) vs direct PostgreSQL over HTTP $(field "$BASE_SOLDOUT" req_per_s) and pgbench $soldout_pg, $CONC clients"
   echo "accepted/s $(field "$A_BATCHED" accepted_per_s) vs direct PostgreSQL purchases over HTTP $(field "$BASE_BUY" accepted_per_s) and pgbench $(field "$LIMITS" direct_pg_buy_per_s)"
 } | tee "$RUN_DIR/summary.txt"
-echo "RATIOS order_vs_pgbench_single=$(ratio "$orders_ps" "$single_tps") order_vs_pgbench_batch=$(ratio "$orders_ps" "$batch_ops") accept_batched_vs_unbatched=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$A_SINGLE" accepted_per_s)") soldout_vs_direct_pg=$(ratio "$(field "$SOLDOUT" req_per_s)" "$(field "$BASE_SOLDOUT" req_per_s)") soldout_vs_pgbench_direct=$(ratio "$(field "$SOLDOUT" req_per_s)" "$soldout_pg") accept_vs_direct_pg_buy=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$BASE_BUY" accepted_per_s)") within_3s_pct=$(field "$SALE" within_3s_pct) workers64_vs_budget=$(ratio "$(field "$B_WIDE" orders_per_s)" "$orders_ps") violations=$violations"
+echo "RATIOS order_vs_pgbench_single=$(ratio "$orders_ps" "$single_tps") order_vs_pgbench_batch=$(ratio "$orders_ps" "$batch_ops") accept_batched_vs_unbatched=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$A_SINGLE" accepted_per_s)") soldout_vs_direct_pg=$(ratio "$(field "$SOLDOUT" req_per_s)" "$(field "$BASE_SOLDOUT" req_per_s)") soldout_vs_pgbench_direct=$(ratio "$(field "$SOLDOUT" req_per_s)" "$soldout_pg") accept_vs_direct_pg_buy=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$BASE_BUY" accepted_per_s)") within_3s_pct=$(field "$SALE" within_3s_pct) workers64_vs_budget=$(ratio "$(field "$B_WIDE" orders_per_s)" "$orders_ps") relay_vs_broker_single=$(ratio "$(field "$RELAY" events_per_s)" "$(field "$BROKER1" msgs_per_s)") violations=$violations"
 [[ "$violations" == 0 ]]

@@ -57,8 +57,9 @@ pub trait Publisher: Send + Sync + 'static {
     /// Sends one message, bounded by `timeout_ms`, and classifies the result.
     async fn send(&self, msg: OutMessage, timeout_ms: u64) -> SendOutcome;
 
-    /// Sends messages of one topic (no delay) as one broker call; one outcome per message,
-    /// in order. Implementations may fall back to one call per message.
+    /// Sends messages as few broker calls as the broker allows; one outcome per message, in
+    /// order. The broker batches messages of one topic without a deliver time (keyed ones per
+    /// queue); implementations send anything else one call per message.
     async fn send_batch(&self, msgs: Vec<OutMessage>, timeout_ms: u64) -> Vec<SendOutcome>;
 }
 

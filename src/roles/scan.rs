@@ -293,15 +293,7 @@ impl Relay {
             return Ok(0);
         }
         let claimed = rows.len();
-        let timeout = self.settings.mq.send_timeout_ms;
-        let outcomes: Vec<(OutboxRow, SendOutcome)> = futures::stream::iter(rows)
-            .map(|row| async move {
-                let outcome = self.publisher.send(outbox_message(&row), timeout).await;
-                (row, outcome)
-            })
-            .buffered(sc.send_concurrency)
-            .collect()
-            .await;
+        let outcomes = self.send_rows(rows).await;
         // Injection point of §29.3: the relay dies after the send, before marking SENT.
         fail::fail_point!("relay-after-send-before-mark", |_| std::process::abort());
         let mut sent: Vec<(String, String)> = Vec::new();
@@ -336,6 +328,39 @@ impl Relay {
         }
         outbox::mark_sent(&**client, &sent).await?;
         Ok(claimed)
+    }
+
+    /// Sends claimed rows; one outcome per row. Immediate messages go out in one
+    /// [`Publisher::send_batch`] call, which the producer turns into one broker batch per queue
+    /// (an order's events share a queue, in version order); timer messages (a future deliver
+    /// time), which the broker takes only one per call, go out `send_concurrency` at a time
+    /// meanwhile.
+    async fn send_rows(&self, rows: Vec<OutboxRow>) -> Vec<(OutboxRow, SendOutcome)> {
+        let timeout = self.settings.mq.send_timeout_ms;
+        let (mut immediate, mut timed) = (Vec::new(), Vec::new());
+        for row in rows {
+            let msg = outbox_message(&row);
+            if msg.deliver_time_ms.is_some() {
+                timed.push((row, msg));
+            } else {
+                immediate.push((row, msg));
+            }
+        }
+        let batch = async {
+            if immediate.is_empty() {
+                return Vec::new();
+            }
+            let (rows, msgs): (Vec<OutboxRow>, Vec<OutMessage>) = immediate.into_iter().unzip();
+            let outcomes = self.publisher.send_batch(msgs, timeout).await;
+            rows.into_iter().zip(outcomes).collect::<Vec<_>>()
+        };
+        let singles = futures::stream::iter(timed)
+            .map(|(row, msg)| async move { (row, self.publisher.send(msg, timeout).await) })
+            .buffer_unordered(self.settings.scan.send_concurrency)
+            .collect::<Vec<_>>();
+        let (mut out, singles) = tokio::join!(batch, singles);
+        out.extend(singles);
+        out
     }
 
     /// Updates the backlog gauges.
