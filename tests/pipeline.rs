@@ -165,6 +165,45 @@ async fn a_reservation_becomes_one_created_order_visible_through_the_api() {
 }
 
 #[tokio::test]
+async fn a_request_id_reused_on_another_sku_is_refused_and_changes_nothing() {
+    let env = TestEnv::new(true).await;
+    env.activity_skus(210, &[(1, 5), (2, 5)]).await;
+    let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
+    let app = start(&env, publisher, true).await;
+
+    let (s1, b1) = reserve(&app.base, 210, 1, 7, "cart-1").await;
+    assert_eq!(s1, StatusCode::ACCEPTED, "{b1}");
+    // The same request id on the other SKU: neither the first SKU's reservation nor a new one.
+    let (s2, b2) = reserve(&app.base, 210, 2, 7, "cart-1").await;
+    assert_eq!(s2, StatusCode::CONFLICT, "{b2}");
+    assert_eq!(b2["error"]["code"], "REQUEST_ID_REUSED");
+    let redis = env.redis().await;
+    assert_eq!(
+        redis.sku_stock(210, 2).await.unwrap(),
+        Some((5, 5)),
+        "nothing reserved"
+    );
+    // Still a repeat on its own SKU, and a new id buys the other SKU.
+    let (s3, b3) = reserve(&app.base, 210, 1, 7, "cart-1").await;
+    assert_eq!(
+        (s3, &b3["reservation_id"]),
+        (StatusCode::ACCEPTED, &b1["reservation_id"])
+    );
+    let (s4, b4) = reserve(&app.base, 210, 2, 7, "cart-2").await;
+    assert_eq!(s4, StatusCode::ACCEPTED, "{b4}");
+    eventually(30, "2 orders", || async {
+        env.count("SELECT count(*) FROM orders").await == 2
+    })
+    .await;
+    for sku in [1, 2] {
+        let report = env.invariants(210, sku).await;
+        assert!(report.ok(), "{:?}", report.violations);
+    }
+    app.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
 async fn repeats_second_purchases_and_sell_out_are_answered_and_never_oversold() {
     let env = TestEnv::new(true).await;
     env.activity(200, 1, 3).await;

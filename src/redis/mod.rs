@@ -90,6 +90,12 @@ pub enum ReserveResult {
     AlreadyPurchased {
         reservation_id: String,
     },
+    /// The buyer used this request_id for another SKU of the activity: not a repeat of that
+    /// request, and not a new one either. Nothing changed.
+    RequestIdReused {
+        reservation_id: String,
+        sku_id: String,
+    },
     SoldOut,
     NotStarted,
     Ended,
@@ -229,6 +235,10 @@ impl RedisStore {
             "DUPLICATE_REQUEST" => ReserveResult::Duplicate(view(&parts)),
             "ALREADY_PURCHASED" => ReserveResult::AlreadyPurchased {
                 reservation_id: parts.get(1).cloned().unwrap_or_default(),
+            },
+            "REQUEST_ID_REUSED" => ReserveResult::RequestIdReused {
+                reservation_id: parts.get(1).cloned().unwrap_or_default(),
+                sku_id: parts.get(2).cloned().unwrap_or_default(),
             },
             "SOLD_OUT" => ReserveResult::SoldOut,
             "NOT_STARTED" => ReserveResult::NotStarted,

@@ -292,6 +292,16 @@ async fn reserve_inner(
                 "this buyer already holds a reservation for this SKU",
             ))
         }
+        ReserveResult::RequestIdReused { sku_id: first, .. } => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "REQUEST_ID_REUSED",
+                format!(
+                    "this buyer already used this request_id for SKU {first} of the activity; \
+                     a new purchase needs a new request_id"
+                ),
+            ))
+        }
         ReserveResult::SoldOut => {
             return Err(ApiError::new(StatusCode::GONE, "SOLD_OUT", "sold out"))
         }

@@ -62,6 +62,11 @@ impl TestEnv {
 
     /// An activity that started a second ago, with one SKU, in PostgreSQL and Redis.
     pub async fn activity(&self, activity_id: i64, sku_id: i64, stock: i32) {
+        self.activity_skus(activity_id, &[(sku_id, stock)]).await
+    }
+
+    /// An open activity with these `(sku_id, stock)`, in PostgreSQL and warmed into Redis.
+    pub async fn activity_skus(&self, activity_id: i64, skus: &[(i64, i32)]) {
         let now = Utc::now();
         let spec = ActivitySpec {
             activity_id,
@@ -69,24 +74,26 @@ impl TestEnv {
             starts_at: now - chrono::Duration::seconds(1),
             ends_at: now + chrono::Duration::hours(1),
             reservation_valid_secs: self.settings.api.reservation_valid_secs as i32,
-            skus: vec![(sku_id, stock, 100)],
+            skus: skus.iter().map(|&(sku, stock)| (sku, stock, 100)).collect(),
         };
         let pool = self.pool(1).await;
         let mut client = pool.get().await.unwrap();
         let c: &mut tokio_postgres::Client = &mut client;
         create_activity(c, &spec, now).await.expect("activity");
-        self.redis()
-            .await
-            .warm(
-                activity_id,
-                sku_id,
-                spec.starts_at.timestamp_millis(),
-                spec.ends_at.timestamp_millis(),
-                i64::from(spec.reservation_valid_secs) * 1000,
-                stock,
-            )
-            .await
-            .expect("warm");
+        let redis = self.redis().await;
+        for &(sku_id, stock) in skus {
+            redis
+                .warm(
+                    activity_id,
+                    sku_id,
+                    spec.starts_at.timestamp_millis(),
+                    spec.ends_at.timestamp_millis(),
+                    i64::from(spec.reservation_valid_secs) * 1000,
+                    stock,
+                )
+                .await
+                .expect("warm");
+        }
     }
 
     /// Drops the schema and the Redis keys of this test.

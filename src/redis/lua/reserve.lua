@@ -8,9 +8,12 @@
 local reqfield = ARGV[2] .. ':' .. ARGV[3]
 local existing = redis.call('HGET', KEYS[4], reqfield)
 if existing then
-  -- The same request again: answer with the same reservation, change nothing.
+  -- The same request again: answer with the same reservation, change nothing. The key is the
+  -- buyer's request id within the activity, so the same id on another SKU is not a repeat of
+  -- that request: refuse it rather than answer with the other SKU's reservation.
   local h = redis.call('HMGET', ARGV[10] .. existing,
-    'message_id', 'order_id', 'mq_status', 'status', 'valid_until', 'created_at')
+    'message_id', 'order_id', 'mq_status', 'status', 'valid_until', 'created_at', 'sku_id')
+  if h[7] and h[7] ~= ARGV[7] then return {'REQUEST_ID_REUSED', existing, h[7]} end
   return {'DUPLICATE_REQUEST', existing, h[1] or '', h[2] or '', h[3] or '', h[4] or '',
           h[5] or '', h[6] or ''}
 end
