@@ -167,6 +167,34 @@ log "$RELAY"
 wait_ready http://127.0.0.1:29102/readyz
 
 # --- 4. through the API ----------------------------------------------------------------------
+# The send path alone: the consumer is stopped, so the load generator, the API, Redis and the
+# broker have the two cores to themselves (the reservations wait in the broker until it is
+# back). This isolates the lever (batched sends); the pair after it is the whole pipeline.
+stop consume
+start api api
+wait_ready http://127.0.0.1:28080/readyz
+log "send path alone (no consumer): accepted reservations/s, batched sends"
+I_A1="$(activity "$API_REQ")"
+I_BATCHED="$(api_bench accept-batched-send-path "$I_A1" 1 1 "$API_REQ" "$API_REQ" \
+  --dup-request-share 0 --repeat-buyer-share 0 --load-only)"
+stop api
+SECKILL__MQ__SEND_BATCH_MAX=1 start api api
+wait_ready http://127.0.0.1:28080/readyz
+log "send path alone (no consumer): accepted reservations/s, one send per reservation"
+I_A2="$(activity "$API_REQ")"
+I_SINGLE="$(api_bench accept-unbatched-send-path "$I_A2" 1 1 "$API_REQ" "$API_REQ" \
+  --dup-request-share 0 --repeat-buyer-share 0 --load-only)"
+stop api
+consume
+# The next scenarios start once the consumer has turned that backlog into orders.
+i_accepted=$(( $(field "$I_BATCHED" accepted) + $(field "$I_SINGLE" accepted) ))
+for _ in $(seq 1 900); do
+  n="$(psql -h 127.0.0.1 -U postgres -Atc \
+    "SELECT count(*) FROM seckill_bench.reservations WHERE activity_id IN ($I_A1, $I_A2)")"
+  ((n >= i_accepted)) && break
+  sleep 0.2
+done
+log "send-path backlog: $n of $i_accepted reservations recorded"
 start api api
 wait_ready http://127.0.0.1:28080/readyz
 log "accepted reservations/s, batched sends"
@@ -219,7 +247,9 @@ batch_ops="$(field "$LIMITS" pgbench_batch_orders_per_s)"
 soldout_pg="$(field "$LIMITS" direct_pg_soldout_per_s)"
 orders_ps="$(field "$B_BATCH" orders_per_s)"
 violations=0
-[[ "$RELAY" == *" OK "* ]] || violations=$((violations + 1))
+for line in "$RELAY" "$I_BATCHED" "$I_SINGLE"; do
+  [[ "$line" == *" OK "* ]] || violations=$((violations + 1))
+done
 for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT" "$SALE" "$MANY" "$DUPS" "$OPEN"; do
   v="$(field "$line" violations)"
   violations=$((violations + ${v:-1}))
@@ -232,18 +262,19 @@ done
   echo "$BROKER1"
   echo "$BROKER32"
   echo "== pipeline =="
-  for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$RELAY" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT" "$SALE" "$MANY" "$DUPS" "$OPEN"; do
+  for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$RELAY" "$I_BATCHED" "$I_SINGLE" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT" "$SALE" "$MANY" "$DUPS" "$OPEN"; do
     echo "$line"
   done
   echo "== ratios =="
   echo "consumer orders/s (batched) $orders_ps vs pgbench one order/tx $single_tps and batched $batch_ops"
   echo "consumer orders/s, --workers 64: $(field "$B_WIDE" orders_per_s); one order per transaction: $(field "$B_SINGLE" orders_per_s)"
   echo "outbox relay events/s $(field "$RELAY" events_per_s) vs the broker's one-message sends/s $(field "$BROKER1" msgs_per_s)"
-  echo "accepted/s batched $(field "$A_BATCHED" accepted_per_s) vs unbatched $(field "$A_SINGLE" accepted_per_s)"
+  echo "accepted/s batched $(field "$A_BATCHED" accepted_per_s) vs unbatched $(field "$A_SINGLE" accepted_per_s) (whole pipeline running)"
+  echo "accepted/s batched $(field "$I_BATCHED" accepted_per_s) vs unbatched $(field "$I_SINGLE" accepted_per_s) (send path alone, consumer stopped)"
   echo "$BASE_SOLDOUT"
   echo "$BASE_BUY"
   echo "sold-out answers/s $(field "$SOLDOUT" req_per_s) vs direct PostgreSQL over HTTP $(field "$BASE_SOLDOUT" req_per_s) and pgbench $soldout_pg, $CONC clients"
   echo "accepted/s $(field "$A_BATCHED" accepted_per_s) vs direct PostgreSQL purchases over HTTP $(field "$BASE_BUY" accepted_per_s) and pgbench $(field "$LIMITS" direct_pg_buy_per_s)"
 } | tee "$RUN_DIR/summary.txt"
-echo "RATIOS order_vs_pgbench_single=$(ratio "$orders_ps" "$single_tps") order_vs_pgbench_batch=$(ratio "$orders_ps" "$batch_ops") accept_batched_vs_unbatched=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$A_SINGLE" accepted_per_s)") soldout_vs_direct_pg=$(ratio "$(field "$SOLDOUT" req_per_s)" "$(field "$BASE_SOLDOUT" req_per_s)") soldout_vs_pgbench_direct=$(ratio "$(field "$SOLDOUT" req_per_s)" "$soldout_pg") accept_vs_direct_pg_buy=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$BASE_BUY" accepted_per_s)") within_3s_pct=$(field "$SALE" within_3s_pct) workers64_vs_budget=$(ratio "$(field "$B_WIDE" orders_per_s)" "$orders_ps") relay_vs_broker_single=$(ratio "$(field "$RELAY" events_per_s)" "$(field "$BROKER1" msgs_per_s)") violations=$violations"
+echo "RATIOS order_vs_pgbench_single=$(ratio "$orders_ps" "$single_tps") order_vs_pgbench_batch=$(ratio "$orders_ps" "$batch_ops") accept_batched_vs_unbatched=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$A_SINGLE" accepted_per_s)") soldout_vs_direct_pg=$(ratio "$(field "$SOLDOUT" req_per_s)" "$(field "$BASE_SOLDOUT" req_per_s)") soldout_vs_pgbench_direct=$(ratio "$(field "$SOLDOUT" req_per_s)" "$soldout_pg") accept_vs_direct_pg_buy=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$BASE_BUY" accepted_per_s)") within_3s_pct=$(field "$SALE" within_3s_pct) workers64_vs_budget=$(ratio "$(field "$B_WIDE" orders_per_s)" "$orders_ps") relay_vs_broker_single=$(ratio "$(field "$RELAY" events_per_s)" "$(field "$BROKER1" msgs_per_s)") send_path_batched_vs_unbatched=$(ratio "$(field "$I_BATCHED" accepted_per_s)" "$(field "$I_SINGLE" accepted_per_s)") violations=$violations"
 [[ "$violations" == 0 ]]
