@@ -1,5 +1,5 @@
 //! `seckill bench-broker`: the broker's raw send rate on this machine, one message per call
-//! and in batches, through the same producer the pipeline uses. It writes to a topic of its
+//! and in batches, and for timer messages, through the same producer the pipeline uses. It writes to a topic of its
 //! own (`<env>_SECKILL_BENCH_RAW_V1`) that nothing consumes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,12 +25,20 @@ pub struct BrokerArgs {
     /// Body size in bytes (an ORDER_CREATE_REQUESTED body is about 700).
     #[arg(long, default_value_t = 700)]
     pub body_bytes: usize,
+    /// Send timer messages delivered this many seconds later (like the CANCEL_IF_UNPAID
+    /// timers), one per call; 0 sends ordinary messages.
+    #[arg(long, default_value_t = 0)]
+    pub timer_delay_secs: u64,
 }
 
 pub async fn run(settings: Settings, args: BrokerArgs) -> anyhow::Result<bool> {
     anyhow::ensure!(
         args.senders > 0 && args.batch > 0,
         "--senders and --batch must be positive"
+    );
+    anyhow::ensure!(
+        args.timer_delay_secs == 0 || args.batch == 1,
+        "the broker takes timer messages one per call: --timer-delay-secs needs --batch 1"
     );
     let topic = format!("{}_SECKILL_BENCH_RAW_V1", settings.env);
     crate::mq::create_topics(
@@ -50,6 +58,7 @@ pub async fn run(settings: Settings, args: BrokerArgs) -> anyhow::Result<bool> {
         let (publisher, topic, body) = (publisher.clone(), topic.clone(), body.clone());
         let (confirmed, failed, calls) = (confirmed.clone(), failed.clone(), calls.clone());
         let batch = args.batch;
+        let delay_ms = i64::try_from(args.timer_delay_secs.saturating_mul(1000))?;
         senders.spawn(async move {
             let mut n = 0u64;
             while Instant::now() < deadline {
@@ -60,6 +69,8 @@ pub async fn run(settings: Settings, args: BrokerArgs) -> anyhow::Result<bool> {
                         keys: vec![format!("s{s}-{n}-{i}")],
                         properties: vec![("message_id".into(), format!("raw-{s}-{n}-{i}"))],
                         body: body.clone(),
+                        deliver_time_ms: (delay_ms > 0)
+                            .then(|| chrono::Utc::now().timestamp_millis() + delay_ms),
                         ..Default::default()
                     })
                     .collect();
@@ -86,9 +97,10 @@ pub async fn run(settings: Settings, args: BrokerArgs) -> anyhow::Result<bool> {
     let ok_msgs = confirmed.load(Ordering::Relaxed);
     let bad = failed.load(Ordering::Relaxed);
     println!(
-        "BROKER batch={} senders={} msgs_per_s={:.0} calls_per_s={:.0} confirmed={ok_msgs} failed={bad} seconds={secs:.2}",
+        "BROKER batch={} senders={} timer_delay_s={} msgs_per_s={:.0} calls_per_s={:.0} confirmed={ok_msgs} failed={bad} seconds={secs:.2}",
         args.batch,
         args.senders,
+        args.timer_delay_secs,
         ok_msgs as f64 / secs,
         calls.load(Ordering::Relaxed) as f64 / secs,
     );
