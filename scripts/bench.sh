@@ -170,21 +170,20 @@ wait_ready http://127.0.0.1:29102/readyz
 # The send path alone: the consumer is stopped, so the load generator, the API, Redis and the
 # broker have the two cores to themselves (the reservations wait in the broker until it is
 # back). This isolates the lever (batched sends); the pair after it is the whole pipeline.
+accept_run() { # label one_send_each(0|1) activity [bench args...] -> BENCH line
+  # Accepted reservations/s through a fresh API, every request a new buyer; the API is
+  # started for the run (in this subshell) and stopped after it.
+  local label="$1" single="$2" a="$3"; shift 3
+  if [[ "$single" == 1 ]]; then SECKILL__MQ__SEND_BATCH_MAX=1 start api api; else start api api; fi
+  wait_ready http://127.0.0.1:28080/readyz
+  log "$label: accepted reservations/s, $([[ "$single" == 1 ]] && echo "one send per reservation" || echo "batched sends")"
+  api_bench "$label" "$a" 1 1 "$API_REQ" "$API_REQ" --dup-request-share 0 --repeat-buyer-share 0 "$@"
+  stop api
+}
 stop consume
-start api api
-wait_ready http://127.0.0.1:28080/readyz
-log "send path alone (no consumer): accepted reservations/s, batched sends"
-I_A1="$(activity "$API_REQ")"
-I_BATCHED="$(api_bench accept-batched-send-path "$I_A1" 1 1 "$API_REQ" "$API_REQ" \
-  --dup-request-share 0 --repeat-buyer-share 0 --load-only)"
-stop api
-SECKILL__MQ__SEND_BATCH_MAX=1 start api api
-wait_ready http://127.0.0.1:28080/readyz
-log "send path alone (no consumer): accepted reservations/s, one send per reservation"
-I_A2="$(activity "$API_REQ")"
-I_SINGLE="$(api_bench accept-unbatched-send-path "$I_A2" 1 1 "$API_REQ" "$API_REQ" \
-  --dup-request-share 0 --repeat-buyer-share 0 --load-only)"
-stop api
+I_A1="$(activity "$API_REQ")" I_A2="$(activity "$API_REQ")"
+I_BATCHED="$(accept_run accept-batched-send-path 0 "$I_A1" --load-only)"
+I_SINGLE="$(accept_run accept-unbatched-send-path 1 "$I_A2" --load-only)"
 consume
 # The next scenarios start once the consumer has turned that backlog into orders.
 i_accepted=$(( $(field "$I_BATCHED" accepted) + $(field "$I_SINGLE" accepted) ))
@@ -195,18 +194,8 @@ for _ in $(seq 1 900); do
   sleep 0.2
 done
 log "send-path backlog: $n of $i_accepted reservations recorded"
-start api api
-wait_ready http://127.0.0.1:28080/readyz
-log "accepted reservations/s, batched sends"
-A_BATCHED="$(api_bench accept-batched "$(activity "$API_REQ")" 1 1 "$API_REQ" "$API_REQ" \
-  --dup-request-share 0 --repeat-buyer-share 0)"
-stop api
-SECKILL__MQ__SEND_BATCH_MAX=1 start api api
-wait_ready http://127.0.0.1:28080/readyz
-log "accepted reservations/s, one send per reservation"
-A_SINGLE="$(api_bench accept-unbatched "$(activity "$API_REQ")" 1 1 "$API_REQ" "$API_REQ" \
-  --dup-request-share 0 --repeat-buyer-share 0)"
-stop api
+A_BATCHED="$(accept_run accept-batched 0 "$(activity "$API_REQ")")"
+A_SINGLE="$(accept_run accept-unbatched 1 "$(activity "$API_REQ")")"
 start api api
 wait_ready http://127.0.0.1:28080/readyz
 log "sold-out SKU"
