@@ -1,6 +1,7 @@
-//! `seckill bench-broker`: the broker's raw send rate on this machine, one message per call
-//! and in batches, and for timer messages, through the same producer the pipeline uses. It writes to a topic of its
-//! own (`<env>_SECKILL_BENCH_RAW_V1`) that nothing consumes.
+//! `seckill bench-broker`: the broker's raw send rate on this machine, one message per call,
+//! in batches, or as timer messages, through the same producer the pipeline uses. It writes to
+//! a topic of its own (`<env>_SECKILL_BENCH_RAW_V1`) that nothing consumes (timer messages
+//! arrive there when they are due).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
