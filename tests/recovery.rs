@@ -91,7 +91,8 @@ async fn the_scanner_sends_what_the_api_never_sent_with_the_same_message_id() {
     let held = redis
         .claim_due(10, Utc::now().timestamp_millis(), 100, "dead-scanner", 1500)
         .await
-        .unwrap();
+        .unwrap()
+        .reservations;
     assert_eq!(held.len(), 5);
     assert_eq!(
         b.scan_once().await.unwrap().claimed,
@@ -602,5 +603,57 @@ async fn the_relay_sends_immediate_events_in_one_batch_call_in_version_order_and
     assert_eq!(ids.len(), orders * 3, "each row has its own broker id");
     assert!(!ids.contains(""));
     drop(c);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_activity_that_ended_long_ago_with_nothing_pending_leaves_the_scanners_list() {
+    let env = TestEnv::new(false).await;
+    let redis = env.redis().await;
+    let now = Utc::now().timestamp_millis();
+    let hour = 3_600_000;
+    // 31: ended two hours ago, nothing pending. 32: ended as long ago, one reservation still
+    // pending (its re-send is not due yet). 33: still on sale, nothing pending. 34: ended just
+    // now, nothing pending (an API host with a lagging clock could still reserve).
+    for (activity, ends) in [
+        (31, now - 2 * hour),
+        (32, now - 2 * hour),
+        (33, now + hour),
+        (34, now - 1000),
+    ] {
+        redis
+            .warm(activity, 1, now - 3 * hour, ends, 60_000, 5)
+            .await
+            .unwrap();
+    }
+    let mut conn = redis.pool.get().await.unwrap();
+    let _: () = redis::AsyncCommands::zadd(
+        &mut *conn,
+        redis.keys.pending(32),
+        "rsv_not_due",
+        now + hour,
+    )
+    .await
+    .unwrap();
+    drop(conn);
+
+    let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
+    let scanner = Scanner::new(redis.clone(), publisher, Arc::new(env.settings.clone()));
+    let stats = scanner.scan_once().await.unwrap();
+    assert_eq!((stats.retired, stats.claimed), (1, 0), "{stats:?}");
+    let mut left = redis.activities().await.unwrap();
+    left.sort();
+    assert_eq!(left, vec![32, 33, 34]);
+    assert_eq!(
+        scanner.scan_once().await.unwrap().retired,
+        0,
+        "retired once"
+    );
+    // Warming it again puts it back.
+    redis
+        .warm(31, 1, now - 3 * hour, now + hour, 60_000, 5)
+        .await
+        .unwrap();
+    assert!(redis.activities().await.unwrap().contains(&31));
     env.cleanup().await;
 }

@@ -103,6 +103,20 @@ pub enum ReserveResult {
     NotFound,
 }
 
+/// What one scanner claim found for an activity.
+#[derive(Debug, Default)]
+pub struct Claimed {
+    /// The reservations now leased to the caller, each as its Redis hash.
+    pub reservations: Vec<HashMap<String, String>>,
+    /// Nothing is pending and the activity ended over [`RETIRE_AFTER_END_MS`] ago: it can
+    /// leave the work list.
+    pub retire: bool,
+}
+
+/// How long after its end an activity with nothing pending stays on the scanner's work list:
+/// long past any clock skew between the API hosts and the scanner.
+pub const RETIRE_AFTER_END_MS: i64 = 10 * 60 * 1000;
+
 /// Arguments of one reservation attempt; ids are minted by the caller beforehand.
 #[derive(Debug, Clone)]
 pub struct ReserveArgs<'a> {
@@ -493,7 +507,7 @@ impl RedisStore {
         batch: usize,
         owner: &str,
         lease_ms: u64,
-    ) -> anyhow::Result<Vec<HashMap<String, String>>> {
+    ) -> anyhow::Result<Claimed> {
         let k = &self.keys;
         let mut conn = self.pool.get().await?;
         let raw: Vec<redis::Value> = self
@@ -501,21 +515,42 @@ impl RedisStore {
             .claim
             .key(k.pending(activity_id))
             .key(k.pending_since(activity_id))
+            .key(k.meta(activity_id))
             .arg(now_ms)
             .arg(batch)
             .arg(owner)
             .arg(lease_ms)
             .arg(k.reservation_prefix(activity_id))
+            .arg(RETIRE_AFTER_END_MS)
             .invoke_async(&mut conn)
             .await?;
-        let mut out = Vec::new();
+        if let [only] = raw.as_slice() {
+            if redis::from_redis_value::<String>(only).is_ok_and(|s| s == "RETIRE") {
+                return Ok(Claimed {
+                    reservations: Vec::new(),
+                    retire: true,
+                });
+            }
+        }
+        let mut reservations = Vec::new();
         for pair in raw.chunks(2) {
             if let [_, fields] = pair {
                 let map: HashMap<String, String> = redis::from_redis_value(fields)?;
-                out.push(map);
+                reservations.push(map);
             }
         }
-        Ok(out)
+        Ok(Claimed {
+            reservations,
+            retire: false,
+        })
+    }
+
+    /// Takes an activity off the scanner's (and admission's) work list. Warming it again puts
+    /// it back.
+    pub async fn retire_activity(&self, activity_id: i64) -> anyhow::Result<()> {
+        let mut conn = self.pool.get().await?;
+        let _: () = conn.srem(self.keys.activities(), activity_id).await?;
+        Ok(())
     }
 
     /// Applies an order event to the projection if it is newer. Returns `APPLIED` or `STALE`.

@@ -37,6 +37,8 @@ pub struct ScanStats {
     pub confirmed: usize,
     pub unknown: usize,
     pub failed: usize,
+    /// Activities taken off the work list in this pass (ended, nothing pending).
+    pub retired: usize,
 }
 
 /// The reservation re-send scanner.
@@ -110,7 +112,7 @@ impl Scanner {
         let mut oldest_ms: Option<i64> = None;
         for activity_id in self.redis.activities().await? {
             let now_ms = Utc::now().timestamp_millis();
-            let claims = self
+            let claimed = self
                 .redis
                 .claim_due(
                     activity_id,
@@ -120,6 +122,17 @@ impl Scanner {
                     sc.scanner_lease_ms,
                 )
                 .await?;
+            if claimed.retire {
+                // Ended long ago with nothing pending: no pass needs to look at it again.
+                self.redis.retire_activity(activity_id).await?;
+                stats.retired += 1;
+                info!(
+                    activity_id,
+                    "activity ended with nothing pending; off the scanner's list"
+                );
+                continue;
+            }
+            let claims = claimed.reservations;
             stats.claimed += claims.len();
             // Injection point of §29.3: a scanner dies holding its leases.
             fail::fail_point!("scanner-holding-lease", |_| std::process::abort());

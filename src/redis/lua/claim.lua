@@ -1,9 +1,12 @@
 -- Scanner claim (§13.3): takes up to ARGV[2] due reservations from the pending index and
 -- leases them to one scanner: the score moves to the lease expiry, so no other scanner sees
 -- them until the lease runs out (a crashed scanner's work comes back by itself).
--- KEYS: 1 pending index, 2 pending-since index
--- ARGV: 1 now_ms, 2 batch, 3 owner, 4 lease_ms, 5 reservation key prefix
--- Returns a flat list: reservation_id followed by its hash as field/value pairs, per claim.
+-- KEYS: 1 pending index, 2 pending-since index, 3 activity meta
+-- ARGV: 1 now_ms, 2 batch, 3 owner, 4 lease_ms, 5 reservation key prefix, 6 retire_after_ms
+-- Returns a flat list: reservation_id followed by its hash as field/value pairs, per claim;
+-- or {'RETIRE'} when the activity needs no scanner any more: nothing is pending and it ended
+-- more than retire_after_ms ago (so no reservation can still appear, even from an API host
+-- whose clock lags), or its meta is gone.
 local now = tonumber(ARGV[1])
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
 local out = {}
@@ -22,5 +25,9 @@ for _, rid in ipairs(due) do
     table.insert(out, rid)
     table.insert(out, redis.call('HGETALL', rk))
   end
+end
+if #out == 0 and redis.call('ZCARD', KEYS[1]) == 0 then
+  local ends = redis.call('HGET', KEYS[3], 'ends_at_ms')
+  if (not ends) or now >= tonumber(ends) + tonumber(ARGV[6]) then return {'RETIRE'} end
 end
 return out
