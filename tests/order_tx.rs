@@ -339,6 +339,55 @@ async fn a_batch_larger_than_the_stock_left_gets_what_is_left_and_rejects_the_re
 }
 
 #[tokio::test]
+async fn a_batch_over_several_skus_takes_each_skus_stock_once() {
+    let env = TestEnv::new(false).await;
+    env.activity_skus(1, &[(1, 5), (2, 5)]).await;
+    let h = handler(&env, 1).await;
+    let topic = env.settings.names().order_create_topic;
+    let created = |d: &[Decision]| {
+        d.iter()
+            .filter(|d| matches!(d, Decision::Created { .. }))
+            .count()
+    };
+    let stock = |sku: i64| {
+        let env = &env;
+        async move {
+            env.count(&format!(
+                "SELECT remaining_stock::int8 FROM activity_skus WHERE sku_id = {sku}"
+            ))
+            .await
+        }
+    };
+    // Enough of both: every order is created (the optimistic path, one decrement per SKU).
+    let first: Vec<_> = [(1, 1), (1, 2), (1, 3), (2, 4), (2, 5)]
+        .into_iter()
+        .map(|(sku, user)| delivery_of(&topic, &event(1, sku, user, 300)))
+        .collect();
+    let d = h.process(&first).await.unwrap();
+    assert_eq!(created(&d), 5, "{d:?}");
+    assert_eq!((stock(1).await, stock(2).await), (2, 3));
+    // SKU 1 still has enough, SKU 2 does not: SKU 1 gets all it asked for, SKU 2 what is left.
+    let second: Vec<_> = [(1, 6), (1, 7), (2, 8), (2, 9), (2, 10), (2, 11)]
+        .into_iter()
+        .map(|(sku, user)| delivery_of(&topic, &event(1, sku, user, 300)))
+        .collect();
+    let d = h.process(&second).await.unwrap();
+    let no_stock = d
+        .iter()
+        .filter(|d| **d == Decision::Rejected(RejectReason::NoStock))
+        .count();
+    assert_eq!((created(&d), no_stock), (5, 1), "{d:?}");
+    assert_eq!((stock(1).await, stock(2).await), (0, 0));
+    assert_eq!(env.count("SELECT count(*) FROM orders").await, 10);
+    assert_eq!(
+        env.count("SELECT coalesce(sum(delta),0)::int8 FROM stock_ledger")
+            .await,
+        -10
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test]
 async fn a_transient_failure_rolls_everything_back_and_asks_for_redelivery() {
     let mut env = TestEnv::new(false).await;
     env.activity(1, 1, 10).await;

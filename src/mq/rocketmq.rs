@@ -832,18 +832,15 @@ impl Default for ConsumerOptions {
 #[derive(Default)]
 struct InFlight {
     count: AtomicUsize,
-    /// Messages inside those calls.
-    messages: AtomicUsize,
     idle: Notify,
 }
 
-struct InFlightGuard<'a>(&'a InFlight, usize);
+struct InFlightGuard<'a>(&'a InFlight);
 
 impl InFlight {
-    fn enter(&self, messages: usize) -> InFlightGuard<'_> {
+    fn enter(&self) -> InFlightGuard<'_> {
         self.count.fetch_add(1, Ordering::AcqRel);
-        self.messages.fetch_add(messages, Ordering::AcqRel);
-        InFlightGuard(self, messages)
+        InFlightGuard(self)
     }
 
     async fn wait_idle(&self) {
@@ -862,7 +859,6 @@ impl InFlight {
 
 impl Drop for InFlightGuard<'_> {
     fn drop(&mut self) {
-        self.0.messages.fetch_sub(self.1, Ordering::AcqRel);
         if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.0.idle.notify_waiters();
         }
@@ -884,7 +880,7 @@ impl MessageListenerConcurrently for BridgeListener {
         msgs: &[&MessageExt],
         _context: &ConsumeConcurrentlyContext,
     ) -> ClientResult<ConsumeConcurrentlyStatus> {
-        let _guard = self.in_flight.enter(msgs.len());
+        let _guard = self.in_flight.enter();
         let batch: Vec<Delivery> = msgs.iter().map(|m| to_delivery(m)).collect();
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let handler = Arc::clone(&self.handler);
@@ -973,11 +969,6 @@ impl ConsumerHandle {
             .values()
             .map(|q| u64::from(q.cached_msg_count))
             .sum())
-    }
-
-    /// Messages inside handler calls right now.
-    pub fn handling_messages(&self) -> usize {
-        self.in_flight.messages.load(Ordering::Acquire)
     }
 
     /// Stops pulling, lets running handler calls finish and commits their offsets.

@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use chrono::{DateTime, Duration, Utc};
 use deadpool_postgres::Client;
 use serde_json::json;
+use tokio_postgres::types::ToSql;
 
 use super::errors::TxError;
 use crate::domain::event::PoisonReason;
@@ -235,93 +236,57 @@ async fn write_outcomes(
         ib_decision.push(decision);
     }
 
-    let ledger = async {
-        if led.a.is_empty() {
-            return Ok::<_, tokio_postgres::Error>(());
-        }
-        let stmt = tx
-            .prepare_cached(
-                "INSERT INTO stock_ledger (activity_id, sku_id, order_id, delta, reason)
-                 SELECT t.a, t.s, t.o, -1, 'ORDER_CREATED'
-                 FROM unnest($1::int8[], $2::int8[], $3::text[]) AS t(a, s, o)",
-            )
-            .await?;
-        tx.execute(&stmt, &[&led.e, &led.f, &led.a]).await?;
-        Ok(())
-    };
-    let outbox = async {
-        if ob_ids.is_empty() {
-            return Ok::<_, tokio_postgres::Error>(());
-        }
-        let stmt = tx
-            .prepare_cached(
-                "INSERT INTO event_outbox
-                   (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, deliver_at)
-                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                                      $6::int[], $7::jsonb[], $8::timestamptz[])
-                 ON CONFLICT (event_id) DO NOTHING",
-            )
-            .await?;
-        tx.execute(
-            &stmt,
-            &[
-                &ob_ids,
-                &ob_topics,
-                &ob_tags,
-                &ob_keys,
-                &ob_agg,
-                &ob_ver,
-                &ob_payload,
-                &ob_deliver,
-            ],
-        )
-        .await?;
-        Ok(())
-    };
-    let rejections = async {
-        if rj.a.is_empty() {
-            return Ok::<_, tokio_postgres::Error>(());
-        }
-        let upd = tx
-            .prepare_cached(
-                "UPDATE reservations r SET status = 'REJECTED', reject_reason = t.x
-                 FROM unnest($1::text[], $2::text[]) AS t(id, x)
-                 WHERE r.reservation_id = t.id",
-            )
-            .await?;
-        let ins = tx
-            .prepare_cached(
-                "INSERT INTO compensation_tasks (task_id, reservation_id, activity_id, sku_id, user_id, reason)
-                 SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::text[])
-                 ON CONFLICT DO NOTHING",
-            )
-            .await?;
-        let upd_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&rj.a, &rj.b];
-        let ins_params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
-            [&rj.c, &rj.a, &rj.e, &rj.f, &rj.g, &rj.b];
-        let (a, b) = futures::join!(tx.execute(&upd, &upd_params), tx.execute(&ins, &ins_params));
-        a?;
-        b?;
-        Ok(())
-    };
-    let inbox = async {
-        if ib_mid.is_empty() {
-            return Ok::<_, tokio_postgres::Error>(());
-        }
-        let stmt = tx
-            .prepare_cached(
-                "UPDATE consumer_inbox i SET status = t.st, decision = t.d, updated_at = now()
-                 FROM unnest($2::text[], $3::text[], $4::text[]) AS t(m, st, d)
-                 WHERE i.consumer_group = $1 AND i.message_id = t.m",
-            )
-            .await?;
-        tx.execute(
-            &stmt,
-            &[&cx.names.consumer_group, &ib_mid, &ib_status, &ib_decision],
-        )
-        .await?;
-        Ok(())
-    };
+    let ledger = exec_unless_empty(
+        tx,
+        led.a.is_empty(),
+        "INSERT INTO stock_ledger (activity_id, sku_id, order_id, delta, reason)
+         SELECT t.a, t.s, t.o, -1, 'ORDER_CREATED'
+         FROM unnest($1::int8[], $2::int8[], $3::text[]) AS t(a, s, o)",
+        [&led.e, &led.f, &led.a],
+    );
+    let outbox = exec_unless_empty(
+        tx,
+        ob_ids.is_empty(),
+        "INSERT INTO event_outbox
+           (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, deliver_at)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                              $6::int[], $7::jsonb[], $8::timestamptz[])
+         ON CONFLICT (event_id) DO NOTHING",
+        [
+            &ob_ids,
+            &ob_topics,
+            &ob_tags,
+            &ob_keys,
+            &ob_agg,
+            &ob_ver,
+            &ob_payload,
+            &ob_deliver,
+        ],
+    );
+    let reject = exec_unless_empty(
+        tx,
+        rj.a.is_empty(),
+        "UPDATE reservations r SET status = 'REJECTED', reject_reason = t.x
+         FROM unnest($1::text[], $2::text[]) AS t(id, x)
+         WHERE r.reservation_id = t.id",
+        [&rj.a, &rj.b],
+    );
+    let compensate = exec_unless_empty(
+        tx,
+        rj.a.is_empty(),
+        "INSERT INTO compensation_tasks (task_id, reservation_id, activity_id, sku_id, user_id, reason)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::text[])
+         ON CONFLICT DO NOTHING",
+        [&rj.c, &rj.a, &rj.e, &rj.f, &rj.g, &rj.b],
+    );
+    let inbox = exec_unless_empty(
+        tx,
+        ib_mid.is_empty(),
+        "UPDATE consumer_inbox i SET status = t.st, decision = t.d, updated_at = now()
+         FROM unnest($2::text[], $3::text[], $4::text[]) AS t(m, st, d)
+         WHERE i.consumer_group = $1 AND i.message_id = t.m",
+        [&cx.names.consumer_group, &ib_mid, &ib_status, &ib_decision],
+    );
     // Wakes the outbox relays on commit (a NOTIFY is delivered only if the transaction commits).
     let notify = async {
         if ob_ids.is_empty() {
@@ -330,12 +295,31 @@ async fn write_outcomes(
         tx.batch_execute(&format!("NOTIFY {}", super::outbox::OUTBOX_CHANNEL))
             .await
     };
-    let (r1, r2, r3, r4, r5) = futures::join!(ledger, outbox, rejections, inbox, notify);
+    // Every statement runs to its answer; the first error (in statement order) is returned.
+    let (r1, r2, r3, r4, r5, r6) =
+        futures::join!(ledger, outbox, reject, compensate, inbox, notify);
     r1?;
     r2?;
     r3?;
     r4?;
     r5?;
+    r6?;
+    Ok(())
+}
+
+/// Runs one set-based statement of the transaction (prepared once per connection), unless it
+/// has no rows to write.
+async fn exec_unless_empty<const N: usize>(
+    tx: &deadpool_postgres::Transaction<'_>,
+    empty: bool,
+    sql: &str,
+    params: [&(dyn ToSql + Sync); N],
+) -> Result<(), tokio_postgres::Error> {
+    if empty {
+        return Ok(());
+    }
+    let stmt = tx.prepare_cached(sql).await?;
+    tx.execute(&stmt, &params).await?;
     Ok(())
 }
 
@@ -624,7 +608,7 @@ pub async fn process_batch(
                  JOIN activity_skus k ON k.activity_id = t.a AND k.sku_id = t.s",
             )
             .await?;
-        let peek_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&a, &s];
+        let peek_params: [&(dyn ToSql + Sync); 2] = [&a, &s];
         let (sp, rows) = futures::join!(
             tx.batch_execute("SAVEPOINT stock"),
             tx.query(&peek, &peek_params)
@@ -647,17 +631,20 @@ pub async fn process_batch(
                      RETURNING remaining_stock",
                 )
                 .await?;
+            // One statement per SKU, pipelined: PostgreSQL runs them in key order (so two
+            // batches never lock the same rows in opposite orders), in one round trip.
+            let wants: Vec<i32> = per_sku.values().map(|idxs| idxs.len() as i32).collect();
+            let params: Vec<[&(dyn ToSql + Sync); 3]> = per_sku
+                .keys()
+                .zip(&wants)
+                .map(|((activity_id, sku_id), want)| {
+                    [activity_id as &(dyn ToSql + Sync), sku_id, want]
+                })
+                .collect();
+            let takes = params.iter().map(|p| tx.query_opt(&take, p));
             let mut granted_all = true;
-            for ((activity_id, sku_id), idxs) in &per_sku {
-                let want = idxs.len() as i32;
-                if tx
-                    .query_opt(&take, &[activity_id, sku_id, &want])
-                    .await?
-                    .is_none()
-                {
-                    granted_all = false;
-                    break;
-                }
+            for taken in futures::future::join_all(takes).await {
+                granted_all &= taken?.is_some();
             }
             if granted_all {
                 created = all;

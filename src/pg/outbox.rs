@@ -93,22 +93,39 @@ pub async fn mark_sent(
         .await
 }
 
-/// Schedules another attempt after `backoff_ms`, or marks the row DEAD when `dead`.
+/// A send that did not go through: the row's next attempt, or its end.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub event_id: String,
+    pub error: String,
+    /// When to try again, from now.
+    pub backoff_ms: i64,
+    /// The last attempt failed: the row becomes DEAD.
+    pub dead: bool,
+}
+
+/// Schedules each failed row's next attempt after its backoff, or marks it DEAD; one
+/// statement for the whole pass.
 pub async fn mark_failed(
     client: &impl GenericClient,
-    event_id: &str,
-    error: &str,
-    backoff_ms: i64,
-    dead: bool,
+    failed: &[Failure],
 ) -> Result<u64, tokio_postgres::Error> {
+    if failed.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<&str> = failed.iter().map(|f| f.event_id.as_str()).collect();
+    let errors: Vec<&str> = failed.iter().map(|f| f.error.as_str()).collect();
+    let backoff: Vec<f64> = failed.iter().map(|f| f.backoff_ms as f64).collect();
+    let dead: Vec<bool> = failed.iter().map(|f| f.dead).collect();
     client
         .execute(
-            "UPDATE event_outbox
-                SET last_error = $2,
-                    status = CASE WHEN $4 THEN 'DEAD' ELSE status END,
-                    next_attempt_at = now() + make_interval(secs => $3::float8 / 1000.0)
-             WHERE event_id = $1 AND status = 'PENDING'",
-            &[&event_id, &error, &(backoff_ms as f64), &dead],
+            "UPDATE event_outbox o
+                SET last_error = t.err,
+                    status = CASE WHEN t.dead THEN 'DEAD' ELSE o.status END,
+                    next_attempt_at = now() + make_interval(secs => t.ms / 1000.0)
+             FROM unnest($1::text[], $2::text[], $3::float8[], $4::bool[]) AS t(e, err, ms, dead)
+             WHERE o.event_id = t.e AND o.status = 'PENDING'",
+            &[&ids, &errors, &backoff, &dead],
         )
         .await
 }

@@ -310,6 +310,7 @@ impl Relay {
         // Injection point of §29.3: the relay dies after the send, before marking SENT.
         fail::fail_point!("relay-after-send-before-mark", |_| std::process::abort());
         let mut sent: Vec<(String, String)> = Vec::new();
+        let mut failed: Vec<outbox::Failure> = Vec::new();
         for (row, outcome) in outcomes {
             metrics::counter!("outbox_publish_total", "tag" => tag_label(&row.tag), "outcome" => outcome.label())
                 .increment(1);
@@ -324,8 +325,6 @@ impl Relay {
                         sc.relay_backoff_base_ms,
                         sc.relay_backoff_cap_ms,
                     );
-                    outbox::mark_failed(&**client, &row.event_id, &error, wait as i64, dead)
-                        .await?;
                     if dead {
                         metrics::counter!("outbox_dead_total", "tag" => tag_label(&row.tag))
                             .increment(1);
@@ -336,10 +335,22 @@ impl Relay {
                         warn!(event_id = %row.event_id, topic = %row.topic, attempts = row.attempts,
                               retry_in_ms = wait, error = %error, "outbox send failed; will retry");
                     }
+                    failed.push(outbox::Failure {
+                        event_id: row.event_id,
+                        error,
+                        backoff_ms: wait as i64,
+                        dead,
+                    });
                 }
             }
         }
-        outbox::mark_sent(&**client, &sent).await?;
+        // Both outcomes in one round trip (pipelined on the one connection).
+        let (marked, failures) = futures::join!(
+            outbox::mark_sent(&**client, &sent),
+            outbox::mark_failed(&**client, &failed)
+        );
+        marked?;
+        failures?;
         Ok(claimed)
     }
 
