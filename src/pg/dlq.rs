@@ -7,22 +7,35 @@ use tokio_postgres::GenericClient;
 
 use crate::mq::Delivery;
 
-/// Remembers the latest failure of a message (called after its transaction rolled back).
-pub async fn record_failure(
+/// One message's failure: `(message_id, error class, error text)`.
+pub type Failure<'a> = (&'a str, &'a str, String);
+
+/// Remembers the latest failure of each message (called after their transaction rolled
+/// back); one statement for the batch. A message listed twice keeps its last failure.
+pub async fn record_failures(
     client: &impl GenericClient,
     group: &str,
-    message_id: &str,
-    class: &str,
-    error: &str,
+    failures: &[Failure<'_>],
 ) -> Result<u64, tokio_postgres::Error> {
+    // ON CONFLICT DO UPDATE may touch a row once per statement: one entry per message.
+    let last: std::collections::HashMap<&str, (&str, &str)> = failures
+        .iter()
+        .map(|(id, class, error)| (*id, (*class, error.as_str())))
+        .collect();
+    if last.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<&str> = last.keys().copied().collect();
+    let classes: Vec<&str> = ids.iter().map(|id| last[id].0).collect();
+    let errors: Vec<&str> = ids.iter().map(|id| last[id].1).collect();
     client
         .execute(
             "INSERT INTO consumer_failures (consumer_group, message_id, error_class, last_error)
-             VALUES ($1, $2, $3, $4)
+             SELECT $1, t.m, t.c, t.e FROM unnest($2::text[], $3::text[], $4::text[]) AS t(m, c, e)
              ON CONFLICT (consumer_group, message_id) DO UPDATE
                SET failures = consumer_failures.failures + 1, error_class = excluded.error_class,
                    last_error = excluded.last_error, updated_at = now()",
-            &[&group, &message_id, &class, &error],
+            &[&group, &ids, &classes, &errors],
         )
         .await
 }

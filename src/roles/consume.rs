@@ -266,18 +266,16 @@ impl BatchHandler for OrderCreateHandler {
         // Remember why, outside the rolled-back transaction: a message that ends in the DLQ
         // is recorded with the error that killed it.
         if let Ok(client) = self.pool.get().await {
-            for (d, e) in &failed {
-                if let Some(id) = d.properties.get("message_id") {
-                    let _ = crate::pg::dlq::record_failure(
-                        &**client,
-                        &self.names.consumer_group,
-                        id,
-                        e.class(),
-                        &e.to_string(),
-                    )
+            let failures: Vec<crate::pg::dlq::Failure> = failed
+                .iter()
+                .filter_map(|(d, e)| {
+                    let id = d.properties.get("message_id")?;
+                    Some((id.as_str(), e.class(), e.to_string()))
+                })
+                .collect();
+            let _ =
+                crate::pg::dlq::record_failures(&**client, &self.names.consumer_group, &failures)
                     .await;
-                }
-            }
         }
         for (d, e) in &failed {
             metrics::counter!("mq_consume_total", "topic" => "order_create", "result" => e.class())
