@@ -13,8 +13,8 @@ services-up: ## Start PostgreSQL, Redis, RocketMQ name server + broker (installs
 services-down: ## Stop the RocketMQ processes the project started
 	scripts/services-down.sh
 
-build: ## Build the release binary
-	cargo build --release
+build: ## Build the release binaries (seckill, and seckill-bench for the benchmarks)
+	cargo build --release --workspace
 
 demo: ## Services, migrate, a flash sale with a burst of buyers, invariants; last line DEMO OK/FAILED
 	scripts/demo.sh
@@ -26,7 +26,7 @@ limits: services-up ## Only the naive limits (pgbench, redis-benchmark, direct P
 	scripts/limits.sh
 
 test: services-up ## The whole test suite against the real services, the operator files, schemathesis
-	SECKILL_ENV=test cargo test --all-targets --features failpoints -- --test-threads=4
+	SECKILL_ENV=test cargo test --workspace --all-targets --features failpoints -- --test-threads=4
 	scripts/check-operator-files.sh
 	scripts/schemathesis.sh
 
@@ -37,7 +37,7 @@ chaos: ## A 50,000-request sale while roles, the broker and PostgreSQL are kille
 	scripts/chaos.sh
 
 test-unit: ## Unit tests only (no services)
-	cargo test --lib --bins
+	cargo test --workspace --lib --bins
 
 .PHONY: test-api-fuzz
 test-api-fuzz: ## schemathesis against a live api (docs/openapi.yaml)
@@ -47,11 +47,12 @@ fmt: ## Format the code
 	cargo fmt --all
 
 clippy: ## Lints, warnings are errors
-	cargo clippy --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets -- -D warnings
 
 lint: ## fmt check + clippy (with and without the failpoints feature)
 	cargo fmt --all -- --check
-	cargo clippy --all-targets -- -D warnings
-	cargo clippy --all-targets --features failpoints -- -D warnings
+	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets --features failpoints -- -D warnings
 
-ci: test lint ## What CI runs
+ci: ## What CI runs, exactly (.ci/run): make test, make test-faults, make lint
+	bash .ci/run

@@ -4,11 +4,11 @@
 #
 #   1. limits: pgbench with the order transaction (one per transaction and batched),
 #      redis-benchmark with the reservation script, direct-to-PostgreSQL purchases;
-#      the broker's raw send rate (seckill bench-broker), one per call and batched.
-#   2. order consumer on a backlog (seckill bench-backlog), one hot SKU: batched transactions,
+#      the broker's raw send rate (seckill-bench broker), one per call and batched.
+#   2. order consumer on a backlog (seckill-bench backlog), one hot SKU: batched transactions,
 #      one order per transaction, and --workers far past the budget.
 #   3. the outbox relay draining the events those backlogs left (events/s).
-#   4. the API (seckill bench): accepted reservations/s with batched sends and with one send
+#   4. the API (seckill-bench load): accepted reservations/s with batched sends and with one send
 #      per reservation; answers/s for a sold-out SKU; a 10,000-unit sale from 100,000 requests
 #      by 60,000 buyers; many SKUs; duplicate-heavy traffic; open-loop arrivals.
 #
@@ -38,8 +38,9 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else
 
 scripts/services-up.sh >&2
 log "building (release)"
-cargo build --release --quiet
+cargo build --release --quiet -p seckill -p seckill-bench
 BIN="$root/target/release/seckill"
+BENCH="$root/target/release/seckill-bench"
 "$BIN" migrate >&2
 "$BIN" topics create >&2
 
@@ -49,18 +50,19 @@ DIRECT_PG_CLIENTS="$CONC" scripts/limits.sh | tee "$RUN_DIR/limits.out" >&2
 LIMITS="$(grep '^LIMITS ' "$RUN_DIR/limits.out" | tail -1)"
 [[ -n "$LIMITS" ]] || { echo "RATIOS FAILED reason=no_limits"; exit 1; }
 log "broker raw send rate"
-BROKER1="$("$BIN" bench-broker --batch 1 --senders 16 --seconds 5 | tail -1)"
-BROKER32="$("$BIN" bench-broker --batch 32 --senders 4 --seconds 5 | tail -1)"
+BROKER1="$("$BENCH" broker --batch 1 --senders 16 --seconds 5 | tail -1)"
+BROKER32="$("$BENCH" broker --batch 32 --senders 4 --seconds 5 | tail -1)"
 log "$BROKER1"
 log "$BROKER32"
 
 # --- roles -----------------------------------------------------------------------------------
 declare -A PID=()
-start() { # name, args...
-  local name="$1"; shift
-  "$BIN" "$@" >"$RUN_DIR/$name.log" 2>&1 &
+start_with() { # binary, name, args...
+  local bin="$1" name="$2"; shift 2
+  "$bin" "$@" >"$RUN_DIR/$name.log" 2>&1 &
   PID[$name]=$!
 }
+start() { start_with "$BIN" "$@"; } # name, args...
 stop() { # name
   local pid="${PID[$1]:-}"
   [[ -n "$pid" ]] || return 0
@@ -108,10 +110,10 @@ backlog() { # label stock messages [consume args...] -> BACKLOG line
   local label="$1" stock="$2" n="$3"; shift 3
   local a; a="$(activity "$stock")"
   stop consume
-  "$BIN" bench-backlog --activity-id "$a" --messages "$n" --fill-only >&2
+  "$BENCH" backlog --activity-id "$a" --messages "$n" --fill-only >&2
   start consume consume "$@"
   local line
-  line="$("$BIN" bench-backlog --activity-id "$a" --messages "$n" --drain-only \
+  line="$("$BENCH" backlog --activity-id "$a" --messages "$n" --drain-only \
     --summary-prefix "BACKLOG_$label" | tail -1)"
   stop consume
   log "$line"
@@ -134,7 +136,7 @@ api_bench() { # label activity sku skus requests buyers [extra bench args...]
   local label="$1" a="$2" sku="$3" skus="$4" req="$5" buyers="$6"; shift 6
   local cpu; mapfile -t cpu < <(cpu_args)
   local line
-  line="$("$BIN" bench --api http://127.0.0.1:28080 --activity-id "$a" --sku-id "$sku" --skus "$skus" \
+  line="$("$BENCH" load --api http://127.0.0.1:28080 --activity-id "$a" --sku-id "$sku" --skus "$skus" \
     --requests "$req" --buyers "$buyers" --concurrency "$CONC" --scenario "$label" \
     --summary-prefix BENCH "${cpu[@]}" "$@" | tee "$RUN_DIR/bench-$label.out" | tail -1)"
   log "$line"
@@ -217,13 +219,13 @@ stop consume
 
 # --- 5. the baseline a team would otherwise build: same route, straight to PostgreSQL --------
 BASE_SOLDOUT_A=1 BASE_BUY_A="$(date +%s)"
-start baseline baseline-api --pool 16 --stock "$BASE_SOLDOUT_A:1:0" --stock "$BASE_BUY_A:1:2000000000"
+start_with "$BENCH" baseline baseline-api --pool 16 --stock "$BASE_SOLDOUT_A:1:0" --stock "$BASE_BUY_A:1:2000000000"
 wait_ready http://127.0.0.1:28090/readyz
 log "baseline (direct PostgreSQL over HTTP): sold-out answers and purchases"
-BASE_SOLDOUT="$("$BIN" bench --api http://127.0.0.1:28090 --activity-id "$BASE_SOLDOUT_A" --sku-id 1 \
+BASE_SOLDOUT="$("$BENCH" load --api http://127.0.0.1:28090 --activity-id "$BASE_SOLDOUT_A" --sku-id 1 \
   --requests "$API_REQ" --buyers "$API_REQ" --concurrency "$CONC" --load-only --scenario baseline-sold-out | tail -1)"
 log "$BASE_SOLDOUT"
-BASE_BUY="$("$BIN" bench --api http://127.0.0.1:28090 --activity-id "$BASE_BUY_A" --sku-id 1 \
+BASE_BUY="$("$BENCH" load --api http://127.0.0.1:28090 --activity-id "$BASE_BUY_A" --sku-id 1 \
   --requests "$((API_REQ / 3))" --buyers "$((API_REQ / 3))" --concurrency "$CONC" --load-only \
   --dup-request-share 0 --repeat-buyer-share 0 --scenario baseline-buy | tail -1)"
 log "$BASE_BUY"

@@ -3,7 +3,7 @@
 # CHAOS_STOCK units (default 5,000) while a random role (api, consume, scan, timeout-cancel) is
 # killed with SIGKILL every CHAOS_KILL_EVERY seconds (default 2) and restarted, the broker is
 # killed (SIGKILL) and restarted once, PostgreSQL is restarted once. Then it waits for the
-# pipeline to converge, checks the invariants (seckill bench --tolerate-faults) and runs
+# pipeline to converge, checks the invariants (seckill-bench load --tolerate-faults) and runs
 # `seckill reconcile --fail-on-drift`. Prints a table of the faults injected and the verdicts;
 # exits non-zero on any violation or drift.
 #
@@ -30,9 +30,10 @@ started_ns="$(date +%s%N)"
 scripts/services-up.sh >&2
 if [[ -z "${SECKILL_BIN:-}" ]]; then
   log "building (release)"
-  cargo build --release --quiet
+  cargo build --release --quiet -p seckill -p seckill-bench
 fi
 BIN="${SECKILL_BIN:-$root/target/release/seckill}"
+BENCH="${SECKILL_BENCH_BIN:-$(dirname "$BIN")/seckill-bench}"
 "$BIN" migrate >&2
 "$BIN" topics create >&2
 ACTIVITY=$(( $(date +%s) * 10 + 7 ))
@@ -66,7 +67,7 @@ for r in api consume scan timeout-cancel; do wait_ready "$r"; done
 sleep 2
 
 log "sale: $REQUESTS requests from $BUYERS buyers for $STOCK units, $RATE a second (at most $CONC at a time)"
-"$BIN" bench --api http://127.0.0.1:38080 --activity-id "$ACTIVITY" --sku-id 1 \
+"$BENCH" load --api http://127.0.0.1:38080 --activity-id "$ACTIVITY" --sku-id 1 \
   --requests "$REQUESTS" --buyers "$BUYERS" --concurrency "$CONC" --rate "$RATE" --scenario chaos \
   --tolerate-faults --drain-timeout-secs 300 --summary-prefix CHAOS >"$LOG_DIR/bench.out" 2>&1 &
 bench=$!

@@ -20,8 +20,9 @@ mkdir -p "$RUN_DIR"
 
 scripts/services-up.sh
 echo "[demo] building (release)"
-cargo build --release --quiet
+cargo build --release --quiet -p seckill -p seckill-bench
 BIN="$root/target/release/seckill"
+BENCH="$root/target/release/seckill-bench"
 
 "$BIN" migrate
 "$BIN" topics create
@@ -58,14 +59,16 @@ sleep 2
 
 echo "[demo] activity $ACTIVITY_ID: $REQUESTS requests from $BUYERS buyers for $STOCK units, $CONCURRENCY at a time"
 set +e
-"$BIN" bench --api http://127.0.0.1:18080 --activity-id "$ACTIVITY_ID" --sku-id 1 \
+# The terminal gets the human summary; the load generator's own log lines go to bench.log.
+"$BENCH" load --api http://127.0.0.1:18080 --activity-id "$ACTIVITY_ID" --sku-id 1 \
   --requests "$REQUESTS" --buyers "$BUYERS" --concurrency "$CONCURRENCY" \
-  --pay-share "$PAY_SHARE" --summary-prefix DEMO | tee "$RUN_DIR/bench.out"
+  --pay-share "$PAY_SHARE" --summary-prefix DEMO 2>"$RUN_DIR/bench.log" | tee "$RUN_DIR/bench.out"
 status=${PIPESTATUS[0]}
 set -e
+if [[ "$status" -ne 0 ]]; then tail -5 "$RUN_DIR/bench.log"; fi
 stop_roles
 trap - EXIT
-echo "[demo] role logs: $RUN_DIR/{api,consume,scan,timeout-cancel}.log"
+echo "[demo] role logs: $RUN_DIR/{api,consume,scan,timeout-cancel,bench}.log"
 line="$(grep -E '^DEMO (OK|FAILED)' "$RUN_DIR/bench.out" | tail -1)"
 echo "${line:-DEMO FAILED reason=no_summary}"
 exit "$status"

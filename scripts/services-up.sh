@@ -6,6 +6,17 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 log() { printf '[services] %s\n' "$*"; }
 
+# Debian packages: refresh the package lists once before the first install (a machine that
+# never ran `apt-get update` has none, and every install fails).
+apt_updated=0
+apt_install() {
+  if [[ "$apt_updated" == 0 ]]; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
+    apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null
+}
+
 wait_for() { # name, seconds, command...
   local name="$1" secs="$2"; shift 2
   for _ in $(seq 1 $((secs * 5))); do
@@ -18,7 +29,7 @@ wait_for() { # name, seconds, command...
 # --- PostgreSQL ----------------------------------------------------------------
 if ! command -v pg_isready >/dev/null 2>&1; then
   log "installing PostgreSQL (apt)"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql postgresql-client >/dev/null
+  apt_install postgresql postgresql-client
 fi
 if ! pg_isready -h 127.0.0.1 -p 5432 -q; then
   log "starting PostgreSQL"
@@ -30,7 +41,7 @@ log "PostgreSQL ready on 127.0.0.1:5432"
 # --- Redis -----------------------------------------------------------------------
 if ! command -v redis-server >/dev/null 2>&1; then
   log "installing Redis (apt)"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null
+  apt_install redis-server
 fi
 if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   log "starting Redis"

@@ -1,9 +1,12 @@
 //! The command line: one binary, one subcommand per role or admin tool.
 
+use std::future::Future;
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
 
-use crate::roles::activity::CreateArgs;
-use crate::roles::bench::BenchArgs;
+use crate::config::{Settings, TelemetrySettings};
+use crate::roles::ops::activity::CreateArgs;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -39,27 +42,17 @@ pub enum Command {
         command: TopicsCommand,
     },
     /// One-shot drift check (cron / systemd timer): emits missing events, changes no business state.
-    Reconcile(crate::roles::reconcile::ReconcileArgs),
+    Reconcile(crate::roles::ops::reconcile::ReconcileArgs),
     /// Dead letters: list, show, replay, discard.
     Dlq {
         #[command(subcommand)]
-        command: crate::roles::dlq::DlqCommand,
+        command: crate::roles::ops::dlq::DlqCommand,
     },
     /// Flash-sale activities.
     Activity {
         #[command(subcommand)]
         command: ActivityCommand,
     },
-    /// Load generator against a running API, drain wait and invariant check.
-    Bench(BenchArgs),
-    /// Order-consumer throughput: fill a backlog (Redis reservations + broker batches) and
-    /// time how fast a running `seckill consume` turns it into orders.
-    BenchBacklog(crate::roles::bench_backlog::BacklogArgs),
-    /// The broker's raw send rate, one message per call or in batches.
-    BenchBroker(crate::roles::bench_broker::BrokerArgs),
-    /// For benchmarks only: the same route served straight from PostgreSQL (UPDATE stock +
-    /// INSERT order per request), the design this project is compared with.
-    BaselineApi(crate::roles::baseline::BaselineArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -72,6 +65,45 @@ pub enum TopicsCommand {
 pub enum ActivityCommand {
     /// Create an activity and its SKU stock, and warm Redis (idempotent).
     Create(CreateArgs),
+}
+
+/// What a binary of this project does around its command: load the configuration (exit 2
+/// naming the bad key), start the logs with `logs` and the metrics recorder, run `command` on
+/// a multi-threaded runtime, and turn its result into the exit code (`Ok(false)`: failure
+/// already reported; `Err`: printed with its causes).
+pub fn run_process<F, Fut>(name: &str, logs: fn(&TelemetrySettings), command: F) -> ExitCode
+where
+    F: FnOnce(Settings) -> Fut,
+    Fut: Future<Output = anyhow::Result<bool>>,
+{
+    let settings = match Settings::load() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{name}: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    logs(&settings.telemetry);
+    // The recorder goes in before the command records its first metric.
+    let _ = crate::telemetry::metrics_handle();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{name}: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(command(settings)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("{name}: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[cfg(test)]

@@ -8,10 +8,6 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use thiserror::Error;
 
-/// Default PostgreSQL transactions the database sustains at once for this workload before
-/// latency climbs (pgbench on a 2-core machine peaks at ~4 clients for the hot-row transaction).
-pub const DEFAULT_PG_SAFE_CONCURRENCY: u32 = 8;
-
 #[derive(Debug, Error)]
 pub enum ConfigError {
     #[error("config: {0}")]
@@ -51,7 +47,7 @@ pub struct PgSettings {
     pub url: String,
     /// Schema holding the tables; tests give each run its own.
     pub schema: String,
-    /// Order transactions the database sustains at once (§22: measured, not guessed).
+    /// Order transactions the database sustains at once (measured, not guessed: docs/ARCHITECTURE.md#worker-budget).
     pub safe_concurrency: u32,
     /// Share of that concurrency the order consumers may use; the rest is for payment, queries, ops.
     pub order_share: f64,
@@ -83,7 +79,7 @@ pub struct MqSettings {
     pub cluster: String,
     /// Bound on one synchronous send; past it the outcome is UNKNOWN (never a release).
     pub send_timeout_ms: u64,
-    /// Queues per topic at creation (§7.3, calibrated for this machine).
+    /// Queues per topic at creation (calibrated for this machine).
     pub order_create_queues: u32,
     pub other_queues: u32,
     /// Reservations gathered into one broker call by the API (1 = one send per reservation).
@@ -110,7 +106,7 @@ pub struct ApiSettings {
     pub admin_token: String,
     /// Seconds to let in-flight requests finish on SIGTERM.
     pub shutdown_grace_secs: u64,
-    /// Fail closed (§21.2, §22.2): new reservations get 503 SALE_PAUSED while the oldest
+    /// Fail closed (docs/ARCHITECTURE.md#fail-closed-admission): new reservations get 503 SALE_PAUSED while the oldest
     /// unconfirmed reservation (or the order-create lag) is older than this share of the
     /// reservation validity; admission resumes once it is back under half of that.
     pub fail_closed_share: f64,
@@ -199,7 +195,7 @@ pub struct TelemetrySettings {
     pub json: bool,
 }
 
-/// Topic and consumer-group names, derived from the environment name (§7).
+/// Topic and consumer-group names, derived from the environment name (docs/ARCHITECTURE.md#topics-and-groups).
 #[derive(Debug, Clone)]
 pub struct Names {
     pub order_create_topic: String,
@@ -237,7 +233,7 @@ impl Names {
         ]
     }
 
-    /// Groups keep the articles' exact names in `PROD` (`CG_SECKILL_ORDER_CREATE_PG_V1`); any
+    /// Groups keep their production names in `PROD` (`CG_SECKILL_ORDER_CREATE_PG_V1`); any
     /// other environment inserts its name (`CG_STAGE_SECKILL_...`) so it never joins PROD's group.
     pub fn new(env: &str) -> Self {
         let infix = if env == "PROD" {
@@ -293,6 +289,14 @@ impl Settings {
 
     /// Checks every value a role relies on; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_stores()?;
+        self.validate_mq()?;
+        self.validate_api_and_consumer()?;
+        self.validate_scan_and_retention()
+    }
+
+    /// `env`, `[pg]` and `[redis]`.
+    fn validate_stores(&self) -> Result<(), ConfigError> {
         let ident = |s: &str| {
             !s.is_empty()
                 && s.len() <= 32
@@ -346,6 +350,11 @@ impl Settings {
         if self.redis.pool_size == 0 {
             return Err(invalid("redis.pool_size", "must be at least 1"));
         }
+        Ok(())
+    }
+
+    /// `[mq]`.
+    fn validate_mq(&self) -> Result<(), ConfigError> {
         if self.mq.name_server.parse::<SocketAddr>().is_err() {
             return Err(invalid(
                 "mq.name_server",
@@ -379,6 +388,11 @@ impl Settings {
                 "queue counts must be positive",
             ));
         }
+        Ok(())
+    }
+
+    /// `[api]` and `[consumer]`.
+    fn validate_api_and_consumer(&self) -> Result<(), ConfigError> {
         if self.api.max_body_bytes < 64 {
             return Err(invalid("api.max_body_bytes", "must be at least 64"));
         }
@@ -415,6 +429,11 @@ impl Settings {
         if self.consumer.pay_window_secs == 0 {
             return Err(invalid("consumer.pay_window_secs", "must be positive"));
         }
+        Ok(())
+    }
+
+    /// `[scan]`, `[retention]` and `[telemetry]`.
+    fn validate_scan_and_retention(&self) -> Result<(), ConfigError> {
         let sc = &self.scan;
         if sc.scanner_batch == 0 || sc.scanner_batch > 10_000 {
             return Err(invalid("scan.scanner_batch", "must be in 1..=10000"));
@@ -475,7 +494,8 @@ impl Settings {
         Ok(())
     }
 
-    /// The worker budget of §22: `safe_concurrency × order_share / instances`, at least 1.
+    /// The worker budget (docs/ARCHITECTURE.md#worker-budget):
+    /// `safe_concurrency × order_share / instances`, at least 1.
     pub fn worker_budget(&self) -> usize {
         worker_budget(
             self.pg.safe_concurrency,
@@ -496,7 +516,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn budget_matches_the_articles_example() {
+    fn budget_matches_the_documented_example() {
         assert_eq!(worker_budget(240, 0.7, 12), 14);
         assert_eq!(worker_budget(8, 0.7, 1), 5);
         assert_eq!(worker_budget(1, 0.1, 4), 1);

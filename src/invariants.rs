@@ -1,5 +1,6 @@
-//! The invariants of DESIGN.md (§29.2), checked with plain SQL and Redis reads. Used by
-//! `seckill bench`, the demo and the integration tests; a violation is a bug, never noise.
+//! The invariants (docs/ARCHITECTURE.md#invariants), checked with plain SQL and Redis reads.
+//! Used by `seckill-bench load`, the demo and the integration tests; a violation is a bug,
+//! never noise.
 
 use serde::Serialize;
 use tokio_postgres::GenericClient;
@@ -66,6 +67,22 @@ pub async fn check(
     sku_id: i64,
 ) -> anyhow::Result<Report> {
     let mut v: Vec<String> = Vec::new();
+    let mut f = pg_figures(pg, consumer_group, activity_id, sku_id).await?;
+    check_postgresql(pg, &f, consumer_group, &mut v).await?;
+    check_redis(pg, redis, &mut f, &mut v).await?;
+    Ok(Report {
+        figures: f,
+        violations: v,
+    })
+}
+
+/// The SKU's figures as PostgreSQL has them.
+async fn pg_figures(
+    pg: &impl GenericClient,
+    consumer_group: &str,
+    activity_id: i64,
+    sku_id: i64,
+) -> anyhow::Result<SkuFigures> {
     let mut f = SkuFigures {
         activity_id,
         sku_id,
@@ -103,6 +120,17 @@ pub async fn check(
         .await?
         .get(0);
 
+    Ok(f)
+}
+
+/// Invariants 1, 2, 3 and 5, and conservation within PostgreSQL.
+async fn check_postgresql(
+    pg: &impl GenericClient,
+    f: &SkuFigures,
+    consumer_group: &str,
+    v: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let (activity_id, sku_id) = (f.activity_id, f.sku_id);
     // 1. valid orders <= initial final stock.
     if f.valid_orders > f.pg_total {
         v.push(format!(
@@ -192,6 +220,17 @@ pub async fn check(
             f.pg_remaining - f.pg_total
         ));
     }
+    Ok(())
+}
+
+/// Conservation within Redis, and between Redis and PostgreSQL.
+async fn check_redis(
+    pg: &impl GenericClient,
+    redis: &RedisStore,
+    f: &mut SkuFigures,
+    v: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let (activity_id, sku_id) = (f.activity_id, f.sku_id);
     // ... within Redis ...
     match redis.sku_stock(activity_id, sku_id).await? {
         None => v.push("Redis has no stock for this SKU".to_string()),
@@ -239,8 +278,5 @@ pub async fn check(
             f.valid_orders, f.pending_compensations
         ));
     }
-    Ok(Report {
-        figures: f,
-        violations: v,
-    })
+    Ok(())
 }

@@ -1,5 +1,32 @@
 //! seckill: a flash-sale order pipeline. Redis picks the winners, RocketMQ absorbs the burst,
-//! PostgreSQL creates every order exactly once. See README.md and DESIGN.md.
+//! PostgreSQL creates every order exactly once. README.md says how to run it;
+//! docs/ARCHITECTURE.md says how it works and where each failure is handled.
+//!
+//! A short tour, from the top of the house down (nothing imports upward):
+//!
+//! - [`cli`] — the `seckill` subcommands; `main.rs` parses them, loads [`config`], starts
+//!   [`telemetry`] and calls the role's `run`.
+//! - [`roles`] — what the binary runs:
+//!   - `roles::api` — the buyers' HTTP API and the hot path (reserve → send → 202), the
+//!     buyer's reads and payment, fail-closed admission;
+//!   - `roles::consume` — every consumer group that turns messages into effects: order
+//!     creation, compensation, projection, DLQ intake;
+//!   - `roles::scan` — the re-send scanner, the outbox relay, retention;
+//!   - `roles::timeout_cancel` — the conditional cancel of unpaid, expired orders;
+//!   - `roles::ops` — operator tools: `migrate`, `topics`, `activity`, `dlq`, `reconcile`.
+//! - [`domain`] — the vocabulary, free of I/O: ids, the events and their ids, request
+//!   validation, the decisions.
+//! - [`redis`] — the reservation store: one Lua script per state change (`redis/lua/`).
+//! - [`mq`] — the RocketMQ adapter: the `Publisher` / `BatchHandler` traits the roles see,
+//!   batched sends, consumer lag, and the client behind them (`mq::rocketmq`).
+//! - [`pg`] — PostgreSQL: pools and migrations, the order transaction, the order state
+//!   changes, the outbox, dead letters, retention.
+//! - [`limiter`] — the adaptive limit on order transactions, under the worker budget.
+//! - [`invariants`] — the six invariants, checked by tests, `seckill-bench` and the demo.
+//! - [`shutdown`], [`telemetry`] — graceful shutdown; logs, metrics, `/metrics`, readiness.
+//!
+//! The load generators and the direct-PostgreSQL baseline are not part of the product: they
+//! live in their own binary, `seckill-bench` (`bench/`).
 
 // The RocketMQ client's futures are deeply nested; proving them Send needs a deeper limit.
 #![recursion_limit = "256"]
@@ -13,4 +40,5 @@ pub mod mq;
 pub mod pg;
 pub mod redis;
 pub mod roles;
+pub mod shutdown;
 pub mod telemetry;

@@ -1,4 +1,5 @@
-//! Adaptive concurrency limit for order transactions (§22, issue 5): AIMD.
+//! Adaptive concurrency limit for order transactions
+//! (docs/ARCHITECTURE.md#worker-budget): AIMD.
 //!
 //! The worker budget (`pg.safe_concurrency × order_share / instances`) is a ceiling measured
 //! once; what PostgreSQL sustains right now can be lower (a vacuum, a slow disk, another

@@ -1,7 +1,8 @@
 //! Logs and metrics, initialised once per process. Logs are structured (`tracing`, JSON with
-//! `telemetry.json = true`) and carry the business ids as fields; metrics use the §28.2 names
+//! `telemetry.json = true`) and carry the business ids as fields; metrics use the names of docs/ARCHITECTURE.md#observability
 //! with bounded labels (never an id) and are served on `/metrics` by every long-running role.
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -20,14 +21,31 @@ use tracing_subscriber::{EnvFilter, Layer};
 
 use crate::config::TelemetrySettings;
 
-/// Installs the global log subscriber. `RUST_LOG` overrides the configured level.
+/// Installs the global log subscriber, writing to stdout (a role's log: a file or journald).
+/// `RUST_LOG` overrides the configured level.
 ///
 /// Next to the log output sits [`AckFailureLayer`], with its own filter, so the ACK-failure
 /// count does not depend on the configured log level.
 pub fn init_logs(settings: &TelemetrySettings) {
+    init_logs_to(settings, std::io::stdout, std::io::stdout().is_terminal());
+}
+
+/// The same, writing to stderr: for tools whose stdout is their report (`seckill-bench`).
+pub fn init_logs_to_stderr(settings: &TelemetrySettings) {
+    init_logs_to(settings, std::io::stderr, std::io::stderr().is_terminal());
+}
+
+fn init_logs_to<W>(settings: &TelemetrySettings, writer: W, terminal: bool)
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&settings.log_level));
-    let fmt = tracing_subscriber::fmt::layer().with_target(true);
+    // Colour only on a terminal: a log file or journald gets plain text, never ANSI codes.
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(writer)
+        .with_target(true)
+        .with_ansi(terminal);
     let fmt = if settings.json {
         fmt.json().flatten_event(true).boxed()
     } else {
@@ -65,7 +83,7 @@ pub fn ack_failure_kind(target: &str, message: &str) -> Option<&'static str> {
     }
 }
 
-/// Counts the MQ client's ACK failures as `mq_ack_failure_total{kind}` (§28.2).
+/// Counts the MQ client's ACK failures as `mq_ack_failure_total{kind}`.
 pub struct AckFailureLayer;
 
 impl<S: tracing::Subscriber> Layer<S> for AckFailureLayer {
@@ -251,28 +269,6 @@ pub async fn serve_ops(
             .with_graceful_shutdown(async move { shutdown.cancelled().await })
             .await;
     }))
-}
-
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ mod common;
 
 use chrono::{Duration, Utc};
 use common::TestEnv;
-use seckill::roles::activity::{create, CreateArgs};
+use seckill::roles::ops::activity::{create, CreateArgs};
 
 fn args(activity_id: i64, stock: i32, starts_in_secs: i64) -> CreateArgs {
     CreateArgs {

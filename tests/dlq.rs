@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use common::{event, eventually, TestEnv};
 use seckill::mq::{order_create_message, BatchHandler};
-use seckill::roles::consume::OrderCreateHandler;
+use seckill::roles::consume::order_create::OrderCreateHandler;
 
 #[tokio::test]
 async fn a_message_failing_every_time_is_dead_lettered_recorded_and_discardable() {
@@ -33,9 +33,10 @@ async fn a_message_failing_every_time_is_dead_lettered_recorded_and_discardable(
     let consumer = seckill::mq::start_order_create_consumer(&env.settings, handler, 1)
         .await
         .unwrap();
-    let intakes = seckill::roles::dlq::start_intakes(&env.settings, env.pool(2).await)
-        .await
-        .unwrap();
+    let intakes =
+        seckill::roles::consume::dlq_intake::start_intakes(&env.settings, env.pool(2).await)
+            .await
+            .unwrap();
     let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
     let e = event(950, 1, 42, 300);
     let sent = publisher
@@ -233,7 +234,7 @@ async fn a_replay_racing_the_normal_redelivery_of_the_same_message_has_one_effec
         first_seen: chrono::Utc::now(),
         status: "OPEN".into(),
     };
-    let msg = seckill::roles::dlq::replay_message(&row, "rpl_test");
+    let msg = seckill::roles::ops::dlq::replay_message(&row, "rpl_test");
     assert!(msg
         .properties
         .contains(&("replay_count".to_string(), "1".to_string())));

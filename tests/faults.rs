@@ -1,4 +1,5 @@
-//! Processes killed at the injection points of §29.3 (built with `--features failpoints`,
+//! Processes killed at the injection points of docs/ARCHITECTURE.md#fault-injection-points
+//! (built with `--features failpoints`,
 //! which `make test` uses): the real binary aborts at the failpoint like a SIGKILL, and the
 //! recovery path finishes the work with exactly one effect.
 #![cfg(feature = "failpoints")]
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use common::{eventually, free_port, spawn, wait_ready, TestEnv};
 use seckill::mq::{BatchHandler, ConsumeDecision, Delivery};
-use seckill::roles::consume::OrderCreateHandler;
+use seckill::roles::consume::order_create::OrderCreateHandler;
 use serde_json::json;
 
 #[tokio::test]
@@ -179,14 +180,14 @@ async fn relay_killed_after_the_send_before_the_mark_sends_again_and_is_applied_
         1
     );
 
-    let comp = Arc::new(seckill::roles::compensate::CompensationHandler {
+    let comp = Arc::new(seckill::roles::consume::compensate::CompensationHandler {
         redis: redis.clone(),
         pool: env.pool(2).await,
         group: names.compensate_group.clone(),
     });
     let counting_seen = Arc::new(AtomicUsize::new(0));
     struct CountComp(
-        Arc<seckill::roles::compensate::CompensationHandler>,
+        Arc<seckill::roles::consume::compensate::CompensationHandler>,
         Arc<AtomicUsize>,
     );
     #[async_trait::async_trait]

@@ -10,9 +10,9 @@ mod common;
 use std::sync::Arc;
 
 use common::{delivery, delivery_of, event, TestEnv};
+use seckill::domain::{Decision, RejectReason};
 use seckill::mq::{BatchHandler, ConsumeDecision};
-use seckill::pg::order_tx::{Decision, RejectReason};
-use seckill::roles::consume::OrderCreateHandler;
+use seckill::roles::consume::order_create::OrderCreateHandler;
 
 async fn handler(env: &TestEnv, workers: usize) -> Arc<OrderCreateHandler> {
     Arc::new(OrderCreateHandler::new(

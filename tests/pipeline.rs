@@ -13,7 +13,7 @@ use common::{eventually, TestEnv};
 use reqwest::StatusCode;
 use seckill::mq::{OutMessage, Publisher};
 use seckill::roles::api::{build_state, serve, ApiState};
-use seckill::roles::consume::OrderCreateHandler;
+use seckill::roles::consume::order_create::OrderCreateHandler;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 

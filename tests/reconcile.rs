@@ -9,8 +9,8 @@ mod common;
 use chrono::Utc;
 use common::{delivery_of, reserve_only, TestEnv};
 use seckill::pg::order_state::{pay, StateNames};
-use seckill::roles::consume::OrderCreateHandler;
-use seckill::roles::reconcile::{reconcile, ReconcileArgs};
+use seckill::roles::consume::order_create::OrderCreateHandler;
+use seckill::roles::ops::reconcile::{reconcile, ReconcileArgs};
 
 async fn snapshot(
     c: &deadpool_postgres::Object,

@@ -12,13 +12,14 @@ use std::time::Duration;
 
 use chrono::Utc;
 use common::{delivery, delivery_of, eventually, reserve_only, TestEnv};
+use seckill::domain::{CancelOutcome, PayOutcome};
+use seckill::domain::{Decision, RejectReason};
 use seckill::domain::{Ids, OrderCreateRequested};
 use seckill::mq::BatchHandler;
-use seckill::pg::order_state::{pay, CancelOutcome, PayOutcome, StateNames};
-use seckill::pg::order_tx::{Decision, RejectReason};
+use seckill::pg::order_state::{pay, StateNames};
 use seckill::pg::outbox;
-use seckill::roles::compensate::CompensationHandler;
-use seckill::roles::consume::OrderCreateHandler;
+use seckill::roles::consume::compensate::CompensationHandler;
+use seckill::roles::consume::order_create::OrderCreateHandler;
 use seckill::roles::scan::{outbox_message, Relay, Scanner};
 use seckill::roles::timeout_cancel::TimeoutCancelHandler;
 
@@ -238,7 +239,7 @@ fn cancel_delivery(
 ) -> seckill::mq::Delivery {
     let body = serde_json::json!({
         "schema_version": 1, "event_type": "CANCEL_ORDER_IF_UNPAID",
-        "event_id": seckill::pg::order_tx::cancel_if_unpaid_event_id(order_id),
+        "event_id": seckill::domain::events::cancel_if_unpaid_event_id(order_id),
         "order_id": order_id, "expires_at": expires_at,
     });
     delivery(
@@ -417,7 +418,7 @@ async fn pay_and_cancel_raced_100_times_each_never_both_win() {
 async fn order_events_are_projected_by_version_so_stale_and_repeated_events_are_no_ops() {
     let env = TestEnv::new(false).await;
     let names = env.settings.names();
-    let h = seckill::roles::projection::ProjectionHandler {
+    let h = seckill::roles::consume::projection::ProjectionHandler {
         redis: env.redis().await,
         pool: env.pool(1).await,
         group: names.projection_group.clone(),

@@ -1,5 +1,6 @@
-//! `ORDER_CREATE_REQUESTED`, schema v1 (§9): the message between the API and the order
-//! consumer. `reservation_valid_until` is immutable and is the consumer's business deadline.
+//! `ORDER_CREATE_REQUESTED`, schema v1 (docs/ARCHITECTURE.md#events-and-their-ids): the
+//! message between the API (or the re-send scanner) and the order consumer.
+//! `reservation_valid_until` is immutable and is the consumer's business deadline.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -35,7 +36,7 @@ pub struct OrderCreateRequested {
     pub reservation_created_at: DateTime<Utc>,
     pub reservation_valid_until: DateTime<Utc>,
     pub created_at: DateTime<Utc>,
-    /// Application-level re-sends (scanner), not broker redeliveries (§9.3).
+    /// Application-level re-sends (scanner), not broker redeliveries.
     pub retry_count: i32,
     /// Operator replays.
     pub replay_count: i32,
@@ -66,7 +67,54 @@ impl PoisonReason {
     }
 }
 
+/// A reservation as its ORDER_CREATE_REQUESTED describes it: the ids the API minted before
+/// touching Redis and the validity the reserve script fixed. The API's first send and every
+/// re-send of the scanner build the event from this, so both carry the same ids.
+#[derive(Debug, Clone)]
+pub struct ReservationFacts<'a> {
+    pub message_id: &'a str,
+    pub request_id: &'a str,
+    pub reservation_id: &'a str,
+    pub order_id: &'a str,
+    pub activity_id: i64,
+    pub sku_id: i64,
+    pub user_id: i64,
+    pub quantity: i32,
+    pub created_at: DateTime<Utc>,
+    pub valid_until: DateTime<Utc>,
+}
+
 impl OrderCreateRequested {
+    /// The event of a reservation; `retry_count` counts the scanner's re-sends (0 on the
+    /// API's first send), `producer` names the role that sends it.
+    pub fn new(
+        r: &ReservationFacts<'_>,
+        producer: &str,
+        retry_count: i32,
+        trace: TraceContext,
+    ) -> Self {
+        Self {
+            schema_version: SCHEMA_VERSION,
+            event_type: EVENT_ORDER_CREATE_REQUESTED.to_string(),
+            message_id: r.message_id.to_owned(),
+            message_key: r.reservation_id.to_owned(),
+            request_id: r.request_id.to_owned(),
+            reservation_id: r.reservation_id.to_owned(),
+            order_id: r.order_id.to_owned(),
+            activity_id: r.activity_id,
+            sku_id: r.sku_id,
+            user_id: r.user_id,
+            quantity: r.quantity,
+            reservation_created_at: r.created_at,
+            reservation_valid_until: r.valid_until,
+            created_at: Utc::now(),
+            retry_count,
+            replay_count: 0,
+            producer: producer.to_string(),
+            trace,
+        }
+    }
+
     /// Decodes and validates a message body. The schema version is checked before the shape,
     /// so a future v2 message is reported as unsupported rather than malformed.
     pub fn decode(body: &[u8]) -> Result<Self, PoisonReason> {

@@ -1,5 +1,5 @@
 //! Business identifiers. The API mints all of them before it touches Redis, so every retry,
-//! re-send and replay of the same reservation carries the same ids (§8).
+//! re-send and replay of the same reservation carries the same ids (docs/ARCHITECTURE.md#identifiers).
 
 use ulid::Ulid;
 

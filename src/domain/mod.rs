@@ -1,10 +1,14 @@
 //! The pipeline's vocabulary, free of I/O: identifiers, the ORDER_CREATE_REQUESTED event
-//! (schema v1, §9), request validation and the decisions a consumer can take.
+//! (schema v1), the events PostgreSQL originates with their ids, request validation and the
+//! decisions a consumer or a state change can take.
 
+pub mod decision;
 pub mod event;
+pub mod events;
 pub mod ids;
 pub mod request;
 
+pub use decision::{CancelOutcome, Decision, PayOutcome, RejectReason};
 pub use event::{OrderCreateRequested, TraceContext, EVENT_ORDER_CREATE_REQUESTED, SCHEMA_VERSION};
 pub use ids::Ids;
 pub use request::{ReserveRequest, ValidationError};

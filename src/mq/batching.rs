@@ -1,12 +1,12 @@
-//! Batched sends for the hot path (issue 5): concurrent `send` calls are gathered into small
-//! broker batches.
+//! Batched sends for the hot path (docs/ARCHITECTURE.md#batched-sends): concurrent `send`
+//! calls are gathered into small broker batches.
 //!
 //! One synchronous send per reservation tops out near 10,000 msg/s on this kind of machine
 //! and costs the broker a full core; batches of 32 reach several times that for the same CPU
-//! (`../shared/rocketmq-notes.md`). Every caller still waits for the broker's answer about its
-//! own message, and gets its own outcome: a confirmed batch confirms each message (with its
-//! own id), an unknown batch is unknown for each, and a refused batch is retried message by
-//! message by the inner publisher so each gets its own verdict.
+//! (`seckill-bench broker`, BENCHMARKS.md). Every caller still waits for the broker's answer
+//! about its own message, and gets its own outcome: a confirmed batch confirms each message
+//! (with its own id), an unknown batch is unknown for each, and a refused batch is retried
+//! message by message by the inner publisher so each gets its own verdict.
 //!
 //! A batch closes when it is full, or when nothing more arrives within `linger` of its first
 //! message; while `max_in_flight` batches are already on the wire, waiting callers simply

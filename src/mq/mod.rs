@@ -7,6 +7,7 @@
 //! unit tests use in-memory fakes of the traits.
 
 pub mod batching;
+pub mod lag;
 pub mod rocketmq;
 
 use std::collections::HashMap;
@@ -97,7 +98,8 @@ pub trait BatchHandler: Send + Sync + 'static {
 
 pub type SharedHandler = Arc<dyn BatchHandler>;
 
-/// The broker message for an ORDER_CREATE_REQUESTED event (§9, §12): tag CREATE_ORDER, key
+/// The broker message for an ORDER_CREATE_REQUESTED event
+/// (docs/ARCHITECTURE.md#the-order-create-message): tag CREATE_ORDER, key
 /// reservation_id (plus order_id and request_id), identity in the `message_id` property.
 pub fn order_create_message(
     topic: &str,

@@ -1,54 +1,16 @@
-//! Order state changes after creation (§19): the timeout cancel and the payment. Both are
+//! Order state changes after creation (docs/ARCHITECTURE.md#timeout-cancel-and-payment): the timeout cancel and the payment. Both are
 //! conditional updates of the same row, so they can never both win; only a transition that
 //! really happened writes its consequences (stock, ledger, events) in the same transaction.
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Client;
-use serde_json::json;
 
 use super::errors::TxError;
-use super::order_tx::compensation_event_id;
 use super::outbox::OUTBOX_CHANNEL;
-
-/// Deterministic event ids per order version.
-pub fn order_paid_event_id(order_id: &str, version: i32) -> String {
-    format!("{order_id}.v{version}.ORDER_PAID")
-}
-pub fn order_canceled_event_id(order_id: &str, version: i32) -> String {
-    format!("{order_id}.v{version}.ORDER_CANCELED")
-}
-
-/// What a cancel message came to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CancelOutcome {
-    /// The order was unpaid and expired: cancelled, its unit returned.
-    Canceled {
-        version: i32,
-    },
-    /// Paid before the deadline: nothing to do (counted).
-    AlreadyPaid,
-    AlreadyCanceled,
-    /// This cancel message was already processed by the group (inbox hit).
-    Duplicate,
-    /// Delivered before `expires_at`: retry later, never drop.
-    NotYetExpired {
-        expires_at: DateTime<Utc>,
-    },
-    NotFound,
-}
-
-impl CancelOutcome {
-    pub fn label(&self) -> &'static str {
-        match self {
-            CancelOutcome::Canceled { .. } => "canceled",
-            CancelOutcome::AlreadyPaid => "noop_paid",
-            CancelOutcome::AlreadyCanceled => "noop_canceled",
-            CancelOutcome::Duplicate => "duplicate",
-            CancelOutcome::NotYetExpired { .. } => "early",
-            CancelOutcome::NotFound => "not_found",
-        }
-    }
-}
+use crate::domain::events::{
+    compensation_task_id, payload, OrderCanceled, OrderFacts, OrderPaid, ReleaseReservation,
+};
+use crate::domain::{CancelOutcome, PayOutcome};
 
 /// Topics the state changes publish to.
 #[derive(Debug, Clone)]
@@ -107,38 +69,37 @@ pub async fn cancel_if_unpaid(
             tx.execute(
                 "INSERT INTO compensation_tasks (task_id, reservation_id, activity_id, sku_id, user_id, reason)
                  VALUES ($1, $2, $3, $4, $5, 'ORDER_CANCELED') ON CONFLICT DO NOTHING",
-                &[&format!("cmp_{rid}"), &rid, &aid, &sku, &uid],
+                &[&compensation_task_id(&rid), &rid, &aid, &sku, &uid],
             )
             .await?;
             let now = Utc::now();
-            let canceled = json!({
-                "schema_version": 1, "event_type": "ORDER_CANCELED",
-                "event_id": order_canceled_event_id(order_id, version),
-                "order_id": order_id, "reservation_id": rid, "activity_id": aid, "sku_id": sku,
-                "user_id": uid, "status": "CANCELED", "aggregate_version": version,
-                "reason": "PAYMENT_TIMEOUT", "occurred_at": now,
-            });
-            let release = json!({
-                "schema_version": 1, "event_type": "RELEASE_RESERVATION",
-                "event_id": compensation_event_id(&rid), "reservation_id": rid,
-                "order_id": order_id, "activity_id": aid, "sku_id": sku, "user_id": uid,
-                "reason": "ORDER_CANCELED", "occurred_at": now,
-            });
+            let facts = OrderFacts {
+                order_id,
+                reservation_id: &rid,
+                activity_id: aid,
+                sku_id: sku,
+                user_id: uid,
+            };
+            let mut canceled = OrderCanceled::new(&facts, version);
+            canceled.reason = Some("PAYMENT_TIMEOUT".to_string());
+            canceled.base.occurred_at = Some(now);
+            let mut release = ReleaseReservation::new(&facts, "ORDER_CANCELED");
+            release.occurred_at = Some(now);
             tx.execute(
                 "INSERT INTO event_outbox (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload)
                  VALUES ($1, $2, 'ORDER_CANCELED', $3, $3, $4, $5),
                         ($6, $7, 'RELEASE_RESERVATION', $8, NULL, NULL, $9)
                  ON CONFLICT (event_id) DO NOTHING",
                 &[
-                    &order_canceled_event_id(order_id, version),
+                    &canceled.base.event_id,
                     &names.order_event_topic,
                     &order_id,
                     &version,
-                    &canceled,
-                    &compensation_event_id(&rid),
+                    &payload(&canceled),
+                    &release.event_id,
                     &names.compensate_topic,
                     &rid,
-                    &release,
+                    &payload(&release),
                 ],
             )
             .await?;
@@ -179,20 +140,6 @@ pub async fn cancel_if_unpaid(
     Ok(outcome)
 }
 
-/// What a payment attempt came to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PayOutcome {
-    Paid {
-        version: i32,
-    },
-    /// Already paid with this payment_id: the same answer again.
-    AlreadyPaidSame,
-    AlreadyPaidOther,
-    Canceled,
-    Expired,
-    NotFound,
-}
-
 /// The mirror of the cancel: `CREATED|PAYING → PAID` only before `expires_at`.
 pub async fn pay(
     client: &mut Client,
@@ -213,19 +160,21 @@ pub async fn pay(
     let outcome = match row {
         Some(r) => {
             let version: i32 = r.get(0);
-            let payload = json!({
-                "schema_version": 1, "event_type": "ORDER_PAID",
-                "event_id": order_paid_event_id(order_id, version),
-                "order_id": order_id, "reservation_id": r.get::<_, String>(1),
-                "activity_id": r.get::<_, i64>(2), "sku_id": r.get::<_, i64>(3),
-                "user_id": r.get::<_, i64>(4), "amount_cents": r.get::<_, i64>(5),
-                "payment_id": payment_id, "status": "PAID", "aggregate_version": version,
-                "occurred_at": Utc::now(),
-            });
+            let rid: String = r.get(1);
+            let facts = OrderFacts {
+                order_id,
+                reservation_id: &rid,
+                activity_id: r.get(2),
+                sku_id: r.get(3),
+                user_id: r.get(4),
+            };
+            let mut paid = OrderPaid::new(&facts, version, Some(payment_id.to_string()));
+            paid.amount_cents = Some(r.get(5));
+            paid.base.occurred_at = Some(Utc::now());
             tx.execute(
                 "INSERT INTO event_outbox (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload)
                  VALUES ($1, $2, 'ORDER_PAID', $3, $3, $4, $5) ON CONFLICT (event_id) DO NOTHING",
-                &[&order_paid_event_id(order_id, version), &names.order_event_topic, &order_id, &version, &payload],
+                &[&paid.base.event_id, &names.order_event_topic, &order_id, &version, &payload(&paid)],
             )
             .await?;
             tx.batch_execute(&format!("NOTIFY {OUTBOX_CHANNEL}"))

@@ -1,4 +1,5 @@
-//! The outbox relay's side of PostgreSQL (002 §8.10): claim due PENDING rows with a lease
+//! The outbox relay's side of PostgreSQL
+//! (docs/ARCHITECTURE.md#outbox-relay): claim due PENDING rows with a lease
 //! (one short statement with `FOR UPDATE SKIP LOCKED`, so relays never block each other or
 //! the order transactions), then record what the send came to. A relay that dies between
 //! the send and the mark leaves the lease to expire: the row is sent again with the same

@@ -2,6 +2,8 @@
 //! keys that share the activity's hash tag (`{prefix:a<id>}`), so the scripts stay atomic
 //! on Redis Cluster too.
 
+pub mod reservation;
+
 use std::collections::HashMap;
 
 use anyhow::Context as _;
@@ -11,7 +13,8 @@ use deadpool_redis::{Config as PoolConfig, Pool, Runtime};
 use crate::config::RedisSettings;
 
 /// Physical TTL kept beyond a reservation's business validity, so that the scanner,
-/// compensation and reconcile still find it well after `valid_until` (§21.1).
+/// compensation and reconcile still find it well after `valid_until`
+/// (docs/ARCHITECTURE.md#reservation-validity).
 pub const RESERVATION_TTL_MARGIN_SECS: u64 = 7 * 24 * 3600;
 
 /// Key names of one deployment (its prefix).

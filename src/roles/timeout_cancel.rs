@@ -1,4 +1,5 @@
-//! `seckill timeout-cancel`: consumes the delay topic (§19). A CANCEL_ORDER_IF_UNPAID message
+//! `seckill timeout-cancel`: consumes the delay topic
+//! (docs/ARCHITECTURE.md#timeout-cancel-and-payment). A CANCEL_ORDER_IF_UNPAID message
 //! only says "now you may check": the conditional update in PostgreSQL decides. A paid order
 //! is a counted no-op; a message that arrives before `expires_at` is retried later, never
 //! dropped; only a cancel that happened returns the unit (PostgreSQL final stock, ledger, and
@@ -7,21 +8,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use serde::Deserialize;
+use chrono::Utc;
 use tracing::{info, warn};
 
 use crate::config::Settings;
+use crate::domain::events::CancelOrderIfUnpaid;
+use crate::domain::CancelOutcome;
 use crate::mq::{BatchHandler, ConsumeDecision, Delivery};
-use crate::pg::order_state::{cancel_if_unpaid, CancelOutcome, StateNames};
+use crate::pg::order_state::{cancel_if_unpaid, StateNames};
 use crate::telemetry::Readiness;
-
-#[derive(Debug, Deserialize)]
-struct CancelIfUnpaid {
-    event_id: String,
-    order_id: String,
-    expires_at: DateTime<Utc>,
-}
 
 pub struct TimeoutCancelHandler {
     pub pool: deadpool_postgres::Pool,
@@ -45,7 +40,7 @@ impl TimeoutCancelHandler {
     /// Processes one message. `Ok(None)` = poison (quarantined); `Err` = retry later.
     pub async fn process(&self, d: &Delivery) -> anyhow::Result<Option<CancelOutcome>> {
         let mut client = self.pool.get().await?;
-        let msg: CancelIfUnpaid = match serde_json::from_slice(&d.body) {
+        let msg: CancelOrderIfUnpaid = match serde_json::from_slice(&d.body) {
             Ok(m) => m,
             Err(e) => {
                 crate::pg::quarantine(&**client, &self.group, d, "INVALID_EVENT", &e.to_string())
@@ -123,7 +118,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     .await?;
     ready.set(true);
     info!(group = %names.timeout_group, topic = %names.order_timeout_topic, "timeout-cancel started");
-    crate::telemetry::shutdown_signal().await;
+    crate::shutdown::shutdown_signal().await;
     ready.set(false);
     let grace = Duration::from_secs(settings.consumer.shutdown_grace_secs);
     let _ = tokio::time::timeout(grace, consumer.shutdown()).await;

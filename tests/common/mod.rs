@@ -40,7 +40,7 @@ impl TestEnv {
             .await
             .expect("migrations apply");
         if with_topics {
-            let plan = seckill::roles::topics::topic_plan(&settings);
+            let plan = seckill::roles::ops::topics::topic_plan(&settings);
             seckill::mq::create_topics(&settings, &plan)
                 .await
                 .expect("topics created (is the broker up? run `make services-up`)");

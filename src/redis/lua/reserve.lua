@@ -1,4 +1,4 @@
--- Atomic reservation (§2, §13.1). All keys share the activity's hash tag.
+-- Atomic reservation (docs/ARCHITECTURE.md#the-hot-path). All keys share the activity's hash tag.
 -- KEYS: 1 meta, 2 sku, 3 buyers, 4 requests, 5 pending index (by next retry), 6 pending-since index
 --       (by creation: its head is the oldest unconfirmed reservation)
 -- ARGV: 1 now_ms, 2 user_id, 3 request_id, 4 reservation_id, 5 message_id, 6 order_id,

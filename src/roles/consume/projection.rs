@@ -2,25 +2,18 @@
 //! `CG_SECKILL_ORDER_QUERY_PROJECTION_V1`): keeps the buyer-facing status of each reservation
 //! in Redis from ORDER_CREATED / ORDER_PAID / ORDER_CANCELED. Each event carries the order's
 //! `aggregate_version` and the Lua script applies it only when newer, so a duplicate or a
-//! stale replay is a no-op and out-of-order arrival converges on the latest state (§18).
+//! stale replay is a no-op and out-of-order arrival converges on the latest state
+//! (docs/ARCHITECTURE.md#order-events-in-order).
 
 use chrono::Utc;
-use serde::Deserialize;
 use tracing::{debug, warn};
 
+use crate::domain::events::OrderEventHeader;
 use crate::mq::{BatchHandler, ConsumeDecision, Delivery};
 use crate::redis::RedisStore;
 
 /// How long a projection outlives its last update (buyers poll for minutes, not weeks).
 pub const PROJECTION_TTL_SECS: u64 = 7 * 24 * 3600;
-
-#[derive(Debug, Deserialize)]
-struct OrderEvent {
-    order_id: String,
-    reservation_id: String,
-    status: String,
-    aggregate_version: i32,
-}
 
 pub struct ProjectionHandler {
     pub redis: RedisStore,
@@ -31,7 +24,7 @@ pub struct ProjectionHandler {
 impl ProjectionHandler {
     /// Applies one event; returns `applied`, `stale` or `quarantined`; `Err` = retry.
     pub async fn process(&self, d: &Delivery) -> anyhow::Result<&'static str> {
-        let event: OrderEvent = match serde_json::from_slice(&d.body) {
+        let event: OrderEventHeader = match serde_json::from_slice(&d.body) {
             Ok(e) => e,
             Err(e) => {
                 let client = self.pool.get().await?;

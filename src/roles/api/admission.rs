@@ -1,4 +1,4 @@
-//! Fail-closed admission (§21.2, §22.2): when the pipeline cannot turn reservations into
+//! Fail-closed admission (docs/ARCHITECTURE.md#fail-closed-admission): when the pipeline cannot turn reservations into
 //! orders before they expire, taking more only creates work that will be rejected and
 //! compensated. The API checks, every `api.admission_check_ms`, how old the oldest
 //! unconfirmed reservation is (Redis pending-since index); past
@@ -14,6 +14,7 @@ use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::mq::lag::{lag_age, LagSource};
 use crate::redis::RedisStore;
 
 /// Shared admission state: read on every reservation, written by the checker.
@@ -101,43 +102,6 @@ pub async fn oldest_pending_age(redis: &RedisStore) -> anyhow::Result<Duration> 
     metrics::gauge!("reservation_mq_pending").set(total as f64);
     metrics::gauge!("reservation_mq_pending_oldest_age_seconds").set(age as f64 / 1000.0);
     Ok(Duration::from_millis(age))
-}
-
-/// Where the checker reads the order-create consumer lag.
-#[derive(Clone)]
-pub struct LagSource {
-    pub probe: Arc<crate::mq::rocketmq::LagProbe>,
-    pub group: String,
-    pub topic: String,
-}
-
-/// Reads the order-create lag and exports it (`mq_consumer_lag_messages`,
-/// `mq_consumer_lag_seconds`); `None` when there is no reading.
-pub async fn read_lag(source: &LagSource) -> Option<crate::mq::rocketmq::Lag> {
-    match source.probe.lag(&source.group, &source.topic).await {
-        Ok(lag) => {
-            let ms = lag.oldest_unconsumed_age_ms.unwrap_or(0).max(0);
-            metrics::gauge!("mq_consumer_lag_messages", "topic" => "order_create")
-                .set(lag.messages as f64);
-            metrics::gauge!("mq_consumer_lag_seconds", "topic" => "order_create")
-                .set(ms as f64 / 1000.0);
-            Some(lag)
-        }
-        Err(e) => {
-            // No reading (e.g. the group has not consumed yet): the pending age still guards.
-            tracing::debug!(error = %e, "consumer lag unavailable");
-            None
-        }
-    }
-}
-
-/// Age of the oldest unconsumed order-create message (0 when caught up or unknown).
-pub async fn lag_age(source: &LagSource) -> Duration {
-    read_lag(source)
-        .await
-        .and_then(|lag| lag.oldest_unconsumed_age_ms)
-        .map(|ms| Duration::from_millis(ms.max(0) as u64))
-        .unwrap_or(Duration::ZERO)
 }
 
 /// Runs the checker until `shutdown`.

@@ -1,4 +1,4 @@
-//! `seckill baseline-api`: the design a team would otherwise build, for comparison only
+//! `seckill-bench baseline-api`: the design a team would otherwise build, for comparison only
 //! (`make bench`). Same HTTP route, same request validation, same server stack as `seckill
 //! api`, but every request goes straight to PostgreSQL: one transaction with
 //! `UPDATE stock SET remaining = remaining - 1 WHERE ... AND remaining > 0` and an `INSERT`
@@ -16,8 +16,8 @@ use axum::{Json, Router};
 use clap::Args;
 use serde_json::json;
 
-use crate::config::Settings;
-use crate::domain::request::{parse_path_id, ReserveRequest};
+use seckill::config::Settings;
+use seckill::domain::request::{parse_path_id, ReserveRequest};
 
 #[derive(Debug, Clone, Args)]
 pub struct BaselineArgs {
@@ -147,7 +147,7 @@ async fn buy(
 pub async fn run(settings: Settings, args: BaselineArgs) -> anyhow::Result<()> {
     let mut pg = settings.pg.clone();
     pg.schema = SCHEMA.to_owned();
-    let pool = crate::pg::connect_pool(&pg, args.pool.max(1)).await?;
+    let pool = seckill::pg::connect_pool(&pg, args.pool.max(1)).await?;
     {
         let c = pool.get().await?;
         c.batch_execute(&format!(
@@ -187,7 +187,7 @@ pub async fn run(settings: Settings, args: BaselineArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     tracing::info!(listen = %args.listen, pool = args.pool, "baseline api (direct PostgreSQL) started");
     axum::serve(listener, app)
-        .with_graceful_shutdown(crate::telemetry::shutdown_signal())
+        .with_graceful_shutdown(seckill::shutdown::shutdown_signal())
         .await?;
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! `seckill bench-backlog`: how fast the order consumer turns a backlog into orders.
+//! `seckill-bench backlog`: how fast the order consumer turns a backlog into orders.
 //!
 //! It reserves `--messages` units in Redis exactly as the API does (same script, same ids),
 //! publishes their ORDER_CREATE_REQUESTED messages in broker batches and marks them sent, then
@@ -17,13 +17,13 @@ use chrono::Utc;
 use clap::Args;
 use futures::StreamExt;
 
-use crate::config::Settings;
-use crate::domain::event::TraceContext;
-use crate::domain::ids::{new_traceparent, Ids};
-use crate::domain::OrderCreateRequested;
-use crate::invariants;
-use crate::mq::{order_create_message, SendOutcome};
-use crate::redis::{RedisStore, ReserveArgs, ReserveResult};
+use seckill::config::Settings;
+use seckill::domain::event::TraceContext;
+use seckill::domain::ids::{new_traceparent, Ids};
+use seckill::domain::OrderCreateRequested;
+use seckill::invariants;
+use seckill::mq::{order_create_message, SendOutcome};
+use seckill::redis::{RedisStore, ReserveArgs, ReserveResult};
 
 #[derive(Debug, Clone, Args)]
 pub struct BacklogArgs {
@@ -76,12 +76,29 @@ async fn fill(
     args: &BacklogArgs,
     redis: &RedisStore,
 ) -> anyhow::Result<(usize, usize)> {
-    let publisher = crate::mq::connect_publisher(settings).await?;
-    let topic = settings.names().order_create_topic;
-    let valid_secs = settings.api.reservation_valid_secs;
-
-    // 1. Reserve, as the API does.
+    let publisher = seckill::mq::connect_publisher(settings).await?;
     let reserve_started = Instant::now();
+    let events = reserve_all(settings, args, redis).await?;
+    let reserve_secs = reserve_started.elapsed().as_secs_f64();
+    let publish_started = Instant::now();
+    let topic = settings.names().order_create_topic;
+    let unconfirmed = publish_all(&publisher, &topic, args, redis, &events).await?;
+    let publish_secs = publish_started.elapsed().as_secs_f64();
+    println!(
+        "reserved {} in {reserve_secs:.2}s, published in {publish_secs:.2}s ({unconfirmed} unconfirmed)",
+        events.len()
+    );
+    Ok((events.len(), unconfirmed))
+}
+
+/// Reserves `--messages` units in Redis as the API does; returns their events.
+async fn reserve_all(
+    settings: &Settings,
+    args: &BacklogArgs,
+    redis: &RedisStore,
+) -> anyhow::Result<Vec<OrderCreateRequested>> {
+    let valid_secs = settings.api.reservation_valid_secs;
+    // 1. Reserve, as the API does.
     let reserved: Vec<anyhow::Result<Option<OrderCreateRequested>>> =
         futures::stream::iter(0..args.messages)
             .map(|i| {
@@ -108,7 +125,7 @@ async fn fill(
                     };
                     Ok(match redis.reserve(&a).await? {
                         ReserveResult::Reserved(view) => {
-                            Some(crate::roles::api::reservation_event(
+                            Some(seckill::roles::api::reservation_event(
                                 &a,
                                 1,
                                 view.valid_until_ms,
@@ -132,7 +149,6 @@ async fn fill(
             events.push(e);
         }
     }
-    let reserve_secs = reserve_started.elapsed().as_secs_f64();
     anyhow::ensure!(
         !events.is_empty(),
         "no reservation succeeded: is activity {} SKU {} on sale with stock?",
@@ -140,8 +156,19 @@ async fn fill(
         args.sku_id
     );
 
+    Ok(events)
+}
+
+/// Publishes the events in broker batches, then marks each confirmed reservation sent;
+/// returns how many stayed unconfirmed.
+async fn publish_all(
+    publisher: &std::sync::Arc<dyn seckill::mq::Publisher>,
+    topic: &str,
+    args: &BacklogArgs,
+    redis: &RedisStore,
+    events: &[OrderCreateRequested],
+) -> anyhow::Result<usize> {
     // 2. Publish in batches, then mark each confirmed reservation sent.
-    let publish_started = Instant::now();
     let chunks: Vec<Vec<OrderCreateRequested>> = events
         .chunks(args.publish_batch.max(1))
         .map(<[OrderCreateRequested]>::to_vec)
@@ -150,7 +177,7 @@ async fn fill(
         futures::stream::iter(chunks)
             .map(|chunk| {
                 let publisher = publisher.clone();
-                let topic = topic.clone();
+                let topic = topic.to_string();
                 async move {
                     let msgs = chunk
                         .iter()
@@ -163,7 +190,6 @@ async fn fill(
             .buffer_unordered(4)
             .collect()
             .await;
-    let publish_secs = publish_started.elapsed().as_secs_f64();
     let mut unconfirmed = 0usize;
     let mut sent = Vec::new();
     for (chunk, outs) in outcomes {
@@ -192,11 +218,7 @@ async fn fill(
             }
         })
         .await;
-    println!(
-        "reserved {} in {reserve_secs:.2}s, published in {publish_secs:.2}s ({unconfirmed} unconfirmed)",
-        events.len()
-    );
-    Ok((events.len(), unconfirmed))
+    Ok(unconfirmed)
 }
 
 /// Waits until PostgreSQL recorded `--messages` reservations of the activity, then reports.
@@ -205,7 +227,7 @@ async fn drain(
     args: &BacklogArgs,
     redis: &RedisStore,
 ) -> anyhow::Result<bool> {
-    let pool = crate::pg::connect_pool(&settings.pg, 1).await?;
+    let pool = seckill::pg::connect_pool(&settings.pg, 1).await?;
     let pg = pool.get().await?;
     pg.batch_execute("SET statement_timeout = '120s'").await?;
     let started = Instant::now();
@@ -229,8 +251,7 @@ async fn drain(
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let drain_secs = started.elapsed().as_secs_f64();
-    let r =
-        crate::roles::bench::order_rate(&pg, args.activity_id, args.sku_id, args.sku_id).await?;
+    let r = crate::bench::order_rate(&pg, args.activity_id, args.sku_id, args.sku_id).await?;
     let (orders, span, orders_per_sec) = (r.orders, r.span_secs, r.rate);
     let mut report = invariants::check(
         &**pg,

@@ -1,4 +1,4 @@
-//! `seckill bench-broker`: the broker's raw send rate on this machine, one message per call,
+//! `seckill-bench broker`: the broker's raw send rate on this machine, one message per call,
 //! in batches, or as timer messages, through the same producer the pipeline uses. It writes to
 //! a topic of its own (`<env>_SECKILL_BENCH_RAW_V1`) that nothing consumes (timer messages
 //! arrive there when they are due).
@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 
-use crate::config::Settings;
-use crate::mq::{OutMessage, SendOutcome};
+use seckill::config::Settings;
+use seckill::mq::{OutMessage, SendOutcome};
 
 #[derive(Debug, Clone, Args)]
 pub struct BrokerArgs {
@@ -42,12 +42,12 @@ pub async fn run(settings: Settings, args: BrokerArgs) -> anyhow::Result<bool> {
         "the broker takes timer messages one per call: --timer-delay-secs needs --batch 1"
     );
     let topic = format!("{}_SECKILL_BENCH_RAW_V1", settings.env);
-    crate::mq::create_topics(
+    seckill::mq::create_topics(
         &settings,
         &[(topic.clone(), settings.mq.order_create_queues)],
     )
     .await?;
-    let publisher = crate::mq::connect_publisher(&settings).await?;
+    let publisher = seckill::mq::connect_publisher(&settings).await?;
     let body = vec![b'x'; args.body_bytes];
     let confirmed = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));

@@ -1,11 +1,9 @@
-//! `seckill consume`: the order-create consumer group (§14–16, §22).
-//!
-//! Each batch the broker hands over becomes one PostgreSQL transaction (see
-//! `pg::order_tx`); the batch is ACKed only after the commit. Transient failures roll back
-//! and are redelivered by the broker with backoff; after `max_reconsume_times` a message goes
-//! to the group's DLQ. At most `budget` transactions run at once (the worker budget, §22),
-//! and the PostgreSQL pool is sized from the same number. SIGTERM stops pulling, lets the
-//! in-flight transactions finish and exits without ACKing anything uncommitted.
+//! The order-create handler (docs/ARCHITECTURE.md#order-creation): each batch the broker
+//! hands over becomes one PostgreSQL transaction (see `pg::order_tx`); the batch is ACKed only
+//! after the commit. Transient failures roll back and are redelivered by the broker with
+//! backoff; after `max_reconsume_times` a message goes to the group's DLQ. At most `budget`
+//! transactions run at once (the worker budget, docs/ARCHITECTURE.md#the-worker-budget), under
+//! an adaptive limit.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,12 +12,12 @@ use chrono::Utc;
 use tracing::{debug, info, warn};
 
 use crate::config::Settings;
+use crate::domain::Decision;
 use crate::domain::OrderCreateRequested;
 use crate::limiter::{AdaptiveLimiter, LimiterSettings, Sample};
 use crate::mq::{BatchHandler, ConsumeDecision, Delivery};
 use crate::pg::errors::TxError;
-use crate::pg::order_tx::{process_batch, Decision, Inbound, TxNames};
-use crate::telemetry::Readiness;
+use crate::pg::order_tx::{process_batch, Inbound, TxNames};
 
 /// The order-create handler: decode, one transaction per batch, decide ACK or redelivery.
 pub struct OrderCreateHandler {
@@ -258,7 +256,7 @@ impl BatchHandler for OrderCreateHandler {
             .filter_map(|(d, r)| r.as_ref().err().map(|e| (d, e)))
             .collect();
         if failed.is_empty() {
-            // Injection point of §29.3: committed, killed before the ACK
+            // Fault-injection point: committed, killed before the ACK
             // (`FAILPOINTS=consume-after-commit-before-ack=return` aborts like a SIGKILL).
             fail::fail_point!("consume-after-commit-before-ack", |_| std::process::abort());
             return ConsumeDecision::Ack;
@@ -289,122 +287,4 @@ impl BatchHandler for OrderCreateHandler {
         }
         ConsumeDecision::Retry
     }
-}
-
-/// `seckill consume [--workers N]`.
-pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<()> {
-    // `--workers` sets the batches taken from the broker at once; the transactions among them
-    // that run at once stay within the worker budget (§22), under the adaptive limit. Raising
-    // `--workers` past the budget only queues batches in memory, it cannot overload PostgreSQL.
-    let workers = workers.unwrap_or_else(|| settings.worker_budget()).max(1);
-    let budget = settings.worker_budget().min(workers);
-    metrics::gauge!("worker_budget").set(budget as f64);
-    let names = settings.names();
-    // One connection per transaction slot plus one spare, so a worker never waits on another's.
-    let pool = crate::pg::connect_pool(&settings.pg, budget + 1).await?;
-    let handler = Arc::new(OrderCreateHandler::new(pool, &settings, budget));
-    let ready = Readiness::default();
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let ops = crate::telemetry::serve_ops(
-        settings.consumer.metrics_listen,
-        ready.clone(),
-        shutdown.clone(),
-    )
-    .await?;
-    let consumer = crate::mq::start_order_create_consumer(&settings, handler, workers).await?;
-    // Compensation shares the process: it is light (one Lua call and one UPDATE per message)
-    // and must run wherever orders are created.
-    let compensation = Arc::new(crate::roles::compensate::CompensationHandler {
-        redis: crate::redis::RedisStore::connect(&settings.redis).await?,
-        pool: crate::pg::connect_pool(&settings.pg, 2).await?,
-        group: names.compensate_group.clone(),
-    });
-    let compensator = crate::mq::start_consumer(
-        &settings,
-        &names.compensate_group,
-        &names.compensate_topic,
-        compensation,
-        2,
-        16,
-    )
-    .await?;
-    let projection = Arc::new(crate::roles::projection::ProjectionHandler {
-        redis: crate::redis::RedisStore::connect(&settings.redis).await?,
-        pool: crate::pg::connect_pool(&settings.pg, 1).await?,
-        group: names.projection_group.clone(),
-    });
-    let projector = crate::mq::start_consumer(
-        &settings,
-        &names.projection_group,
-        &names.order_event_topic,
-        projection,
-        2,
-        16,
-    )
-    .await?;
-    // Dead letters of every group are recorded in PostgreSQL for operators.
-    let dlq_pool = crate::pg::connect_pool(&settings.pg, 2).await?;
-    let intakes = crate::roles::dlq::start_intakes(&settings, dlq_pool.clone()).await?;
-    tokio::spawn(crate::roles::dlq::run_gauges(dlq_pool, shutdown.clone()));
-    // Lag of this group (messages and age of the oldest unconsumed one), for /metrics.
-    let lag = crate::roles::admission::LagSource {
-        probe: Arc::new(
-            crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server)
-                .await?,
-        ),
-        group: names.order_create_group.clone(),
-        topic: names.order_create_topic.clone(),
-    };
-    ready.set(true);
-    info!(
-        group = %names.order_create_group, topic = %names.order_create_topic, workers, budget,
-        batch_size = settings.consumer.batch_size, metrics = %settings.consumer.metrics_listen,
-        "consumer started"
-    );
-    // Every second: the group's lag (from the broker), the messages the client has pulled
-    // and holds (mq_consumer_cached_messages), and the ones still waiting on the broker,
-    // not pulled yet (mq_consumer_ready, RocketMQ's "ready" as opposed to in flight).
-    let signal = crate::telemetry::shutdown_signal();
-    tokio::pin!(signal);
-    loop {
-        tokio::select! {
-            _ = &mut signal => break,
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {
-                let lag = crate::roles::admission::read_lag(&lag).await;
-                match consumer.cached_messages().await {
-                    Ok(cached) => {
-                        metrics::gauge!("mq_consumer_cached_messages", "topic" => "order_create")
-                            .set(cached as f64);
-                        if let Some(lag) = lag {
-                            let ready = (lag.messages - cached as i64).max(0);
-                            metrics::gauge!("mq_consumer_ready", "topic" => "order_create")
-                                .set(ready as f64);
-                        }
-                    }
-                    Err(e) => debug!(error = %e, "consumer cache not sampled"),
-                }
-            }
-        }
-    }
-    info!("shutdown signal: no new messages; draining in-flight transactions");
-    ready.set(false);
-    let grace = Duration::from_secs(settings.consumer.shutdown_grace_secs);
-    let both = async {
-        tokio::join!(
-            consumer.shutdown(),
-            compensator.shutdown(),
-            projector.shutdown(),
-            futures::future::join_all(intakes.into_iter().map(|i| i.shutdown()))
-        )
-    };
-    if tokio::time::timeout(grace, both).await.is_err() {
-        warn!(
-            grace_secs = grace.as_secs(),
-            "shutdown grace elapsed; unfinished batches stay un-ACKed and will be redelivered"
-        );
-    }
-    shutdown.cancel();
-    let _ = ops.await;
-    info!("consumer stopped");
-    Ok(())
 }

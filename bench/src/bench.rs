@@ -1,4 +1,4 @@
-//! `seckill bench`: a load generator against a running API, then a drain wait and the
+//! `seckill-bench load`: a load generator against a running API, then a drain wait and the
 //! invariant check. Closed loop: `--concurrency` buyers each send their next request as soon
 //! as the previous one is answered. Latencies go into HDR histograms; the reservation→order
 //! latency comes from the database's own timestamps (`orders.created_at - reserved_at`).
@@ -13,12 +13,13 @@ use clap::Args;
 use futures::StreamExt;
 use hdrhistogram::Histogram;
 use rand::Rng;
-use serde::Serialize;
 use tokio::sync::Semaphore;
 
-use crate::config::Settings;
-use crate::invariants;
-use crate::redis::RedisStore;
+use crate::cpu::{cpu_snapshot, cpu_use, parse_cpu_target, CpuTarget};
+use crate::report::{ms, print_human, print_summary, BenchReport};
+use seckill::config::Settings;
+use seckill::invariants;
+use seckill::redis::RedisStore;
 
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
@@ -74,7 +75,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: bool,
     /// Only the load: no drain, no database figures, no invariants (for a server that is not
-    /// `seckill api`, such as `seckill baseline-api`).
+    /// `seckill api`, such as `seckill-bench baseline-api`).
     #[arg(long)]
     pub load_only: bool,
     /// Faults are being injected (chaos): lost answers and 5xx are counted, not failures, and
@@ -123,127 +124,6 @@ fn plan(args: &BenchArgs, run_tag: &str) -> Vec<Planned> {
     out
 }
 
-#[derive(Debug, Default, Serialize)]
-pub struct BenchReport {
-    pub scenario: String,
-    /// `closed` (concurrency) or `open` (fixed arrival rate).
-    pub mode: String,
-    pub target_rate: Option<f64>,
-    pub requests: usize,
-    pub accepted: usize,
-    pub duplicate_requests: usize,
-    pub sold_out: usize,
-    pub already_purchased: usize,
-    pub other_errors: BTreeMap<String, usize>,
-    pub transport_errors: usize,
-    pub elapsed_secs: f64,
-    pub requests_per_sec: f64,
-    pub accepted_per_sec: f64,
-    pub api_p50_ms: f64,
-    pub api_p99_ms: f64,
-    pub api_p999_ms: f64,
-    pub api_max_ms: f64,
-    pub drained: bool,
-    pub drain_secs: f64,
-    pub orders: i64,
-    pub rejected: i64,
-    pub order_latency_p50_ms: f64,
-    pub order_latency_p99_ms: f64,
-    pub order_latency_p999_ms: f64,
-    pub order_latency_max_ms: f64,
-    pub within_3s_pct: f64,
-    pub paid: usize,
-    pub pay_errors: usize,
-    pub canceled: i64,
-    pub settled: bool,
-    pub settle_secs: f64,
-    /// Orders created per second, first to last order (database timestamps).
-    pub orders_per_sec: f64,
-    /// Dead letters and outbox rows given up on (DEAD) at the end: both must be 0.
-    pub dlq_open: i64,
-    pub outbox_dead: i64,
-    /// CPU used during the load, per named process: seconds and share of one core.
-    pub cpu: Vec<CpuUse>,
-    pub invariants: invariants::Report,
-}
-
-/// A process (or group of processes) whose CPU the bench reports.
-#[derive(Debug, Clone)]
-pub struct CpuTarget {
-    pub name: String,
-    pub pids: Vec<u32>,
-}
-
-fn parse_cpu_target(s: &str) -> Result<CpuTarget, String> {
-    let (name, pids) = s
-        .split_once('=')
-        .ok_or_else(|| format!("--cpu {s}: expected name=pid[+pid...]"))?;
-    let pids = pids
-        .split(['+', ','])
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            p.parse::<u32>()
-                .map_err(|_| format!("--cpu {s}: bad pid {p}"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    if name.is_empty() || pids.is_empty() {
-        return Err(format!("--cpu {s}: expected name=pid[+pid...]"));
-    }
-    Ok(CpuTarget {
-        name: name.to_owned(),
-        pids,
-    })
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct CpuUse {
-    pub name: String,
-    pub cpu_secs: f64,
-    /// Percent of one core over the load phase.
-    pub core_pct: f64,
-}
-
-/// utime + stime of a process in clock ticks, from /proc (None once it is gone).
-fn cpu_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may contain spaces: fields start after the last ')'.
-    let rest = stat.rsplit_once(')')?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // After ')': state(0) ppid(1) ... utime is field 14 of the line, i.e. index 11 here.
-    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-}
-
-/// Clock ticks per second of /proc times (USER_HZ; 100 on Linux).
-const USER_HZ: f64 = 100.0;
-
-fn cpu_snapshot(targets: &[CpuTarget]) -> Vec<Vec<Option<u64>>> {
-    targets
-        .iter()
-        .map(|t| t.pids.iter().map(|p| cpu_ticks(*p)).collect())
-        .collect()
-}
-
-fn cpu_use(targets: &[CpuTarget], before: &[Vec<Option<u64>>], wall: Duration) -> Vec<CpuUse> {
-    targets
-        .iter()
-        .zip(before)
-        .map(|(t, b)| {
-            let ticks: u64 = t
-                .pids
-                .iter()
-                .zip(b)
-                .filter_map(|(p, before)| Some(cpu_ticks(*p)?.saturating_sub((*before)?)))
-                .sum();
-            let secs = ticks as f64 / USER_HZ;
-            CpuUse {
-                name: t.name.clone(),
-                cpu_secs: secs,
-                core_pct: secs * 100.0 / wall.as_secs_f64().max(1e-9),
-            }
-        })
-        .collect()
-}
-
 #[derive(Default)]
 struct Tally {
     accepted: HashSet<String>,
@@ -252,14 +132,6 @@ struct Tally {
     already_purchased: usize,
     other: BTreeMap<String, usize>,
     transport_errors: usize,
-}
-
-fn ms(h: &Histogram<u64>, q: f64) -> f64 {
-    if h.is_empty() {
-        0.0
-    } else {
-        h.value_at_quantile(q) as f64 / 1000.0
-    }
 }
 
 /// What one reservation request came to.
@@ -402,24 +274,67 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     };
     let elapsed = started.elapsed();
     let cpu = cpu_use(&args.cpu, &cpu_before, elapsed);
-    let mut t = Tally::default();
-    for a in answers {
-        match a {
-            Answer::Transport => t.transport_errors += 1,
-            Answer::Accepted { id, duplicate } => {
-                if duplicate {
-                    t.duplicate_requests += 1;
-                }
-                t.accepted.insert(id);
-            }
-            Answer::Refused(code) => match code.as_str() {
-                "SOLD_OUT" => t.sold_out += 1,
-                "ALREADY_PURCHASED" => t.already_purchased += 1,
-                _ => *t.other.entry(code).or_default() += 1,
-            },
-        }
+    let t = Tally::of(answers);
+    let mut report = load_report(&args, &t, &hist, elapsed, cpu);
+    let accepted: Vec<String> = t.accepted.into_iter().collect();
+    if args.load_only {
+        let ok = report.transport_errors == 0;
+        print_summary(&args.summary_prefix, ok, &report);
+        return Ok(ok);
     }
-    let mut report = BenchReport {
+
+    let pool = seckill::pg::connect_pool(&settings.pg, 2).await?;
+    let pg = pool.get().await?;
+    // The checks read whole tables; they are not bound by the hot path's statement timeout.
+    pg.batch_execute("SET statement_timeout = '120s'").await?;
+    wait_drained(&pg, &accepted, &args, &mut report).await?;
+    order_latencies(&pg, &args, &mut report).await?;
+    if args.pay_share > 0.0 {
+        settle(&args, &client, &pg, &mut report).await?;
+    }
+    judge(&settings, &pg, &args, bench_started_at, &mut report).await?;
+    let ok = report.invariants.ok() && (report.transport_errors == 0 || args.tolerate_faults);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_human(&report);
+    }
+    print_summary(&args.summary_prefix, ok, &report);
+    Ok(ok)
+}
+
+impl Tally {
+    fn of(answers: Vec<Answer>) -> Self {
+        let mut t = Tally::default();
+        for a in answers {
+            match a {
+                Answer::Transport => t.transport_errors += 1,
+                Answer::Accepted { id, duplicate } => {
+                    if duplicate {
+                        t.duplicate_requests += 1;
+                    }
+                    t.accepted.insert(id);
+                }
+                Answer::Refused(code) => match code.as_str() {
+                    "SOLD_OUT" => t.sold_out += 1,
+                    "ALREADY_PURCHASED" => t.already_purchased += 1,
+                    _ => *t.other.entry(code).or_default() += 1,
+                },
+            }
+        }
+        t
+    }
+}
+
+/// What the load phase measured.
+fn load_report(
+    args: &BenchArgs,
+    t: &Tally,
+    hist: &Histogram<u64>,
+    elapsed: Duration,
+    cpu: Vec<crate::cpu::CpuUse>,
+) -> BenchReport {
+    BenchReport {
         scenario: args.scenario.clone(),
         mode: if args.rate.is_some() {
             "open"
@@ -438,9 +353,9 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
         elapsed_secs: elapsed.as_secs_f64(),
         requests_per_sec: args.requests as f64 / elapsed.as_secs_f64(),
         accepted_per_sec: t.accepted.len() as f64 / elapsed.as_secs_f64(),
-        api_p50_ms: ms(&hist, 0.5),
-        api_p99_ms: ms(&hist, 0.99),
-        api_p999_ms: ms(&hist, 0.999),
+        api_p50_ms: ms(hist, 0.5),
+        api_p99_ms: ms(hist, 0.99),
+        api_p999_ms: ms(hist, 0.999),
         api_max_ms: if hist.is_empty() {
             0.0
         } else {
@@ -448,19 +363,16 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
         },
         cpu,
         ..Default::default()
-    };
-    let accepted: Vec<String> = t.accepted.into_iter().collect();
-    if args.load_only {
-        let ok = report.transport_errors == 0;
-        print_summary(&args.summary_prefix, ok, &report);
-        return Ok(ok);
     }
+}
 
-    // Drain: every accepted reservation has a recorded decision in PostgreSQL.
-    let pool = crate::pg::connect_pool(&settings.pg, 2).await?;
-    let pg = pool.get().await?;
-    // The checks read whole tables; they are not bound by the hot path's statement timeout.
-    pg.batch_execute("SET statement_timeout = '120s'").await?;
+/// Drain: waits until every accepted reservation has a recorded decision in PostgreSQL.
+async fn wait_drained(
+    pg: &tokio_postgres::Client,
+    accepted: &[String],
+    args: &BenchArgs,
+    report: &mut BenchReport,
+) -> anyhow::Result<()> {
     let drain_started = Instant::now();
     let deadline = drain_started + Duration::from_secs(args.drain_timeout_secs);
     loop {
@@ -485,7 +397,15 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     report.drain_secs = drain_started.elapsed().as_secs_f64();
+    Ok(())
+}
 
+/// Reservation→order latencies and the order rate, from the database's own timestamps.
+async fn order_latencies(
+    pg: &tokio_postgres::Client,
+    args: &BenchArgs,
+    report: &mut BenchReport,
+) -> anyhow::Result<()> {
     let mut lat = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3)?;
     let last_sku = args.sku_id + args.skus - 1;
     let rows = pg
@@ -495,7 +415,7 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
             &[&args.activity_id, &args.sku_id, &last_sku],
         )
         .await?;
-    report.orders_per_sec = order_rate(&pg, args.activity_id, args.sku_id, last_sku)
+    report.orders_per_sec = order_rate(pg, args.activity_id, args.sku_id, last_sku)
         .await?
         .rate;
     let mut within = 0usize;
@@ -520,14 +440,23 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     } else {
         within as f64 * 100.0 / rows.len() as f64
     };
-    if args.pay_share > 0.0 {
-        settle(&args, &client, &pg, &mut report).await?;
-    }
+    Ok(())
+}
+
+/// The verdict: the invariants of every SKU (after convergence when faults were injected),
+/// nothing left behind, everything drained and settled.
+async fn judge(
+    settings: &Settings,
+    pg: &tokio_postgres::Client,
+    args: &BenchArgs,
+    bench_started_at: chrono::DateTime<chrono::Utc>,
+    report: &mut BenchReport,
+) -> anyhow::Result<()> {
     let redis = RedisStore::connect(&settings.redis).await?;
     let group = settings.names().order_create_group;
     let converge_until = Instant::now() + Duration::from_secs(args.drain_timeout_secs);
     loop {
-        report.invariants = check_skus(&pg, &redis, &group, &args).await?;
+        report.invariants = check_skus(pg, &redis, &group, args).await?;
         // Under injected faults, reservations whose answer was lost are still on their way
         // (the scanner re-sends them): wait for the pipeline to converge before judging.
         if !args.tolerate_faults || report.invariants.ok() || Instant::now() >= converge_until {
@@ -558,21 +487,13 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
             .violations
             .push("not drained: some accepted reservations never reached PostgreSQL".into());
     }
-
     if args.pay_share > 0.0 && !report.settled {
         report
             .invariants
             .violations
             .push("not settled: unpaid orders or compensations still pending".into());
     }
-    let ok = report.invariants.ok() && (report.transport_errors == 0 || args.tolerate_faults);
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_human(&report);
-    }
-    print_summary(&args.summary_prefix, ok, &report);
-    Ok(ok)
+    Ok(())
 }
 
 /// The invariants of every SKU of the run, as one report.
@@ -595,46 +516,6 @@ async fn check_skus(
         }
     }
     Ok(all)
-}
-
-/// The machine-readable last line (`make bench`, `make demo` and chaos parse it by field name).
-fn print_summary(prefix: &str, ok: bool, r: &BenchReport) {
-    let cpu: String = r
-        .cpu
-        .iter()
-        .map(|c| format!(" cpu_{}_pct={:.0}", c.name, c.core_pct))
-        .collect();
-    println!(
-        "{} {} scenario={} mode={} requests={} accepted={} orders={} rejected={} sold_out={} already_purchased={} duplicate_requests={} errors={} req_per_s={:.0} accepted_per_s={:.0} api_p50_ms={:.2} api_p99_ms={:.2} api_p999_ms={:.2} orders_per_s={:.0} order_p50_ms={:.1} order_p99_ms={:.1} order_p999_ms={:.1} within_3s_pct={:.2} drain_s={:.2} paid={} canceled={} dlq={} violations={}{}",
-        prefix,
-        if ok { "OK" } else { "FAILED" },
-        r.scenario,
-        r.mode,
-        r.requests,
-        r.accepted,
-        r.orders,
-        r.rejected,
-        r.sold_out,
-        r.already_purchased,
-        r.duplicate_requests,
-        r.transport_errors + r.other_errors.values().sum::<usize>(),
-        r.requests_per_sec,
-        r.accepted_per_sec,
-        r.api_p50_ms,
-        r.api_p99_ms,
-        r.api_p999_ms,
-        r.orders_per_sec,
-        r.order_latency_p50_ms,
-        r.order_latency_p99_ms,
-        r.order_latency_p999_ms,
-        r.within_3s_pct,
-        r.drain_secs,
-        r.paid,
-        r.canceled,
-        r.dlq_open,
-        r.invariants.violations.len(),
-        cpu,
-    );
 }
 
 /// Orders of some SKUs of an activity, and how fast they were created.
@@ -743,85 +624,6 @@ async fn settle(
     Ok(())
 }
 
-fn print_human(r: &BenchReport) {
-    let f = &r.invariants.figures;
-    println!(
-        "scenario           {} ({} loop{})",
-        r.scenario,
-        r.mode,
-        r.target_rate
-            .map(|x| format!(", {x:.0} requests/s planned"))
-            .unwrap_or_default()
-    );
-    println!(
-        "requests           {} in {:.2}s ({:.0}/s)",
-        r.requests, r.elapsed_secs, r.requests_per_sec
-    );
-    println!(
-        "accepted (202)     {} ({:.0}/s), of which repeated request ids {}",
-        r.accepted, r.accepted_per_sec, r.duplicate_requests
-    );
-    println!("sold out           {}", r.sold_out);
-    println!("already purchased  {}", r.already_purchased);
-    println!(
-        "other errors       {:?}, transport errors {}",
-        r.other_errors, r.transport_errors
-    );
-    println!(
-        "API latency        p50 {:.2} ms  p99 {:.2} ms  p99.9 {:.2} ms  max {:.2} ms",
-        r.api_p50_ms, r.api_p99_ms, r.api_p999_ms, r.api_max_ms
-    );
-    println!(
-        "drain              {} in {:.2}s after the last request",
-        if r.drained { "complete" } else { "INCOMPLETE" },
-        r.drain_secs
-    );
-    println!(
-        "orders             {} (rejected reservations {})",
-        r.orders, r.rejected
-    );
-    if r.paid > 0 || r.canceled > 0 {
-        println!(
-            "payments           {} paid ({} failed), {} cancelled after expiry; settled: {} in {:.2}s",
-            r.paid,
-            r.pay_errors,
-            r.canceled,
-            if r.settled { "yes" } else { "NO" },
-            r.settle_secs
-        );
-    }
-    println!(
-        "reservation→order  p50 {:.1} ms  p99 {:.1} ms  p99.9 {:.1} ms  max {:.1} ms  within 3 s {:.2}%",
-        r.order_latency_p50_ms,
-        r.order_latency_p99_ms,
-        r.order_latency_p999_ms,
-        r.order_latency_max_ms,
-        r.within_3s_pct
-    );
-    println!(
-        "order creation     {:.0} orders/s, first to last order",
-        r.orders_per_sec
-    );
-    for c in &r.cpu {
-        println!(
-            "cpu {:<14} {:.2} s ({:.0}% of a core)",
-            c.name, c.cpu_secs, c.core_pct
-        );
-    }
-    println!(
-        "stock              PG total {} remaining {} valid orders {} ledger {} | Redis total {} remaining {} live reservations {} in flight {}",
-        f.pg_total, f.pg_remaining, f.valid_orders, f.ledger_sum, f.redis_total, f.redis_remaining, f.redis_reserved, f.unrecorded
-    );
-    if r.invariants.violations.is_empty() {
-        println!("invariants: OK");
-    } else {
-        println!("invariants: {} VIOLATIONS", r.invariants.violations.len());
-        for v in &r.invariants.violations {
-            println!("  - {v}");
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -882,28 +684,5 @@ mod tests {
         let p = plan(&a, "t");
         let skus: HashSet<i64> = p.iter().map(|x| x.sku_id).collect();
         assert_eq!(skus, HashSet::from([10, 11, 12, 13]));
-    }
-
-    #[test]
-    fn cpu_targets_parse_and_read_this_process() {
-        let t = parse_cpu_target("postgres=1+2,3").unwrap();
-        assert_eq!(
-            (t.name.as_str(), t.pids.clone()),
-            ("postgres", vec![1, 2, 3])
-        );
-        assert!(parse_cpu_target("api").is_err());
-        assert!(parse_cpu_target("api=x").is_err());
-        let me = std::process::id();
-        let before = cpu_ticks(me).unwrap();
-        let mut x = 0u64;
-        let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_millis(300) {
-            x = x.wrapping_add(std::hint::black_box(1));
-        }
-        assert!(x > 0);
-        assert!(
-            cpu_ticks(me).unwrap() > before,
-            "a busy loop shows up in /proc"
-        );
     }
 }

@@ -1,4 +1,5 @@
-//! `seckill reconcile`: a one-shot check for cron or a systemd timer (004; 000 §27). Within a
+//! `seckill reconcile`: a one-shot check for cron or a systemd timer
+//! (docs/ARCHITECTURE.md#reconcile). Within a
 //! window and past a grace period it finds orders whose events are missing, expired unpaid
 //! orders never cancelled, reservations that neither became orders nor were released, and
 //! stock that does not add up; it emits each missing event into the outbox with a
@@ -9,12 +10,15 @@ use std::time::Instant;
 use chrono::{DateTime, Duration, Utc};
 use clap::Args;
 use serde::Serialize;
-use serde_json::json;
 use tokio_postgres::GenericClient;
 
 use crate::config::Settings;
-use crate::pg::order_state::{order_canceled_event_id, order_paid_event_id};
-use crate::pg::order_tx::{compensation_event_id, order_created_event_id};
+use crate::domain::events::{
+    order_canceled_event_id, order_created_event_id, order_paid_event_id, payload,
+    reconcile_cancel_if_unpaid_event_id, release_reservation_event_id, CancelOrderIfUnpaid,
+    OrderCanceled, OrderCreated, OrderFacts, OrderPaid, ReleaseReservation, TAG_CANCEL_IF_UNPAID,
+    TAG_ORDER_CANCELED, TAG_ORDER_CREATED, TAG_ORDER_PAID, TAG_RELEASE_RESERVATION,
+};
 use crate::pg::outbox::OUTBOX_CHANNEL;
 use crate::redis::RedisStore;
 
@@ -89,6 +93,188 @@ fn example(list: &mut Vec<String>, s: String) {
     }
 }
 
+impl Finding {
+    /// Counts one drift (`id` among the examples) and writes its missing event.
+    async fn record(
+        &mut self,
+        pg: &impl GenericClient,
+        id: String,
+        e: &Emit,
+    ) -> Result<(), tokio_postgres::Error> {
+        self.found += 1;
+        example(&mut self.examples, id);
+        self.emitted += emit(pg, e).await?;
+        Ok(())
+    }
+}
+
+/// Finds, among the orders changed in the window, those whose events are missing from the
+/// outbox (ORDER_CREATED; ORDER_PAID of a paid order; ORDER_CANCELED and RELEASE_RESERVATION
+/// of a cancelled one) and writes each again with the id its writer gives it.
+async fn missing_order_events(
+    pg: &impl GenericClient,
+    names: &crate::config::Names,
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> anyhow::Result<(Finding, Finding, Finding, Finding)> {
+    let rows = pg
+        .query(
+            "SELECT order_id, reservation_id, activity_id, sku_id, user_id, status, version,
+                    expires_at, payment_id
+             FROM orders WHERE updated_at >= $1 AND updated_at < $2",
+            &[&start, &end],
+        )
+        .await?;
+    let mut wanted: Vec<String> = Vec::with_capacity(rows.len() * 2);
+    for r in &rows {
+        let (oid, rid, status, version): (String, String, String, i32) =
+            (r.get(0), r.get(1), r.get(5), r.get(6));
+        wanted.push(order_created_event_id(&oid));
+        match status.as_str() {
+            "PAID" => wanted.push(order_paid_event_id(&oid, version)),
+            "CANCELED" => {
+                wanted.push(order_canceled_event_id(&oid, version));
+                wanted.push(release_reservation_event_id(&rid));
+            }
+            _ => {}
+        }
+    }
+    let present = existing_event_ids(pg, wanted).await?;
+    let finding = |kind| Finding {
+        kind,
+        ..Default::default()
+    };
+    let mut created = finding("missing_order_created");
+    let mut paid = finding("missing_order_paid");
+    let mut canceled = finding("missing_order_canceled");
+    let mut released = finding("missing_release_after_cancel");
+    for r in &rows {
+        let (oid, rid): (String, String) = (r.get(0), r.get(1));
+        let (status, version, expires_at): (String, i32, DateTime<Utc>) =
+            (r.get(5), r.get(6), r.get(7));
+        let facts = OrderFacts {
+            order_id: &oid,
+            reservation_id: &rid,
+            activity_id: r.get(2),
+            sku_id: r.get(3),
+            user_id: r.get(4),
+        };
+        let order_event = |tag, event_id: String, payload, version| Emit {
+            event_id,
+            topic: names.order_event_topic.clone(),
+            tag,
+            key: oid.clone(),
+            aggregate_id: Some(oid.clone()),
+            version: Some(version),
+            payload,
+        };
+        if !present.contains(&order_created_event_id(&oid)) {
+            let mut e = OrderCreated::new(&facts, expires_at);
+            e.base.reconciled_at = Some(now);
+            let emit = order_event(TAG_ORDER_CREATED, e.base.event_id.clone(), payload(&e), 1);
+            created.record(pg, oid.clone(), &emit).await?;
+        }
+        if status == "PAID" && !present.contains(&order_paid_event_id(&oid, version)) {
+            let mut e = OrderPaid::new(&facts, version, r.get(8));
+            e.base.reconciled_at = Some(now);
+            let emit = order_event(
+                TAG_ORDER_PAID,
+                e.base.event_id.clone(),
+                payload(&e),
+                version,
+            );
+            paid.record(pg, oid.clone(), &emit).await?;
+        }
+        if status != "CANCELED" {
+            continue;
+        }
+        if !present.contains(&order_canceled_event_id(&oid, version)) {
+            let mut e = OrderCanceled::new(&facts, version);
+            e.base.reconciled_at = Some(now);
+            let id = e.base.event_id.clone();
+            let emit = order_event(TAG_ORDER_CANCELED, id, payload(&e), version);
+            canceled.record(pg, oid.clone(), &emit).await?;
+        }
+        if !present.contains(&release_reservation_event_id(&rid)) {
+            let mut e = ReleaseReservation::new(&facts, "ORDER_CANCELED");
+            e.reconciled_at = Some(now);
+            let emit = Emit {
+                event_id: e.event_id.clone(),
+                topic: names.compensate_topic.clone(),
+                tag: TAG_RELEASE_RESERVATION,
+                key: rid.clone(),
+                aggregate_id: None,
+                version: None,
+                payload: payload(&e),
+            };
+            released.record(pg, rid.clone(), &emit).await?;
+        }
+    }
+    Ok((created, paid, canceled, released))
+}
+
+/// Which of `ids` the outbox holds, asked in chunks so a long window stays a few queries.
+async fn existing_event_ids(
+    pg: &impl GenericClient,
+    ids: Vec<String>,
+) -> anyhow::Result<std::collections::HashSet<String>> {
+    let mut present = std::collections::HashSet::new();
+    for chunk in ids.chunks(10_000) {
+        let rows = pg
+            .query(
+                "SELECT event_id FROM event_outbox WHERE event_id = ANY($1::text[])",
+                &[&chunk],
+            )
+            .await?;
+        present.extend(rows.into_iter().map(|r| r.get::<_, String>(0)));
+    }
+    Ok(present)
+}
+
+/// Expired unpaid orders nobody cancelled: a fresh cancel trigger each (deterministic id).
+async fn expired_not_canceled(
+    pg: &impl GenericClient,
+    names: &crate::config::Names,
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> anyhow::Result<Finding> {
+    let mut expired = Finding {
+        kind: "expired_unpaid_not_canceled",
+        ..Default::default()
+    };
+    for r in pg
+        .query(
+            "SELECT order_id, activity_id, sku_id, expires_at FROM orders
+             WHERE status IN ('CREATED', 'PAYING') AND expires_at < $1 AND expires_at >= $2",
+            &[&end, &start],
+        )
+        .await?
+    {
+        let oid: String = r.get(0);
+        let mut e = CancelOrderIfUnpaid::new(
+            reconcile_cancel_if_unpaid_event_id(&oid),
+            &oid,
+            r.get(1),
+            r.get(2),
+            r.get(3),
+        );
+        e.reconciled_at = Some(now);
+        let emit = Emit {
+            event_id: e.event_id.clone(),
+            topic: names.order_timeout_topic.clone(),
+            tag: TAG_CANCEL_IF_UNPAID,
+            key: oid.clone(),
+            aggregate_id: Some(oid.clone()),
+            version: None,
+            payload: payload(&e),
+        };
+        expired.record(pg, oid, &emit).await?;
+    }
+    Ok(expired)
+}
+
 /// Runs every check once.
 pub async fn reconcile(
     settings: &Settings,
@@ -107,145 +293,9 @@ pub async fn reconcile(
         ..Default::default()
     };
 
-    // 1-3. Orders whose events are missing from the outbox.
-    let rows = pg
-        .query(
-            "SELECT o.order_id, o.reservation_id, o.activity_id, o.sku_id, o.user_id, o.status, o.version,
-                    o.expires_at, o.payment_id,
-                    EXISTS (SELECT 1 FROM event_outbox e WHERE e.event_id = o.order_id || '.v1.ORDER_CREATED'),
-                    EXISTS (SELECT 1 FROM event_outbox e WHERE e.event_id = o.order_id || '.v' || o.version || '.ORDER_PAID'),
-                    EXISTS (SELECT 1 FROM event_outbox e WHERE e.event_id = o.order_id || '.v' || o.version || '.ORDER_CANCELED'),
-                    EXISTS (SELECT 1 FROM event_outbox e WHERE e.event_id = o.reservation_id || '.RELEASE_RESERVATION')
-             FROM orders o
-             WHERE o.updated_at >= $1 AND o.updated_at < $2",
-            &[&start, &end],
-        )
-        .await?;
-    let mut created = Finding {
-        kind: "missing_order_created",
-        ..Default::default()
-    };
-    let mut paid = Finding {
-        kind: "missing_order_paid",
-        ..Default::default()
-    };
-    let mut canceled = Finding {
-        kind: "missing_order_canceled",
-        ..Default::default()
-    };
-    let mut released = Finding {
-        kind: "missing_release_after_cancel",
-        ..Default::default()
-    };
-    for r in &rows {
-        let (oid, rid, aid, sku, uid): (String, String, i64, i64, i64) =
-            (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
-        let (status, version, expires_at): (String, i32, DateTime<Utc>) =
-            (r.get(5), r.get(6), r.get(7));
-        let base = json!({"order_id": oid, "reservation_id": rid, "activity_id": aid, "sku_id": sku,
-                          "user_id": uid, "reconciled_at": now});
-        let with = |extra: serde_json::Value| {
-            let mut v = base.clone();
-            if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
-                o.extend(e.clone());
-            }
-            v
-        };
-        if !r.get::<_, bool>(9) {
-            created.found += 1;
-            example(&mut created.examples, oid.clone());
-            let id = order_created_event_id(&oid);
-            created.emitted += emit(pg, &Emit {
-                payload: with(json!({"schema_version": 1, "event_type": "ORDER_CREATED", "event_id": id,
-                                     "status": "CREATED", "aggregate_version": 1, "expires_at": expires_at})),
-                event_id: id, topic: names.order_event_topic.clone(), tag: "ORDER_CREATED",
-                key: oid.clone(), aggregate_id: Some(oid.clone()), version: Some(1),
-            }).await?;
-        }
-        if status == "PAID" && !r.get::<_, bool>(10) {
-            paid.found += 1;
-            example(&mut paid.examples, oid.clone());
-            let id = order_paid_event_id(&oid, version);
-            paid.emitted += emit(
-                pg,
-                &Emit {
-                    payload: with(
-                        json!({"schema_version": 1, "event_type": "ORDER_PAID", "event_id": id,
-                                     "status": "PAID", "aggregate_version": version,
-                                     "payment_id": r.get::<_, Option<String>>(8)}),
-                    ),
-                    event_id: id,
-                    topic: names.order_event_topic.clone(),
-                    tag: "ORDER_PAID",
-                    key: oid.clone(),
-                    aggregate_id: Some(oid.clone()),
-                    version: Some(version),
-                },
-            )
-            .await?;
-        }
-        if status == "CANCELED" {
-            if !r.get::<_, bool>(11) {
-                canceled.found += 1;
-                example(&mut canceled.examples, oid.clone());
-                let id = order_canceled_event_id(&oid, version);
-                canceled.emitted += emit(pg, &Emit {
-                    payload: with(json!({"schema_version": 1, "event_type": "ORDER_CANCELED", "event_id": id,
-                                         "status": "CANCELED", "aggregate_version": version})),
-                    event_id: id, topic: names.order_event_topic.clone(), tag: "ORDER_CANCELED",
-                    key: oid.clone(), aggregate_id: Some(oid.clone()), version: Some(version),
-                }).await?;
-            }
-            if !r.get::<_, bool>(12) {
-                released.found += 1;
-                example(&mut released.examples, rid.clone());
-                let id = compensation_event_id(&rid);
-                released.emitted += emit(
-                    pg,
-                    &Emit {
-                        payload: with(
-                            json!({"schema_version": 1, "event_type": "RELEASE_RESERVATION",
-                                         "event_id": id, "reason": "ORDER_CANCELED"}),
-                        ),
-                        event_id: id,
-                        topic: names.compensate_topic.clone(),
-                        tag: "RELEASE_RESERVATION",
-                        key: rid.clone(),
-                        aggregate_id: None,
-                        version: None,
-                    },
-                )
-                .await?;
-            }
-        }
-    }
-
-    // 4. Expired unpaid orders nobody cancelled: a fresh cancel trigger (deterministic id).
-    let mut expired = Finding {
-        kind: "expired_unpaid_not_canceled",
-        ..Default::default()
-    };
-    for r in pg
-        .query(
-            "SELECT order_id, activity_id, sku_id, expires_at FROM orders
-             WHERE status IN ('CREATED', 'PAYING') AND expires_at < $1 AND expires_at >= $2",
-            &[&end, &start],
-        )
-        .await?
-    {
-        let (oid, aid, sku, expires_at): (String, i64, i64, DateTime<Utc>) =
-            (r.get(0), r.get(1), r.get(2), r.get(3));
-        expired.found += 1;
-        example(&mut expired.examples, oid.clone());
-        let id = format!("{oid}.CANCEL_IF_UNPAID.reconcile");
-        expired.emitted += emit(pg, &Emit {
-            payload: json!({"schema_version": 1, "event_type": "CANCEL_ORDER_IF_UNPAID", "event_id": id,
-                            "order_id": oid, "activity_id": aid, "sku_id": sku, "expires_at": expires_at,
-                            "reconciled_at": now}),
-            event_id: id, topic: names.order_timeout_topic.clone(), tag: "CANCEL_IF_UNPAID",
-            key: oid.clone(), aggregate_id: Some(oid.clone()), version: None,
-        }).await?;
-    }
+    let (created, paid, canceled, released) =
+        missing_order_events(pg, &names, start, end, now).await?;
+    let expired = expired_not_canceled(pg, &names, start, end, now).await?;
 
     // 5-6. Per activity SKU: reservations stuck in Redis and stock that does not add up.
     let mut stuck = Finding {

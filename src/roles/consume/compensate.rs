@@ -4,21 +4,12 @@
 //! crash between the two finds the reservation RELEASED and only completes the task.
 
 use chrono::Utc;
-use serde::Deserialize;
 use tracing::{error, info, warn};
 
+use crate::domain::events::ReleaseReservation;
 use crate::mq::{BatchHandler, ConsumeDecision, Delivery};
 use crate::pg::order_state::compensation_done;
 use crate::redis::RedisStore;
-
-#[derive(Debug, Deserialize)]
-struct Release {
-    reservation_id: String,
-    activity_id: i64,
-    sku_id: i64,
-    #[serde(default)]
-    reason: String,
-}
 
 pub struct CompensationHandler {
     pub redis: RedisStore,
@@ -30,7 +21,7 @@ impl CompensationHandler {
     /// Processes one message; `Err` means retry later.
     pub async fn process(&self, d: &Delivery) -> anyhow::Result<&'static str> {
         let client = self.pool.get().await?;
-        let release: Release = match serde_json::from_slice(&d.body) {
+        let release: ReleaseReservation = match serde_json::from_slice(&d.body) {
             Ok(r) => r,
             Err(e) => {
                 crate::pg::quarantine(&**client, &self.group, d, "INVALID_EVENT", &e.to_string())

@@ -1,0 +1,66 @@
+//! `seckill-bench`: the load generators and the direct-PostgreSQL baseline that `make bench`,
+//! `make demo` and `make chaos` drive against a running pipeline. Not part of the product: the
+//! production `seckill` binary carries none of it. It reads the same configuration as
+//! `seckill` (`config/`, `SECKILL_ENV`, `SECKILL__SECTION__KEY`).
+
+// The RocketMQ client's futures are deeply nested; proving them Send needs a deeper limit.
+#![recursion_limit = "256"]
+
+mod backlog;
+mod baseline;
+mod bench;
+mod broker;
+mod cpu;
+mod report;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "seckill-bench",
+    version,
+    about = "Load generators and baselines for seckill's benchmarks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Load generator against a running API, drain wait and invariant check.
+    Load(bench::BenchArgs),
+    /// Order-consumer throughput: fill a backlog (Redis reservations + broker batches) and
+    /// time how fast a running `seckill consume` turns it into orders.
+    Backlog(backlog::BacklogArgs),
+    /// The broker's raw send rate, one message per call or in batches.
+    Broker(broker::BrokerArgs),
+    /// The same route served straight from PostgreSQL (UPDATE stock + INSERT order per
+    /// request), the design this project is compared with.
+    BaselineApi(baseline::BaselineArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    // Logs go to stderr: stdout is the report that the scripts read.
+    let logs = seckill::telemetry::init_logs_to_stderr;
+    seckill::cli::run_process("seckill-bench", logs, |settings| async move {
+        match cli.command {
+            Command::Load(args) => bench::run(settings, args).await,
+            Command::Backlog(args) => backlog::run(settings, args).await,
+            Command::Broker(args) => broker::run(settings, args).await,
+            Command::BaselineApi(args) => baseline::run(settings, args).await.map(|_| true),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn verify_cli() {
+        Cli::command().debug_assert();
+    }
+}

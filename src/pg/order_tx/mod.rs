@@ -1,0 +1,603 @@
+//! The order transaction (docs/ARCHITECTURE.md#order-creation): for a batch of ORDER_CREATE_REQUESTED
+//! messages, one PostgreSQL transaction writes the inbox, the reservation decision, the
+//! orders, one conditional final-stock update per SKU, the ledger, the outbox, compensation
+//! tasks for rejections and quarantine rows for poison. It commits or it leaves no trace;
+//! the caller ACKs only after a commit.
+//!
+//! Every per-message guarantee holds inside a batch: a duplicate message or reservation is a
+//! no-op, a buyer gets at most one valid order, stock never goes below zero (partial stock
+//! gives as many orders as units left and rejects the rest), and a poison body is quarantined
+//! without failing the others. Set-based statements (`unnest`) keep the round trips per batch
+//! constant, and the hot stock row is locked as late as possible.
+//!
+//! `process_batch` is the list of steps: quarantine poison → claim the inbox → record the
+//! reservations → insert the orders → take the stock (optimistically, else locked) → write
+//! the outcomes → commit.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use chrono::{DateTime, Duration, Utc};
+use deadpool_postgres::Client;
+use tokio_postgres::types::ToSql;
+
+use super::errors::TxError;
+use crate::domain::event::PoisonReason;
+use crate::domain::{Decision, OrderCreateRequested, RejectReason};
+
+mod rows;
+use rows::{
+    InboxOutcomes, LedgerRows, OrderRows, OutboxRows, QuarantineRows, RejectionRows,
+    ReservationRows,
+};
+
+/// One message handed to the transaction.
+#[derive(Debug, Clone)]
+pub struct Inbound {
+    /// The decoded event, or why it can never be processed.
+    pub event: Result<OrderCreateRequested, PoisonReason>,
+    /// The body exactly as received (kept in quarantine for poison).
+    pub raw_body: Vec<u8>,
+    /// Message properties (message_id, traceparent, ...), kept in quarantine.
+    pub properties: serde_json::Value,
+    /// `message_id` property, when the body cannot be parsed.
+    pub property_message_id: Option<String>,
+    pub broker_msg_id: String,
+    /// Broker delivery attempt (0 = first delivery).
+    pub delivery_attempt: i32,
+}
+
+/// Names the transaction writes (consumer group and the topics of the outbox rows).
+#[derive(Debug, Clone)]
+pub struct TxNames {
+    pub consumer_group: String,
+    pub source_topic: String,
+    pub order_event_topic: String,
+    pub order_timeout_topic: String,
+    pub compensate_topic: String,
+}
+
+/// One batch on its way through the transaction: the decoded events and what each came to.
+struct Batch<'a> {
+    names: &'a TxNames,
+    items: &'a [Inbound],
+    /// The decoded event of each item (`None`: poison).
+    events: Vec<Option<&'a OrderCreateRequested>>,
+    /// What each item came to, once known; the rest are duplicates of an earlier message.
+    decisions: Vec<Option<Decision>>,
+    now: DateTime<Utc>,
+    /// The payment deadline of every order this batch creates.
+    expires_at: DateTime<Utc>,
+}
+
+impl<'a> Batch<'a> {
+    fn new(names: &'a TxNames, items: &'a [Inbound], now: DateTime<Utc>, pay: Duration) -> Self {
+        Self {
+            names,
+            items,
+            events: items.iter().map(|item| item.event.as_ref().ok()).collect(),
+            decisions: vec![None; items.len()],
+            now,
+            expires_at: now + pay,
+        }
+    }
+
+    /// The event at `idx`; only indexes of decoded events are ever looked up.
+    fn ev(&self, idx: usize) -> &'a OrderCreateRequested {
+        self.events[idx].expect("index of a decoded event")
+    }
+
+    fn expired(&self, idx: usize) -> bool {
+        self.ev(idx).reservation_valid_until <= self.now
+    }
+
+    /// The decisions in input order, once the transaction has committed.
+    fn finish(mut self, created: &[usize], rejected: &[(usize, RejectReason)]) -> Vec<Decision> {
+        for &i in created {
+            self.decisions[i] = Some(Decision::Created {
+                order_id: self.ev(i).order_id.clone(),
+            });
+        }
+        for &(i, reason) in rejected {
+            self.decisions[i] = Some(Decision::Rejected(reason));
+        }
+        self.decisions
+            .into_iter()
+            .map(|d| d.unwrap_or(Decision::DuplicateMessage))
+            .collect()
+    }
+}
+
+type Tx<'t> = deadpool_postgres::Transaction<'t>;
+
+/// Processes a batch in one transaction. Returns one decision per input, in order.
+/// On `Err` nothing was committed (or the commit's result is unknown: redelivery resolves it).
+pub async fn process_batch(
+    client: &mut Client,
+    names: &TxNames,
+    items: &[Inbound],
+    now: DateTime<Utc>,
+    pay_window: Duration,
+) -> Result<Vec<Decision>, TxError> {
+    let mut b = Batch::new(names, items, now, pay_window);
+    let tx = client.transaction().await?;
+    quarantine_poison(&tx, &mut b).await?;
+    let owned = claim_inbox(&tx, &mut b).await?;
+    let (eligible, mut rejected) = record_reservations(&tx, &mut b, &owned).await?;
+    let inserted = insert_orders(&tx, &b, &eligible, &mut rejected).await?;
+    let per_sku = group_by_sku(&b, &eligible, &inserted);
+    let created = match take_stock_optimistically(&tx, &b, &owned, &per_sku, &rejected).await? {
+        Some(created) => created,
+        None => take_stock_locked(&tx, &b, &owned, &per_sku, &mut rejected).await?,
+    };
+    // Fault-injection point: the process dies inside the transaction, before the commit
+    // (`consume-inside-transaction=return` aborts like a SIGKILL; PostgreSQL rolls back).
+    fail::fail_point!("consume-inside-transaction", |_| std::process::abort());
+    tx.commit().await?;
+    Ok(b.finish(&created, &rejected))
+}
+
+/// Step 1, poison: quarantined with the raw body; it never fails the others.
+async fn quarantine_poison(tx: &Tx<'_>, b: &mut Batch<'_>) -> Result<(), tokio_postgres::Error> {
+    let mut rows = QuarantineRows::default();
+    for (idx, item) in b.items.iter().enumerate() {
+        if let Err(reason) = &item.event {
+            rows.push(item, reason);
+            b.decisions[idx] = Some(Decision::Quarantined(reason.code()));
+        }
+    }
+    exec_unless_empty(
+        tx,
+        rows.broker_msg_ids.is_empty(),
+        "INSERT INTO quarantined_messages
+           (consumer_group, topic, message_id, broker_msg_id, reason, error, raw_body,
+            properties, delivery_attempt)
+         SELECT $1, $2, t.m, t.b, t.r, t.e, t.body, t.p, t.a
+         FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::bytea[],
+                     $8::jsonb[], $9::int[]) AS t(m, b, r, e, body, p, a)",
+        [
+            &b.names.consumer_group,
+            &b.names.source_topic,
+            &rows.message_ids,
+            &rows.broker_msg_ids,
+            &rows.reasons,
+            &rows.errors,
+            &rows.bodies,
+            &rows.properties,
+            &rows.attempts,
+        ],
+    )
+    .await
+}
+
+/// Step 2, inbox: the first writer of (group, message_id) owns the message's effect. Returns
+/// the indexes this batch owns.
+async fn claim_inbox(tx: &Tx<'_>, b: &mut Batch<'_>) -> Result<Vec<usize>, tokio_postgres::Error> {
+    let mut seen_msg: HashSet<&str> = HashSet::new();
+    let mut candidates: Vec<usize> = Vec::new();
+    for (idx, ev) in b.events.iter().enumerate() {
+        if let Some(ev) = ev {
+            if seen_msg.insert(ev.message_id.as_str()) {
+                candidates.push(idx);
+            } else {
+                b.decisions[idx] = Some(Decision::DuplicateMessage);
+            }
+        }
+    }
+    let fresh: HashSet<String> = if candidates.is_empty() {
+        HashSet::new()
+    } else {
+        let stmt = tx
+            .prepare_cached(
+                "INSERT INTO consumer_inbox
+                   (consumer_group, message_id, topic, reservation_id, order_id, status, delivery_attempt)
+                 SELECT $1, t.m, $2, t.r, t.o, 'PROCESSING', t.a
+                 FROM unnest($3::text[], $4::text[], $5::text[], $6::int[]) AS t(m, r, o, a)
+                 ON CONFLICT DO NOTHING
+                 RETURNING message_id",
+            )
+            .await?;
+        let field = |f: fn(&OrderCreateRequested) -> &str| -> Vec<&str> {
+            candidates.iter().map(|&i| f(b.ev(i))).collect()
+        };
+        let m = field(|e| &e.message_id);
+        let r = field(|e| &e.reservation_id);
+        let o = field(|e| &e.order_id);
+        let a: Vec<i32> = candidates
+            .iter()
+            .map(|&i| b.items[i].delivery_attempt)
+            .collect();
+        let params: [&(dyn ToSql + Sync); 6] = [
+            &b.names.consumer_group,
+            &b.names.source_topic,
+            &m,
+            &r,
+            &o,
+            &a,
+        ];
+        returned_ids(tx.query(&stmt, &params).await?)
+    };
+    let mut owned: Vec<usize> = Vec::new();
+    for idx in candidates {
+        if fresh.contains(&b.ev(idx).message_id) {
+            owned.push(idx);
+        } else {
+            b.decisions[idx] = Some(Decision::DuplicateMessage);
+        }
+    }
+    Ok(owned)
+}
+
+/// Step 3, the reservation decision row: the first message to record a reservation decides
+/// it. Expired ones are recorded as rejected right away (deadline from the message itself).
+/// Returns the indexes still eligible for an order, and the rejections so far.
+async fn record_reservations(
+    tx: &Tx<'_>,
+    b: &mut Batch<'_>,
+    owned: &[usize],
+) -> Result<(Vec<usize>, Vec<(usize, RejectReason)>), tokio_postgres::Error> {
+    let mut seen_rsv: HashSet<&str> = HashSet::new();
+    let mut rsv_idx: Vec<usize> = Vec::new();
+    for &idx in owned {
+        if seen_rsv.insert(b.ev(idx).reservation_id.as_str()) {
+            rsv_idx.push(idx);
+        } else {
+            b.decisions[idx] = Some(Decision::DuplicateReservation);
+        }
+    }
+    let new_rsv: HashSet<String> = if rsv_idx.is_empty() {
+        HashSet::new()
+    } else {
+        let stmt = tx
+            .prepare_cached(
+                "INSERT INTO reservations
+                   (reservation_id, message_id, request_id, order_id, activity_id, sku_id, user_id,
+                    status, reject_reason, reserved_at, valid_until)
+                 SELECT t.r, t.m, t.q, t.o, t.a, t.s, t.u,
+                        CASE WHEN t.x IS NULL THEN 'ORDERED' ELSE 'REJECTED' END, t.x, t.ra, t.vu
+                 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[],
+                             $7::int8[], $8::text[], $9::timestamptz[], $10::timestamptz[])
+                      AS t(r, m, q, o, a, s, u, x, ra, vu)
+                 ON CONFLICT (reservation_id) DO NOTHING
+                 RETURNING reservation_id",
+            )
+            .await?;
+        let mut rows = ReservationRows::default();
+        for &i in &rsv_idx {
+            rows.push(b.ev(i), b.expired(i));
+        }
+        returned_ids(tx.query(&stmt, &rows.params()).await?)
+    };
+    let mut rejected: Vec<(usize, RejectReason)> = Vec::new();
+    let mut eligible: Vec<usize> = Vec::new();
+    for idx in rsv_idx {
+        if !new_rsv.contains(&b.ev(idx).reservation_id) {
+            b.decisions[idx] = Some(Decision::DuplicateReservation);
+        } else if b.expired(idx) {
+            rejected.push((idx, RejectReason::Expired));
+        } else {
+            eligible.push(idx);
+        }
+    }
+    Ok((eligible, rejected))
+}
+
+/// Step 4, orders: the partial unique index refuses a second valid order per buyer. Those not
+/// inserted are rejected as a duplicate buyer or an unknown SKU. Returns the inserted ids.
+async fn insert_orders(
+    tx: &Tx<'_>,
+    b: &Batch<'_>,
+    eligible: &[usize],
+    rejected: &mut Vec<(usize, RejectReason)>,
+) -> Result<HashSet<String>, tokio_postgres::Error> {
+    let mut inserted: HashSet<String> = HashSet::new();
+    if !eligible.is_empty() {
+        let stmt = tx
+            .prepare_cached(
+                "INSERT INTO orders
+                   (order_id, reservation_id, activity_id, sku_id, user_id, status, amount_cents,
+                    expires_at, reserved_at)
+                 SELECT t.o, t.r, t.a, t.s, t.u, 'CREATED', k.price_cents, $6, t.ra
+                 FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[],
+                             $7::timestamptz[]) AS t(o, r, a, s, u, ra)
+                 JOIN activity_skus k ON k.activity_id = t.a AND k.sku_id = t.s
+                 ON CONFLICT DO NOTHING
+                 RETURNING order_id",
+            )
+            .await?;
+        let mut rows = OrderRows::default();
+        for &i in eligible {
+            rows.push(b.ev(i));
+        }
+        inserted = returned_ids(tx.query(&stmt, &rows.params(&b.expires_at)).await?);
+    }
+    let missing: Vec<usize> = eligible
+        .iter()
+        .copied()
+        .filter(|&i| !inserted.contains(&b.ev(i).order_id))
+        .collect();
+    if !missing.is_empty() {
+        let stmt = tx
+            .prepare_cached(
+                "SELECT t.a, t.s FROM unnest($1::int8[], $2::int8[]) AS t(a, s)
+                 WHERE EXISTS (SELECT 1 FROM activity_skus k WHERE k.activity_id = t.a AND k.sku_id = t.s)",
+            )
+            .await?;
+        let a: Vec<i64> = missing.iter().map(|&i| b.ev(i).activity_id).collect();
+        let s: Vec<i64> = missing.iter().map(|&i| b.ev(i).sku_id).collect();
+        let known: HashSet<(i64, i64)> = tx
+            .query(&stmt, &[&a, &s])
+            .await?
+            .into_iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect();
+        for &i in &missing {
+            let reason = if known.contains(&(b.ev(i).activity_id, b.ev(i).sku_id)) {
+                RejectReason::DuplicateBuyer
+            } else {
+                RejectReason::UnknownSku
+            };
+            rejected.push((i, reason));
+        }
+    }
+    Ok(inserted)
+}
+
+/// The inserted orders by activity SKU, in key order (the order stock rows are locked in).
+fn group_by_sku(
+    b: &Batch<'_>,
+    eligible: &[usize],
+    inserted: &HashSet<String>,
+) -> BTreeMap<(i64, i64), Vec<usize>> {
+    let mut per_sku: BTreeMap<(i64, i64), Vec<usize>> = BTreeMap::new();
+    for &i in eligible {
+        if inserted.contains(&b.ev(i).order_id) {
+            per_sku
+                .entry((b.ev(i).activity_id, b.ev(i).sku_id))
+                .or_default()
+                .push(i);
+        }
+    }
+    per_sku
+}
+
+/// Step 5, optimistic: when an unlocked read shows enough stock for every SKU of the batch,
+/// write every outcome as if all were granted, then decrement each SKU conditionally
+/// (`remaining_stock >= wanted`, re-checked by PostgreSQL on the latest row version), in key
+/// order. The hot row's lock is what serialises the sale, so it is taken last and held for
+/// the decrement and the commit only. `None` when it does not apply or a SKU fell short
+/// meanwhile (rolled back to the savepoint): the locked path decides.
+async fn take_stock_optimistically(
+    tx: &Tx<'_>,
+    b: &Batch<'_>,
+    owned: &[usize],
+    per_sku: &BTreeMap<(i64, i64), Vec<usize>>,
+    rejected: &[(usize, RejectReason)],
+) -> Result<Option<Vec<usize>>, tokio_postgres::Error> {
+    if per_sku.is_empty() {
+        return Ok(None);
+    }
+    let a: Vec<i64> = per_sku.keys().map(|k| k.0).collect();
+    let s: Vec<i64> = per_sku.keys().map(|k| k.1).collect();
+    let peek = tx
+        .prepare_cached(
+            "SELECT k.activity_id, k.sku_id, k.remaining_stock::int8
+             FROM unnest($1::int8[], $2::int8[]) AS t(a, s)
+             JOIN activity_skus k ON k.activity_id = t.a AND k.sku_id = t.s",
+        )
+        .await?;
+    let peek_params: [&(dyn ToSql + Sync); 2] = [&a, &s];
+    let (sp, rows) = futures::join!(
+        tx.batch_execute("SAVEPOINT stock"),
+        tx.query(&peek, &peek_params)
+    );
+    sp?;
+    let left: HashMap<(i64, i64), i64> = rows?
+        .into_iter()
+        .map(|r| ((r.get(0), r.get(1)), r.get(2)))
+        .collect();
+    let enough = per_sku
+        .iter()
+        .all(|(k, idxs)| left.get(k).copied().unwrap_or(0) >= idxs.len() as i64);
+    if !enough {
+        return Ok(None);
+    }
+    let all: Vec<usize> = per_sku.values().flatten().copied().collect();
+    write_outcomes(tx, b, owned, &all, rejected).await?;
+    let take = tx
+        .prepare_cached(
+            "UPDATE activity_skus SET remaining_stock = remaining_stock - $3, updated_at = now()
+             WHERE activity_id = $1 AND sku_id = $2 AND remaining_stock >= $3
+             RETURNING remaining_stock",
+        )
+        .await?;
+    // One statement per SKU, pipelined: PostgreSQL runs them in key order (so two batches
+    // never lock the same rows in opposite orders), in one round trip.
+    let wants: Vec<i32> = per_sku.values().map(|idxs| idxs.len() as i32).collect();
+    let params: Vec<[&(dyn ToSql + Sync); 3]> = per_sku
+        .keys()
+        .zip(&wants)
+        .map(|((activity_id, sku_id), want)| [activity_id as &(dyn ToSql + Sync), sku_id, want])
+        .collect();
+    let takes = params.iter().map(|p| tx.query_opt(&take, p));
+    let mut granted_all = true;
+    for taken in futures::future::join_all(takes).await {
+        granted_all &= taken?.is_some();
+    }
+    if granted_all {
+        return Ok(Some(all));
+    }
+    metrics::counter!("order_tx_stock_fallback_total").increment(1);
+    tx.batch_execute("ROLLBACK TO SAVEPOINT stock").await?;
+    Ok(None)
+}
+
+/// Step 5, locked: one conditional decrement per SKU, in key order (no deadlocks between
+/// batches), granting at most what is left. Surplus orders are removed and rejected NO_STOCK.
+/// The row lock is FOR NO KEY UPDATE: the orders' foreign-key checks hold FOR KEY SHARE on
+/// the same row, and FOR UPDATE would deadlock two transactions. Returns the created indexes.
+async fn take_stock_locked(
+    tx: &Tx<'_>,
+    b: &Batch<'_>,
+    owned: &[usize],
+    per_sku: &BTreeMap<(i64, i64), Vec<usize>>,
+    rejected: &mut Vec<(usize, RejectReason)>,
+) -> Result<Vec<usize>, tokio_postgres::Error> {
+    let mut created: Vec<usize> = Vec::new();
+    let mut surplus: Vec<String> = Vec::new();
+    for ((activity_id, sku_id), idxs) in per_sku {
+        let stmt = tx
+            .prepare_cached(
+                "WITH cur AS (
+                    SELECT activity_id, sku_id, remaining_stock FROM activity_skus
+                    WHERE activity_id = $1 AND sku_id = $2 FOR NO KEY UPDATE)
+                 UPDATE activity_skus s
+                    SET remaining_stock = cur.remaining_stock - LEAST(cur.remaining_stock, $3),
+                        updated_at = now()
+                 FROM cur WHERE s.activity_id = cur.activity_id AND s.sku_id = cur.sku_id
+                 RETURNING LEAST(cur.remaining_stock, $3)",
+            )
+            .await?;
+        let want = idxs.len() as i32;
+        let granted: i32 = tx
+            .query_opt(&stmt, &[activity_id, sku_id, &want])
+            .await?
+            .map(|row| row.get(0))
+            .unwrap_or(0);
+        let granted = granted.clamp(0, want) as usize;
+        if granted < idxs.len() {
+            metrics::counter!("inventory_condition_update_miss_total")
+                .increment((idxs.len() - granted) as u64);
+        }
+        for (n, &i) in idxs.iter().enumerate() {
+            if n < granted {
+                created.push(i);
+            } else {
+                surplus.push(b.ev(i).order_id.clone());
+                rejected.push((i, RejectReason::NoStock));
+            }
+        }
+    }
+    exec_unless_empty(
+        tx,
+        surplus.is_empty(),
+        "DELETE FROM orders WHERE order_id = ANY($1::text[])",
+        [&surplus],
+    )
+    .await?;
+    write_outcomes(tx, b, owned, &created, rejected).await?;
+    Ok(created)
+}
+
+/// Step 6: ledger, outbox, rejections with their compensation, inbox status of every owned
+/// message. Independent statements, sent pipelined on the one connection.
+async fn write_outcomes(
+    tx: &Tx<'_>,
+    b: &Batch<'_>,
+    owned: &[usize],
+    created: &[usize],
+    rejected: &[(usize, RejectReason)],
+) -> Result<(), tokio_postgres::Error> {
+    let mut ledger = LedgerRows::default();
+    let mut outbox = OutboxRows::default();
+    for &i in created {
+        let e = b.ev(i);
+        ledger.push(e);
+        outbox.push_created(b, e);
+    }
+    let mut rejections = RejectionRows::default();
+    for &(i, reason) in rejected {
+        let e = b.ev(i);
+        rejections.push(e, reason);
+        outbox.push_release(b, e, reason);
+    }
+    let inbox = InboxOutcomes::of(b, owned, rejected);
+
+    let ledger = exec_unless_empty(
+        tx,
+        ledger.order_ids.is_empty(),
+        "INSERT INTO stock_ledger (activity_id, sku_id, order_id, delta, reason)
+         SELECT t.a, t.s, t.o, -1, 'ORDER_CREATED'
+         FROM unnest($1::int8[], $2::int8[], $3::text[]) AS t(a, s, o)",
+        [&ledger.activity_ids, &ledger.sku_ids, &ledger.order_ids],
+    );
+    let events = exec_unless_empty(
+        tx,
+        outbox.event_ids.is_empty(),
+        "INSERT INTO event_outbox
+           (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, deliver_at)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                              $6::int[], $7::jsonb[], $8::timestamptz[])
+         ON CONFLICT (event_id) DO NOTHING",
+        outbox.params(),
+    );
+    let reject = exec_unless_empty(
+        tx,
+        rejections.reservation_ids.is_empty(),
+        "UPDATE reservations r SET status = 'REJECTED', reject_reason = t.x
+         FROM unnest($1::text[], $2::text[]) AS t(id, x)
+         WHERE r.reservation_id = t.id",
+        [&rejections.reservation_ids, &rejections.reasons],
+    );
+    let compensate = exec_unless_empty(
+        tx,
+        rejections.reservation_ids.is_empty(),
+        "INSERT INTO compensation_tasks (task_id, reservation_id, activity_id, sku_id, user_id, reason)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::text[])
+         ON CONFLICT DO NOTHING",
+        rejections.task_params(),
+    );
+    let inbox = exec_unless_empty(
+        tx,
+        inbox.message_ids.is_empty(),
+        "UPDATE consumer_inbox i SET status = t.st, decision = t.d, updated_at = now()
+         FROM unnest($2::text[], $3::text[], $4::text[]) AS t(m, st, d)
+         WHERE i.consumer_group = $1 AND i.message_id = t.m",
+        [
+            &b.names.consumer_group,
+            &inbox.message_ids,
+            &inbox.statuses,
+            &inbox.decisions,
+        ],
+    );
+    // Wakes the outbox relays on commit (a NOTIFY is delivered only if the transaction commits).
+    let notify = async {
+        if outbox.event_ids.is_empty() {
+            return Ok::<_, tokio_postgres::Error>(());
+        }
+        tx.batch_execute(&format!("NOTIFY {}", super::outbox::OUTBOX_CHANNEL))
+            .await
+    };
+    // Every statement runs to its answer; the first error (in statement order) is returned.
+    let (r1, r2, r3, r4, r5, r6) =
+        futures::join!(ledger, events, reject, compensate, inbox, notify);
+    r1?;
+    r2?;
+    r3?;
+    r4?;
+    r5?;
+    r6?;
+    Ok(())
+}
+
+/// Runs one set-based statement of the transaction (prepared once per connection), unless it
+/// has no rows to write.
+async fn exec_unless_empty<const N: usize>(
+    tx: &Tx<'_>,
+    empty: bool,
+    sql: &str,
+    params: [&(dyn ToSql + Sync); N],
+) -> Result<(), tokio_postgres::Error> {
+    if empty {
+        return Ok(());
+    }
+    let stmt = tx.prepare_cached(sql).await?;
+    tx.execute(&stmt, &params).await?;
+    Ok(())
+}
+
+/// The first column of every row a `RETURNING id` gave back.
+fn returned_ids(rows: Vec<tokio_postgres::Row>) -> HashSet<String> {
+    rows.into_iter()
+        .map(|row| row.get::<_, String>(0))
+        .collect()
+}

@@ -1,0 +1,114 @@
+//! The one error shape of the buyers' API: `{"error": {"code", "message"}}` with a stable code,
+//! and how a refusal of the reserve script maps onto it.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::domain::ids::is_valid_id;
+use crate::domain::ValidationError;
+use crate::redis::ReserveResult;
+
+/// A JSON error with a stable code: `{"error": {"code", "message"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+    pub(super) fn invalid(e: ValidationError) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST", e.to_string())
+    }
+    pub(super) fn unavailable(what: &str) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "UNAVAILABLE",
+            format!("{what} is unavailable; retry with the same request_id"),
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (
+            self.status,
+            Json(json!({"error": {"code": self.code, "message": self.message}})),
+        )
+            .into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            resp.headers_mut()
+                .insert("retry-after", axum::http::HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+/// A path id this system minted (`rsv_<ULID>`, `ord_<ULID>`), or a 400.
+pub(super) fn require_id(prefix: &str, name: &str, id: &str) -> Result<(), ApiError> {
+    if is_valid_id(prefix, id) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+            format!("{name} must look like {prefix}_<ULID>"),
+        ))
+    }
+}
+
+/// A refusal of the reserve script as the buyer sees it. The two successes (reserved, the
+/// same request again) are answered 202 by the route and never come here; if one did, it is
+/// a bug, answered 500 rather than a wrong refusal.
+impl From<ReserveResult> for ApiError {
+    fn from(r: ReserveResult) -> Self {
+        match r {
+            ReserveResult::AlreadyPurchased { .. } => ApiError::new(
+                StatusCode::CONFLICT,
+                "ALREADY_PURCHASED",
+                "this buyer already holds a reservation for this SKU",
+            ),
+            ReserveResult::RequestIdReused { sku_id: first, .. } => ApiError::new(
+                StatusCode::CONFLICT,
+                "REQUEST_ID_REUSED",
+                format!(
+                    "this buyer already used this request_id for SKU {first} of the activity; \
+                     a new purchase needs a new request_id"
+                ),
+            ),
+            ReserveResult::SoldOut => ApiError::new(StatusCode::GONE, "SOLD_OUT", "sold out"),
+            ReserveResult::NotStarted => ApiError::new(
+                StatusCode::TOO_EARLY,
+                "NOT_STARTED",
+                "the sale has not started",
+            ),
+            ReserveResult::Ended => {
+                ApiError::new(StatusCode::FORBIDDEN, "ENDED", "the sale has ended")
+            }
+            ReserveResult::Paused => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "SALE_PAUSED",
+                "the sale is paused by an operator",
+            ),
+            ReserveResult::NotFound => ApiError::new(
+                StatusCode::NOT_FOUND,
+                "ACTIVITY_NOT_FOUND",
+                "no such activity or SKU",
+            ),
+            ReserveResult::Reserved(_) | ReserveResult::Duplicate(_) => ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "INTERNAL",
+                "unexpected reservation result",
+            ),
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! `seckill api`: the buyers' HTTP API and the hot path
+//! (docs/ARCHITECTURE.md#the-hot-path).
+//!
+//! A reservation request mints its ids first, reserves atomically in Redis with one Lua
+//! script, then sends ORDER_CREATE_REQUESTED with a bounded synchronous send and turns the
+//! outcome into a Lua state transition: CONFIRMED → MQ_SENT; UNKNOWN → stays MQ_PENDING
+//! with a re-send scheduled (stock is never given back); DEFINITE_FAILURE → MQ_FAILED and
+//! the reservation released once. The buyer gets 202 QUEUED and polls the GET endpoints.
+//!
+//! - `reserve`: the reservation route, parse → admit → reserve → send and record;
+//! - `queries`: the buyer's GET routes and payment;
+//! - `error`: the JSON error every route answers with, and how results map onto it;
+//! - `admission`: fail-closed admission, the background check that pauses new reservations.
+
+mod admission;
+mod error;
+mod queries;
+mod reserve;
+
+pub use admission::Admission;
+pub use error::ApiError;
+pub use reserve::reservation_event;
+
+use std::future::IntoFuture;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::{Names, Settings};
+use crate::mq::lag::LagSource;
+use crate::mq::Publisher;
+use crate::redis::RedisStore;
+use crate::telemetry::{metrics_handle, Readiness};
+
+/// Everything a request handler needs; cheap to clone.
+#[derive(Clone)]
+pub struct ApiState {
+    pub settings: Arc<Settings>,
+    pub names: Arc<Names>,
+    pub redis: RedisStore,
+    pub pg: deadpool_postgres::Pool,
+    pub publisher: Arc<dyn Publisher>,
+    /// Bounds reservation requests in flight; beyond it the API sheds load with 503.
+    pub inflight: Arc<Semaphore>,
+    pub ready: Readiness,
+    /// Fail-closed admission, updated by the background checker.
+    pub admission: Arc<Admission>,
+    /// Where the checker reads the order-create lag (`None`: pending age only).
+    pub lag: Option<LagSource>,
+}
+
+/// The buyers' router plus `/metrics`, `/healthz`, `/readyz`.
+pub fn router(state: ApiState) -> Router {
+    let handle = metrics_handle();
+    Router::new()
+        .route(
+            "/v1/activities/{activity_id}/skus/{sku_id}/reservations",
+            post(reserve::reserve),
+        )
+        .route(
+            "/v1/reservations/{reservation_id}",
+            get(queries::get_reservation),
+        )
+        .route("/v1/orders/{order_id}", get(queries::get_order))
+        .route("/v1/orders/{order_id}/pay", post(queries::pay_order))
+        .route("/metrics", get(move || async move { handle.render() }))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "NOT_FOUND", "no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "METHOD_NOT_ALLOWED",
+                "method not allowed on this route",
+            )
+        })
+        .with_state(state)
+}
+
+async fn readyz(State(s): State<ApiState>) -> Response {
+    if s.ready.get() && s.redis.ping().await.is_ok() {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
+    }
+}
+
+/// other bad input, never axum's plain-text one.
+struct IdPath<T>(T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> FromRequestParts<S> for IdPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Path(t)| IdPath(t))
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "INVALID_REQUEST",
+                    format!("bad path: {}", e.body_text()),
+                )
+            })
+    }
+}
+
+pub async fn build_state(
+    settings: Arc<Settings>,
+    publisher: Arc<dyn Publisher>,
+) -> anyhow::Result<ApiState> {
+    let redis = RedisStore::connect(&settings.redis).await?;
+    let pg = crate::pg::connect_pool(&settings.pg, settings.pg.api_pool_size).await?;
+    Ok(ApiState {
+        names: Arc::new(settings.names()),
+        inflight: Arc::new(Semaphore::new(settings.api.max_inflight)),
+        settings,
+        redis,
+        pg,
+        publisher,
+        ready: Readiness::default(),
+        admission: Default::default(),
+        lag: None,
+    })
+}
+
+/// Serves until `shutdown` fires, then stops accepting and drains in-flight requests
+/// (bounded by `api.shutdown_grace_secs`).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: ApiState,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let grace = Duration::from_secs(state.settings.api.shutdown_grace_secs);
+    let api = &state.settings.api;
+    let bound = Duration::from_secs_f64(api.reservation_valid_secs as f64 * api.fail_closed_share);
+    tokio::spawn(admission::run_checker(
+        state.admission.clone(),
+        state.redis.clone(),
+        state.lag.clone(),
+        bound,
+        Duration::from_millis(api.admission_check_ms),
+        shutdown.clone(),
+    ));
+    state.ready.set(true);
+    let ready = state.ready.clone();
+    let app = router(state);
+    let stop = shutdown.clone();
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        stop.cancelled().await;
+        ready.set(false);
+    });
+    let mut server = std::pin::pin!(server.into_future());
+    tokio::select! {
+        r = &mut server => return r.map_err(Into::into),
+        _ = shutdown.cancelled() => {}
+    }
+    match tokio::time::timeout(grace, server).await {
+        Ok(r) => r.map_err(Into::into),
+        Err(_) => {
+            warn!(
+                grace_secs = grace.as_secs(),
+                "shutdown grace elapsed with requests in flight"
+            );
+            Ok(())
+        }
+    }
+}
+
+/// `seckill api`.
+pub async fn run(settings: Settings) -> anyhow::Result<()> {
+    let settings = Arc::new(settings);
+    let mq = crate::mq::hot_path_publisher(&settings).await?;
+    let mut state = build_state(settings.clone(), mq).await?;
+    let names = settings.names();
+    state.lag = Some(LagSource {
+        probe: Arc::new(
+            crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server)
+                .await?,
+        ),
+        group: names.order_create_group,
+        topic: names.order_create_topic,
+    });
+    let addr = settings.api.listen;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("api.listen: cannot bind {addr}: {e}"))?;
+    info!(%addr, topic = %state.names.order_create_topic, "api listening");
+    let shutdown = CancellationToken::new();
+    let trigger = shutdown.clone();
+    tokio::spawn(async move {
+        crate::shutdown::shutdown_signal().await;
+        info!("shutdown signal: draining in-flight requests");
+        trigger.cancel();
+    });
+    serve(listener, state, shutdown).await?;
+    info!("api stopped");
+    Ok(())
+}

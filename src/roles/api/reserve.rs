@@ -1,0 +1,323 @@
+//! The reservation route: parse → admit → reserve in Redis → send ORDER_CREATE_REQUESTED and
+//! record the send's outcome (docs/ARCHITECTURE.md#the-hot-path).
+
+use std::time::{Duration, Instant};
+
+use axum::body::{to_bytes, Body};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{TimeZone, Utc};
+use serde_json::json;
+use tracing::{debug, info, warn};
+
+use super::{ApiError, ApiState, IdPath};
+use crate::domain::event::ReservationFacts;
+use crate::domain::event::TAG_CREATE_ORDER;
+use crate::domain::ids::{new_traceparent, parse_traceparent};
+use crate::domain::request::parse_path_id;
+use crate::domain::{Ids, OrderCreateRequested, ReserveRequest, TraceContext, ValidationError};
+use crate::mq::{order_create_message, SendOutcome};
+use crate::redis::{ReservationView, ReserveArgs, ReserveResult};
+
+fn queued_body(v: &ReservationView, duplicate: bool) -> serde_json::Value {
+    json!({
+        "status": "QUEUED",
+        "reservation_id": v.reservation_id,
+        "order_id": v.order_id,
+        "valid_until": Utc.timestamp_millis_opt(v.valid_until_ms).single(),
+        "duplicate": duplicate,
+    })
+}
+
+pub(super) async fn reserve(
+    State(s): State<ApiState>,
+    IdPath((activity, sku)): IdPath<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let started = Instant::now();
+    let (result, resp) = match reserve_inner(&s, &activity, &sku, &headers, body).await {
+        Ok((label, resp)) => (label, resp),
+        Err(e) => (e.code, e.into_response()),
+    };
+    metrics::counter!("reservation_total", "result" => result).increment(1);
+    metrics::histogram!("http_request_duration_seconds", "route" => "reserve")
+        .record(started.elapsed().as_secs_f64());
+    resp
+}
+
+/// The ORDER_CREATE_REQUESTED event of a fresh reservation (first send, from the API).
+pub fn reservation_event(
+    a: &ReserveArgs<'_>,
+    quantity: i32,
+    valid_until_ms: i64,
+    trace: TraceContext,
+) -> OrderCreateRequested {
+    let reserved_at = Utc
+        .timestamp_millis_opt(a.now_ms)
+        .single()
+        .unwrap_or_else(Utc::now);
+    let facts = ReservationFacts {
+        message_id: a.message_id,
+        request_id: a.request_id,
+        reservation_id: a.reservation_id,
+        order_id: a.order_id,
+        activity_id: a.activity_id,
+        sku_id: a.sku_id,
+        user_id: a.user_id,
+        quantity,
+        created_at: reserved_at,
+        valid_until: Utc
+            .timestamp_millis_opt(valid_until_ms)
+            .single()
+            .unwrap_or(reserved_at),
+    };
+    OrderCreateRequested::new(&facts, "seckill-api", 0, trace)
+}
+
+async fn reserve_inner(
+    s: &ApiState,
+    activity: &str,
+    sku: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(&'static str, Response), ApiError> {
+    let _permit = s.inflight.clone().try_acquire_owned().map_err(|_| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "OVERLOADED",
+            "too many requests in flight; retry shortly",
+        )
+    })?;
+    let activity_id = parse_path_id(activity, "activity_id").map_err(ApiError::invalid)?;
+    let sku_id = parse_path_id(sku, "sku_id").map_err(ApiError::invalid)?;
+    admit(s)?;
+    let req = read_request(s, body).await?;
+    // Ids and trace first: every later retry of this reservation reuses them.
+    let ids = Ids::generate();
+    let trace = trace_context(headers);
+    let now_ms = Utc::now().timestamp_millis();
+    let api = &s.settings.api;
+    // The scanner must not pick the reservation up while this request is still sending it.
+    let next_retry_at_ms = now_ms + (s.settings.mq.send_timeout_ms + api.resend_backoff_ms) as i64;
+    let args = ReserveArgs {
+        activity_id,
+        sku_id,
+        user_id: req.user_id,
+        request_id: &req.request_id,
+        reservation_id: &ids.reservation_id,
+        message_id: &ids.message_id,
+        order_id: &ids.order_id,
+        now_ms,
+        next_retry_at_ms,
+        traceparent: &trace.traceparent,
+        valid_secs: api.reservation_valid_secs,
+    };
+    let view = match reserve_in_redis(s, &args).await? {
+        ReserveResult::Reserved(v) => v,
+        ReserveResult::Duplicate(v) => {
+            return Ok((
+                "duplicate_request",
+                (StatusCode::ACCEPTED, Json(queued_body(&v, true))).into_response(),
+            ))
+        }
+        refused => return Err(ApiError::from(refused)),
+    };
+    send_and_record(s, &args, req.quantity, &view, &trace).await
+}
+
+/// A sale an operator or the fail-closed check has paused takes no new reservation.
+fn admit(s: &ApiState) -> Result<(), ApiError> {
+    match s.admission.paused() {
+        Some(reason) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "SALE_PAUSED",
+            format!("new reservations are paused: {reason}"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The body, bounded by `api.max_body_bytes`, parsed and validated.
+async fn read_request(s: &ApiState, body: Body) -> Result<ReserveRequest, ApiError> {
+    let max = s.settings.api.max_body_bytes;
+    let bytes = to_bytes(body, max)
+        .await
+        .map_err(|_| ApiError::invalid(ValidationError::TooLarge(max)))?;
+    ReserveRequest::parse(&bytes).map_err(ApiError::invalid)
+}
+
+/// The caller's `traceparent` when it is valid, a fresh one otherwise.
+fn trace_context(headers: &HeaderMap) -> TraceContext {
+    let (trace_id, span_id, traceparent) = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|tp| parse_traceparent(tp).map(|(t, sp)| (t, sp, tp.trim().to_string())))
+        .unwrap_or_else(new_traceparent);
+    TraceContext {
+        trace_id,
+        span_id,
+        traceparent,
+    }
+}
+
+/// The reserve script; a Redis failure is a 503 that loses nothing (the buyer retries with the
+/// same request_id).
+async fn reserve_in_redis(s: &ApiState, args: &ReserveArgs<'_>) -> Result<ReserveResult, ApiError> {
+    s.redis.reserve(args).await.map_err(|e| {
+        warn!(error = %e, request_id = %args.request_id, user_id = args.user_id, "reserve script failed");
+        ApiError::unavailable("the reservation store")
+    })
+}
+
+/// Sends the reservation's ORDER_CREATE_REQUESTED (bounded) and records the outcome in Redis:
+/// CONFIRMED → MQ_SENT, UNKNOWN → a re-send scheduled, DEFINITE_FAILURE → released.
+async fn send_and_record(
+    s: &ApiState,
+    args: &ReserveArgs<'_>,
+    quantity: i32,
+    view: &ReservationView,
+    trace: &TraceContext,
+) -> Result<(&'static str, Response), ApiError> {
+    // Fault-injection point: the process dies after the reservation, before the send
+    // (`FAILPOINTS=api-after-reserve-before-send=return` aborts like a SIGKILL).
+    fail::fail_point!("api-after-reserve-before-send", |_| std::process::abort());
+
+    let trace_id = trace.trace_id.clone();
+    let event = reservation_event(args, quantity, view.valid_until_ms, trace.clone());
+    let msg = order_create_message(&s.names.order_create_topic, &event);
+    let send_timeout = s.settings.mq.send_timeout_ms;
+    let send_started = Instant::now();
+    let location_ttl =
+        s.settings.api.reservation_valid_secs + crate::redis::RESERVATION_TTL_MARGIN_SECS;
+    let (outcome, location) = tokio::join!(
+        s.publisher.send(msg, send_timeout),
+        s.redis
+            .set_location(args.reservation_id, args.activity_id, location_ttl)
+    );
+    let sent = Sent {
+        latency: send_started.elapsed(),
+        done_ms: Utc::now().timestamp_millis(),
+        trace_id,
+    };
+    metrics::counter!("mq_publish_total", "topic" => "order_create", "outcome" => outcome.label())
+        .increment(1);
+    metrics::histogram!("mq_publish_latency_seconds", "topic" => "order_create")
+        .record(sent.latency.as_secs_f64());
+    if let Err(e) = location {
+        // Only lookups by id need it; the GET falls back to PostgreSQL once the order exists.
+        warn!(reservation_id = %args.reservation_id, error = %e, "could not record reservation location");
+    }
+    match &outcome {
+        SendOutcome::Confirmed { broker_msg_id } => {
+            record_confirmed(s, args, broker_msg_id, &sent).await;
+            Ok((
+                "queued",
+                (StatusCode::ACCEPTED, Json(queued_body(view, false))).into_response(),
+            ))
+        }
+        SendOutcome::Unknown { error } => {
+            record_unknown(s, args, error, &sent).await;
+            Ok((
+                "queued_unknown",
+                (StatusCode::ACCEPTED, Json(queued_body(view, false))).into_response(),
+            ))
+        }
+        SendOutcome::DefiniteFailure { error } => {
+            record_definite_failure(s, args, error, &sent).await;
+            Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ORDER_QUEUE_UNAVAILABLE",
+                "the order queue refused the request; nothing was reserved, retry later",
+            ))
+        }
+    }
+}
+
+/// What the first send of a reservation took, for its log line.
+struct Sent {
+    latency: Duration,
+    done_ms: i64,
+    trace_id: String,
+}
+
+/// The broker stored the message: MQ_PENDING → MQ_SENT. A failed CAS is harmless: the scanner
+/// re-sends with the same message_id and the consumer's inbox absorbs the duplicate.
+async fn record_confirmed(s: &ApiState, a: &ReserveArgs<'_>, broker_msg_id: &str, sent: &Sent) {
+    // Fault-injection point: the broker stored the message, the process dies before recording
+    // it (`api-after-send-before-mark=return` aborts like a SIGKILL).
+    fail::fail_point!("api-after-send-before-mark", |_| std::process::abort());
+    let cas = s
+        .redis
+        .mark_sent(
+            a.activity_id,
+            a.reservation_id,
+            a.message_id,
+            broker_msg_id,
+            sent.done_ms,
+        )
+        .await;
+    if let Err(e) = &cas {
+        warn!(reservation_id = %a.reservation_id, message_id = %a.message_id, error = %e,
+              "mark MQ_SENT failed; the scanner will re-send");
+    }
+    debug!(
+        message_id = %a.message_id, reservation_id = %a.reservation_id,
+        order_id = %a.order_id, request_id = %a.request_id, user_id = a.user_id,
+        activity_id = a.activity_id, sku_id = a.sku_id, topic = %s.names.order_create_topic,
+        tag = TAG_CREATE_ORDER, send_attempt = 1,
+        send_outcome = "CONFIRMED", broker_message_id = %broker_msg_id,
+        send_latency_ms = sent.latency.as_secs_f64() * 1000.0, trace_id = %sent.trace_id,
+        "reservation queued"
+    );
+}
+
+/// The broker may or may not have stored it: the reservation stays MQ_PENDING with a re-send
+/// scheduled, and its unit is never given back on this path.
+async fn record_unknown(s: &ApiState, a: &ReserveArgs<'_>, error: &str, sent: &Sent) {
+    metrics::counter!("mq_publish_unknown_total", "topic" => "order_create").increment(1);
+    let next = sent.done_ms + s.settings.api.resend_backoff_ms as i64;
+    if let Err(e) = s
+        .redis
+        .schedule_resend(a.activity_id, a.reservation_id, a.message_id, next, error)
+        .await
+    {
+        // The reservation still sits in the pending index with its first retry time.
+        warn!(reservation_id = %a.reservation_id, error = %e, "schedule re-send failed");
+    }
+    info!(
+        message_id = %a.message_id, reservation_id = %a.reservation_id,
+        order_id = %a.order_id, request_id = %a.request_id, user_id = a.user_id,
+        activity_id = a.activity_id, sku_id = a.sku_id, topic = %s.names.order_create_topic,
+        send_attempt = 1, send_outcome = "UNKNOWN",
+        error_class = "send_unknown", error = %error, trace_id = %sent.trace_id,
+        send_latency_ms = sent.latency.as_secs_f64() * 1000.0,
+        "send result unknown; reservation kept MQ_PENDING for re-send"
+    );
+}
+
+/// The broker refused the message for good: MQ_FAILED and the reservation released once.
+async fn record_definite_failure(s: &ApiState, a: &ReserveArgs<'_>, error: &str, sent: &Sent) {
+    let released = s
+        .redis
+        .mark_failed(
+            a.activity_id,
+            a.sku_id,
+            a.reservation_id,
+            a.message_id,
+            error,
+            sent.done_ms,
+        )
+        .await;
+    tracing::error!(
+        message_id = %a.message_id, reservation_id = %a.reservation_id,
+        order_id = %a.order_id, request_id = %a.request_id, user_id = a.user_id,
+        activity_id = a.activity_id, sku_id = a.sku_id, topic = %s.names.order_create_topic,
+        send_attempt = 1, send_outcome = "DEFINITE_FAILURE",
+        error_class = "send_definite_failure",
+        error = %error, release = ?released.as_ref().ok(), trace_id = %sent.trace_id,
+        "order queue refused the message; reservation released"
+    );
+}

@@ -1,0 +1,120 @@
+//! DLQ intake: one consumer per group's `%DLQ%` topic records every message that group gave up
+//! on in PostgreSQL for an operator (`seckill dlq`), and keeps the DLQ gauges current.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{error, warn};
+
+use crate::config::Settings;
+use crate::mq::{BatchHandler, ConsumeDecision, Delivery};
+use crate::pg::dlq;
+
+/// Records the dead letters of one group.
+pub struct DlqIntake {
+    pub pool: deadpool_postgres::Pool,
+    /// The group whose `%DLQ%` topic this consumes.
+    pub source_group: String,
+    /// The topic that group consumes (the dead letters' original topic).
+    pub source_topic: String,
+}
+
+#[async_trait::async_trait]
+impl BatchHandler for DlqIntake {
+    async fn handle(&self, batch: Vec<Delivery>) -> ConsumeDecision {
+        let client = match self.pool.get().await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %e, "DLQ intake cannot reach PostgreSQL; will be redelivered");
+                return ConsumeDecision::Retry;
+            }
+        };
+        for d in &batch {
+            match dlq::intake(&**client, &self.source_group, &self.source_topic, d).await {
+                Ok(true) => {
+                    metrics::counter!("mq_dlq_intake_total").increment(1);
+                    error!(
+                        consumer_group = %self.source_group, topic = %self.source_topic,
+                        message_id = d.properties.get("message_id").map(String::as_str).unwrap_or(""),
+                        reservation_id = d.properties.get("reservation_id").map(String::as_str).unwrap_or(""),
+                        order_id = d.properties.get("order_id").map(String::as_str).unwrap_or(""),
+                        "message dead-lettered after its last retry; recorded for an operator"
+                    );
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    warn!(error = %e, "DLQ intake failed; will be redelivered");
+                    return ConsumeDecision::Retry;
+                }
+            }
+        }
+        ConsumeDecision::Ack
+    }
+}
+
+/// Starts one intake consumer per group with dead letters.
+pub async fn start_intakes(
+    settings: &Settings,
+    pool: deadpool_postgres::Pool,
+) -> anyhow::Result<Vec<crate::mq::rocketmq::ConsumerHandle>> {
+    let names = settings.names();
+    let mut handles = Vec::new();
+    for (group, topic) in names.dead_letter_sources() {
+        let intake = std::sync::Arc::new(DlqIntake {
+            pool: pool.clone(),
+            source_group: group.clone(),
+            source_topic: topic,
+        });
+        // One intake group over all DLQ topics would mix subscriptions; one group per source.
+        let intake_group = format!("{}_{}", names.dlq_intake_group, short(&group));
+        handles.push(
+            crate::mq::start_consumer(
+                settings,
+                &intake_group,
+                &crate::config::Names::dlq_topic(&group),
+                intake,
+                1,
+                16,
+            )
+            .await?,
+        );
+    }
+    Ok(handles)
+}
+
+/// A short, stable suffix for a group name (its purpose part).
+fn short(group: &str) -> &'static str {
+    if group.contains("ORDER_CREATE") {
+        "ORDER_CREATE"
+    } else if group.contains("COMPENSATE") {
+        "COMPENSATE"
+    } else if group.contains("TIMEOUT") {
+        "TIMEOUT"
+    } else {
+        "PROJECTION"
+    }
+}
+
+/// Keeps `mq_dlq_messages` and `mq_dlq_oldest_age_seconds` current until `shutdown`.
+pub async fn run_gauges(pool: deadpool_postgres::Pool, shutdown: CancellationToken) {
+    while !shutdown.is_cancelled() {
+        if let Ok(client) = pool.get().await {
+            if let Ok((open, oldest)) = dlq::open_stats(&**client).await {
+                metrics::gauge!("mq_dlq_messages").set(open as f64);
+                metrics::gauge!("mq_dlq_oldest_age_seconds").set(oldest);
+            }
+            // Replays run from the short-lived CLI, which nothing scrapes: the audit table is
+            // the record, and this long-running role exports it as a counter.
+            if let Ok(counts) = dlq::replay_counts(&**client).await {
+                for (result, n) in counts {
+                    metrics::counter!("mq_dlq_replay_total", "result" => result)
+                        .absolute(n.max(0) as u64);
+                }
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! `seckill scan`: the recovery loops that make every send eventually happen, and the
+//! retention of settled bookkeeping rows.
+//!
+//! - `resend`: the reservation re-send scanner (Redis → broker);
+//! - `relay`: the outbox relay (PostgreSQL → broker), woken by LISTEN/NOTIFY;
+//! - `retention`: deletes settled inbox, outbox and task rows past their retention.
+//!
+//! Several `scan` processes may run at once: the leases keep them out of each other's way.
+
+pub mod relay;
+pub mod resend;
+mod retention;
+
+pub use relay::{outbox_message, Relay};
+pub use resend::{event_from_reservation, ScanStats, Scanner};
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::Settings;
+use crate::redis::RedisStore;
+use crate::telemetry::Readiness;
+
+/// `seckill scan`.
+pub async fn run(settings: Settings) -> anyhow::Result<()> {
+    let settings = Arc::new(settings);
+    let sc = settings.scan.clone();
+    let redis = RedisStore::connect(&settings.redis).await?;
+    let pool = crate::pg::connect_pool(&settings.pg, 2).await?;
+    let publisher = crate::mq::connect_publisher(&settings).await?;
+    let ready = Readiness::default();
+    let shutdown = CancellationToken::new();
+    let ops =
+        crate::telemetry::serve_ops(sc.metrics_listen, ready.clone(), shutdown.clone()).await?;
+    let wake = Arc::new(Notify::new());
+    let listener = tokio::spawn(relay::listen(
+        settings.clone(),
+        wake.clone(),
+        shutdown.clone(),
+    ));
+    let scanner = Scanner::new(redis, publisher.clone(), settings.clone());
+    let relay = Relay::new(pool, publisher, settings.clone());
+    let scan_loop = tokio::spawn(scan_loop(
+        scanner,
+        Duration::from_millis(sc.scanner_poll_ms),
+        shutdown.clone(),
+    ));
+    let relay_loop = tokio::spawn(relay_loop(relay, wake, shutdown.clone()));
+    let retention_pool = crate::pg::connect_pool(&settings.pg, 1).await?;
+    let retention_loop = tokio::spawn(retention::run_loop(
+        retention_pool,
+        settings.retention.clone(),
+        shutdown.clone(),
+    ));
+    ready.set(true);
+    info!(owner_metrics = %sc.metrics_listen, "scan started: reservation scanner and outbox relay");
+    crate::shutdown::shutdown_signal().await;
+    info!("shutdown signal: finishing the current passes");
+    ready.set(false);
+    shutdown.cancel();
+    let grace = Duration::from_secs(sc.shutdown_grace_secs);
+    let _ = tokio::time::timeout(grace, async {
+        let _ = scan_loop.await;
+        let _ = relay_loop.await;
+        let _ = retention_loop.await;
+    })
+    .await;
+    let _ = listener.await;
+    let _ = ops.await;
+    info!("scan stopped");
+    Ok(())
+}
+
+/// Scanner passes back to back while they find work, every `poll` otherwise.
+async fn scan_loop(scanner: Scanner, poll: Duration, stop: CancellationToken) {
+    while !stop.is_cancelled() {
+        let busy = match scanner.scan_once().await {
+            Ok(s) => s.claimed > 0,
+            Err(e) => {
+                warn!(error = %e, "scanner pass failed");
+                false
+            }
+        };
+        if !busy {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(poll) => {}
+            }
+        }
+    }
+}
+
+/// Relay passes back to back while they fill a batch; otherwise until a NOTIFY or the poll
+/// interval. The outbox gauges are refreshed once a second.
+async fn relay_loop(relay: Relay, wake: Arc<Notify>, stop: CancellationToken) {
+    let mut last_observe = std::time::Instant::now() - Duration::from_secs(10);
+    while !stop.is_cancelled() {
+        let claimed = match relay.relay_once().await {
+            Ok(n) => n,
+            Err(e) => {
+                warn!(error = %e, "relay pass failed");
+                0
+            }
+        };
+        if last_observe.elapsed() >= Duration::from_secs(1) {
+            let _ = relay.observe().await;
+            last_observe = std::time::Instant::now();
+        }
+        if claimed < relay.settings.scan.relay_batch {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep(Duration::from_millis(relay.settings.scan.relay_poll_ms)) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! The outbox relay (docs/ARCHITECTURE.md#recovery-paths): claims PENDING outbox rows without
+//! blocking other relays, sends them (delayed ones with their deliver time), marks them SENT
+//! with the broker id, backs off on failure and marks a row DEAD after
+//! `scan.relay_max_attempts` (ERROR log, `outbox_dead_total`). It wakes on the writers' NOTIFY
+//! (`listen`) and polls as a fallback.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use futures::{StreamExt, TryStreamExt};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, warn};
+
+use crate::config::Settings;
+use crate::mq::{OutMessage, Publisher, SendOutcome};
+use crate::pg::outbox::{self, backoff_ms, OutboxRow, OUTBOX_CHANNEL};
+
+/// The outbox relay.
+pub struct Relay {
+    pool: deadpool_postgres::Pool,
+    publisher: Arc<dyn Publisher>,
+    pub(super) settings: Arc<Settings>,
+}
+
+/// The broker message for an outbox row: its event id is the `message_id` every consumer
+/// deduplicates on; order events carry their order id as the ordering key.
+pub fn outbox_message(row: &OutboxRow) -> OutMessage {
+    let mut properties = vec![
+        ("message_id".to_string(), row.event_id.clone()),
+        (
+            "event_type".to_string(),
+            row.payload["event_type"].as_str().unwrap_or("").to_string(),
+        ),
+    ];
+    if let Some(v) = row.aggregate_version {
+        properties.push(("aggregate_version".to_string(), v.to_string()));
+    }
+    if let Some(tp) = row.payload["traceparent"]
+        .as_str()
+        .filter(|t| !t.is_empty())
+    {
+        properties.push(("traceparent".to_string(), tp.to_string()));
+    }
+    let now_ms = Utc::now().timestamp_millis();
+    OutMessage {
+        topic: row.topic.clone(),
+        tag: row.tag.clone(),
+        keys: vec![row.message_key.clone()],
+        properties,
+        body: serde_json::to_vec(&row.payload).unwrap_or_default(),
+        // Past deliver times are sent as normal messages: the cancel is due now.
+        deliver_time_ms: row
+            .deliver_at
+            .map(|d| d.timestamp_millis())
+            .filter(|&ms| ms > now_ms + 1000),
+        // Events of one order go to one queue, in version order
+        // (docs/ARCHITECTURE.md#event-ordering).
+        sharding_key: if row.topic.ends_with("_SECKILL_ORDER_EVENT_V1") {
+            row.aggregate_id.clone()
+        } else {
+            None
+        },
+    }
+}
+
+impl Relay {
+    pub fn new(
+        pool: deadpool_postgres::Pool,
+        publisher: Arc<dyn Publisher>,
+        settings: Arc<Settings>,
+    ) -> Self {
+        Self {
+            pool,
+            publisher,
+            settings,
+        }
+    }
+
+    /// Claims one batch, sends it and records the outcomes. Returns the rows claimed.
+    pub async fn relay_once(&self) -> anyhow::Result<usize> {
+        let sc = &self.settings.scan;
+        let client = self.pool.get().await?;
+        let rows =
+            outbox::claim(&**client, sc.relay_batch as i64, sc.relay_lease_secs as f64).await?;
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        let claimed = rows.len();
+        let outcomes = self.send_rows(rows).await;
+        // Fault-injection point: the relay dies after the send, before marking SENT.
+        fail::fail_point!("relay-after-send-before-mark", |_| std::process::abort());
+        let mut sent: Vec<(String, String)> = Vec::new();
+        let mut failed: Vec<outbox::Failure> = Vec::new();
+        for (row, outcome) in outcomes {
+            metrics::counter!("outbox_publish_total", "tag" => tag_label(&row.tag), "outcome" => outcome.label())
+                .increment(1);
+            match outcome {
+                SendOutcome::Confirmed { broker_msg_id } => {
+                    sent.push((row.event_id, broker_msg_id))
+                }
+                SendOutcome::Unknown { error } | SendOutcome::DefiniteFailure { error } => {
+                    let dead = row.attempts >= sc.relay_max_attempts;
+                    let wait = backoff_ms(
+                        row.attempts,
+                        sc.relay_backoff_base_ms,
+                        sc.relay_backoff_cap_ms,
+                    );
+                    if dead {
+                        metrics::counter!("outbox_dead_total", "tag" => tag_label(&row.tag))
+                            .increment(1);
+                        error!(event_id = %row.event_id, topic = %row.topic, tag = %row.tag,
+                               attempts = row.attempts, error = %error,
+                               "outbox event DEAD after its last attempt; operator action needed");
+                    } else {
+                        warn!(event_id = %row.event_id, topic = %row.topic, attempts = row.attempts,
+                              retry_in_ms = wait, error = %error, "outbox send failed; will retry");
+                    }
+                    failed.push(outbox::Failure {
+                        event_id: row.event_id,
+                        error,
+                        backoff_ms: wait as i64,
+                        dead,
+                    });
+                }
+            }
+        }
+        // Both outcomes in one round trip (pipelined on the one connection).
+        let (marked, failures) = futures::join!(
+            outbox::mark_sent(&**client, &sent),
+            outbox::mark_failed(&**client, &failed)
+        );
+        marked?;
+        failures?;
+        Ok(claimed)
+    }
+
+    /// Sends claimed rows; one outcome per row. Immediate messages go out in one
+    /// [`Publisher::send_batch`] call, which the producer turns into one broker batch per queue
+    /// (an order's events share a queue, in version order); timer messages (a future deliver
+    /// time), which the broker takes only one per call, go out `send_concurrency` at a time
+    /// meanwhile.
+    async fn send_rows(&self, rows: Vec<OutboxRow>) -> Vec<(OutboxRow, SendOutcome)> {
+        let timeout = self.settings.mq.send_timeout_ms;
+        let (mut immediate, mut timed) = (Vec::new(), Vec::new());
+        for row in rows {
+            let msg = outbox_message(&row);
+            if msg.deliver_time_ms.is_some() {
+                timed.push((row, msg));
+            } else {
+                immediate.push((row, msg));
+            }
+        }
+        let batch = async {
+            if immediate.is_empty() {
+                return Vec::new();
+            }
+            let (rows, msgs): (Vec<OutboxRow>, Vec<OutMessage>) = immediate.into_iter().unzip();
+            let outcomes = self.publisher.send_batch(msgs, timeout).await;
+            rows.into_iter().zip(outcomes).collect::<Vec<_>>()
+        };
+        let singles = futures::stream::iter(timed)
+            .map(|(row, msg)| async move { (row, self.publisher.send(msg, timeout).await) })
+            .buffer_unordered(self.settings.scan.send_concurrency)
+            .collect::<Vec<_>>();
+        let (mut out, singles) = tokio::join!(batch, singles);
+        out.extend(singles);
+        out
+    }
+
+    /// Updates the backlog gauges.
+    pub async fn observe(&self) -> anyhow::Result<()> {
+        let client = self.pool.get().await?;
+        let (pending, oldest, dead) = outbox::backlog(&**client).await?;
+        metrics::gauge!("outbox_pending").set(pending as f64);
+        metrics::gauge!("outbox_pending_oldest_age_seconds").set(oldest);
+        metrics::gauge!("outbox_dead").set(dead as f64);
+        Ok(())
+    }
+}
+
+/// Bounded label for an outbox tag.
+fn tag_label(tag: &str) -> &'static str {
+    match tag {
+        "ORDER_CREATED" => "ORDER_CREATED",
+        "ORDER_PAID" => "ORDER_PAID",
+        "ORDER_CANCELED" => "ORDER_CANCELED",
+        "CANCEL_IF_UNPAID" => "CANCEL_IF_UNPAID",
+        "RELEASE_RESERVATION" => "RELEASE_RESERVATION",
+        _ => "OTHER",
+    }
+}
+
+/// Holds a LISTEN connection and wakes the relay on every NOTIFY; reconnects on loss.
+pub(super) async fn listen(
+    settings: Arc<Settings>,
+    wake: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
+    while !shutdown.is_cancelled() {
+        let cfg = match crate::pg::pg_config(&settings.pg) {
+            Ok(c) => c,
+            Err(_) => return,
+        };
+        match cfg.connect(tokio_postgres::NoTls).await {
+            Ok((client, mut conn)) => {
+                let messages = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
+                let wake2 = wake.clone();
+                let mut driver = tokio::spawn(async move {
+                    let _ = messages
+                        .try_for_each(|m| {
+                            if let tokio_postgres::AsyncMessage::Notification(_) = m {
+                                wake2.notify_one();
+                            }
+                            futures::future::ready(Ok(()))
+                        })
+                        .await;
+                });
+                if client
+                    .batch_execute(&format!("LISTEN {OUTBOX_CHANNEL}"))
+                    .await
+                    .is_ok()
+                {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => { driver.abort(); return; }
+                        _ = &mut driver => {}
+                    }
+                }
+                warn!("outbox LISTEN connection lost; polling until it is back");
+            }
+            Err(e) => warn!(error = %e, "cannot open the outbox LISTEN connection"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! The reservation re-send scanner (docs/ARCHITECTURE.md#recovery-paths): leases due
+//! reservations from each activity's pending index (Lua, a bounded batch, an owner and a
+//! lease), re-sends ORDER_CREATE_REQUESTED with the **same message_id**, and marks the outcome:
+//! CONFIRMED → MQ_SENT; UNKNOWN → rescheduled with exponential backoff and jitter (stock
+//! kept); DEFINITE_FAILURE → MQ_FAILED and released once. A dead scanner's leases expire and
+//! another scanner takes the work over.
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use futures::StreamExt;
+use tracing::{error, info, warn};
+
+use crate::config::{Names, Settings};
+use crate::domain::event::ReservationFacts;
+use crate::domain::{OrderCreateRequested, TraceContext};
+use crate::mq::{order_create_message, Publisher, SendOutcome};
+use crate::pg::outbox::backoff_ms;
+use crate::redis::reservation::ReservationHash;
+use crate::redis::RedisStore;
+
+/// What one scanner pass did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ScanStats {
+    pub claimed: usize,
+    pub confirmed: usize,
+    pub unknown: usize,
+    pub failed: usize,
+    /// Activities taken off the work list in this pass (ended, nothing pending).
+    pub retired: usize,
+}
+
+/// The reservation re-send scanner.
+pub struct Scanner {
+    redis: RedisStore,
+    publisher: Arc<dyn Publisher>,
+    settings: Arc<Settings>,
+    names: Names,
+    /// Lease owner id: host, pid and a random part, unique per scanner instance.
+    owner: String,
+}
+
+fn owner_id(kind: &str) -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "host".to_string());
+    format!("{kind}-{host}-{}-{}", std::process::id(), ulid::Ulid::new())
+}
+
+/// Rebuilds the original event from the reservation hash (the same ids, a higher retry count).
+pub fn event_from_reservation(
+    f: &std::collections::HashMap<String, String>,
+) -> Option<OrderCreateRequested> {
+    let r = ReservationHash::parse(f)?;
+    let (trace_id, span_id) =
+        crate::domain::ids::parse_traceparent(&r.traceparent).unwrap_or_default();
+    let facts = ReservationFacts {
+        message_id: &r.message_id,
+        request_id: &r.request_id,
+        reservation_id: &r.reservation_id,
+        order_id: &r.order_id,
+        activity_id: r.activity_id,
+        sku_id: r.sku_id,
+        user_id: r.user_id,
+        quantity: 1,
+        created_at: r.created_at,
+        valid_until: r.valid_until,
+    };
+    let trace = TraceContext {
+        trace_id,
+        span_id,
+        traceparent: r.traceparent.clone(),
+    };
+    let retry_count = (r.send_attempt - 1).max(0) as i32;
+    Some(OrderCreateRequested::new(
+        &facts,
+        "seckill-scan",
+        retry_count,
+        trace,
+    ))
+}
+
+impl Scanner {
+    pub fn new(redis: RedisStore, publisher: Arc<dyn Publisher>, settings: Arc<Settings>) -> Self {
+        Self {
+            names: settings.names(),
+            redis,
+            publisher,
+            settings,
+            owner: owner_id("scanner"),
+        }
+    }
+
+    /// One pass over every activity: claim what is due, re-send, record the outcome.
+    pub async fn scan_once(&self) -> anyhow::Result<ScanStats> {
+        let mut stats = ScanStats::default();
+        let sc = &self.settings.scan;
+        let mut pending_total = 0i64;
+        let mut oldest_ms: Option<i64> = None;
+        for activity_id in self.redis.activities().await? {
+            let now_ms = Utc::now().timestamp_millis();
+            let claimed = self
+                .redis
+                .claim_due(
+                    activity_id,
+                    now_ms,
+                    sc.scanner_batch,
+                    &self.owner,
+                    sc.scanner_lease_ms,
+                )
+                .await?;
+            if claimed.retire {
+                // Ended long ago with nothing pending: no pass needs to look at it again.
+                self.redis.retire_activity(activity_id).await?;
+                stats.retired += 1;
+                info!(
+                    activity_id,
+                    "activity ended with nothing pending; off the scanner's list"
+                );
+                continue;
+            }
+            let claims = claimed.reservations;
+            stats.claimed += claims.len();
+            // Fault-injection point: a scanner dies holding its leases.
+            fail::fail_point!("scanner-holding-lease", |_| std::process::abort());
+            let results: Vec<(&'static str, String)> = futures::stream::iter(claims)
+                .map(|fields| self.resend(activity_id, fields))
+                .buffer_unordered(sc.send_concurrency)
+                .collect()
+                .await;
+            for (outcome, _) in &results {
+                match *outcome {
+                    "confirmed" => stats.confirmed += 1,
+                    "unknown" => stats.unknown += 1,
+                    _ => stats.failed += 1,
+                }
+            }
+            let (count, oldest) = self.redis.pending_stats(activity_id).await?;
+            pending_total += count;
+            if let Some(o) = oldest {
+                oldest_ms = Some(oldest_ms.map_or(o, |cur: i64| cur.min(o)));
+            }
+        }
+        metrics::gauge!("reservation_mq_pending").set(pending_total as f64);
+        let age = oldest_ms
+            .map(|o| (Utc::now().timestamp_millis() - o).max(0) as f64 / 1000.0)
+            .unwrap_or(0.0);
+        metrics::gauge!("reservation_mq_pending_oldest_age_seconds").set(age);
+        Ok(stats)
+    }
+
+    async fn resend(
+        &self,
+        activity_id: i64,
+        fields: std::collections::HashMap<String, String>,
+    ) -> (&'static str, String) {
+        let rid = fields.get("reservation_id").cloned().unwrap_or_default();
+        let Some(event) = event_from_reservation(&fields) else {
+            error!(reservation_id = %rid, activity_id, "reservation hash is incomplete; cannot re-send");
+            return ("invalid", rid);
+        };
+        let attempt = event.retry_count + 1;
+        let msg = order_create_message(&self.names.order_create_topic, &event);
+        let outcome = self
+            .publisher
+            .send(msg, self.settings.mq.send_timeout_ms)
+            .await;
+        metrics::counter!("reservation_resend_total", "outcome" => outcome.label()).increment(1);
+        metrics::counter!("mq_publish_total", "topic" => "order_create", "outcome" => outcome.label())
+            .increment(1);
+        let now_ms = Utc::now().timestamp_millis();
+        let label = outcome.label();
+        let result = match &outcome {
+            SendOutcome::Confirmed { broker_msg_id } => self
+                .redis
+                .mark_sent(activity_id, &rid, &event.message_id, broker_msg_id, now_ms)
+                .await
+                .map(|_| ()),
+            SendOutcome::Unknown { error } => {
+                metrics::counter!("mq_publish_unknown_total", "topic" => "order_create")
+                    .increment(1);
+                let wait = backoff_ms(
+                    attempt,
+                    self.settings.api.resend_backoff_ms,
+                    self.settings.scan.resend_backoff_cap_ms,
+                );
+                self.redis
+                    .schedule_resend(
+                        activity_id,
+                        &rid,
+                        &event.message_id,
+                        now_ms + wait as i64,
+                        error,
+                    )
+                    .await
+                    .map(|_| ())
+            }
+            SendOutcome::DefiniteFailure { error } => {
+                error!(reservation_id = %rid, message_id = %event.message_id, order_id = %event.order_id,
+                       send_attempt = attempt, send_outcome = "DEFINITE_FAILURE", error = %error,
+                       "re-send refused by the broker; reservation released");
+                self.redis
+                    .mark_failed(
+                        activity_id,
+                        event.sku_id,
+                        &rid,
+                        &event.message_id,
+                        error,
+                        now_ms,
+                    )
+                    .await
+                    .map(|_| ())
+            }
+        };
+        if let Err(e) = result {
+            // The lease expires and another pass retries with the same message_id.
+            warn!(reservation_id = %rid, error = %e, "could not record the re-send outcome");
+        }
+        info!(reservation_id = %rid, message_id = %event.message_id, order_id = %event.order_id,
+              request_id = %event.request_id, send_attempt = attempt, send_outcome = label,
+              "reservation re-sent");
+        (label, rid)
+    }
+}
