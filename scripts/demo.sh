@@ -24,10 +24,16 @@ cargo build --release --quiet -p seckill -p seckill-bench
 BIN="$root/target/release/seckill"
 BENCH="$root/target/release/seckill-bench"
 
-"$BIN" migrate
-"$BIN" topics create
+# The tools' own log lines go to setup.log; the terminal keeps what they report.
+setup() {
+  "$BIN" "$@" 2>>"$RUN_DIR/setup.log" && return 0
+  tail -20 "$RUN_DIR/setup.log"; echo "DEMO FAILED reason=setup_$1"; exit 1
+}
+: >"$RUN_DIR/setup.log"
+setup migrate
+setup topics create
 ACTIVITY_ID="$(date +%s)"
-"$BIN" activity create --activity-id "$ACTIVITY_ID" --name "demo sale" --sku "1:$STOCK:9900" --duration-secs 3600
+setup activity create --activity-id "$ACTIVITY_ID" --name "demo sale" --sku "1:$STOCK:9900" --duration-secs 3600
 
 pids=()
 stop_roles() {
@@ -68,7 +74,7 @@ set -e
 if [[ "$status" -ne 0 ]]; then tail -5 "$RUN_DIR/bench.log"; fi
 stop_roles
 trap - EXIT
-echo "[demo] role logs: $RUN_DIR/{api,consume,scan,timeout-cancel,bench}.log"
+echo "[demo] role logs: $RUN_DIR/{setup,api,consume,scan,timeout-cancel,bench}.log"
 line="$(grep -E '^DEMO (OK|FAILED)' "$RUN_DIR/bench.out" | tail -1)"
 echo "${line:-DEMO FAILED reason=no_summary}"
 exit "$status"

@@ -55,6 +55,17 @@ pub enum Command {
     },
 }
 
+impl Command {
+    /// A long-running role (its log is its output, to stdout for journald or a file), as
+    /// opposed to a one-shot operator tool (stdout is its report; its log goes to stderr).
+    pub fn is_role(&self) -> bool {
+        matches!(
+            self,
+            Command::Api | Command::Consume { .. } | Command::TimeoutCancel | Command::Scan
+        )
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum TopicsCommand {
     /// Create every topic of the pipeline with its queue count (idempotent).

@@ -30,7 +30,8 @@ pub fn init_logs(settings: &TelemetrySettings) {
     init_logs_to(settings, std::io::stdout, std::io::stdout().is_terminal());
 }
 
-/// The same, writing to stderr: for tools whose stdout is their report (`seckill-bench`).
+/// The same, writing to stderr: for tools whose stdout is their report (the operator tools,
+/// `seckill-bench`).
 pub fn init_logs_to_stderr(settings: &TelemetrySettings) {
     init_logs_to(settings, std::io::stderr, std::io::stderr().is_terminal());
 }

@@ -18,7 +18,7 @@ use clap::Args;
 use futures::StreamExt;
 
 use seckill::config::Settings;
-use seckill::domain::event::TraceContext;
+use seckill::domain::event::{ReservationRef, TraceContext};
 use seckill::domain::ids::{new_traceparent, Ids};
 use seckill::domain::OrderCreateRequested;
 use seckill::invariants;
@@ -110,13 +110,15 @@ async fn reserve_all(
                     let (trace_id, span_id, traceparent) = new_traceparent();
                     let now_ms = Utc::now().timestamp_millis();
                     let a = ReserveArgs {
-                        activity_id: args.activity_id,
-                        sku_id: args.sku_id,
-                        user_id: args.first_user + i as i64,
-                        request_id: &request_id,
-                        reservation_id: &ids.reservation_id,
-                        message_id: &ids.message_id,
-                        order_id: &ids.order_id,
+                        reservation: ReservationRef {
+                            message_id: &ids.message_id,
+                            request_id: &request_id,
+                            reservation_id: &ids.reservation_id,
+                            order_id: &ids.order_id,
+                            activity_id: args.activity_id,
+                            sku_id: args.sku_id,
+                            user_id: args.first_user + i as i64,
+                        },
                         now_ms,
                         // Not the scanner's to send while this bench sends it.
                         next_retry_at_ms: now_ms + 60_000,

@@ -67,11 +67,11 @@ impl PoisonReason {
     }
 }
 
-/// A reservation as its ORDER_CREATE_REQUESTED describes it: the ids the API minted before
-/// touching Redis and the validity the reserve script fixed. The API's first send and every
-/// re-send of the scanner build the event from this, so both carry the same ids.
-#[derive(Debug, Clone)]
-pub struct ReservationFacts<'a> {
+/// Which reservation, whose and of what: the ids the API mints before touching Redis, the
+/// buyer's request id and the activity SKU. The reserve script stores them and every message
+/// about the reservation carries them unchanged.
+#[derive(Debug, Clone, Copy)]
+pub struct ReservationRef<'a> {
     pub message_id: &'a str,
     pub request_id: &'a str,
     pub reservation_id: &'a str,
@@ -79,6 +79,14 @@ pub struct ReservationFacts<'a> {
     pub activity_id: i64,
     pub sku_id: i64,
     pub user_id: i64,
+}
+
+/// A reservation as its ORDER_CREATE_REQUESTED describes it: its ids and the validity the
+/// reserve script fixed. The API's first send and every re-send of the scanner build the
+/// event from this, so both carry the same ids.
+#[derive(Debug, Clone)]
+pub struct ReservationFacts<'a> {
+    pub reservation: ReservationRef<'a>,
     pub quantity: i32,
     pub created_at: DateTime<Utc>,
     pub valid_until: DateTime<Utc>,
@@ -88,11 +96,12 @@ impl OrderCreateRequested {
     /// The event of a reservation; `retry_count` counts the scanner's re-sends (0 on the
     /// API's first send), `producer` names the role that sends it.
     pub fn new(
-        r: &ReservationFacts<'_>,
+        facts: &ReservationFacts<'_>,
         producer: &str,
         retry_count: i32,
         trace: TraceContext,
     ) -> Self {
+        let r = &facts.reservation;
         Self {
             schema_version: SCHEMA_VERSION,
             event_type: EVENT_ORDER_CREATE_REQUESTED.to_string(),
@@ -104,9 +113,9 @@ impl OrderCreateRequested {
             activity_id: r.activity_id,
             sku_id: r.sku_id,
             user_id: r.user_id,
-            quantity: r.quantity,
-            reservation_created_at: r.created_at,
-            reservation_valid_until: r.valid_until,
+            quantity: facts.quantity,
+            reservation_created_at: facts.created_at,
+            reservation_valid_until: facts.valid_until,
             created_at: Utc::now(),
             retry_count,
             replay_count: 0,

@@ -73,11 +73,12 @@ pub struct OrderEventHeader {
     pub aggregate_version: i32,
 }
 
-/// The order as an event: the fields every order event repeats.
-#[derive(Debug, Clone)]
-pub struct OrderFacts<'a> {
-    pub order_id: &'a str,
-    pub reservation_id: &'a str,
+/// Which order, whose and of what: the identity every order event and the buyer's view of an
+/// order carry (flattened into both).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderRef {
+    pub order_id: String,
+    pub reservation_id: String,
     pub activity_id: i64,
     pub sku_id: i64,
     pub user_id: i64,
@@ -91,11 +92,8 @@ pub struct OrderEventBase {
     pub schema_version: i32,
     pub event_type: String,
     pub event_id: String,
-    pub order_id: String,
-    pub reservation_id: String,
-    pub activity_id: i64,
-    pub sku_id: i64,
-    pub user_id: i64,
+    #[serde(flatten)]
+    pub order: OrderRef,
     pub status: String,
     pub aggregate_version: i32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -106,16 +104,12 @@ pub struct OrderEventBase {
 }
 
 impl OrderEventBase {
-    fn new(o: &OrderFacts<'_>, event_type: &str, event_id: String, status: &str, v: i32) -> Self {
+    fn new(o: &OrderRef, event_type: &str, event_id: String, status: &str, v: i32) -> Self {
         Self {
             schema_version: SCHEMA_VERSION,
             event_type: event_type.to_string(),
             event_id,
-            order_id: o.order_id.to_string(),
-            reservation_id: o.reservation_id.to_string(),
-            activity_id: o.activity_id,
-            sku_id: o.sku_id,
-            user_id: o.user_id,
+            order: o.clone(),
             status: status.to_string(),
             aggregate_version: v,
             occurred_at: None,
@@ -135,8 +129,8 @@ pub struct OrderCreated {
 }
 
 impl OrderCreated {
-    pub fn new(o: &OrderFacts<'_>, expires_at: DateTime<Utc>) -> Self {
-        let id = order_created_event_id(o.order_id);
+    pub fn new(o: &OrderRef, expires_at: DateTime<Utc>) -> Self {
+        let id = order_created_event_id(&o.order_id);
         Self {
             base: OrderEventBase::new(o, EVENT_ORDER_CREATED, id, "CREATED", 1),
             expires_at,
@@ -156,8 +150,8 @@ pub struct OrderPaid {
 }
 
 impl OrderPaid {
-    pub fn new(o: &OrderFacts<'_>, version: i32, payment_id: Option<String>) -> Self {
-        let id = order_paid_event_id(o.order_id, version);
+    pub fn new(o: &OrderRef, version: i32, payment_id: Option<String>) -> Self {
+        let id = order_paid_event_id(&o.order_id, version);
         Self {
             base: OrderEventBase::new(o, EVENT_ORDER_PAID, id, "PAID", version),
             payment_id,
@@ -177,8 +171,8 @@ pub struct OrderCanceled {
 }
 
 impl OrderCanceled {
-    pub fn new(o: &OrderFacts<'_>, version: i32) -> Self {
-        let id = order_canceled_event_id(o.order_id, version);
+    pub fn new(o: &OrderRef, version: i32) -> Self {
+        let id = order_canceled_event_id(&o.order_id, version);
         Self {
             base: OrderEventBase::new(o, EVENT_ORDER_CANCELED, id, "CANCELED", version),
             reason: None,
@@ -260,13 +254,13 @@ pub struct ReleaseReservation {
 }
 
 impl ReleaseReservation {
-    pub fn new(o: &OrderFacts<'_>, reason: &str) -> Self {
+    pub fn new(o: &OrderRef, reason: &str) -> Self {
         Self {
             schema_version: SCHEMA_VERSION,
             event_type: EVENT_RELEASE_RESERVATION.to_string(),
-            event_id: release_reservation_event_id(o.reservation_id),
-            reservation_id: o.reservation_id.to_string(),
-            order_id: o.order_id.to_string(),
+            event_id: release_reservation_event_id(&o.reservation_id),
+            reservation_id: o.reservation_id.clone(),
+            order_id: o.order_id.clone(),
             activity_id: o.activity_id,
             sku_id: o.sku_id,
             user_id: o.user_id,
@@ -290,10 +284,10 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn facts() -> OrderFacts<'static> {
-        OrderFacts {
-            order_id: "ord_1",
-            reservation_id: "rsv_1",
+    fn facts() -> OrderRef {
+        OrderRef {
+            order_id: "ord_1".into(),
+            reservation_id: "rsv_1".into(),
             activity_id: 7,
             sku_id: 8,
             user_id: 9,

@@ -8,7 +8,7 @@ use deadpool_postgres::Client;
 use super::errors::TxError;
 use super::outbox::OUTBOX_CHANNEL;
 use crate::domain::events::{
-    compensation_task_id, payload, OrderCanceled, OrderFacts, OrderPaid, ReleaseReservation,
+    compensation_task_id, payload, OrderCanceled, OrderPaid, OrderRef, ReleaseReservation,
 };
 use crate::domain::{CancelOutcome, PayOutcome};
 
@@ -73,9 +73,9 @@ pub async fn cancel_if_unpaid(
             )
             .await?;
             let now = Utc::now();
-            let facts = OrderFacts {
-                order_id,
-                reservation_id: &rid,
+            let facts = OrderRef {
+                order_id: order_id.to_string(),
+                reservation_id: rid.clone(),
                 activity_id: aid,
                 sku_id: sku,
                 user_id: uid,
@@ -161,9 +161,9 @@ pub async fn pay(
         Some(r) => {
             let version: i32 = r.get(0);
             let rid: String = r.get(1);
-            let facts = OrderFacts {
-                order_id,
-                reservation_id: &rid,
+            let facts = OrderRef {
+                order_id: order_id.to_string(),
+                reservation_id: rid.clone(),
                 activity_id: r.get(2),
                 sku_id: r.get(3),
                 user_id: r.get(4),

@@ -4,6 +4,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio_postgres::GenericClient;
 
+use crate::domain::events::OrderRef;
+
 /// An activity as `seckill activity create` writes it.
 #[derive(Debug, Clone)]
 pub struct ActivitySpec {
@@ -130,11 +132,8 @@ pub async fn create_activity(
 /// An order as the buyer sees it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct OrderView {
-    pub order_id: String,
-    pub reservation_id: String,
-    pub activity_id: i64,
-    pub sku_id: i64,
-    pub user_id: i64,
+    #[serde(flatten)]
+    pub order: OrderRef,
     pub status: String,
     pub amount_cents: i64,
     pub version: i32,
@@ -149,11 +148,13 @@ const ORDER_COLUMNS: &str = "order_id, reservation_id, activity_id, sku_id, user
 
 fn order_view(row: &tokio_postgres::Row) -> OrderView {
     OrderView {
-        order_id: row.get(0),
-        reservation_id: row.get(1),
-        activity_id: row.get(2),
-        sku_id: row.get(3),
-        user_id: row.get(4),
+        order: OrderRef {
+            order_id: row.get(0),
+            reservation_id: row.get(1),
+            activity_id: row.get(2),
+            sku_id: row.get(3),
+            user_id: row.get(4),
+        },
         status: row.get(5),
         amount_cents: row.get(6),
         version: row.get(7),

@@ -11,6 +11,7 @@ use deadpool_redis::redis::{self, AsyncCommands, Script};
 use deadpool_redis::{Config as PoolConfig, Pool, Runtime};
 
 use crate::config::RedisSettings;
+use crate::domain::event::ReservationRef;
 
 /// Physical TTL kept beyond a reservation's business validity, so that the scanner,
 /// compensation and reconcile still find it well after `valid_until`
@@ -123,13 +124,7 @@ pub const RETIRE_AFTER_END_MS: i64 = 10 * 60 * 1000;
 /// Arguments of one reservation attempt; ids are minted by the caller beforehand.
 #[derive(Debug, Clone)]
 pub struct ReserveArgs<'a> {
-    pub activity_id: i64,
-    pub sku_id: i64,
-    pub user_id: i64,
-    pub request_id: &'a str,
-    pub reservation_id: &'a str,
-    pub message_id: &'a str,
-    pub order_id: &'a str,
+    pub reservation: ReservationRef<'a>,
     pub now_ms: i64,
     pub next_retry_at_ms: i64,
     pub traceparent: &'a str,
@@ -226,22 +221,22 @@ impl RedisStore {
         let parts: Vec<String> = self
             .scripts
             .reserve
-            .key(k.meta(a.activity_id))
-            .key(k.sku(a.activity_id, a.sku_id))
-            .key(k.buyers(a.activity_id, a.sku_id))
-            .key(k.requests(a.activity_id))
-            .key(k.pending(a.activity_id))
-            .key(k.pending_since(a.activity_id))
+            .key(k.meta(a.reservation.activity_id))
+            .key(k.sku(a.reservation.activity_id, a.reservation.sku_id))
+            .key(k.buyers(a.reservation.activity_id, a.reservation.sku_id))
+            .key(k.requests(a.reservation.activity_id))
+            .key(k.pending(a.reservation.activity_id))
+            .key(k.pending_since(a.reservation.activity_id))
             .arg(a.now_ms)
-            .arg(a.user_id)
-            .arg(a.request_id)
-            .arg(a.reservation_id)
-            .arg(a.message_id)
-            .arg(a.order_id)
-            .arg(a.sku_id)
-            .arg(a.activity_id)
+            .arg(a.reservation.user_id)
+            .arg(a.reservation.request_id)
+            .arg(a.reservation.reservation_id)
+            .arg(a.reservation.message_id)
+            .arg(a.reservation.order_id)
+            .arg(a.reservation.sku_id)
+            .arg(a.reservation.activity_id)
             .arg(a.next_retry_at_ms)
-            .arg(k.reservation_prefix(a.activity_id))
+            .arg(k.reservation_prefix(a.reservation.activity_id))
             .arg(a.traceparent)
             .arg(a.valid_secs + RESERVATION_TTL_MARGIN_SECS)
             .invoke_async(&mut conn)

@@ -6,6 +6,8 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, TimeZone, Utc};
 
+use crate::domain::event::ReservationRef;
+
 /// The fields of one reservation hash that describe the reservation itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReservationHash {
@@ -29,6 +31,19 @@ pub struct ReservationHash {
 }
 
 impl ReservationHash {
+    /// The reservation's ids, as its messages carry them.
+    pub fn reservation(&self) -> ReservationRef<'_> {
+        ReservationRef {
+            message_id: &self.message_id,
+            request_id: &self.request_id,
+            reservation_id: &self.reservation_id,
+            order_id: &self.order_id,
+            activity_id: self.activity_id,
+            sku_id: self.sku_id,
+            user_id: self.user_id,
+        }
+    }
+
     /// Parses a hash as `HGETALL` returns it; `None` when a field that identifies the
     /// reservation is missing or malformed.
     pub fn parse(f: &HashMap<String, String>) -> Option<Self> {

@@ -343,13 +343,15 @@ pub async fn reserve_only(
     let now = Utc::now().timestamp_millis();
     let r = redis
         .reserve(&seckill::redis::ReserveArgs {
-            activity_id,
-            sku_id: 1,
-            user_id,
-            request_id: &format!("req-{user_id}"),
-            reservation_id: &ids.reservation_id,
-            message_id: &ids.message_id,
-            order_id: &ids.order_id,
+            reservation: seckill::domain::event::ReservationRef {
+                message_id: &ids.message_id,
+                request_id: &format!("req-{user_id}"),
+                reservation_id: &ids.reservation_id,
+                order_id: &ids.order_id,
+                activity_id,
+                sku_id: 1,
+                user_id,
+            },
             now_ms: now,
             next_retry_at_ms: now + next_retry_in_ms,
             traceparent: "",

@@ -10,8 +10,7 @@ use super::{Batch, Inbound};
 use crate::domain::event::PoisonReason;
 use crate::domain::events::{
     cancel_if_unpaid_event_id, compensation_task_id, payload, CancelOrderIfUnpaid, OrderCreated,
-    OrderFacts, ReleaseReservation, TAG_CANCEL_IF_UNPAID, TAG_ORDER_CREATED,
-    TAG_RELEASE_RESERVATION,
+    OrderRef, ReleaseReservation, TAG_CANCEL_IF_UNPAID, TAG_ORDER_CREATED, TAG_RELEASE_RESERVATION,
 };
 use crate::domain::{Decision, OrderCreateRequested, RejectReason};
 
@@ -244,10 +243,10 @@ impl OutboxRows {
     }
 }
 
-fn order_facts(e: &OrderCreateRequested) -> OrderFacts<'_> {
-    OrderFacts {
-        order_id: &e.order_id,
-        reservation_id: &e.reservation_id,
+fn order_facts(e: &OrderCreateRequested) -> OrderRef {
+    OrderRef {
+        order_id: e.order_id.clone(),
+        reservation_id: e.reservation_id.clone(),
         activity_id: e.activity_id,
         sku_id: e.sku_id,
         user_id: e.user_id,

@@ -44,11 +44,11 @@ pub(super) async fn get_reservation(
     {
         return Ok(Json(json!({
             "reservation_id": reservation_id,
-            "order_id": order.order_id,
+            "order_id": order.order.order_id,
             "status": order.status,
-            "activity_id": order.activity_id,
-            "sku_id": order.sku_id,
-            "user_id": order.user_id,
+            "activity_id": order.order.activity_id,
+            "sku_id": order.order.sku_id,
+            "user_id": order.order.user_id,
         }))
         .into_response());
     }

@@ -13,8 +13,8 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use super::{ApiError, ApiState, IdPath};
-use crate::domain::event::ReservationFacts;
 use crate::domain::event::TAG_CREATE_ORDER;
+use crate::domain::event::{ReservationFacts, ReservationRef};
 use crate::domain::ids::{new_traceparent, parse_traceparent};
 use crate::domain::request::parse_path_id;
 use crate::domain::{Ids, OrderCreateRequested, ReserveRequest, TraceContext, ValidationError};
@@ -60,13 +60,7 @@ pub fn reservation_event(
         .single()
         .unwrap_or_else(Utc::now);
     let facts = ReservationFacts {
-        message_id: a.message_id,
-        request_id: a.request_id,
-        reservation_id: a.reservation_id,
-        order_id: a.order_id,
-        activity_id: a.activity_id,
-        sku_id: a.sku_id,
-        user_id: a.user_id,
+        reservation: a.reservation,
         quantity,
         created_at: reserved_at,
         valid_until: Utc
@@ -103,13 +97,15 @@ async fn reserve_inner(
     // The scanner must not pick the reservation up while this request is still sending it.
     let next_retry_at_ms = now_ms + (s.settings.mq.send_timeout_ms + api.resend_backoff_ms) as i64;
     let args = ReserveArgs {
-        activity_id,
-        sku_id,
-        user_id: req.user_id,
-        request_id: &req.request_id,
-        reservation_id: &ids.reservation_id,
-        message_id: &ids.message_id,
-        order_id: &ids.order_id,
+        reservation: ReservationRef {
+            message_id: &ids.message_id,
+            request_id: &req.request_id,
+            reservation_id: &ids.reservation_id,
+            order_id: &ids.order_id,
+            activity_id,
+            sku_id,
+            user_id: req.user_id,
+        },
         now_ms,
         next_retry_at_ms,
         traceparent: &trace.traceparent,
@@ -167,7 +163,7 @@ fn trace_context(headers: &HeaderMap) -> TraceContext {
 /// same request_id).
 async fn reserve_in_redis(s: &ApiState, args: &ReserveArgs<'_>) -> Result<ReserveResult, ApiError> {
     s.redis.reserve(args).await.map_err(|e| {
-        warn!(error = %e, request_id = %args.request_id, user_id = args.user_id, "reserve script failed");
+        warn!(error = %e, request_id = %args.reservation.request_id, user_id = args.reservation.user_id, "reserve script failed");
         ApiError::unavailable("the reservation store")
     })
 }
@@ -194,8 +190,11 @@ async fn send_and_record(
         s.settings.api.reservation_valid_secs + crate::redis::RESERVATION_TTL_MARGIN_SECS;
     let (outcome, location) = tokio::join!(
         s.publisher.send(msg, send_timeout),
-        s.redis
-            .set_location(args.reservation_id, args.activity_id, location_ttl)
+        s.redis.set_location(
+            args.reservation.reservation_id,
+            args.reservation.activity_id,
+            location_ttl
+        )
     );
     let sent = Sent {
         latency: send_started.elapsed(),
@@ -208,25 +207,25 @@ async fn send_and_record(
         .record(sent.latency.as_secs_f64());
     if let Err(e) = location {
         // Only lookups by id need it; the GET falls back to PostgreSQL once the order exists.
-        warn!(reservation_id = %args.reservation_id, error = %e, "could not record reservation location");
+        warn!(reservation_id = %args.reservation.reservation_id, error = %e, "could not record reservation location");
     }
     match &outcome {
         SendOutcome::Confirmed { broker_msg_id } => {
-            record_confirmed(s, args, broker_msg_id, &sent).await;
+            record_confirmed(s, &args.reservation, broker_msg_id, &sent).await;
             Ok((
                 "queued",
                 (StatusCode::ACCEPTED, Json(queued_body(view, false))).into_response(),
             ))
         }
         SendOutcome::Unknown { error } => {
-            record_unknown(s, args, error, &sent).await;
+            record_unknown(s, &args.reservation, error, &sent).await;
             Ok((
                 "queued_unknown",
                 (StatusCode::ACCEPTED, Json(queued_body(view, false))).into_response(),
             ))
         }
         SendOutcome::DefiniteFailure { error } => {
-            record_definite_failure(s, args, error, &sent).await;
+            record_definite_failure(s, &args.reservation, error, &sent).await;
             Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "ORDER_QUEUE_UNAVAILABLE",
@@ -245,28 +244,28 @@ struct Sent {
 
 /// The broker stored the message: MQ_PENDING → MQ_SENT. A failed CAS is harmless: the scanner
 /// re-sends with the same message_id and the consumer's inbox absorbs the duplicate.
-async fn record_confirmed(s: &ApiState, a: &ReserveArgs<'_>, broker_msg_id: &str, sent: &Sent) {
+async fn record_confirmed(s: &ApiState, r: &ReservationRef<'_>, broker_msg_id: &str, sent: &Sent) {
     // Fault-injection point: the broker stored the message, the process dies before recording
     // it (`api-after-send-before-mark=return` aborts like a SIGKILL).
     fail::fail_point!("api-after-send-before-mark", |_| std::process::abort());
     let cas = s
         .redis
         .mark_sent(
-            a.activity_id,
-            a.reservation_id,
-            a.message_id,
+            r.activity_id,
+            r.reservation_id,
+            r.message_id,
             broker_msg_id,
             sent.done_ms,
         )
         .await;
     if let Err(e) = &cas {
-        warn!(reservation_id = %a.reservation_id, message_id = %a.message_id, error = %e,
+        warn!(reservation_id = %r.reservation_id, message_id = %r.message_id, error = %e,
               "mark MQ_SENT failed; the scanner will re-send");
     }
     debug!(
-        message_id = %a.message_id, reservation_id = %a.reservation_id,
-        order_id = %a.order_id, request_id = %a.request_id, user_id = a.user_id,
-        activity_id = a.activity_id, sku_id = a.sku_id, topic = %s.names.order_create_topic,
+        message_id = %r.message_id, reservation_id = %r.reservation_id,
+        order_id = %r.order_id, request_id = %r.request_id, user_id = r.user_id,
+        activity_id = r.activity_id, sku_id = r.sku_id, topic = %s.names.order_create_topic,
         tag = TAG_CREATE_ORDER, send_attempt = 1,
         send_outcome = "CONFIRMED", broker_message_id = %broker_msg_id,
         send_latency_ms = sent.latency.as_secs_f64() * 1000.0, trace_id = %sent.trace_id,
@@ -276,21 +275,21 @@ async fn record_confirmed(s: &ApiState, a: &ReserveArgs<'_>, broker_msg_id: &str
 
 /// The broker may or may not have stored it: the reservation stays MQ_PENDING with a re-send
 /// scheduled, and its unit is never given back on this path.
-async fn record_unknown(s: &ApiState, a: &ReserveArgs<'_>, error: &str, sent: &Sent) {
+async fn record_unknown(s: &ApiState, r: &ReservationRef<'_>, error: &str, sent: &Sent) {
     metrics::counter!("mq_publish_unknown_total", "topic" => "order_create").increment(1);
     let next = sent.done_ms + s.settings.api.resend_backoff_ms as i64;
     if let Err(e) = s
         .redis
-        .schedule_resend(a.activity_id, a.reservation_id, a.message_id, next, error)
+        .schedule_resend(r.activity_id, r.reservation_id, r.message_id, next, error)
         .await
     {
         // The reservation still sits in the pending index with its first retry time.
-        warn!(reservation_id = %a.reservation_id, error = %e, "schedule re-send failed");
+        warn!(reservation_id = %r.reservation_id, error = %e, "schedule re-send failed");
     }
     info!(
-        message_id = %a.message_id, reservation_id = %a.reservation_id,
-        order_id = %a.order_id, request_id = %a.request_id, user_id = a.user_id,
-        activity_id = a.activity_id, sku_id = a.sku_id, topic = %s.names.order_create_topic,
+        message_id = %r.message_id, reservation_id = %r.reservation_id,
+        order_id = %r.order_id, request_id = %r.request_id, user_id = r.user_id,
+        activity_id = r.activity_id, sku_id = r.sku_id, topic = %s.names.order_create_topic,
         send_attempt = 1, send_outcome = "UNKNOWN",
         error_class = "send_unknown", error = %error, trace_id = %sent.trace_id,
         send_latency_ms = sent.latency.as_secs_f64() * 1000.0,
@@ -299,22 +298,22 @@ async fn record_unknown(s: &ApiState, a: &ReserveArgs<'_>, error: &str, sent: &S
 }
 
 /// The broker refused the message for good: MQ_FAILED and the reservation released once.
-async fn record_definite_failure(s: &ApiState, a: &ReserveArgs<'_>, error: &str, sent: &Sent) {
+async fn record_definite_failure(s: &ApiState, r: &ReservationRef<'_>, error: &str, sent: &Sent) {
     let released = s
         .redis
         .mark_failed(
-            a.activity_id,
-            a.sku_id,
-            a.reservation_id,
-            a.message_id,
+            r.activity_id,
+            r.sku_id,
+            r.reservation_id,
+            r.message_id,
             error,
             sent.done_ms,
         )
         .await;
     tracing::error!(
-        message_id = %a.message_id, reservation_id = %a.reservation_id,
-        order_id = %a.order_id, request_id = %a.request_id, user_id = a.user_id,
-        activity_id = a.activity_id, sku_id = a.sku_id, topic = %s.names.order_create_topic,
+        message_id = %r.message_id, reservation_id = %r.reservation_id,
+        order_id = %r.order_id, request_id = %r.request_id, user_id = r.user_id,
+        activity_id = r.activity_id, sku_id = r.sku_id, topic = %s.names.order_create_topic,
         send_attempt = 1, send_outcome = "DEFINITE_FAILURE",
         error_class = "send_definite_failure",
         error = %error, release = ?released.as_ref().ok(), trace_id = %sent.trace_id,

@@ -16,7 +16,7 @@ use crate::config::Settings;
 use crate::domain::events::{
     order_canceled_event_id, order_created_event_id, order_paid_event_id, payload,
     reconcile_cancel_if_unpaid_event_id, release_reservation_event_id, CancelOrderIfUnpaid,
-    OrderCanceled, OrderCreated, OrderFacts, OrderPaid, ReleaseReservation, TAG_CANCEL_IF_UNPAID,
+    OrderCanceled, OrderCreated, OrderPaid, OrderRef, ReleaseReservation, TAG_CANCEL_IF_UNPAID,
     TAG_ORDER_CANCELED, TAG_ORDER_CREATED, TAG_ORDER_PAID, TAG_RELEASE_RESERVATION,
 };
 use crate::pg::outbox::OUTBOX_CHANNEL;
@@ -75,6 +75,29 @@ struct Emit {
     aggregate_id: Option<String>,
     version: Option<i32>,
     payload: serde_json::Value,
+}
+
+impl Emit {
+    /// An event keyed by `key`; `order_version` marks it as one of the order's own events
+    /// (its aggregate is the order, `Some(None)` for the unversioned timer).
+    fn new(
+        topic: &str,
+        tag: &'static str,
+        key: &str,
+        event_id: &str,
+        payload: serde_json::Value,
+        order_version: Option<Option<i32>>,
+    ) -> Self {
+        Self {
+            event_id: event_id.to_string(),
+            topic: topic.to_string(),
+            tag,
+            key: key.to_string(),
+            aggregate_id: order_version.map(|_| key.to_string()),
+            version: order_version.flatten(),
+            payload,
+        }
+    }
 }
 
 async fn emit(client: &impl GenericClient, e: &Emit) -> Result<u64, tokio_postgres::Error> {
@@ -153,21 +176,16 @@ async fn missing_order_events(
         let (oid, rid): (String, String) = (r.get(0), r.get(1));
         let (status, version, expires_at): (String, i32, DateTime<Utc>) =
             (r.get(5), r.get(6), r.get(7));
-        let facts = OrderFacts {
-            order_id: &oid,
-            reservation_id: &rid,
+        let facts = OrderRef {
+            order_id: oid.clone(),
+            reservation_id: rid.clone(),
             activity_id: r.get(2),
             sku_id: r.get(3),
             user_id: r.get(4),
         };
-        let order_event = |tag, event_id: String, payload, version| Emit {
-            event_id,
-            topic: names.order_event_topic.clone(),
-            tag,
-            key: oid.clone(),
-            aggregate_id: Some(oid.clone()),
-            version: Some(version),
-            payload,
+        let order_event = |tag, event_id: String, payload, version| {
+            let topic = &names.order_event_topic;
+            Emit::new(topic, tag, &oid, &event_id, payload, Some(Some(version)))
         };
         if !present.contains(&order_created_event_id(&oid)) {
             let mut e = OrderCreated::new(&facts, expires_at);
@@ -199,15 +217,15 @@ async fn missing_order_events(
         if !present.contains(&release_reservation_event_id(&rid)) {
             let mut e = ReleaseReservation::new(&facts, "ORDER_CANCELED");
             e.reconciled_at = Some(now);
-            let emit = Emit {
-                event_id: e.event_id.clone(),
-                topic: names.compensate_topic.clone(),
-                tag: TAG_RELEASE_RESERVATION,
-                key: rid.clone(),
-                aggregate_id: None,
-                version: None,
-                payload: payload(&e),
-            };
+            let topic = &names.compensate_topic;
+            let emit = Emit::new(
+                topic,
+                TAG_RELEASE_RESERVATION,
+                &rid,
+                &e.event_id,
+                payload(&e),
+                None,
+            );
             released.record(pg, rid.clone(), &emit).await?;
         }
     }
@@ -261,15 +279,15 @@ async fn expired_not_canceled(
             r.get(3),
         );
         e.reconciled_at = Some(now);
-        let emit = Emit {
-            event_id: e.event_id.clone(),
-            topic: names.order_timeout_topic.clone(),
-            tag: TAG_CANCEL_IF_UNPAID,
-            key: oid.clone(),
-            aggregate_id: Some(oid.clone()),
-            version: None,
-            payload: payload(&e),
-        };
+        let topic = &names.order_timeout_topic;
+        let emit = Emit::new(
+            topic,
+            TAG_CANCEL_IF_UNPAID,
+            &oid,
+            &e.event_id,
+            payload(&e),
+            Some(None),
+        );
         expired.record(pg, oid, &emit).await?;
     }
     Ok(expired)

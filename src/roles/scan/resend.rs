@@ -53,13 +53,7 @@ pub fn event_from_reservation(
     let (trace_id, span_id) =
         crate::domain::ids::parse_traceparent(&r.traceparent).unwrap_or_default();
     let facts = ReservationFacts {
-        message_id: &r.message_id,
-        request_id: &r.request_id,
-        reservation_id: &r.reservation_id,
-        order_id: &r.order_id,
-        activity_id: r.activity_id,
-        sku_id: r.sku_id,
-        user_id: r.user_id,
+        reservation: r.reservation(),
         quantity: 1,
         created_at: r.created_at,
         valid_until: r.valid_until,
