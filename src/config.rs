@@ -112,6 +112,23 @@ pub struct ApiSettings {
     pub fail_closed_share: f64,
     /// How often the admission check runs.
     pub admission_check_ms: u64,
+    /// A request head must arrive within this; a keep-alive connection idle this long closes.
+    pub header_read_timeout_ms: u64,
+    /// A whole request, its body included, is answered within this (408 otherwise).
+    pub request_timeout_ms: u64,
+    /// Connections served at once; past it the listener waits for one to close.
+    pub max_connections: usize,
+}
+
+impl ApiSettings {
+    /// The buyers' listener's limits against slow and hostile clients.
+    pub fn http_limits(&self) -> crate::http::Limits {
+        crate::http::Limits {
+            header_read_timeout: std::time::Duration::from_millis(self.header_read_timeout_ms),
+            request_timeout: std::time::Duration::from_millis(self.request_timeout_ms),
+            max_connections: self.max_connections,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -410,6 +427,18 @@ impl Settings {
         }
         if self.api.resend_backoff_ms == 0 {
             return Err(invalid("api.resend_backoff_ms", "must be positive"));
+        }
+        if self.api.header_read_timeout_ms == 0 || self.api.header_read_timeout_ms > 60_000 {
+            return Err(invalid(
+                "api.header_read_timeout_ms",
+                "must be in 1..=60000",
+            ));
+        }
+        if self.api.request_timeout_ms == 0 || self.api.request_timeout_ms > 120_000 {
+            return Err(invalid("api.request_timeout_ms", "must be in 1..=120000"));
+        }
+        if self.api.max_connections == 0 {
+            return Err(invalid("api.max_connections", "must be at least 1"));
         }
         if self.consumer.batch_size == 0 || self.consumer.batch_size > 32 {
             return Err(invalid("consumer.batch_size", "must be in 1..=32"));

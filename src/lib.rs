@@ -23,6 +23,7 @@
 //!   changes, the outbox, dead letters, retention.
 //! - [`limiter`] — the adaptive limit on order transactions, under the worker budget.
 //! - [`invariants`] — the six invariants, checked by tests, `seckill-bench` and the demo.
+//! - [`http`] — every HTTP listener, with limits against slow clients.
 //! - [`shutdown`], [`telemetry`] — graceful shutdown; logs, metrics, `/metrics`, readiness.
 //!
 //! The load generators and the direct-PostgreSQL baseline are not part of the product: they
@@ -34,6 +35,7 @@
 pub mod cli;
 pub mod config;
 pub mod domain;
+pub mod http;
 pub mod invariants;
 pub mod limiter;
 pub mod mq;

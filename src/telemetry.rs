@@ -158,6 +158,10 @@ fn describe() {
         "Sends whose result is unknown (re-sent later, stock kept)"
     );
     describe_counter!("reservation_total", "Reservation attempts by result");
+    describe_counter!(
+        "role_task_failures_total",
+        "Background tasks of this role that died (the role then stops and exits non-zero)"
+    );
     describe_histogram!(
         "http_request_duration_seconds",
         Unit::Seconds,
@@ -226,14 +230,22 @@ fn describe() {
 
 /// Readiness flag a role flips once its dependencies answer and it takes work.
 #[derive(Clone, Default)]
-pub struct Readiness(Arc<AtomicBool>);
+pub struct Readiness {
+    ready: Arc<AtomicBool>,
+    /// Set once a part of the role died: not ready again until the process restarts.
+    broken: Arc<AtomicBool>,
+}
 
 impl Readiness {
     pub fn set(&self, ready: bool) {
-        self.0.store(ready, Ordering::SeqCst);
+        self.ready.store(ready, Ordering::SeqCst);
     }
     pub fn get(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        self.ready.load(Ordering::SeqCst) && !self.broken.load(Ordering::SeqCst)
+    }
+    /// Not ready from now on, whatever `set` says later (see `shutdown::Watchdog`).
+    pub fn break_for_good(&self) {
+        self.broken.store(true, Ordering::SeqCst);
     }
 }
 
@@ -265,11 +277,12 @@ pub async fn serve_ops(
         .await
         .map_err(|e| anyhow::anyhow!("consumer.metrics_listen: cannot bind {addr}: {e}"))?;
     let app = ops_router(metrics_handle(), ready);
-    Ok(tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await;
-    }))
+    Ok(tokio::spawn(crate::http::serve(
+        listener,
+        app,
+        crate::http::Limits::OPS,
+        shutdown,
+    )))
 }
 
 #[cfg(test)]

@@ -54,39 +54,7 @@ async fn a_message_failing_every_time_is_dead_lettered_recorded_and_discardable(
     lock.rollback().await.unwrap();
     let pool = env.pool(1).await;
     let c = pool.get().await.unwrap();
-    let r = c
-        .query_one(
-            "SELECT consumer_group, topic, message_id, reservation_id, attempts, error_class, last_error, payload, status
-             FROM dlq_messages",
-            &[],
-        )
-        .await
-        .unwrap();
-    assert_eq!(r.get::<_, String>(0), names.order_create_group);
-    assert_eq!(r.get::<_, String>(1), names.order_create_topic);
-    assert_eq!(
-        r.get::<_, Option<String>>(2).as_deref(),
-        Some(e.message_id.as_str())
-    );
-    assert_eq!(
-        r.get::<_, Option<String>>(3).as_deref(),
-        Some(e.reservation_id.as_str())
-    );
-    assert!(r.get::<_, i32>(4) >= 1);
-    assert_eq!(r.get::<_, Option<String>>(5).as_deref(), Some("transient"));
-    assert!(
-        r.get::<_, Option<String>>(6)
-            .unwrap_or_default()
-            .contains("57014"),
-        "the error that killed it"
-    );
-    assert_eq!(r.get::<_, Vec<u8>>(7), e.encode(), "raw payload kept");
-    assert_eq!(r.get::<_, String>(8), "OPEN");
-    assert_eq!(
-        seckill::pg::dlq::open_stats(&**c).await.unwrap().0,
-        1,
-        "mq_dlq_messages = 1"
-    );
+    assert_recorded(&c, &names, &e).await;
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 0);
 
     // The operator's view and decisions, through the binary.
@@ -136,7 +104,96 @@ async fn a_message_failing_every_time_is_dead_lettered_recorded_and_discardable(
         1
     );
 
-    // Older than the inbox retention: refused, unless forced (and then audited as forced).
+    replay_past_retention(&env, &c, &id).await;
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(env.count("SELECT count(*) FROM orders").await, 1);
+    // What the consume role exports as mq_dlq_replay_total{result}: the CLI is not scraped.
+    assert_eq!(
+        seckill::pg::dlq::replay_counts(&**c).await.unwrap(),
+        vec![("confirmed".to_owned(), 3), ("refused".to_owned(), 1)]
+    );
+
+    discard_once(&env, &c, &id).await;
+
+    drop(c);
+    consumer.shutdown().await;
+    for i in intakes {
+        i.shutdown().await;
+    }
+    env.cleanup().await;
+}
+
+/// The dead letter's row: where it came from, why it died, its raw payload, OPEN.
+async fn assert_recorded(
+    c: &tokio_postgres::Client,
+    names: &seckill::config::Names,
+    e: &seckill::domain::OrderCreateRequested,
+) {
+    let r = c
+        .query_one(
+            "SELECT consumer_group, topic, message_id, reservation_id, attempts, error_class, last_error, payload, status
+             FROM dlq_messages",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.get::<_, String>(0), names.order_create_group);
+    assert_eq!(r.get::<_, String>(1), names.order_create_topic);
+    assert_eq!(
+        r.get::<_, Option<String>>(2).as_deref(),
+        Some(e.message_id.as_str())
+    );
+    assert_eq!(
+        r.get::<_, Option<String>>(3).as_deref(),
+        Some(e.reservation_id.as_str())
+    );
+    assert!(r.get::<_, i32>(4) >= 1);
+    assert_eq!(r.get::<_, Option<String>>(5).as_deref(), Some("transient"));
+    assert!(
+        r.get::<_, Option<String>>(6)
+            .unwrap_or_default()
+            .contains("57014"),
+        "the error that killed it"
+    );
+    assert_eq!(r.get::<_, Vec<u8>>(7), e.encode(), "raw payload kept");
+    assert_eq!(r.get::<_, String>(8), "OPEN");
+    assert_eq!(
+        seckill::pg::dlq::open_stats(c).await.unwrap().0,
+        1,
+        "mq_dlq_messages = 1"
+    );
+}
+
+/// Discard: only an OPEN dead letter, audited; a second discard is refused.
+async fn discard_once(env: &TestEnv, c: &tokio_postgres::Client, id: &str) {
+    let run = |args: &[&str]| common::cli(env, args);
+    c.execute("UPDATE dlq_messages SET status = 'OPEN'", &[])
+        .await
+        .unwrap();
+    let out = run(&[
+        "dlq",
+        "discard",
+        id,
+        "--reason",
+        "test: done",
+        "--actor",
+        "tester",
+    ]);
+    assert!(out.status.success());
+    assert_eq!(seckill::pg::dlq::open_stats(c).await.unwrap().0, 0);
+    assert_eq!(
+        env.count("SELECT count(*) FROM dlq_audit WHERE action = 'DISCARD' AND actor = 'tester'")
+            .await,
+        1
+    );
+    assert!(!run(&["dlq", "discard", id, "--reason", "twice"])
+        .status
+        .success());
+}
+
+/// Older than the inbox retention: a replay is refused, unless forced (and audited as forced).
+async fn replay_past_retention(env: &TestEnv, c: &tokio_postgres::Client, id: &str) {
+    let run = |args: &[&str]| common::cli(env, args);
     c.execute(
         "UPDATE dlq_messages SET first_seen = now() - interval '30 days'",
         &[],
@@ -144,7 +201,7 @@ async fn a_message_failing_every_time_is_dead_lettered_recorded_and_discardable(
     .await
     .unwrap();
     let out = run(&[
-        "dlq", "replay", "--id", &id, "--reason", "old", "--actor", "tester",
+        "dlq", "replay", "--id", id, "--reason", "old", "--actor", "tester",
     ]);
     assert!(!out.status.success(), "refused");
     assert_eq!(
@@ -156,7 +213,7 @@ async fn a_message_failing_every_time_is_dead_lettered_recorded_and_discardable(
         "dlq",
         "replay",
         "--id",
-        &id,
+        id,
         "--reason",
         "old, on purpose",
         "--actor",
@@ -173,44 +230,6 @@ async fn a_message_failing_every_time_is_dead_lettered_recorded_and_discardable(
             .await,
         1
     );
-    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    assert_eq!(env.count("SELECT count(*) FROM orders").await, 1);
-    // What the consume role exports as mq_dlq_replay_total{result}: the CLI is not scraped.
-    assert_eq!(
-        seckill::pg::dlq::replay_counts(&**c).await.unwrap(),
-        vec![("confirmed".to_owned(), 3), ("refused".to_owned(), 1)]
-    );
-
-    // Discard: only an OPEN dead letter, audited.
-    c.execute("UPDATE dlq_messages SET status = 'OPEN'", &[])
-        .await
-        .unwrap();
-    let out = run(&[
-        "dlq",
-        "discard",
-        &id,
-        "--reason",
-        "test: done",
-        "--actor",
-        "tester",
-    ]);
-    assert!(out.status.success());
-    assert_eq!(seckill::pg::dlq::open_stats(&**c).await.unwrap().0, 0);
-    assert_eq!(
-        env.count("SELECT count(*) FROM dlq_audit WHERE action = 'DISCARD' AND actor = 'tester'")
-            .await,
-        1
-    );
-    assert!(!run(&["dlq", "discard", &id, "--reason", "twice"])
-        .status
-        .success());
-
-    drop(c);
-    consumer.shutdown().await;
-    for i in intakes {
-        i.shutdown().await;
-    }
-    env.cleanup().await;
 }
 
 #[tokio::test]

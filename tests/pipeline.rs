@@ -254,20 +254,13 @@ async fn repeats_second_purchases_and_sell_out_are_answered_and_never_oversold()
     env.cleanup().await;
 }
 
-#[tokio::test]
-async fn bad_input_gets_a_400_json_error_and_writes_nothing() {
-    let env = TestEnv::new(false).await;
-    env.activity(300, 1, 5).await;
-    // No broker involvement: nothing may get that far.
-    let publisher: Arc<dyn Publisher> = Arc::new(NeverCalled);
-    let app = start(&env, publisher, false).await;
-    let client = reqwest::Client::new();
-    let url = format!("{}/v1/activities/300/skus/1/reservations", app.base);
+/// Bodies the reservation route must refuse with 400, each with what it tries.
+fn bad_bodies() -> Vec<(String, &'static str)> {
     let big = format!(
         r#"{{"user_id":1,"request_id":"{}","quantity":1}}"#,
         "a".repeat(10_000)
     );
-    let bodies: Vec<(String, &str)> = vec![
+    vec![
         ("{not json".into(), "json"),
         ("".into(), "empty"),
         (
@@ -332,7 +325,19 @@ async fn bad_input_gets_a_400_json_error_and_writes_nothing() {
             "deep nesting",
         ),
         ("\u{feff}{}".into(), "byte order mark"),
-    ];
+    ]
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_400_json_error_and_writes_nothing() {
+    let env = TestEnv::new(false).await;
+    env.activity(300, 1, 5).await;
+    // No broker involvement: nothing may get that far.
+    let publisher: Arc<dyn Publisher> = Arc::new(NeverCalled);
+    let app = start(&env, publisher, false).await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/activities/300/skus/1/reservations", app.base);
+    let bodies = bad_bodies();
     for (body, what) in bodies {
         let r = client
             .post(&url)

@@ -32,24 +32,7 @@ async fn reconcile_emits_exactly_the_missing_events_once_and_changes_no_order() 
     env.activity(960, 1, 10).await;
     let redis = env.redis().await;
     let names = env.settings.names();
-    let handler = OrderCreateHandler::new(env.pool(2).await, &env.settings, 1);
-    let mut orders = Vec::new();
-    for user in 1..=3 {
-        // Reserved in Redis exactly as the API does, then created by the consumer.
-        let ids = reserve_only(&redis, 960, user, 600_000).await;
-        let now = Utc::now().timestamp_millis();
-        let fields = redis.reservation(960, &ids.reservation_id).await.unwrap();
-        let event = seckill::roles::scan::event_from_reservation(&fields).unwrap();
-        handler
-            .process(&[delivery_of(&names.order_create_topic, &event)])
-            .await
-            .unwrap();
-        redis
-            .mark_sent(960, &ids.reservation_id, &ids.message_id, "b", now)
-            .await
-            .unwrap();
-        orders.push(ids.order_id);
-    }
+    let orders = three_orders(&env, &redis).await;
     let pool = env.pool(2).await;
     let mut c = pool.get().await.unwrap();
     let state = StateNames {
@@ -148,4 +131,28 @@ async fn reconcile_emits_exactly_the_missing_events_once_and_changes_no_order() 
     let _ = std::fs::remove_file(&file);
     drop(c);
     env.cleanup().await;
+}
+
+/// Three orders of activity 960, reserved in Redis exactly as the API does, then created by
+/// the consumer.
+async fn three_orders(env: &TestEnv, redis: &seckill::redis::RedisStore) -> Vec<String> {
+    let names = env.settings.names();
+    let handler = OrderCreateHandler::new(env.pool(2).await, &env.settings, 1);
+    let mut orders = Vec::new();
+    for user in 1..=3 {
+        let ids = reserve_only(redis, 960, user, 600_000).await;
+        let now = Utc::now().timestamp_millis();
+        let fields = redis.reservation(960, &ids.reservation_id).await.unwrap();
+        let event = seckill::roles::scan::event_from_reservation(&fields).unwrap();
+        handler
+            .process(&[delivery_of(&names.order_create_topic, &event)])
+            .await
+            .unwrap();
+        redis
+            .mark_sent(960, &ids.reservation_id, &ids.message_id, "b", now)
+            .await
+            .unwrap();
+        orders.push(ids.order_id);
+    }
+    orders
 }

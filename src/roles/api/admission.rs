@@ -114,6 +114,8 @@ pub async fn run_checker(
     shutdown: CancellationToken,
 ) {
     loop {
+        // Fault-injection point: a loop that dies (`api-admission-loop=panic`).
+        fail::fail_point!("api-admission-loop");
         let lag_age = match &lag {
             Some(source) => lag_age(source).await,
             None => Duration::ZERO,

@@ -21,7 +21,6 @@ pub use admission::Admission;
 pub use error::ApiError;
 pub use reserve::reservation_event;
 
-use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,6 +38,7 @@ use crate::config::{Names, Settings};
 use crate::mq::lag::LagSource;
 use crate::mq::Publisher;
 use crate::redis::RedisStore;
+use crate::shutdown::Watchdog;
 use crate::telemetry::{metrics_handle, Readiness};
 
 /// Everything a request handler needs; cheap to clone.
@@ -134,7 +134,8 @@ pub async fn build_state(
 }
 
 /// Serves until `shutdown` fires, then stops accepting and drains in-flight requests
-/// (bounded by `api.shutdown_grace_secs`).
+/// (bounded by `api.shutdown_grace_secs`). A background task that dies (the admission check)
+/// stops the server the same way, and the result is an error naming it.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: ApiState,
@@ -143,36 +144,40 @@ pub async fn serve(
     let grace = Duration::from_secs(state.settings.api.shutdown_grace_secs);
     let api = &state.settings.api;
     let bound = Duration::from_secs_f64(api.reservation_valid_secs as f64 * api.fail_closed_share);
-    tokio::spawn(admission::run_checker(
-        state.admission.clone(),
-        state.redis.clone(),
-        state.lag.clone(),
-        bound,
-        Duration::from_millis(api.admission_check_ms),
-        shutdown.clone(),
-    ));
+    let stopping = shutdown.child_token();
+    let watchdog = Watchdog::new(stopping.clone(), state.ready.clone());
+    watchdog.stop_on_death(stopping.clone());
+    watchdog.spawn(
+        "admission",
+        admission::run_checker(
+            state.admission.clone(),
+            state.redis.clone(),
+            state.lag.clone(),
+            bound,
+            Duration::from_millis(api.admission_check_ms),
+            stopping.clone(),
+        ),
+    );
     state.ready.set(true);
     let ready = state.ready.clone();
+    let limits = state.settings.api.http_limits();
     let app = router(state);
-    let stop = shutdown.clone();
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        stop.cancelled().await;
-        ready.set(false);
-    });
-    let mut server = std::pin::pin!(server.into_future());
-    tokio::select! {
-        r = &mut server => return r.map_err(Into::into),
-        _ = shutdown.cancelled() => {}
+    let server = crate::http::serve(listener, app, limits, stopping.clone());
+    let mut server = std::pin::pin!(server);
+    let drained = tokio::select! {
+        _ = &mut server => true,
+        _ = stopping.cancelled() => false,
+    };
+    ready.set(false);
+    if !drained && tokio::time::timeout(grace, server).await.is_err() {
+        warn!(
+            grace_secs = grace.as_secs(),
+            "shutdown grace elapsed with requests in flight"
+        );
     }
-    match tokio::time::timeout(grace, server).await {
-        Ok(r) => r.map_err(Into::into),
-        Err(_) => {
-            warn!(
-                grace_secs = grace.as_secs(),
-                "shutdown grace elapsed with requests in flight"
-            );
-            Ok(())
-        }
+    match watchdog.death() {
+        Some(reason) => Err(anyhow::anyhow!(reason)),
+        None => Ok(()),
     }
 }
 

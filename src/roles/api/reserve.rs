@@ -78,6 +78,12 @@ async fn reserve_inner(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(&'static str, Response), ApiError> {
+    let activity_id = parse_path_id(activity, "activity_id").map_err(ApiError::invalid)?;
+    let sku_id = parse_path_id(sku, "sku_id").map_err(ApiError::invalid)?;
+    admit(s)?;
+    let req = read_request(s, body).await?;
+    // Taken once the body is in: a client that stalls mid-body holds a connection (bounded by
+    // the listener's limits), never one of the permits real buyers need.
     let _permit = s.inflight.clone().try_acquire_owned().map_err(|_| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -85,10 +91,6 @@ async fn reserve_inner(
             "too many requests in flight; retry shortly",
         )
     })?;
-    let activity_id = parse_path_id(activity, "activity_id").map_err(ApiError::invalid)?;
-    let sku_id = parse_path_id(sku, "sku_id").map_err(ApiError::invalid)?;
-    admit(s)?;
-    let req = read_request(s, body).await?;
     // Ids and trace first: every later retry of this reservation reuses them.
     let ids = Ids::generate();
     let trace = trace_context(headers);

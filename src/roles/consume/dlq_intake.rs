@@ -98,6 +98,8 @@ fn short(group: &str) -> &'static str {
 /// Keeps `mq_dlq_messages` and `mq_dlq_oldest_age_seconds` current until `shutdown`.
 pub async fn run_gauges(pool: deadpool_postgres::Pool, shutdown: CancellationToken) {
     while !shutdown.is_cancelled() {
+        // Fault-injection point: a loop that dies (`consume-dlq-gauges-loop=panic`).
+        fail::fail_point!("consume-dlq-gauges-loop");
         if let Ok(client) = pool.get().await {
             if let Ok((open, oldest)) = dlq::open_stats(&**client).await {
                 metrics::gauge!("mq_dlq_messages").set(open as f64);

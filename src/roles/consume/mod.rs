@@ -20,6 +20,7 @@ use std::time::Duration;
 use tracing::{debug, info, warn};
 
 use crate::config::Settings;
+use crate::shutdown::Watchdog;
 use crate::telemetry::Readiness;
 
 /// `seckill consume [--workers N]`.
@@ -78,7 +79,11 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     // Dead letters of every group are recorded in PostgreSQL for operators.
     let dlq_pool = crate::pg::connect_pool(&settings.pg, 2).await?;
     let intakes = dlq_intake::start_intakes(&settings, dlq_pool.clone()).await?;
-    tokio::spawn(dlq_intake::run_gauges(dlq_pool, shutdown.clone()));
+    let watchdog = Watchdog::new(shutdown.clone(), ready.clone());
+    watchdog.spawn(
+        "dlq_gauges",
+        dlq_intake::run_gauges(dlq_pool, shutdown.clone()),
+    );
     // Lag of this group (messages and age of the oldest unconsumed one), for /metrics.
     let lag = crate::mq::lag::LagSource {
         probe: Arc::new(
@@ -94,32 +99,16 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
         batch_size = settings.consumer.batch_size, metrics = %settings.consumer.metrics_listen,
         "consumer started"
     );
-    // Every second: the group's lag (from the broker), the messages the client has pulled
-    // and holds (mq_consumer_cached_messages), and the ones still waiting on the broker,
-    // not pulled yet (mq_consumer_ready, RocketMQ's "ready" as opposed to in flight).
-    let signal = crate::shutdown::shutdown_signal();
+    // Every second, the consumer's lag figures, until SIGTERM or a dead background task.
+    let signal = watchdog.stop_requested();
     tokio::pin!(signal);
-    loop {
+    let died = loop {
         tokio::select! {
-            _ = &mut signal => break,
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {
-                let lag = crate::mq::lag::read_lag(&lag).await;
-                match consumer.cached_messages().await {
-                    Ok(cached) => {
-                        metrics::gauge!("mq_consumer_cached_messages", "topic" => "order_create")
-                            .set(cached as f64);
-                        if let Some(lag) = lag {
-                            let ready = (lag.messages - cached as i64).max(0);
-                            metrics::gauge!("mq_consumer_ready", "topic" => "order_create")
-                                .set(ready as f64);
-                        }
-                    }
-                    Err(e) => debug!(error = %e, "consumer cache not sampled"),
-                }
-            }
+            died = &mut signal => break died,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => sample(&lag, &consumer).await,
         }
-    }
-    info!("shutdown signal: no new messages; draining in-flight transactions");
+    };
+    info!("stopping: no new messages; draining in-flight transactions");
     ready.set(false);
     let grace = Duration::from_secs(settings.consumer.shutdown_grace_secs);
     let both = async {
@@ -139,5 +128,26 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     shutdown.cancel();
     let _ = ops.await;
     info!("consumer stopped");
-    Ok(())
+    match died {
+        Some(reason) => Err(anyhow::anyhow!(reason)),
+        None => Ok(()),
+    }
+}
+
+/// The group's lag (from the broker), the messages the client has pulled and holds
+/// (`mq_consumer_cached_messages`), and the ones still waiting on the broker, not pulled yet
+/// (`mq_consumer_ready`, RocketMQ's "ready" as opposed to in flight).
+async fn sample(lag: &crate::mq::lag::LagSource, consumer: &crate::mq::rocketmq::ConsumerHandle) {
+    let lag = crate::mq::lag::read_lag(lag).await;
+    match consumer.cached_messages().await {
+        Ok(cached) => {
+            metrics::gauge!("mq_consumer_cached_messages", "topic" => "order_create")
+                .set(cached as f64);
+            if let Some(lag) = lag {
+                let ready = (lag.messages - cached as i64).max(0);
+                metrics::gauge!("mq_consumer_ready", "topic" => "order_create").set(ready as f64);
+            }
+        }
+        Err(e) => debug!(error = %e, "consumer cache not sampled"),
+    }
 }

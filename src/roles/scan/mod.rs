@@ -23,6 +23,7 @@ use tracing::{info, warn};
 
 use crate::config::Settings;
 use crate::redis::RedisStore;
+use crate::shutdown::Watchdog;
 use crate::telemetry::Readiness;
 
 /// `seckill scan`.
@@ -36,30 +37,23 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let ops =
         crate::telemetry::serve_ops(sc.metrics_listen, ready.clone(), shutdown.clone()).await?;
+    let watchdog = Watchdog::new(shutdown.clone(), ready.clone());
     let wake = Arc::new(Notify::new());
-    let listener = tokio::spawn(relay::listen(
-        settings.clone(),
-        wake.clone(),
-        shutdown.clone(),
-    ));
+    let listen = relay::listen(settings.clone(), wake.clone(), shutdown.clone());
+    let listener = watchdog.spawn("outbox_listen", listen);
     let scanner = Scanner::new(redis, publisher.clone(), settings.clone());
     let relay = Relay::new(pool, publisher, settings.clone());
-    let scan_loop = tokio::spawn(scan_loop(
-        scanner,
-        Duration::from_millis(sc.scanner_poll_ms),
-        shutdown.clone(),
-    ));
-    let relay_loop = tokio::spawn(relay_loop(relay, wake, shutdown.clone()));
+    let poll = Duration::from_millis(sc.scanner_poll_ms);
+    let scan_loop = watchdog.spawn("resend", scan_loop(scanner, poll, shutdown.clone()));
+    let relay_loop = watchdog.spawn("relay", relay_loop(relay, wake, shutdown.clone()));
     let retention_pool = crate::pg::connect_pool(&settings.pg, 1).await?;
-    let retention_loop = tokio::spawn(retention::run_loop(
-        retention_pool,
-        settings.retention.clone(),
-        shutdown.clone(),
-    ));
+    let retention =
+        retention::run_loop(retention_pool, settings.retention.clone(), shutdown.clone());
+    let retention_loop = watchdog.spawn("retention", retention);
     ready.set(true);
     info!(owner_metrics = %sc.metrics_listen, "scan started: reservation scanner and outbox relay");
-    crate::shutdown::shutdown_signal().await;
-    info!("shutdown signal: finishing the current passes");
+    let died = watchdog.stop_requested().await;
+    info!("stopping: finishing the current passes");
     ready.set(false);
     shutdown.cancel();
     let grace = Duration::from_secs(sc.shutdown_grace_secs);
@@ -72,12 +66,17 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let _ = listener.await;
     let _ = ops.await;
     info!("scan stopped");
-    Ok(())
+    match died {
+        Some(reason) => Err(anyhow::anyhow!(reason)),
+        None => Ok(()),
+    }
 }
 
 /// Scanner passes back to back while they find work, every `poll` otherwise.
 async fn scan_loop(scanner: Scanner, poll: Duration, stop: CancellationToken) {
     while !stop.is_cancelled() {
+        // Fault-injection point: a loop that dies (`scan-resend-loop=panic`).
+        fail::fail_point!("scan-resend-loop");
         let busy = match scanner.scan_once().await {
             Ok(s) => s.claimed > 0,
             Err(e) => {
@@ -99,6 +98,8 @@ async fn scan_loop(scanner: Scanner, poll: Duration, stop: CancellationToken) {
 async fn relay_loop(relay: Relay, wake: Arc<Notify>, stop: CancellationToken) {
     let mut last_observe = std::time::Instant::now() - Duration::from_secs(10);
     while !stop.is_cancelled() {
+        // Fault-injection point: a loop that dies (`scan-relay-loop=panic`).
+        fail::fail_point!("scan-relay-loop");
         let claimed = match relay.relay_once().await {
             Ok(n) => n,
             Err(e) => {
