@@ -68,6 +68,13 @@ pub struct RedisSettings {
     /// Prefix of every key; tests give each run its own.
     pub key_prefix: String,
     pub pool_size: usize,
+    /// Connecting to Redis takes at most this.
+    pub connect_timeout_ms: u64,
+    /// Each command's answer takes at most this; past it the call fails (the caller answers
+    /// 503 and the buyer retries with the same request_id).
+    pub response_timeout_ms: u64,
+    /// Waiting for a pooled connection takes at most this.
+    pub pool_wait_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -366,6 +373,18 @@ impl Settings {
         }
         if self.redis.pool_size == 0 {
             return Err(invalid("redis.pool_size", "must be at least 1"));
+        }
+        for (key, ms) in [
+            ("redis.connect_timeout_ms", self.redis.connect_timeout_ms),
+            ("redis.response_timeout_ms", self.redis.response_timeout_ms),
+            (
+                "redis.pool_wait_timeout_ms",
+                self.redis.pool_wait_timeout_ms,
+            ),
+        ] {
+            if ms == 0 || ms > 60_000 {
+                return Err(invalid(key, "must be in 1..=60000"));
+            }
         }
         Ok(())
     }

@@ -40,8 +40,20 @@ pub fn pg_config(settings: &PgSettings) -> anyhow::Result<tokio_postgres::Config
     ));
     cfg.application_name("seckill");
     cfg.connect_timeout(Duration::from_secs(5));
+    // A server or network that goes silent mid-statement: the kernel gives up on the
+    // connection after PG_TCP_USER_TIMEOUT of unacknowledged data, and keepalives find a
+    // dead idle one, so a call fails (transient: rolled back, redelivered) instead of hanging.
+    cfg.keepalives(true)
+        .keepalives_idle(Duration::from_secs(10))
+        .keepalives_interval(Duration::from_secs(2))
+        .keepalives_retries(3)
+        .tcp_user_timeout(PG_TCP_USER_TIMEOUT);
     Ok(cfg)
 }
+
+/// How long sent data may stay unacknowledged by PostgreSQL before the connection is dropped
+/// (well past any `statement_timeout`, which PostgreSQL enforces itself).
+const PG_TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Builds a pool of `size` connections and checks one connection works before returning.
 pub async fn connect_pool(settings: &PgSettings, size: usize) -> anyhow::Result<Pool> {

@@ -2,13 +2,13 @@
 //! keys that share the activity's hash tag (`{prefix:a<id>}`), so the scripts stay atomic
 //! on Redis Cluster too.
 
+pub mod pool;
 pub mod reservation;
 
 use std::collections::HashMap;
 
 use anyhow::Context as _;
 use deadpool_redis::redis::{self, AsyncCommands, Script};
-use deadpool_redis::{Config as PoolConfig, Pool, Runtime};
 
 use crate::config::RedisSettings;
 use crate::domain::event::ReservationRef;
@@ -150,7 +150,7 @@ pub enum WarmResult {
 
 #[derive(Clone)]
 pub struct RedisStore {
-    pub pool: Pool,
+    pub pool: pool::Pool,
     pub keys: Keys,
     scripts: std::sync::Arc<Scripts>,
 }
@@ -182,11 +182,7 @@ fn view(parts: &[String]) -> ReservationView {
 impl RedisStore {
     /// Builds the pool and checks the server answers (a bad address fails here, not mid-sale).
     pub async fn connect(settings: &RedisSettings) -> anyhow::Result<Self> {
-        let mut cfg = PoolConfig::from_url(settings.url.clone());
-        cfg.pool = Some(deadpool_redis::PoolConfig::new(settings.pool_size));
-        let pool = cfg
-            .create_pool(Some(Runtime::Tokio1))
-            .context("redis.url: cannot build the Redis pool")?;
+        let pool = pool::build(settings)?;
         let store = Self {
             pool,
             keys: Keys::new(&settings.key_prefix),
@@ -210,7 +206,7 @@ impl RedisStore {
 
     pub async fn ping(&self) -> anyhow::Result<()> {
         let mut conn = self.pool.get().await?;
-        let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+        let _: String = redis::cmd("PING").query_async(&mut *conn).await?;
         Ok(())
     }
 
@@ -239,7 +235,7 @@ impl RedisStore {
             .arg(k.reservation_prefix(a.reservation.activity_id))
             .arg(a.traceparent)
             .arg(a.valid_secs + RESERVATION_TTL_MARGIN_SECS)
-            .invoke_async(&mut conn)
+            .invoke_async(&mut *conn)
             .await?;
         let code = parts.first().map(String::as_str).unwrap_or("");
         Ok(match code {
@@ -300,7 +296,7 @@ impl RedisStore {
             .arg(reservation_id)
             .arg(broker_msg_id)
             .arg(now_ms)
-            .invoke_async(&mut conn)
+            .invoke_async(&mut *conn)
             .await?)
     }
 
@@ -323,7 +319,7 @@ impl RedisStore {
             .arg(reservation_id)
             .arg(next_retry_at_ms)
             .arg(error)
-            .invoke_async(&mut conn)
+            .invoke_async(&mut *conn)
             .await?)
     }
 
@@ -352,7 +348,7 @@ impl RedisStore {
             .arg(reservation_id)
             .arg(error)
             .arg(now_ms)
-            .invoke_async(&mut conn)
+            .invoke_async(&mut *conn)
             .await?)
     }
 
@@ -377,7 +373,7 @@ impl RedisStore {
             .arg(ends_at_ms)
             .arg(valid_ms)
             .arg(total)
-            .invoke_async(&mut conn)
+            .invoke_async(&mut *conn)
             .await?;
         Ok(match code.as_str() {
             "CREATED" => WarmResult::Created,
@@ -411,7 +407,7 @@ impl RedisStore {
             .arg(self.keys.sku(activity_id, sku_id))
             .arg("total")
             .arg("remaining")
-            .query_async(&mut conn)
+            .query_async(&mut *conn)
             .await?;
         Ok(match v {
             (Some(t), Some(r)) => Some((t, r)),
@@ -439,7 +435,7 @@ impl RedisStore {
                 .arg(&pattern)
                 .arg("COUNT")
                 .arg(1000)
-                .query_async(&mut conn)
+                .query_async(&mut *conn)
                 .await?;
             if !keys.is_empty() {
                 let mut pipe = redis::pipe();
@@ -447,7 +443,7 @@ impl RedisStore {
                     pipe.cmd("HMGET").arg(key).arg("sku_id").arg("status");
                 }
                 let rows: Vec<(Option<String>, Option<String>)> =
-                    pipe.query_async(&mut conn).await?;
+                    pipe.query_async(&mut *conn).await?;
                 for (key, (s, status)) in keys.iter().zip(rows) {
                     if s.as_deref() != Some(sku.as_str()) {
                         continue;
@@ -493,7 +489,7 @@ impl RedisStore {
             .arg(reservation_id)
             .arg(reason)
             .arg(now_ms)
-            .invoke_async(&mut conn)
+            .invoke_async(&mut *conn)
             .await?)
     }
 
@@ -520,7 +516,7 @@ impl RedisStore {
             .arg(lease_ms)
             .arg(k.reservation_prefix(activity_id))
             .arg(RETIRE_AFTER_END_MS)
-            .invoke_async(&mut conn)
+            .invoke_async(&mut *conn)
             .await?;
         if let [only] = raw.as_slice() {
             if redis::from_redis_value::<String>(only).is_ok_and(|s| s == "RETIRE") {
@@ -572,7 +568,7 @@ impl RedisStore {
             .arg(reservation_id)
             .arg(ttl_secs)
             .arg(now_ms)
-            .invoke_async(&mut conn)
+            .invoke_async(&mut *conn)
             .await?)
     }
 
@@ -598,7 +594,7 @@ impl RedisStore {
         let (count, head): (i64, Vec<(String, f64)>) = redis::pipe()
             .zcard(&key)
             .zrange_withscores(&key, 0, 0)
-            .query_async(&mut conn)
+            .query_async(&mut *conn)
             .await?;
         Ok((count, head.first().map(|(_, s)| *s as i64)))
     }

@@ -111,13 +111,13 @@ impl TestEnv {
         let mut conn = redis.pool.get().await.unwrap();
         let keys: Vec<String> = deadpool_redis::redis::cmd("KEYS")
             .arg(format!("{}:*", self.settings.redis.key_prefix))
-            .query_async(&mut conn)
+            .query_async(&mut *conn)
             .await
             .unwrap();
         if !keys.is_empty() {
             let _: () = deadpool_redis::redis::cmd("DEL")
                 .arg(keys)
-                .query_async(&mut conn)
+                .query_async(&mut *conn)
                 .await
                 .unwrap();
         }
@@ -364,4 +364,70 @@ pub async fn reserve_only(
         "{r:?}"
     );
     ids
+}
+
+/// A loopback TCP proxy to `upstream` that can stop forwarding: from the client's side, a
+/// dependency that hangs (the connection stays open, nothing comes back).
+pub struct StallProxy {
+    pub addr: std::net::SocketAddr,
+    stalled: Arc<std::sync::atomic::AtomicBool>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl StallProxy {
+    pub async fn start(upstream: &str) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let upstream = upstream.to_string();
+        let flag = stalled.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                    continue;
+                };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(Self::pump(cr, sw, flag.clone()));
+                tokio::spawn(Self::pump(sr, cw, flag.clone()));
+            }
+        });
+        Self {
+            addr,
+            stalled,
+            accept,
+        }
+    }
+
+    /// Holds every byte (`true`) or forwards again, the held ones first (`false`).
+    pub fn stall(&self, on: bool) {
+        self.stalled.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    async fn pump(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        stalled: Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            while stalled.load(std::sync::atomic::Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            if to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for StallProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
 }

@@ -86,14 +86,21 @@ pub fn router(state: ApiState) -> Router {
         .with_state(state)
 }
 
+/// How long `/readyz` waits for Redis: a probe gets its answer within a second even while
+/// Redis hangs.
+const READYZ_REDIS_BOUND: Duration = Duration::from_millis(800);
+
+/// Ready while the API takes work and Redis answers.
 async fn readyz(State(s): State<ApiState>) -> Response {
-    if s.ready.get() && s.redis.ping().await.is_ok() {
+    let redis = tokio::time::timeout(READYZ_REDIS_BOUND, s.redis.ping()).await;
+    if s.ready.get() && matches!(redis, Ok(Ok(()))) {
         (StatusCode::OK, "ready").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
     }
 }
 
+/// `Path` whose rejection (a segment that is not UTF-8, say) is the same JSON 400 as every
 /// other bad input, never axum's plain-text one.
 struct IdPath<T>(T);
 

@@ -1,0 +1,81 @@
+//! A hung dependency cannot hang the API (docs/ARCHITECTURE.md#hung-dependencies): with Redis
+//! behind a proxy that stops forwarding, a reservation fails with 503 within its bounds and
+//! `/readyz` answers 503 within a second; once Redis answers again, everything recovers and
+//! the request that failed, retried with the same request_id, is answered as usual.
+// The RocketMQ client's futures are deeply nested.
+#![recursion_limit = "256"]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{eventually, wait_ready, StallProxy, TestEnv};
+use seckill::roles::api::{build_state, serve};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+#[tokio::test]
+async fn a_hung_redis_gets_503_within_bounds_and_the_api_recovers_after() {
+    let env = TestEnv::new(true).await;
+    env.activity(980, 1, 5).await;
+    let proxy = StallProxy::start("127.0.0.1:6379").await;
+    let mut settings = env.settings.clone();
+    settings.redis.url = format!("redis://{}", proxy.addr);
+    settings.redis.response_timeout_ms = 500;
+    settings.redis.pool_wait_timeout_ms = 500;
+    let publisher = seckill::mq::connect_publisher(&settings).await.unwrap();
+    let state = build_state(Arc::new(settings), publisher).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(serve(listener, state, stop.clone()));
+    wait_ready(format!("{base}/readyz")).await;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let reserve = |request_id: &'static str| {
+        client
+            .post(format!("{base}/v1/activities/980/skus/1/reservations"))
+            .json(&json!({"user_id": 9, "request_id": request_id, "quantity": 1}))
+            .send()
+    };
+
+    proxy.stall(true);
+    let started = Instant::now();
+    let r = client.get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "/readyz answered in {:?}",
+        started.elapsed()
+    );
+    let started = Instant::now();
+    let r = reserve("while-hung").await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(r.status().as_u16(), 503);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "UNAVAILABLE", "{body}");
+    assert!(took < Duration::from_secs(3), "answered in {took:?}");
+
+    proxy.stall(false);
+    eventually(15, "ready again", || async {
+        matches!(client.get(format!("{base}/readyz")).send().await,
+                 Ok(r) if r.status().is_success())
+    })
+    .await;
+    // The request that failed, retried as its answer told: one reservation, whether or not
+    // the script ran while Redis hung.
+    let r = reserve("while-hung").await.unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    let r = reserve("while-hung").await.unwrap();
+    let again: Value = r.json().await.unwrap();
+    assert_eq!(again["duplicate"], true, "{again}");
+    let redis = env.redis().await;
+    assert_eq!(redis.sku_stock(980, 1).await.unwrap(), Some((5, 4)));
+
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(15), server).await;
+    env.cleanup().await;
+}
