@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use thiserror::Error;
 
@@ -43,8 +44,9 @@ pub struct Settings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PgSettings {
-    /// libpq-style connection string (`host=... user=... dbname=...`).
-    pub url: String,
+    /// libpq-style connection string (`host=... user=... dbname=...`). It may hold a password:
+    /// a secret, never printed (errors name the host and port instead).
+    pub url: SecretString,
     /// Schema holding the tables; tests give each run its own.
     pub schema: String,
     /// Order transactions the database sustains at once (measured, not guessed: docs/ARCHITECTURE.md#worker-budget).
@@ -64,7 +66,8 @@ pub struct PgSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisSettings {
-    pub url: String,
+    /// `redis://[:password@]host:port`: a secret, never printed.
+    pub url: SecretString,
     /// Prefix of every key; tests give each run its own.
     pub key_prefix: String,
     pub pool_size: usize,
@@ -109,8 +112,8 @@ pub struct ApiSettings {
     pub reservation_valid_secs: u64,
     /// First re-send attempt of an UNKNOWN send is scheduled this far ahead (scanner backoff base).
     pub resend_backoff_ms: u64,
-    /// Bearer token for the admin surface; empty disables admin routes.
-    pub admin_token: String,
+    /// Bearer token for the admin surface; empty disables admin routes. A secret, never printed.
+    pub admin_token: SecretString,
     /// Seconds to let in-flight requests finish on SIGTERM.
     pub shutdown_grace_secs: u64,
     /// Fail closed (docs/ARCHITECTURE.md#fail-closed-admission): new reservations get 503 SALE_PAUSED while the oldest
@@ -332,10 +335,16 @@ impl Settings {
                 "must be 1-32 characters of A-Z, a-z, 0-9, _",
             ));
         }
-        if self.pg.url.trim().is_empty() {
+        if self.pg.url.expose_secret().trim().is_empty() {
             return Err(invalid("pg.url", "must not be empty"));
         }
-        if self.pg.url.parse::<tokio_postgres::Config>().is_err() {
+        if self
+            .pg
+            .url
+            .expose_secret()
+            .parse::<tokio_postgres::Config>()
+            .is_err()
+        {
             return Err(invalid(
                 "pg.url",
                 "is not a valid PostgreSQL connection string",
@@ -362,7 +371,7 @@ impl Settings {
         if self.pg.pool_wait_timeout_ms == 0 {
             return Err(invalid("pg.pool_wait_timeout_ms", "must be positive"));
         }
-        if !self.redis.url.starts_with("redis://") {
+        if !self.redis.url.expose_secret().starts_with("redis://") {
             return Err(invalid("redis.url", "must start with redis://"));
         }
         if self.redis.key_prefix.is_empty() || self.redis.key_prefix.contains(['{', '}', ' ']) {

@@ -48,3 +48,67 @@ fn a_bad_value_fails_start_up_naming_the_key() {
         );
     }
 }
+
+/// Runs `seckill <args>` with `vars` and returns its exit code and everything it printed
+/// (stdout and stderr: logs go to one or the other).
+fn run_printing(args: &[&str], vars: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_seckill"));
+    cmd.args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("SECKILL_ENV", "test")
+        .env("SECKILL__TELEMETRY__LOG_LEVEL", "debug");
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("binary runs");
+    (
+        out.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn passwords_in_connection_urls_are_never_printed() {
+    // PostgreSQL nobody listens for: the error names the key and the host, not the password.
+    let (code, out) = run_printing(
+        &["migrate"],
+        &[(
+            "SECKILL__PG__URL",
+            "host=127.0.0.1 port=1 user=seckill password=SENTINEL-PG dbname=x connect_timeout=2",
+        )],
+    );
+    assert_ne!(code, Some(0), "{out}");
+    assert!(
+        out.contains("pg.url") && out.contains("127.0.0.1:1"),
+        "{out}"
+    );
+    assert!(!out.contains("SENTINEL"), "the password leaked:\n{out}");
+
+    // Redis nobody listens for, through a role that starts it first after PostgreSQL.
+    let (code, out) = run_printing(
+        &["api"],
+        &[
+            ("SECKILL__REDIS__URL", "redis://:SENTINEL-REDIS@127.0.0.1:1"),
+            ("SECKILL__API__LISTEN", "127.0.0.1:0"),
+        ],
+    );
+    assert_ne!(code, Some(0), "{out}");
+    assert!(out.contains("redis.url"), "{out}");
+    assert!(!out.contains("SENTINEL"), "the password leaked:\n{out}");
+
+    // A connection string that does not parse: named, not quoted.
+    let (code, out) = run_printing(
+        &["migrate"],
+        &[(
+            "SECKILL__PG__URL",
+            "host=127.0.0.1 password=SENTINEL-BAD port=notaport",
+        )],
+    );
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("pg.url"), "{out}");
+    assert!(!out.contains("SENTINEL"), "the password leaked:\n{out}");
+}

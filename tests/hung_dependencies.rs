@@ -21,7 +21,7 @@ async fn a_hung_redis_gets_503_within_bounds_and_the_api_recovers_after() {
     env.activity(980, 1, 5).await;
     let proxy = StallProxy::start("127.0.0.1:6379").await;
     let mut settings = env.settings.clone();
-    settings.redis.url = format!("redis://{}", proxy.addr);
+    settings.redis.url = format!("redis://{}", proxy.addr).into();
     settings.redis.response_timeout_ms = 500;
     settings.redis.pool_wait_timeout_ms = 500;
     let publisher = seckill::mq::connect_publisher(&settings).await.unwrap();

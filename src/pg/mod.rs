@@ -14,7 +14,29 @@ use anyhow::Context as _;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 
+use secrecy::ExposeSecret;
+
 use crate::config::PgSettings;
+
+/// Where a configuration points, for messages: hosts and ports only, never the user or the
+/// password the connection string may hold.
+pub fn endpoint(cfg: &tokio_postgres::Config) -> String {
+    let ports = cfg.get_ports();
+    cfg.get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let host = match h {
+                tokio_postgres::config::Host::Tcp(h) => h.clone(),
+                #[cfg(unix)]
+                tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+            };
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            format!("{host}:{port}")
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
 
 mod embedded {
     refinery::embed_migrations!("sql");
@@ -32,6 +54,7 @@ mod embedded {
 pub fn pg_config(settings: &PgSettings) -> anyhow::Result<tokio_postgres::Config> {
     let mut cfg: tokio_postgres::Config = settings
         .url
+        .expose_secret()
         .parse()
         .context("pg.url: not a valid PostgreSQL connection string")?;
     cfg.options(format!(
@@ -58,6 +81,7 @@ const PG_TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 /// Builds a pool of `size` connections and checks one connection works before returning.
 pub async fn connect_pool(settings: &PgSettings, size: usize) -> anyhow::Result<Pool> {
     let cfg = pg_config(settings)?;
+    let cfg_shown = cfg.clone();
     let mgr = Manager::from_config(
         cfg,
         NoTls,
@@ -74,10 +98,12 @@ pub async fn connect_pool(settings: &PgSettings, size: usize) -> anyhow::Result<
         .recycle_timeout(Some(Duration::from_secs(5)))
         .build()
         .context("pg: cannot build the pool")?;
-    let client = pool
-        .get()
-        .await
-        .with_context(|| format!("pg.url: PostgreSQL does not answer ({})", settings.url))?;
+    let client = pool.get().await.with_context(|| {
+        format!(
+            "pg.url: PostgreSQL at {} does not answer",
+            endpoint(&cfg_shown)
+        )
+    })?;
     client
         .simple_query("SELECT 1")
         .await
@@ -92,7 +118,7 @@ pub async fn migrate(settings: &PgSettings) -> anyhow::Result<Vec<u32>> {
     let (mut client, conn) = cfg
         .connect(NoTls)
         .await
-        .with_context(|| format!("pg.url: cannot connect to {}", settings.url))?;
+        .with_context(|| format!("pg.url: cannot connect to {}", endpoint(&cfg)))?;
     let conn_task = tokio::spawn(conn);
     client
         .batch_execute(&format!(

@@ -197,10 +197,12 @@ impl RedisStore {
                 project: Script::new(include_str!("lua/project.lua")),
             }),
         };
-        store
-            .ping()
-            .await
-            .with_context(|| format!("redis.url: Redis at {} does not answer", settings.url))?;
+        store.ping().await.with_context(|| {
+            format!(
+                "redis.url: Redis at {} does not answer",
+                pool::endpoint(&store.pool)
+            )
+        })?;
         Ok(store)
     }
 

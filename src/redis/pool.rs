@@ -12,6 +12,8 @@ use deadpool_redis::redis::aio::MultiplexedConnection;
 use deadpool_redis::redis::{self, AsyncConnectionConfig, RedisError};
 use deadpool_redis::{Runtime, Timeouts};
 
+use secrecy::ExposeSecret;
+
 use crate::config::RedisSettings;
 
 /// Creates multiplexed connections with a connect and a response timeout.
@@ -42,10 +44,16 @@ impl managed::Manager for Manager {
 
 pub type Pool = managed::Pool<Manager>;
 
+/// Where the pool connects, for messages: host and port, never the password.
+pub fn endpoint(pool: &Pool) -> String {
+    pool.manager().client.get_connection_info().addr.to_string()
+}
+
 /// Builds the pool (no connection yet: the caller checks the server answers).
 pub fn build(settings: &RedisSettings) -> anyhow::Result<Pool> {
-    let client = redis::Client::open(settings.url.as_str())
-        .map_err(|e| anyhow::anyhow!("redis.url: {e}"))?;
+    // The client's own errors could quote the URL, password included: say what is wrong only.
+    let client = redis::Client::open(settings.url.expose_secret())
+        .map_err(|_| anyhow::anyhow!("redis.url: not a valid Redis URL"))?;
     let connect = Duration::from_millis(settings.connect_timeout_ms);
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(connect)
