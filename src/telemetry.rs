@@ -267,15 +267,17 @@ pub fn ops_router(handle: PrometheusHandle, ready: Readiness) -> Router {
         .with_state(ready)
 }
 
-/// Serves the ops router until `shutdown` fires.
+/// Serves the ops router on `addr` (the setting `key`, named if it cannot bind) until
+/// `shutdown` fires.
 pub async fn serve_ops(
+    key: &str,
     addr: SocketAddr,
     ready: Readiness,
     shutdown: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|e| anyhow::anyhow!("consumer.metrics_listen: cannot bind {addr}: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("{key}: cannot bind {addr}: {e}"))?;
     let app = ops_router(metrics_handle(), ready);
     Ok(tokio::spawn(crate::http::serve(
         listener,

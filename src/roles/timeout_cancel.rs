@@ -102,6 +102,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let ready = Readiness::default();
     let shutdown = tokio_util::sync::CancellationToken::new();
     let ops = crate::telemetry::serve_ops(
+        "timeout.metrics_listen",
         settings.timeout.metrics_listen,
         ready.clone(),
         shutdown.clone(),

@@ -40,6 +40,7 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     let ready = Readiness::default();
     let shutdown = tokio_util::sync::CancellationToken::new();
     let ops = crate::telemetry::serve_ops(
+        "consumer.metrics_listen",
         settings.consumer.metrics_listen,
         ready.clone(),
         shutdown.clone(),

@@ -35,8 +35,13 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let publisher = crate::mq::connect_publisher(&settings).await?;
     let ready = Readiness::default();
     let shutdown = CancellationToken::new();
-    let ops =
-        crate::telemetry::serve_ops(sc.metrics_listen, ready.clone(), shutdown.clone()).await?;
+    let ops = crate::telemetry::serve_ops(
+        "scan.metrics_listen",
+        sc.metrics_listen,
+        ready.clone(),
+        shutdown.clone(),
+    )
+    .await?;
     let watchdog = Watchdog::new(shutdown.clone(), ready.clone());
     let wake = Arc::new(Notify::new());
     let listen = relay::listen(settings.clone(), wake.clone(), shutdown.clone());
