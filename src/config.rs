@@ -128,6 +128,16 @@ pub struct ApiSettings {
     pub request_timeout_ms: u64,
     /// Connections served at once; past it the listener waits for one to close.
     pub max_connections: usize,
+    /// Reservation requests a buyer may make per second, sustained (0: no limit)...
+    pub buyer_rate_per_sec: f64,
+    /// ...and at once after a quiet spell (the bucket's size).
+    pub buyer_burst: u32,
+    /// The same per client address (0: no limit).
+    pub address_rate_per_sec: f64,
+    pub address_burst: u32,
+    /// Peers whose `X-Forwarded-For` is believed (a load balancer in front of the API); any
+    /// other peer is the client address itself, whatever it forwards.
+    pub trusted_proxies: Vec<std::net::IpAddr>,
 }
 
 impl ApiSettings {
@@ -467,6 +477,25 @@ impl Settings {
         }
         if self.api.max_connections == 0 {
             return Err(invalid("api.max_connections", "must be at least 1"));
+        }
+        for (key, rate, burst) in [
+            (
+                "api.buyer_rate_per_sec",
+                self.api.buyer_rate_per_sec,
+                self.api.buyer_burst,
+            ),
+            (
+                "api.address_rate_per_sec",
+                self.api.address_rate_per_sec,
+                self.api.address_burst,
+            ),
+        ] {
+            if !(rate.is_finite() && rate >= 0.0) {
+                return Err(invalid(key, "must be 0 (no limit) or positive"));
+            }
+            if rate > 0.0 && burst == 0 {
+                return Err(invalid(key, "needs a burst of at least 1"));
+            }
         }
         if self.consumer.batch_size == 0 || self.consumer.batch_size > 32 {
             return Err(invalid("consumer.batch_size", "must be in 1..=32"));

@@ -18,7 +18,7 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -28,6 +28,10 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
+
+/// The peer of a connection (the client, or a proxy in front of it), put on every request.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerAddr(pub std::net::SocketAddr);
 
 /// The limits of one listener.
 #[derive(Debug, Clone, Copy)]
@@ -70,9 +74,9 @@ pub async fn serve(listener: TcpListener, app: Router, limits: Limits, stop: Can
             },
             _ = stop.cancelled() => break,
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of file descriptors and the like: pause instead of spinning.
                     warn!(error = %e, "accept failed");
@@ -83,7 +87,7 @@ pub async fn serve(listener: TcpListener, app: Router, limits: Limits, stop: Can
             _ = stop.cancelled() => break,
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone());
+        let service = TowerToHyperService::new(app.clone().layer(Extension(PeerAddr(peer))));
         let conn = builder
             .serve_connection_with_upgrades(TokioIo::new(stream), service)
             .into_owned();

@@ -52,6 +52,11 @@ impl Keys {
     pub fn pending_since(&self, activity_id: i64) -> String {
         format!("{}:pending_since", self.tag(activity_id))
     }
+    /// A caller's rate-limit bucket (`kind` "u" for a buyer, "ip" for a client address),
+    /// hash-tagged by the caller so it lives in one slot of its own.
+    pub fn rate_bucket(&self, kind: &str, caller: &str) -> String {
+        format!("{}:{{rl:{}:{}}}", self.prefix, kind, caller)
+    }
     /// Activities with warmed stock: the scanner's work list (outside any hash tag).
     pub fn activities(&self) -> String {
         format!("{}:activities", self.prefix)
@@ -164,6 +169,7 @@ struct Scripts {
     release: Script,
     claim: Script,
     project: Script,
+    rate_limit: Script,
 }
 
 fn view(parts: &[String]) -> ReservationView {
@@ -195,6 +201,7 @@ impl RedisStore {
                 release: Script::new(include_str!("lua/release.lua")),
                 claim: Script::new(include_str!("lua/claim.lua")),
                 project: Script::new(include_str!("lua/project.lua")),
+                rate_limit: Script::new(include_str!("lua/rate_limit.lua")),
             }),
         };
         store.ping().await.with_context(|| {
@@ -204,6 +211,32 @@ impl RedisStore {
             )
         })?;
         Ok(store)
+    }
+
+    /// Takes one token from a caller's bucket (`rate` per second, at most `burst`): `Ok(())`,
+    /// or `Err(retry_after_ms)` when the bucket is empty.
+    pub async fn take_token(
+        &self,
+        bucket: &str,
+        rate_per_sec: f64,
+        burst: u32,
+        now_ms: i64,
+    ) -> anyhow::Result<Result<(), u64>> {
+        let mut conn = self.pool.get().await?;
+        let (allowed, retry_ms): (i64, i64) = self
+            .scripts
+            .rate_limit
+            .key(bucket)
+            .arg(now_ms)
+            .arg(rate_per_sec)
+            .arg(burst)
+            .invoke_async(&mut *conn)
+            .await?;
+        Ok(if allowed == 1 {
+            Ok(())
+        } else {
+            Err(retry_ms.max(1) as u64)
+        })
     }
 
     pub async fn ping(&self) -> anyhow::Result<()> {

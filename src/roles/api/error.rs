@@ -16,6 +16,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// Seconds for `Retry-After` (every 503 says 1 unless told otherwise).
+    pub retry_after_secs: Option<u64>,
 }
 
 impl ApiError {
@@ -24,7 +26,13 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after_secs: None,
         }
+    }
+    /// The same error, telling the caller when to retry.
+    pub fn retry_after(mut self, secs: u64) -> Self {
+        self.retry_after_secs = Some(secs);
+        self
     }
     pub(super) fn invalid(e: ValidationError) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST", e.to_string())
@@ -45,9 +53,14 @@ impl IntoResponse for ApiError {
             Json(json!({"error": {"code": self.code, "message": self.message}})),
         )
             .into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+        let retry = match (self.retry_after_secs, self.status) {
+            (Some(secs), _) => Some(secs),
+            (None, StatusCode::SERVICE_UNAVAILABLE) => Some(1),
+            (None, _) => None,
+        };
+        if let Some(secs) = retry {
             resp.headers_mut()
-                .insert("retry-after", axum::http::HeaderValue::from_static("1"));
+                .insert("retry-after", axum::http::HeaderValue::from(secs));
         }
         resp
     }

@@ -10,10 +10,12 @@
 //! - `reserve`: the reservation route, parse → admit → reserve → send and record;
 //! - `queries`: the buyer's GET routes and payment;
 //! - `error`: the JSON error every route answers with, and how results map onto it;
-//! - `admission`: fail-closed admission, the background check that pauses new reservations.
+//! - `admission`: fail-closed admission, the background check that pauses new reservations;
+//! - `limits`: per-address and per-buyer token buckets (429 RATE_LIMITED).
 
 mod admission;
 mod error;
+pub mod limits;
 mod queries;
 mod reserve;
 

@@ -7,17 +7,18 @@ use axum::body::{to_bytes, Body};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use chrono::{TimeZone, Utc};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use super::{ApiError, ApiState, IdPath};
+use super::{limits, ApiError, ApiState, IdPath};
 use crate::domain::event::TAG_CREATE_ORDER;
 use crate::domain::event::{ReservationFacts, ReservationRef};
 use crate::domain::ids::{new_traceparent, parse_traceparent};
 use crate::domain::request::parse_path_id;
 use crate::domain::{Ids, OrderCreateRequested, ReserveRequest, TraceContext, ValidationError};
+use crate::http::PeerAddr;
 use crate::mq::{order_create_message, SendOutcome};
 use crate::redis::{ReservationView, ReserveArgs, ReserveResult};
 
@@ -34,11 +35,13 @@ fn queued_body(v: &ReservationView, duplicate: bool) -> serde_json::Value {
 pub(super) async fn reserve(
     State(s): State<ApiState>,
     IdPath((activity, sku)): IdPath<(String, String)>,
+    peer: Option<Extension<PeerAddr>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let started = Instant::now();
-    let (result, resp) = match reserve_inner(&s, &activity, &sku, &headers, body).await {
+    let peer = peer.map(|Extension(PeerAddr(p))| p);
+    let (result, resp) = match reserve_inner(&s, &activity, &sku, peer, &headers, body).await {
         Ok((label, resp)) => (label, resp),
         Err(e) => (e.code, e.into_response()),
     };
@@ -75,13 +78,21 @@ async fn reserve_inner(
     s: &ApiState,
     activity: &str,
     sku: &str,
+    peer: Option<std::net::SocketAddr>,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(&'static str, Response), ApiError> {
     let activity_id = parse_path_id(activity, "activity_id").map_err(ApiError::invalid)?;
     let sku_id = parse_path_id(sku, "sku_id").map_err(ApiError::invalid)?;
+    let api = &s.settings.api;
+    if let Some(addr) = limits::client_addr(peer, headers, &api.trusted_proxies) {
+        let (rate, burst) = (api.address_rate_per_sec, api.address_burst);
+        limits::take(s, "ip", &addr.to_string(), rate, burst).await?;
+    }
     admit(s)?;
     let req = read_request(s, body).await?;
+    let (rate, burst) = (api.buyer_rate_per_sec, api.buyer_burst);
+    limits::take(s, "u", &req.user_id.to_string(), rate, burst).await?;
     // Taken once the body is in: a client that stalls mid-body holds a connection (bounded by
     // the listener's limits), never one of the permits real buyers need.
     let _permit = s.inflight.clone().try_acquire_owned().map_err(|_| {
@@ -95,7 +106,6 @@ async fn reserve_inner(
     let ids = Ids::generate();
     let trace = trace_context(headers);
     let now_ms = Utc::now().timestamp_millis();
-    let api = &s.settings.api;
     // The scanner must not pick the reservation up while this request is still sending it.
     let next_retry_at_ms = now_ms + (s.settings.mq.send_timeout_ms + api.resend_backoff_ms) as i64;
     let args = ReserveArgs {
