@@ -13,29 +13,32 @@ fn main() -> std::process::ExitCode {
     #[cfg(feature = "failpoints")]
     let _failpoints = fail::FailScenario::setup();
     let cli = Cli::parse();
-    seckill::cli::run_process(
-        "seckill",
-        seckill::telemetry::init_logs,
-        |settings| async move {
-            match cli.command {
-                Command::Api => roles::api::run(settings).await.map(|_| true),
-                Command::Consume { workers } => {
-                    roles::consume::run(settings, workers).await.map(|_| true)
-                }
-                Command::TimeoutCancel => roles::timeout_cancel::run(settings).await.map(|_| true),
-                Command::Scan => roles::scan::run(settings).await.map(|_| true),
-                Command::Migrate => roles::ops::migrate::run(settings).await.map(|_| true),
-                Command::Topics {
-                    command: TopicsCommand::Create,
-                } => roles::ops::topics::run(settings).await.map(|_| true),
-                Command::Activity {
-                    command: ActivityCommand::Create(args),
-                } => roles::ops::activity::create(&settings, &args)
-                    .await
-                    .map(|_| true),
-                Command::Reconcile(args) => roles::ops::reconcile::run(settings, args).await,
-                Command::Dlq { command } => roles::ops::dlq::run(settings, command).await,
+    // A role's log is its output (stdout: a file or journald); a tool's stdout is its report,
+    // so its log goes to stderr.
+    let logs = if cli.command.is_role() {
+        seckill::telemetry::init_logs
+    } else {
+        seckill::telemetry::init_logs_to_stderr
+    };
+    seckill::cli::run_process("seckill", logs, |settings| async move {
+        match cli.command {
+            Command::Api => roles::api::run(settings).await.map(|_| true),
+            Command::Consume { workers } => {
+                roles::consume::run(settings, workers).await.map(|_| true)
             }
-        },
-    )
+            Command::TimeoutCancel => roles::timeout_cancel::run(settings).await.map(|_| true),
+            Command::Scan => roles::scan::run(settings).await.map(|_| true),
+            Command::Migrate => roles::ops::migrate::run(settings).await.map(|_| true),
+            Command::Topics {
+                command: TopicsCommand::Create,
+            } => roles::ops::topics::run(settings).await.map(|_| true),
+            Command::Activity {
+                command: ActivityCommand::Create(args),
+            } => roles::ops::activity::create(&settings, &args)
+                .await
+                .map(|_| true),
+            Command::Reconcile(args) => roles::ops::reconcile::run(settings, args).await,
+            Command::Dlq { command } => roles::ops::dlq::run(settings, command).await,
+        }
+    })
 }
