@@ -1,4 +1,4 @@
-//! `ORDER_CREATE_REQUESTED`, schema v1 (docs/ARCHITECTURE.md#events-and-their-ids): the
+//! `ORDER_CREATE_REQUESTED`, schema v1 (docs/ARCHITECTURE.md#the-order-create-message): the
 //! message between the API (or the re-send scanner) and the order consumer.
 //! `reservation_valid_until` is immutable and is the consumer's business deadline.
 

@@ -1,5 +1,5 @@
 //! The events PostgreSQL originates (through the outbox), one serde type each, with the
-//! deterministic id functions beside them (docs/ARCHITECTURE.md#events-and-their-ids).
+//! deterministic id functions beside them (docs/ARCHITECTURE.md#downstream-events).
 //!
 //! Producers (the order transaction, the state changes, reconcile) build these types and
 //! nothing else; consumers (compensation, projection, timeout cancel) parse them. A field a

@@ -2,7 +2,7 @@
 //! hands over becomes one PostgreSQL transaction (see `pg::order_tx`); the batch is ACKed only
 //! after the commit. Transient failures roll back and are redelivered by the broker with
 //! backoff; after `max_reconsume_times` a message goes to the group's DLQ. At most `budget`
-//! transactions run at once (the worker budget, docs/ARCHITECTURE.md#the-worker-budget), under
+//! transactions run at once (the worker budget, docs/ARCHITECTURE.md#worker-budget), under
 //! an adaptive limit.
 
 use std::sync::Arc;

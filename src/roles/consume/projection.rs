@@ -3,7 +3,7 @@
 //! in Redis from ORDER_CREATED / ORDER_PAID / ORDER_CANCELED. Each event carries the order's
 //! `aggregate_version` and the Lua script applies it only when newer, so a duplicate or a
 //! stale replay is a no-op and out-of-order arrival converges on the latest state
-//! (docs/ARCHITECTURE.md#order-events-in-order).
+//! (docs/ARCHITECTURE.md#event-ordering).
 
 use chrono::Utc;
 use tracing::{debug, warn};
