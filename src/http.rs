@@ -18,7 +18,7 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json, Router};
+use axum::{Json, Router};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -27,6 +27,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tower::ServiceExt as _;
 use tracing::{debug, warn};
 
 /// The peer of a connection (the client, or a proxy in front of it), put on every request.
@@ -87,7 +88,13 @@ pub async fn serve(listener: TcpListener, app: Router, limits: Limits, stop: Can
             _ = stop.cancelled() => break,
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone().layer(Extension(PeerAddr(peer))));
+        // The peer goes on each request as it arrives: no per-connection copy of the router.
+        let service = TowerToHyperService::new(app.clone().map_request(
+            move |mut req: axum::http::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(PeerAddr(peer));
+                req
+            },
+        ));
         let conn = builder
             .serve_connection_with_upgrades(TokioIo::new(stream), service)
             .into_owned();

@@ -10,6 +10,7 @@
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
+use futures::FutureExt as _;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -43,14 +44,14 @@ impl Watchdog {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        let inner = tokio::spawn(fut);
         let w = self.clone();
         tokio::spawn(async move {
-            let why = match inner.await {
+            // One task: the panic is caught where it happens, not through a second task.
+            let outcome = std::panic::AssertUnwindSafe(fut).catch_unwind().await;
+            let why = match outcome {
                 Ok(()) if w.stopping.is_cancelled() => return,
                 Ok(()) => "ended before shutdown".to_string(),
-                Err(e) if e.is_panic() => format!("panicked: {}", panic_text(e.into_panic())),
-                Err(e) => e.to_string(),
+                Err(panic) => format!("panicked: {}", panic_text(panic)),
             };
             tracing::error!(task, reason = %why,
                 "a background task of this role died; stopping it (readiness 503, non-zero exit)");

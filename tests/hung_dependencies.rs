@@ -7,13 +7,10 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{eventually, wait_ready, StallProxy, TestEnv};
-use seckill::roles::api::{build_state, serve};
+use common::{eventually, start_api, StallProxy, TestEnv};
 use serde_json::{json, Value};
-use tokio_util::sync::CancellationToken;
 
 #[tokio::test]
 async fn a_hung_redis_gets_503_within_bounds_and_the_api_recovers_after() {
@@ -24,13 +21,8 @@ async fn a_hung_redis_gets_503_within_bounds_and_the_api_recovers_after() {
     settings.redis.url = format!("redis://{}", proxy.addr).into();
     settings.redis.response_timeout_ms = 500;
     settings.redis.pool_wait_timeout_ms = 500;
-    let publisher = seckill::mq::connect_publisher(&settings).await.unwrap();
-    let state = build_state(Arc::new(settings), publisher).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let stop = CancellationToken::new();
-    let server = tokio::spawn(serve(listener, state, stop.clone()));
-    wait_ready(format!("{base}/readyz")).await;
+    let api = start_api(settings).await;
+    let base = api.base.clone();
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
@@ -75,7 +67,7 @@ async fn a_hung_redis_gets_503_within_bounds_and_the_api_recovers_after() {
     let redis = env.redis().await;
     assert_eq!(redis.sku_stock(980, 1).await.unwrap(), Some((5, 4)));
 
-    stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(15), server).await;
+    api.stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(15), api.server).await;
     env.cleanup().await;
 }

@@ -6,25 +6,8 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use common::{wait_ready, TestEnv};
-use seckill::config::Settings;
-use seckill::roles::api::{build_state, serve};
+use common::{start_api, TestEnv};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
-
-/// Starts the API with `settings`; returns its base URL and the token that stops it.
-async fn start(settings: Settings) -> (String, CancellationToken) {
-    let publisher = seckill::mq::connect_publisher(&settings).await.unwrap();
-    let state = build_state(Arc::new(settings), publisher).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let stop = CancellationToken::new();
-    tokio::spawn(serve(listener, state, stop.clone()));
-    wait_ready(format!("{base}/readyz")).await;
-    (base, stop)
-}
 
 /// One reservation request: (status, Retry-After, error code).
 async fn reserve(
@@ -59,7 +42,8 @@ async fn a_hammering_buyer_gets_429_while_other_buyers_get_202() {
     // One token every 10 s: no token comes back while the test runs, however slow the machine.
     settings.api.buyer_rate_per_sec = 0.1;
     settings.api.buyer_burst = 3;
-    let (base, stop) = start(settings).await;
+    let api = start_api(settings).await;
+    let (base, stop) = (api.base, api.stop);
     let url = format!("{base}/v1/activities/985/skus/1/reservations");
     let client = reqwest::Client::new();
 
@@ -111,7 +95,8 @@ async fn an_address_has_its_own_bucket_and_forwarded_addresses_count_only_from_a
     // own bucket.
     let mut trusting = settings.clone();
     trusting.api.trusted_proxies = vec!["127.0.0.1".parse().unwrap()];
-    let (base, stop) = start(trusting).await;
+    let api = start_api(trusting).await;
+    let (base, stop) = (api.base, api.stop);
     let url = format!("{base}/v1/activities/986/skus/1/reservations");
     let mut seen = Vec::new();
     for user in 1..=4 {
@@ -127,7 +112,8 @@ async fn an_address_has_its_own_bucket_and_forwarded_addresses_count_only_from_a
     stop.cancel();
 
     // No trusted proxy: whatever a client forwards, its address is its own.
-    let (base, stop) = start(settings).await;
+    let api = start_api(settings).await;
+    let (base, stop) = (api.base, api.stop);
     let url = format!("{base}/v1/activities/986/skus/1/reservations");
     let mut seen = Vec::new();
     for (user, forged) in [

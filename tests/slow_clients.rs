@@ -8,15 +8,12 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::TestEnv;
-use seckill::roles::api::{build_state, serve};
+use common::{start_api, TestEnv};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_util::sync::CancellationToken;
 
 const STALLED: usize = 2048;
 
@@ -44,13 +41,8 @@ async fn stalled_bodies_hold_no_permit_and_are_closed_by_the_request_timeout() {
     settings.api.max_inflight = STALLED;
     settings.api.request_timeout_ms = 2_000;
     settings.api.header_read_timeout_ms = 2_000;
-    let publisher = seckill::mq::connect_publisher(&settings).await.unwrap();
-    let state = build_state(Arc::new(settings), publisher).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let stop = CancellationToken::new();
-    let server = tokio::spawn(serve(listener, state, stop.clone()));
-    common::wait_ready(format!("http://{addr}/readyz")).await;
+    let api = start_api(settings).await;
+    let addr = api.addr;
 
     // Headers and one byte of a 60-byte body, then nothing.
     let head = "POST /v1/activities/970/skus/1/reservations HTTP/1.1\r\nhost: x\r\n\
@@ -90,8 +82,8 @@ async fn stalled_bodies_hold_no_permit_and_are_closed_by_the_request_timeout() {
         .count();
     assert_eq!(timed_out, STALLED, "every stalled request answered 408");
 
-    stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(15), server).await;
+    api.stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(15), api.server).await;
     env.cleanup().await;
 }
 
@@ -100,13 +92,8 @@ async fn an_unfinished_request_head_and_an_idle_connection_are_closed() {
     let env = TestEnv::new(false).await;
     let mut settings = env.settings.clone();
     settings.api.header_read_timeout_ms = 1_000;
-    let publisher = seckill::mq::connect_publisher(&settings).await.unwrap();
-    let state = build_state(Arc::new(settings), publisher).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let stop = CancellationToken::new();
-    let server = tokio::spawn(serve(listener, state, stop.clone()));
-    common::wait_ready(format!("http://{addr}/readyz")).await;
+    let api = start_api(settings).await;
+    let addr = api.addr;
 
     // Half a request line, never finished.
     let mut half = TcpStream::connect(addr).await.unwrap();
@@ -124,7 +111,7 @@ async fn an_unfinished_request_head_and_an_idle_connection_are_closed() {
         "its request was answered first"
     );
 
-    stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(15), server).await;
+    api.stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(15), api.server).await;
     env.cleanup().await;
 }

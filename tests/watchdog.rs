@@ -8,12 +8,9 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use common::{free_port, wait_ready, TestEnv};
-use seckill::roles::api::{build_state, serve};
-use tokio_util::sync::CancellationToken;
+use common::{free_port, start_api, TestEnv};
 
 #[tokio::test]
 async fn scan_whose_relay_loop_panics_exits_non_zero_naming_it() {
@@ -49,16 +46,10 @@ async fn scan_whose_relay_loop_panics_exits_non_zero_naming_it() {
 #[tokio::test]
 async fn api_whose_admission_check_panics_turns_unready_and_stops_with_an_error() {
     let env = TestEnv::new(false).await;
-    let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
     let mut settings = env.settings.clone();
     settings.api.admission_check_ms = 50;
-    let state = build_state(Arc::new(settings), publisher).await.unwrap();
-    let ready = state.ready.clone();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/readyz", listener.local_addr().unwrap());
-    let stop = CancellationToken::new();
-    let server = tokio::spawn(serve(listener, state, stop.clone()));
-    wait_ready(url).await;
+    let api = start_api(settings).await;
+    let (ready, stop, server) = (api.ready, api.stop, api.server);
     assert!(ready.get());
 
     fail::cfg("api-admission-loop", "panic").unwrap();

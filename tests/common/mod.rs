@@ -431,3 +431,36 @@ impl Drop for StallProxy {
         self.accept.abort();
     }
 }
+
+/// The API served in-process on a free loopback port, with the real broker publisher.
+pub struct Api {
+    pub addr: std::net::SocketAddr,
+    /// `http://<addr>`.
+    pub base: String,
+    pub ready: seckill::telemetry::Readiness,
+    /// Cancel to stop it (it drains its requests first).
+    pub stop: tokio_util::sync::CancellationToken,
+    pub server: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+/// Starts the API with `settings` and waits until `/readyz` answers 200.
+pub async fn start_api(settings: Settings) -> Api {
+    let publisher = seckill::mq::connect_publisher(&settings).await.unwrap();
+    let state = seckill::roles::api::build_state(Arc::new(settings), publisher)
+        .await
+        .expect("api state");
+    let ready = state.ready.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(seckill::roles::api::serve(listener, state, stop.clone()));
+    let base = format!("http://{addr}");
+    wait_ready(format!("{base}/readyz")).await;
+    Api {
+        addr,
+        base,
+        ready,
+        stop,
+        server,
+    }
+}

@@ -78,25 +78,31 @@ struct Emit {
 }
 
 impl Emit {
-    /// An event keyed by `key`; `order_version` marks it as one of the order's own events
-    /// (its aggregate is the order, `Some(None)` for the unversioned timer).
+    /// An event keyed by `key` (no aggregate).
     fn new(
         topic: &str,
         tag: &'static str,
         key: &str,
         event_id: &str,
         payload: serde_json::Value,
-        order_version: Option<Option<i32>>,
     ) -> Self {
         Self {
             event_id: event_id.to_string(),
             topic: topic.to_string(),
             tag,
             key: key.to_string(),
-            aggregate_id: order_version.map(|_| key.to_string()),
-            version: order_version.flatten(),
+            aggregate_id: None,
+            version: None,
             payload,
         }
+    }
+
+    /// One of the order's own events: its aggregate is the order (the key), at `version`
+    /// (`None` for the unversioned timer).
+    fn of_order(mut self, version: Option<i32>) -> Self {
+        self.aggregate_id = Some(self.key.clone());
+        self.version = version;
+        self
     }
 }
 
@@ -185,7 +191,7 @@ async fn missing_order_events(
         };
         let order_event = |tag, event_id: String, payload, version| {
             let topic = &names.order_event_topic;
-            Emit::new(topic, tag, &oid, &event_id, payload, Some(Some(version)))
+            Emit::new(topic, tag, &oid, &event_id, payload).of_order(Some(version))
         };
         if !present.contains(&order_created_event_id(&oid)) {
             let mut e = OrderCreated::new(&facts, expires_at);
@@ -224,7 +230,6 @@ async fn missing_order_events(
                 &rid,
                 &e.event_id,
                 payload(&e),
-                None,
             );
             released.record(pg, rid.clone(), &emit).await?;
         }
@@ -280,14 +285,8 @@ async fn expired_not_canceled(
         );
         e.reconciled_at = Some(now);
         let topic = &names.order_timeout_topic;
-        let emit = Emit::new(
-            topic,
-            TAG_CANCEL_IF_UNPAID,
-            &oid,
-            &e.event_id,
-            payload(&e),
-            Some(None),
-        );
+        let emit =
+            Emit::new(topic, TAG_CANCEL_IF_UNPAID, &oid, &e.event_id, payload(&e)).of_order(None);
         expired.record(pg, oid, &emit).await?;
     }
     Ok(expired)
