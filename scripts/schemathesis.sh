@@ -11,7 +11,7 @@
 # A `seckill consume` runs beside the api. Without it nothing consumes FUZZ_SECKILL_ORDER_CREATE_V1,
 # the api's fail-closed admission sees the queue's oldest message grow older than 60 s and answers
 # every reservation 503 SALE_PAUSED (by design); with it the reservations become orders, so the
-# GET /v1/orders and pay routes are exercised with real data too.
+# GET /v1/orders route is exercised with real data too (payment notifications, unsigned, are refused).
 #
 # Does not build: it uses ${SECKILL_BIN:-target/debug/seckill}.
 # Knobs: SCHEMATHESIS_MAX_EXAMPLES (default 100 per operation), SCHEMATHESIS_WORKERS (default 1),
@@ -127,12 +127,15 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 port="$(free_port)"
 consume_port="$(free_port)"
 while [[ "$consume_port" == "$port" ]]; do consume_port="$(free_port)"; done
+admin_port="$(free_port)"
+while [[ "$admin_port" == "$port" || "$admin_port" == "$consume_port" ]]; do admin_port="$(free_port)"; done
 export SECKILL_ENV=test
 export SECKILL__ENV=FUZZ
 export SECKILL__PG__SCHEMA="$PG_SCHEMA"
 export SECKILL__REDIS__KEY_PREFIX="$REDIS_PREFIX"
 export SECKILL__API__LISTEN="127.0.0.1:$port"
 export SECKILL__API__ADMIN_TOKEN="fuzz-admin-token"
+export SECKILL__API__ADMIN_LISTEN="127.0.0.1:$admin_port"
 export SECKILL__CONSUMER__METRICS_LISTEN="127.0.0.1:$consume_port"
 export SECKILL__TELEMETRY__LOG_LEVEL="${SECKILL__TELEMETRY__LOG_LEVEL:-info,rocketmq_client_rust=warn,rocketmq_runtime=error,rocketmq_transport=warn,rocketmq_remoting=warn}"
 
@@ -192,9 +195,14 @@ log "admission open, order queue drained"
 stage=schemathesis
 left=$((BUDGET_SECS - (SECONDS - started) - 30)) # kept for the roles' drain and the cleanup
 if ((left < 30)); then detail="reason=no_time_left"; exit 1; fi
+# The buyers' routes need a buyer token: one development token (buyer 1) for every request.
+# Other buyers' reservations and orders (the ids the fuzzer follows from 202s are buyer 1's
+# own) answer 404; calls without it are checked by schemathesis' ignored_auth check.
+token="$("$BIN" token mint --user 1 --ttl 3600 2>>"$RUN_DIR/prepare.log")" || { detail="reason=token_mint"; exit 1; }
 args=(
   run "$SPEC"
   --url "$base"
+  --header "Authorization: Bearer $token"
   --checks all
   --max-examples "$MAX_EXAMPLES"
   --workers "$WORKERS"

@@ -48,6 +48,21 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::roles::ops::dlq::DlqCommand,
     },
+    /// The event outbox: requeue DEAD rows.
+    Outbox {
+        #[command(subcommand)]
+        command: crate::roles::ops::outbox::OutboxCommand,
+    },
+    /// Development buyer tokens (refused in PROD).
+    Token {
+        #[command(subcommand)]
+        command: crate::roles::ops::dev_credentials::TokenCommand,
+    },
+    /// Development payment notifications (refused in PROD).
+    Payment {
+        #[command(subcommand)]
+        command: crate::roles::ops::dev_credentials::PaymentCommand,
+    },
     /// Flash-sale activities.
     Activity {
         #[command(subcommand)]

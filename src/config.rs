@@ -34,6 +34,8 @@ pub struct Settings {
     pub redis: RedisSettings,
     pub mq: MqSettings,
     pub api: ApiSettings,
+    pub auth: AuthSettings,
+    pub payments: PaymentSettings,
     pub consumer: ConsumerSettings,
     pub scan: ScanSettings,
     pub timeout: TimeoutSettings,
@@ -112,8 +114,11 @@ pub struct ApiSettings {
     pub reservation_valid_secs: u64,
     /// First re-send attempt of an UNKNOWN send is scheduled this far ahead (scanner backoff base).
     pub resend_backoff_ms: u64,
-    /// Bearer token for the admin surface; empty disables admin routes. A secret, never printed.
+    /// Bearer token for the admin listener; empty: no admin listener. A secret, never printed.
     pub admin_token: SecretString,
+    /// Where the admin listener (pause, resume, status, outbox requeue) listens: keep it off
+    /// the buyers' load balancer (docs/ARCHITECTURE.md#admin-surface).
+    pub admin_listen: SocketAddr,
     /// Seconds to let in-flight requests finish on SIGTERM.
     pub shutdown_grace_secs: u64,
     /// Fail closed (docs/ARCHITECTURE.md#fail-closed-admission): new reservations get 503 SALE_PAUSED while the oldest
@@ -122,6 +127,9 @@ pub struct ApiSettings {
     pub fail_closed_share: f64,
     /// How often the admission check runs.
     pub admission_check_ms: u64,
+    /// Lag probes failing in a row (with reservations sent meanwhile) before admission closes:
+    /// an unreadable lag is never read as a fresh one.
+    pub lag_unreadable_probes: u32,
     /// A request head must arrive within this; a keep-alive connection idle this long closes.
     pub header_read_timeout_ms: u64,
     /// A whole request, its body included, is answered within this (408 otherwise).
@@ -149,6 +157,47 @@ impl ApiSettings {
             max_connections: self.max_connections,
         }
     }
+}
+
+/// Who the buyer of a request is (docs/ARCHITECTURE.md#security-model).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BuyerIdentity {
+    /// The verified `sub` of an `Authorization: Bearer` JWT; the body's `user_id` may be left
+    /// out, and must equal it when present.
+    Token,
+    /// The body's `user_id`, believed as sent: for development and the benchmark's
+    /// comparison only, refused when `env = "PROD"`.
+    Body,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSettings {
+    pub buyers: BuyerIdentity,
+    /// JWKS (JSON) with the public keys buyer tokens are signed with: Ed25519 (EdDSA) or P-256
+    /// (ES256), each with a `kid`; publish a new key beside the old one to rotate.
+    pub jwks_file: String,
+    /// The `aud` every token must carry.
+    pub audience: String,
+    /// The `iss` every token must carry (empty: not checked).
+    pub issuer: String,
+    /// Clock skew allowed on `exp` and `nbf`.
+    pub leeway_secs: u64,
+    /// HS256 secret for development tokens (`seckill token mint`); empty in production and
+    /// refused when `env = "PROD"`. A secret, never printed.
+    pub dev_hs256_secret: SecretString,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PaymentSettings {
+    /// HMAC-SHA256 secrets shared with the payment provider; a notification signed with any
+    /// of them is accepted (several during a rotation). Empty: payment notifications are
+    /// refused. Secrets, never printed.
+    pub webhook_secrets: Vec<SecretString>,
+    /// How far a notification's signed timestamp may be from now, either way.
+    pub tolerance_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -329,6 +378,7 @@ impl Settings {
         self.validate_stores()?;
         self.validate_mq()?;
         self.validate_api_and_consumer()?;
+        self.validate_trust()?;
         self.validate_scan_and_retention()
     }
 
@@ -408,6 +458,51 @@ impl Settings {
         Ok(())
     }
 
+    /// `[auth]` and `[payments]`: development shortcuts never reach PROD.
+    fn validate_trust(&self) -> Result<(), ConfigError> {
+        let prod = self.env == "PROD";
+        if prod && self.auth.buyers == BuyerIdentity::Body {
+            return Err(invalid(
+                "auth.buyers",
+                "\"body\" believes any caller's user_id and is refused when env = \"PROD\"",
+            ));
+        }
+        let dev = self.auth.dev_hs256_secret.expose_secret();
+        if prod && !dev.is_empty() {
+            return Err(invalid(
+                "auth.dev_hs256_secret",
+                "development tokens are refused when env = \"PROD\" (use auth.jwks_file)",
+            ));
+        }
+        if !dev.is_empty() && dev.len() < 32 {
+            return Err(invalid(
+                "auth.dev_hs256_secret",
+                "must be at least 32 bytes",
+            ));
+        }
+        if self.auth.audience.is_empty() {
+            return Err(invalid("auth.audience", "must not be empty"));
+        }
+        if self.auth.leeway_secs > 300 {
+            return Err(invalid("auth.leeway_secs", "must be at most 300"));
+        }
+        if self
+            .payments
+            .webhook_secrets
+            .iter()
+            .any(|s| s.expose_secret().len() < 16)
+        {
+            return Err(invalid(
+                "payments.webhook_secrets",
+                "every secret must be at least 16 bytes",
+            ));
+        }
+        if !(1..=3600).contains(&self.payments.tolerance_secs) {
+            return Err(invalid("payments.tolerance_secs", "must be in 1..=3600"));
+        }
+        Ok(())
+    }
+
     /// `[mq]`.
     fn validate_mq(&self) -> Result<(), ConfigError> {
         if self.mq.name_server.parse::<SocketAddr>().is_err() {
@@ -459,6 +554,9 @@ impl Settings {
         }
         if !(self.api.fail_closed_share > 0.0 && self.api.fail_closed_share <= 1.0) {
             return Err(invalid("api.fail_closed_share", "must be in (0, 1]"));
+        }
+        if self.api.lag_unreadable_probes == 0 {
+            return Err(invalid("api.lag_unreadable_probes", "must be at least 1"));
         }
         if self.api.admission_check_ms == 0 {
             return Err(invalid("api.admission_check_ms", "must be positive"));

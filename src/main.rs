@@ -7,6 +7,7 @@ use clap::Parser;
 
 use seckill::cli::{ActivityCommand, Cli, Command, TopicsCommand};
 use seckill::roles;
+use seckill::roles::ops::dev_credentials::{self, PaymentCommand, TokenCommand};
 
 fn main() -> std::process::ExitCode {
     // Failpoints from the FAILPOINTS variable, only in builds for the fault tests.
@@ -39,6 +40,13 @@ fn main() -> std::process::ExitCode {
                 .map(|_| true),
             Command::Reconcile(args) => roles::ops::reconcile::run(settings, args).await,
             Command::Dlq { command } => roles::ops::dlq::run(settings, command).await,
+            Command::Outbox { command } => roles::ops::outbox::run(settings, command).await,
+            Command::Token {
+                command: TokenCommand::Mint(args),
+            } => dev_credentials::mint(&settings, &args).map(|_| true),
+            Command::Payment {
+                command: PaymentCommand::Sign(args),
+            } => dev_credentials::sign_notification(&settings, &args).map(|_| true),
         }
     })
 }

@@ -33,6 +33,7 @@ async fn api_killed_after_the_reservation_before_the_send_the_scanner_sends_it_o
         .post(format!(
             "http://127.0.0.1:{port}/v1/activities/900/skus/1/reservations"
         ))
+        .header("authorization", common::bearer(5))
         .json(&json!({"user_id": 5, "request_id": "killed", "quantity": 1}))
         .send()
         .await;
@@ -120,6 +121,7 @@ async fn consumer_killed_after_commit_before_ack_the_redelivery_hits_the_inbox()
     tokio::spawn(seckill::roles::api::serve(listener, state, stop.clone()));
     let r = reqwest::Client::new()
         .post(format!("{base}/v1/activities/901/skus/1/reservations"))
+        .header("authorization", common::bearer(8))
         .json(&json!({"user_id": 8, "request_id": "r", "quantity": 1}))
         .send()
         .await
@@ -389,6 +391,7 @@ async fn api_killed_after_the_broker_stored_the_message_makes_one_order() {
         .post(format!(
             "http://127.0.0.1:{port}/v1/activities/961/skus/1/reservations"
         ))
+        .header("authorization", common::bearer(6))
         .json(&json!({"user_id": 6, "request_id": "stored-then-killed", "quantity": 1}))
         .send()
         .await;

@@ -30,6 +30,7 @@ async fn a_hung_redis_gets_503_within_bounds_and_the_api_recovers_after() {
     let reserve = |request_id: &'static str| {
         client
             .post(format!("{base}/v1/activities/980/skus/1/reservations"))
+            .header("authorization", common::bearer(9))
             .json(&json!({"user_id": 9, "request_id": request_id, "quantity": 1}))
             .send()
     };

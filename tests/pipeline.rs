@@ -70,6 +70,7 @@ async fn reserve(
         .post(format!(
             "{base}/v1/activities/{activity}/skus/{sku}/reservations"
         ))
+        .header("authorization", common::bearer(user))
         .json(&json!({"user_id": user, "request_id": request_id, "quantity": 1}))
         .send()
         .await
@@ -78,8 +79,19 @@ async fn reserve(
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
+/// A GET as buyer 1.
 async fn get(url: String) -> (StatusCode, Value) {
-    let r = reqwest::get(url).await.unwrap();
+    get_as(1, url).await
+}
+
+/// A GET as buyer `user`.
+async fn get_as(user: i64, url: String) -> (StatusCode, Value) {
+    let r = reqwest::Client::new()
+        .get(url)
+        .header("authorization", common::bearer(user))
+        .send()
+        .await
+        .unwrap();
     let status = r.status();
     (status, r.json().await.unwrap_or(Value::Null))
 }
@@ -100,14 +112,14 @@ async fn a_reservation_becomes_one_created_order_visible_through_the_api() {
     let url = format!("{}/v1/orders/{oid}", app.base);
     eventually(30, "the order exists", || {
         let url = url.clone();
-        async move { get(url).await.0 == StatusCode::OK }
+        async move { get_as(42, url).await.0 == StatusCode::OK }
     })
     .await;
-    let (_, order) = get(url).await;
+    let (_, order) = get_as(42, url).await;
     assert_eq!(order["status"], "CREATED");
     assert_eq!(order["reservation_id"], rid.as_str());
     assert_eq!(order["user_id"], 42);
-    let (status, rsv) = get(format!("{}/v1/reservations/{rid}", app.base)).await;
+    let (status, rsv) = get_as(42, format!("{}/v1/reservations/{rid}", app.base)).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(rsv["status"], "CREATED");
     assert_eq!(rsv["order_id"], oid.as_str());
@@ -115,21 +127,9 @@ async fn a_reservation_becomes_one_created_order_visible_through_the_api() {
     assert_eq!(env.count("SELECT count(*) FROM stock_ledger").await, 1);
     assert_eq!(env.count("SELECT count(*) FROM event_outbox").await, 2);
 
-    // Payment: paid once, the same payment again is the same answer, another one is refused.
-    let client = reqwest::Client::new();
-    let pay = |payment: &'static str| {
-        let (client, url) = (client.clone(), format!("{}/v1/orders/{oid}/pay", app.base));
-        async move {
-            let r = client
-                .post(url)
-                .json(&json!({"payment_id": payment}))
-                .send()
-                .await
-                .unwrap();
-            let status = r.status();
-            (status, r.json::<Value>().await.unwrap())
-        }
-    };
+    // Payment (the provider's signed notification): paid once, the same notification again
+    // is the same answer, another payment for the same order is refused.
+    let pay = |payment: &'static str| common::notify_payment(&app.base, &oid, payment, 100);
     let (s, b) = pay("p-1").await;
     assert_eq!(
         (s, b["status"].as_str(), b["repeat"].as_bool()),
@@ -147,12 +147,21 @@ async fn a_reservation_becomes_one_created_order_visible_through_the_api() {
         (s, b["error"]["code"].as_str()),
         (StatusCode::BAD_REQUEST, Some("INVALID_REQUEST"))
     );
+    // The buyer's own route to mark an order paid is gone: only the provider confirms.
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/orders/{oid}/pay", app.base))
+        .header("authorization", common::bearer(42))
+        .json(&json!({"payment_id": "p-3"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
     assert_eq!(
         env.count("SELECT count(*) FROM event_outbox WHERE tag = 'ORDER_PAID'")
             .await,
         1
     );
-    let (_, order) = get(format!("{}/v1/orders/{oid}", app.base)).await;
+    let (_, order) = get_as(42, format!("{}/v1/orders/{oid}", app.base)).await;
     assert_eq!(order["status"], "PAID");
     let fields = app.state.redis.reservation(100, &rid).await.unwrap();
     assert_eq!(fields["mq_status"], "MQ_SENT");
@@ -263,10 +272,6 @@ fn bad_bodies() -> Vec<(String, &'static str)> {
     vec![
         ("{not json".into(), "json"),
         ("".into(), "empty"),
-        (
-            r#"{"request_id":"a","quantity":1}"#.into(),
-            "missing user_id",
-        ),
         (r#"{"user_id":1,"quantity":1}"#.into(), "missing request_id"),
         (
             r#"{"user_id":0,"request_id":"a","quantity":1}"#.into(),
@@ -341,6 +346,7 @@ async fn bad_input_gets_a_400_json_error_and_writes_nothing() {
     for (body, what) in bodies {
         let r = client
             .post(&url)
+            .header("authorization", common::bearer(1))
             .header("content-type", "application/json")
             .body(body)
             .send()
@@ -365,6 +371,7 @@ async fn bad_input_gets_a_400_json_error_and_writes_nothing() {
     ] {
         let r = client
             .post(format!("{}{path}", app.base))
+            .header("authorization", common::bearer(1))
             .json(&json!({"user_id": 1, "request_id": "a", "quantity": 1}))
             .send()
             .await

@@ -19,6 +19,7 @@ async fn reserve(
 ) -> (u16, Option<String>, String) {
     let mut req = client
         .post(url)
+        .header("authorization", common::bearer(user))
         .json(&json!({"user_id": user, "request_id": request_id, "quantity": 1}));
     if let Some(f) = forwarded_for {
         req = req.header("x-forwarded-for", f);

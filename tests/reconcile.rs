@@ -7,9 +7,8 @@
 mod common;
 
 use chrono::Utc;
-use common::{delivery_of, reserve_only, TestEnv};
-use seckill::pg::order_state::{pay, StateNames};
-use seckill::roles::consume::order_create::OrderCreateHandler;
+use common::TestEnv;
+use seckill::pg::order_state::{pay, Payment, StateNames};
 use seckill::roles::ops::reconcile::{reconcile, ReconcileArgs};
 
 async fn snapshot(
@@ -32,7 +31,7 @@ async fn reconcile_emits_exactly_the_missing_events_once_and_changes_no_order() 
     env.activity(960, 1, 10).await;
     let redis = env.redis().await;
     let names = env.settings.names();
-    let orders = three_orders(&env, &redis).await;
+    let orders = three_orders(&env).await;
     let pool = env.pool(2).await;
     let mut c = pool.get().await.unwrap();
     let state = StateNames {
@@ -40,7 +39,12 @@ async fn reconcile_emits_exactly_the_missing_events_once_and_changes_no_order() 
         compensate_topic: names.compensate_topic.clone(),
     };
     // Drift 1: a PAID order whose ORDER_PAID event row was lost.
-    pay(&mut c, &orders[0], "pay-0", &state).await.unwrap();
+    let paid = Payment {
+        order_id: &orders[0],
+        payment_id: "pay-0",
+        amount_cents: 100,
+    };
+    pay(&mut c, &paid, &state).await.unwrap();
     c.execute("DELETE FROM event_outbox WHERE tag = 'ORDER_PAID'", &[])
         .await
         .unwrap();
@@ -135,24 +139,10 @@ async fn reconcile_emits_exactly_the_missing_events_once_and_changes_no_order() 
 
 /// Three orders of activity 960, reserved in Redis exactly as the API does, then created by
 /// the consumer.
-async fn three_orders(env: &TestEnv, redis: &seckill::redis::RedisStore) -> Vec<String> {
-    let names = env.settings.names();
-    let handler = OrderCreateHandler::new(env.pool(2).await, &env.settings, 1);
-    let mut orders = Vec::new();
-    for user in 1..=3 {
-        let ids = reserve_only(redis, 960, user, 600_000).await;
-        let now = Utc::now().timestamp_millis();
-        let fields = redis.reservation(960, &ids.reservation_id).await.unwrap();
-        let event = seckill::roles::scan::event_from_reservation(&fields).unwrap();
-        handler
-            .process(&[delivery_of(&names.order_create_topic, &event)])
-            .await
-            .unwrap();
-        redis
-            .mark_sent(960, &ids.reservation_id, &ids.message_id, "b", now)
-            .await
-            .unwrap();
-        orders.push(ids.order_id);
-    }
-    orders
+async fn three_orders(env: &TestEnv) -> Vec<String> {
+    common::created_orders(env, 960, &[1, 2, 3])
+        .await
+        .into_iter()
+        .map(|ids| ids.order_id)
+        .collect()
 }

@@ -16,7 +16,16 @@ use seckill::domain::{CancelOutcome, PayOutcome};
 use seckill::domain::{Decision, RejectReason};
 use seckill::domain::{Ids, OrderCreateRequested};
 use seckill::mq::BatchHandler;
-use seckill::pg::order_state::{pay, StateNames};
+use seckill::pg::order_state::{pay, Payment, StateNames};
+
+/// A payment of a test order (every test SKU costs 100 cents).
+fn payment<'a>(order_id: &'a str, payment_id: &'a str) -> Payment<'a> {
+    Payment {
+        order_id,
+        payment_id,
+        amount_cents: 100,
+    }
+}
 use seckill::pg::outbox;
 use seckill::roles::consume::compensate::CompensationHandler;
 use seckill::roles::consume::order_create::OrderCreateHandler;
@@ -314,9 +323,13 @@ async fn an_early_cancel_changes_nothing_and_cancels_after_expiry() {
     assert_eq!(env.count("SELECT count(*) FROM event_outbox WHERE tag = 'ORDER_CANCELED' AND aggregate_version = 2").await, 1);
     let mut client = pool.get().await.unwrap();
     assert_eq!(
-        pay(&mut client, &order_id, "pay-1", &state_names(&env))
-            .await
-            .unwrap(),
+        pay(
+            &mut client,
+            &payment(&order_id, "pay-1"),
+            &state_names(&env)
+        )
+        .await
+        .unwrap(),
         PayOutcome::Canceled
     );
     drop(c);
@@ -355,7 +368,8 @@ async fn pay_and_cancel_raced_100_times_each_never_both_win() {
         tasks.spawn(async move {
             tokio::time::sleep(jitter).await;
             let mut c = pool.get().await.unwrap();
-            pay(&mut c, &order_id, &format!("pay-{order_id}"), &names)
+            let payment_id = format!("pay-{order_id}");
+            pay(&mut c, &payment(&order_id, &payment_id), &names)
                 .await
                 .unwrap();
         });

@@ -32,6 +32,7 @@ async fn roles_serve_metrics_and_a_consumer_stopped_mid_load_loses_and_doubles_n
     for user in 1..=200 {
         let r = client
             .post(&url)
+            .header("authorization", common::bearer(user))
             .json(&json!({"user_id": user, "request_id": format!("r{user}"), "quantity": 1}))
             .send()
             .await

@@ -91,6 +91,7 @@ where
                     async move {
                         let r = client
                             .post(&url)
+                            .header("authorization", common::bearer(user))
                             .json(&json!({"user_id": user, "request_id": format!("u{user}"), "quantity": 1}))
                             .send()
                             .await;

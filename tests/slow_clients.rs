@@ -44,9 +44,13 @@ async fn stalled_bodies_hold_no_permit_and_are_closed_by_the_request_timeout() {
     let api = start_api(settings).await;
     let addr = api.addr;
 
-    // Headers and one byte of a 60-byte body, then nothing.
-    let head = "POST /v1/activities/970/skus/1/reservations HTTP/1.1\r\nhost: x\r\n\
-                content-type: application/json\r\ncontent-length: 60\r\n\r\n{";
+    // Headers (with a valid buyer token: the strongest such client) and one byte of a 60-byte
+    // body, then nothing.
+    let head = format!(
+        "POST /v1/activities/970/skus/1/reservations HTTP/1.1\r\nhost: x\r\n\
+         authorization: {}\r\ncontent-type: application/json\r\ncontent-length: 60\r\n\r\n{{",
+        common::bearer(1)
+    );
     let mut stalled = Vec::with_capacity(STALLED);
     for _ in 0..STALLED {
         let mut s = TcpStream::connect(addr).await.unwrap();
@@ -61,6 +65,7 @@ async fn stalled_bodies_hold_no_permit_and_are_closed_by_the_request_timeout() {
         .post(format!(
             "http://{addr}/v1/activities/970/skus/1/reservations"
         ))
+        .header("authorization", common::bearer(7))
         .json(&json!({"user_id": 7, "request_id": "real-buyer", "quantity": 1}))
         .send()
         .await

@@ -93,6 +93,40 @@ struct Planned {
     user_id: i64,
     sku_id: i64,
     request_id: String,
+    /// `Authorization` value: the buyer's token, minted before the clock starts (`None` when
+    /// the API believes the body's user_id).
+    auth: Option<Arc<str>>,
+}
+
+/// Gives every planned request its buyer's token (one token per buyer, as a shop's login
+/// would hand out), outside the measured phase.
+fn with_tokens(settings: &Settings, plan: &mut [Planned]) -> anyhow::Result<()> {
+    if settings.auth.buyers != seckill::config::BuyerIdentity::Token {
+        return Ok(());
+    }
+    let mut tokens: std::collections::HashMap<i64, Arc<str>> = Default::default();
+    for p in plan.iter_mut() {
+        let token = match tokens.get(&p.user_id) {
+            Some(t) => t.clone(),
+            None => {
+                let spec = seckill::auth::buyer::TokenSpec {
+                    user_id: p.user_id,
+                    ttl: Duration::from_secs(3600),
+                    audience: &settings.auth.audience,
+                    issuer: &settings.auth.issuer,
+                };
+                let t: Arc<str> = format!(
+                    "Bearer {}",
+                    seckill::auth::buyer::mint_dev(&settings.auth.dev_hs256_secret, &spec)?
+                )
+                .into();
+                tokens.insert(p.user_id, t.clone());
+                t
+            }
+        };
+        p.auth = Some(token);
+    }
+    Ok(())
 }
 
 /// Builds the request plan: fresh buyers, repeat buyers and repeated requests, shuffled in time.
@@ -119,6 +153,7 @@ fn plan(args: &BenchArgs, run_tag: &str) -> Vec<Planned> {
             user_id,
             sku_id: args.sku_id + rng.random_range(0..args.skus.max(1)),
             request_id: format!("{run_tag}-{i}"),
+            auth: None,
         });
     }
     out
@@ -147,11 +182,13 @@ enum Answer {
 
 async fn one_request(client: &reqwest::Client, base: &str, p: &Planned) -> Answer {
     let body = serde_json::json!({"user_id": p.user_id, "request_id": p.request_id, "quantity": 1});
-    let resp = client
+    let mut req = client
         .post(format!("{base}/{}/reservations", p.sku_id))
-        .json(&body)
-        .send()
-        .await;
+        .json(&body);
+    if let Some(auth) = &p.auth {
+        req = req.header("authorization", &**auth);
+    }
+    let resp = req.send().await;
     match resp {
         Err(_) => Answer::Transport,
         Ok(r) => {
@@ -255,7 +292,9 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
         anyhow::ensure!(rate > 0.0, "--rate must be positive");
     }
     let run_tag = format!("b{}", ulid::Ulid::new());
-    let plan = Arc::new(plan(&args, &run_tag));
+    let mut plan = plan(&args, &run_tag);
+    with_tokens(&settings, &mut plan)?;
+    let plan = Arc::new(plan);
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(args.concurrency)
         .timeout(Duration::from_secs(10))
@@ -290,7 +329,7 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     wait_drained(&pg, &accepted, &args, &mut report).await?;
     order_latencies(&pg, &args, &mut report).await?;
     if args.pay_share > 0.0 {
-        settle(&args, &client, &pg, &mut report).await?;
+        settle(&settings, &args, &client, &pg, &mut report).await?;
     }
     judge(&settings, &pg, &args, bench_started_at, &mut report).await?;
     let ok = report.invariants.ok() && (report.transport_errors == 0 || args.tolerate_faults);
@@ -554,35 +593,53 @@ pub async fn order_rate(
     })
 }
 
-/// Pays a share of the created orders through the API, then waits until every other order
-/// was cancelled by the timeout path and every compensation is done.
+/// Pays a share of the created orders the way the payment provider does (a signed
+/// notification per order, for its amount), then waits until every other order was cancelled
+/// by the timeout path and every compensation is done.
 async fn settle(
+    settings: &Settings,
     args: &BenchArgs,
     client: &reqwest::Client,
     pg: &deadpool_postgres::Object,
     report: &mut BenchReport,
 ) -> anyhow::Result<()> {
     let last_sku = args.sku_id + args.skus - 1;
-    let orders: Vec<String> = pg
+    let orders: Vec<(String, i64)> = pg
         .query(
-            "SELECT order_id FROM orders WHERE activity_id = $1 AND sku_id BETWEEN $2 AND $3
-               AND status = 'CREATED'
+            "SELECT order_id, amount_cents FROM orders
+             WHERE activity_id = $1 AND sku_id BETWEEN $2 AND $3 AND status = 'CREATED'
              ORDER BY created_at",
             &[&args.activity_id, &args.sku_id, &last_sku],
         )
         .await?
         .into_iter()
-        .map(|r| r.get(0))
+        .map(|r| (r.get(0), r.get(1)))
         .collect();
+    let secret = settings
+        .payments
+        .webhook_secrets
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("payments.webhook_secrets is empty: cannot pay"))?
+        .clone();
     let to_pay = ((orders.len() as f64) * args.pay_share.clamp(0.0, 1.0)).round() as usize;
     let base = args.api.trim_end_matches('/').to_string();
     let results: Vec<bool> = futures::stream::iter(orders.into_iter().take(to_pay))
-        .map(|order_id| {
-            let (client, base) = (client.clone(), base.clone());
+        .map(|(order_id, amount_cents)| {
+            let (client, base, secret) = (client.clone(), base.clone(), secret.clone());
             async move {
+                let body = serde_json::json!({
+                    "order_id": order_id,
+                    "payment_id": format!("pay-{order_id}"),
+                    "amount_cents": amount_cents,
+                })
+                .to_string();
+                let t = chrono::Utc::now().timestamp();
+                let sig = seckill::auth::signature::sign(&secret, t, body.as_bytes());
                 client
-                    .post(format!("{base}/v1/orders/{order_id}/pay"))
-                    .json(&serde_json::json!({"payment_id": format!("pay-{order_id}")}))
+                    .post(format!("{base}/v1/payments/notifications"))
+                    .header("content-type", "application/json")
+                    .header("seckill-signature", sig)
+                    .body(body)
                     .send()
                     .await
                     .map(|r| r.status().is_success())

@@ -96,6 +96,12 @@ pub enum PayOutcome {
     /// Already paid with this payment_id: the same answer again.
     AlreadyPaidSame,
     AlreadyPaidOther,
+    /// The notification's amount is not the order's: nothing written.
+    AmountMismatch {
+        expected_cents: i64,
+    },
+    /// This payment id already settled another order: nothing written.
+    PaymentIdReused,
     Canceled,
     Expired,
     NotFound,

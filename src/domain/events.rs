@@ -71,6 +71,8 @@ pub struct OrderEventHeader {
     pub reservation_id: String,
     pub status: String,
     pub aggregate_version: i32,
+    /// The buyer: the projection keeps it so that only they read it.
+    pub user_id: i64,
 }
 
 /// Which order, whose and of what: the identity every order event and the buyer's view of an

@@ -35,7 +35,9 @@ struct RawReserve {
 /// A validated reservation request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReserveRequest {
-    pub user_id: i64,
+    /// The buyer the body names. With token identity it may be left out (the token names the
+    /// buyer) and must match the token when present.
+    pub user_id: Option<i64>,
     pub request_id: String,
     pub quantity: i32,
 }
@@ -62,12 +64,10 @@ impl ReserveRequest {
         }
         let raw =
             RawReserve::deserialize(value).map_err(|e| ValidationError::Json(e.to_string()))?;
-        let user_id = positive_i64(
-            raw.user_id
-                .as_ref()
-                .ok_or(ValidationError::Missing("user_id"))?,
-            "user_id",
-        )?;
+        let user_id = match raw.user_id.as_ref() {
+            None | Some(serde_json::Value::Null) => None,
+            Some(v) => Some(positive_i64(v, "user_id")?),
+        };
         let request_id = match raw
             .request_id
             .ok_or(ValidationError::Missing("request_id"))?
@@ -130,17 +130,15 @@ mod tests {
     fn accepts_a_good_request() {
         let r = ReserveRequest::parse(br#"{"user_id": 7, "request_id": "req-1", "quantity": 1}"#)
             .unwrap();
-        assert_eq!(r.user_id, 7);
+        assert_eq!(r.user_id, Some(7));
         assert_eq!(r.request_id, "req-1");
+        let r = ReserveRequest::parse(br#"{"request_id": "req-1", "quantity": 1}"#).unwrap();
+        assert_eq!(r.user_id, None);
     }
 
     #[test]
     fn rejects_each_bad_shape_with_its_reason() {
         let cases: &[(&[u8], ValidationError)] = &[
-            (
-                br#"{"request_id":"a","quantity":1}"#,
-                ValidationError::Missing("user_id"),
-            ),
             (
                 br#"{"user_id":1,"quantity":1}"#,
                 ValidationError::Missing("request_id"),

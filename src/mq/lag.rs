@@ -33,11 +33,12 @@ pub async fn read_lag(source: &LagSource) -> Option<Lag> {
     }
 }
 
-/// Age of the oldest unconsumed order-create message (0 when caught up or unknown).
-pub async fn lag_age(source: &LagSource) -> Duration {
-    read_lag(source)
-        .await
-        .and_then(|lag| lag.oldest_unconsumed_age_ms)
-        .map(|ms| Duration::from_millis(ms.max(0) as u64))
-        .unwrap_or(Duration::ZERO)
+/// Age of the oldest unconsumed order-create message (0 when caught up); `None` when the lag
+/// cannot be read, which is never the same as "caught up".
+pub async fn lag_age(source: &LagSource) -> Option<Duration> {
+    read_lag(source).await.map(|lag| {
+        lag.oldest_unconsumed_age_ms
+            .map(|ms| Duration::from_millis(ms.max(0) as u64))
+            .unwrap_or(Duration::ZERO)
+    })
 }

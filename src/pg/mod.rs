@@ -1,5 +1,6 @@
 //! PostgreSQL: pools, migrations, and the transactions that make the source of truth.
 
+pub mod audit;
 pub mod dlq;
 pub mod errors;
 pub mod order_state;

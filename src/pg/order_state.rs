@@ -140,73 +140,105 @@ pub async fn cancel_if_unpaid(
     Ok(outcome)
 }
 
-/// The mirror of the cancel: `CREATED|PAYING → PAID` only before `expires_at`.
+/// A payment the provider confirmed: which order, its payment id, what was paid.
+#[derive(Debug, Clone, Copy)]
+pub struct Payment<'a> {
+    pub order_id: &'a str,
+    pub payment_id: &'a str,
+    pub amount_cents: i64,
+}
+
+/// The conditional payment of an unpaid, unexpired order, for exactly its amount. A payment
+/// id settles at most one order (a unique index backs the check, so two notifications racing
+/// with one id cannot both win); the same notification again gets the same answer.
 pub async fn pay(
     client: &mut Client,
-    order_id: &str,
-    payment_id: &str,
+    p: &Payment<'_>,
     names: &StateNames,
 ) -> Result<PayOutcome, TxError> {
     let tx = client.transaction().await?;
-    let row = tx
+    let settled_other = tx
+        .query_opt(
+            "SELECT order_id FROM orders WHERE payment_id = $1 AND order_id <> $2",
+            &[&p.payment_id, &p.order_id],
+        )
+        .await?;
+    if settled_other.is_some() {
+        return Ok(PayOutcome::PaymentIdReused);
+    }
+    let row = match tx
         .query_opt(
             "UPDATE orders SET status = 'PAID', version = version + 1, payment_id = $2, paid_at = now(),
                     updated_at = now()
              WHERE order_id = $1 AND status IN ('CREATED', 'PAYING') AND expires_at > now()
+               AND amount_cents = $3
              RETURNING version, reservation_id, activity_id, sku_id, user_id, amount_cents",
-            &[&order_id, &payment_id],
+            &[&p.order_id, &p.payment_id, &p.amount_cents],
         )
-        .await?;
+        .await
+    {
+        Ok(row) => row,
+        // Another order took this payment id between the check and the update.
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
+            return Ok(PayOutcome::PaymentIdReused)
+        }
+        Err(e) => return Err(e.into()),
+    };
     let outcome = match row {
         Some(r) => {
             let version: i32 = r.get(0);
-            let rid: String = r.get(1);
             let facts = OrderRef {
-                order_id: order_id.to_string(),
-                reservation_id: rid.clone(),
+                order_id: p.order_id.to_string(),
+                reservation_id: r.get(1),
                 activity_id: r.get(2),
                 sku_id: r.get(3),
                 user_id: r.get(4),
             };
-            let mut paid = OrderPaid::new(&facts, version, Some(payment_id.to_string()));
+            let mut paid = OrderPaid::new(&facts, version, Some(p.payment_id.to_string()));
             paid.amount_cents = Some(r.get(5));
             paid.base.occurred_at = Some(Utc::now());
             tx.execute(
                 "INSERT INTO event_outbox (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload)
                  VALUES ($1, $2, 'ORDER_PAID', $3, $3, $4, $5) ON CONFLICT (event_id) DO NOTHING",
-                &[&paid.base.event_id, &names.order_event_topic, &order_id, &version, &payload(&paid)],
+                &[&paid.base.event_id, &names.order_event_topic, &p.order_id, &version, &payload(&paid)],
             )
             .await?;
             tx.batch_execute(&format!("NOTIFY {OUTBOX_CHANNEL}"))
                 .await?;
             PayOutcome::Paid { version }
         }
-        None => {
-            let cur = tx
-                .query_opt(
-                    "SELECT status, payment_id FROM orders WHERE order_id = $1",
-                    &[&order_id],
-                )
-                .await?;
-            match cur {
-                None => PayOutcome::NotFound,
-                Some(r) => {
-                    let status: String = r.get(0);
-                    let paid_with: Option<String> = r.get(1);
-                    match status.as_str() {
-                        "PAID" if paid_with.as_deref() == Some(payment_id) => {
-                            PayOutcome::AlreadyPaidSame
-                        }
-                        "PAID" => PayOutcome::AlreadyPaidOther,
-                        "CANCELED" => PayOutcome::Canceled,
-                        _ => PayOutcome::Expired,
-                    }
-                }
-            }
-        }
+        None => why_not_paid(&tx, p).await?,
     };
     tx.commit().await?;
     Ok(outcome)
+}
+
+/// Why the conditional payment changed nothing, read in the same transaction.
+async fn why_not_paid(
+    tx: &tokio_postgres::Transaction<'_>,
+    p: &Payment<'_>,
+) -> Result<PayOutcome, TxError> {
+    let Some(r) = tx
+        .query_opt(
+            "SELECT status, payment_id, amount_cents FROM orders WHERE order_id = $1",
+            &[&p.order_id],
+        )
+        .await?
+    else {
+        return Ok(PayOutcome::NotFound);
+    };
+    let status: String = r.get(0);
+    let paid_with: Option<String> = r.get(1);
+    let amount: i64 = r.get(2);
+    Ok(match status.as_str() {
+        "PAID" if paid_with.as_deref() == Some(p.payment_id) => PayOutcome::AlreadyPaidSame,
+        "PAID" => PayOutcome::AlreadyPaidOther,
+        "CANCELED" => PayOutcome::Canceled,
+        _ if amount != p.amount_cents => PayOutcome::AmountMismatch {
+            expected_cents: amount,
+        },
+        _ => PayOutcome::Expired,
+    })
 }
 
 /// Marks a reservation's compensation task done (after Redis released it).

@@ -103,6 +103,9 @@ pub struct Failure {
     pub backoff_ms: i64,
     /// The last attempt failed: the row becomes DEAD.
     pub dead: bool,
+    /// The broker refused the message (rather than not answering): a DEAD row of this kind
+    /// waits for an operator instead of coming back by itself.
+    pub refused: bool,
 }
 
 /// Schedules each failed row's next attempt after its backoff, or marks it DEAD; one
@@ -118,15 +121,61 @@ pub async fn mark_failed(
     let errors: Vec<&str> = failed.iter().map(|f| f.error.as_str()).collect();
     let backoff: Vec<f64> = failed.iter().map(|f| f.backoff_ms as f64).collect();
     let dead: Vec<bool> = failed.iter().map(|f| f.dead).collect();
+    let refused: Vec<bool> = failed.iter().map(|f| f.refused).collect();
     client
         .execute(
             "UPDATE event_outbox o
                 SET last_error = t.err,
                     status = CASE WHEN t.dead THEN 'DEAD' ELSE o.status END,
+                    dead_reason = CASE WHEN NOT t.dead THEN NULL
+                                       WHEN t.refused THEN 'REFUSED' ELSE 'BROKER' END,
                     next_attempt_at = now() + make_interval(secs => t.ms / 1000.0)
-             FROM unnest($1::text[], $2::text[], $3::float8[], $4::bool[]) AS t(e, err, ms, dead)
+             FROM unnest($1::text[], $2::text[], $3::float8[], $4::bool[], $5::bool[])
+                  AS t(e, err, ms, dead, refused)
              WHERE o.event_id = t.e AND o.status = 'PENDING'",
-            &[&ids, &errors, &backoff, &dead],
+            &[&ids, &errors, &backoff, &dead, &refused],
+        )
+        .await
+}
+
+/// How many times the relay brings one row back by itself before it waits for an operator.
+pub const MAX_AUTO_REQUEUES: i32 = 3;
+
+/// An operator's requeue: DEAD rows back to PENDING with a fresh attempt count, these
+/// `event_ids` or (`None`) every DEAD row. Returns the ids requeued.
+pub async fn requeue_dead(
+    client: &impl GenericClient,
+    event_ids: Option<&[String]>,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "UPDATE event_outbox SET status = 'PENDING', attempts = 0, next_attempt_at = now(),
+                    dead_reason = NULL
+             WHERE status = 'DEAD' AND ($1::text[] IS NULL OR event_id = ANY($1))
+             RETURNING event_id",
+            &[&event_ids],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// The relay's own requeue once the broker answers again: up to `limit` rows that went DEAD
+/// because the broker did not answer (not because it refused them), oldest first, each at most
+/// [`MAX_AUTO_REQUEUES`] times. Returns how many came back.
+pub async fn requeue_broker_dead(
+    client: &impl GenericClient,
+    limit: i64,
+) -> Result<u64, tokio_postgres::Error> {
+    client
+        .execute(
+            "UPDATE event_outbox SET status = 'PENDING', attempts = 0, next_attempt_at = now(),
+                    dead_reason = NULL, auto_requeues = auto_requeues + 1
+             WHERE event_id IN (
+                 SELECT event_id FROM event_outbox
+                 WHERE status = 'DEAD' AND dead_reason = 'BROKER' AND auto_requeues < $2
+                 ORDER BY created_at LIMIT $1
+                 FOR UPDATE SKIP LOCKED)",
+            &[&limit, &MAX_AUTO_REQUEUES],
         )
         .await
 }

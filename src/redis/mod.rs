@@ -108,7 +108,10 @@ pub enum ReserveResult {
     SoldOut,
     NotStarted,
     Ended,
-    Paused,
+    /// An operator paused the activity or this SKU, with their reason.
+    Paused {
+        reason: String,
+    },
     NotFound,
 }
 
@@ -286,7 +289,9 @@ impl RedisStore {
             "SOLD_OUT" => ReserveResult::SoldOut,
             "NOT_STARTED" => ReserveResult::NotStarted,
             "ENDED" => ReserveResult::Ended,
-            "PAUSED" => ReserveResult::Paused,
+            "PAUSED" => ReserveResult::Paused {
+                reason: parts.get(1).cloned().unwrap_or_default(),
+            },
             "NOT_FOUND" => ReserveResult::NotFound,
             other => anyhow::bail!("reserve script returned an unknown code {other:?}"),
         })
@@ -429,6 +434,53 @@ impl RedisStore {
         Ok(conn
             .hgetall(self.keys.reservation(activity_id, reservation_id))
             .await?)
+    }
+
+    /// Pauses (`Some(reason)`) or resumes (`None`) new reservations of an activity, or of one
+    /// of its SKUs. `false` when the activity (or SKU) was never warmed into Redis.
+    pub async fn set_paused(
+        &self,
+        activity_id: i64,
+        sku_id: Option<i64>,
+        reason: Option<&str>,
+    ) -> anyhow::Result<bool> {
+        let key = match sku_id {
+            Some(sku) => self.keys.sku(activity_id, sku),
+            None => self.keys.meta(activity_id),
+        };
+        let mut conn = self.pool.get().await?;
+        let exists: bool = conn.exists(&key).await?;
+        if !exists {
+            return Ok(false);
+        }
+        let _: () = match reason {
+            Some(r) => {
+                conn.hset_multiple(&key, &[("paused", "1"), ("paused_reason", r)])
+                    .await?
+            }
+            None => conn.hdel(&key, &["paused", "paused_reason"]).await?,
+        };
+        Ok(true)
+    }
+
+    /// The operator's pause of an activity (`None`) or SKU: its reason when paused.
+    pub async fn paused(
+        &self,
+        activity_id: i64,
+        sku_id: Option<i64>,
+    ) -> anyhow::Result<Option<String>> {
+        let key = match sku_id {
+            Some(sku) => self.keys.sku(activity_id, sku),
+            None => self.keys.meta(activity_id),
+        };
+        let mut conn = self.pool.get().await?;
+        let (paused, reason): (Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(key)
+            .arg("paused")
+            .arg("paused_reason")
+            .query_async(&mut *conn)
+            .await?;
+        Ok((paused.as_deref() == Some("1")).then(|| reason.unwrap_or_default()))
     }
 
     /// `(total, remaining)` of one SKU in Redis.
@@ -585,10 +637,7 @@ impl RedisStore {
     /// Applies an order event to the projection if it is newer. Returns `APPLIED` or `STALE`.
     pub async fn project(
         &self,
-        reservation_id: &str,
-        order_id: &str,
-        version: i32,
-        status: &str,
+        event: &crate::domain::events::OrderEventHeader,
         ttl_secs: u64,
         now_ms: i64,
     ) -> anyhow::Result<String> {
@@ -596,13 +645,14 @@ impl RedisStore {
         Ok(self
             .scripts
             .project
-            .key(self.keys.projection(reservation_id))
-            .arg(version)
-            .arg(status)
-            .arg(order_id)
-            .arg(reservation_id)
+            .key(self.keys.projection(&event.reservation_id))
+            .arg(event.aggregate_version)
+            .arg(&event.status)
+            .arg(&event.order_id)
+            .arg(&event.reservation_id)
             .arg(ttl_secs)
             .arg(now_ms)
+            .arg(event.user_id)
             .invoke_async(&mut *conn)
             .await?)
     }

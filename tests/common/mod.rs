@@ -464,3 +464,92 @@ pub async fn start_api(settings: Settings) -> Api {
         server,
     }
 }
+
+/// The test configuration's development secrets, loaded once.
+fn test_settings() -> &'static Settings {
+    static SETTINGS: std::sync::OnceLock<Settings> = std::sync::OnceLock::new();
+    SETTINGS.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+        Settings::load_from(&dir).expect("config loads")
+    })
+}
+
+/// `Authorization` value of buyer `user`: a development token of the test configuration.
+pub fn bearer(user: i64) -> String {
+    let s = test_settings();
+    let spec = seckill::auth::buyer::TokenSpec {
+        user_id: user,
+        ttl: Duration::from_secs(3600),
+        audience: &s.auth.audience,
+        issuer: &s.auth.issuer,
+    };
+    let token = seckill::auth::buyer::mint_dev(&s.auth.dev_hs256_secret, &spec).expect("mint");
+    format!("Bearer {token}")
+}
+
+/// Posts a payment notification for `order_id` signed the way the provider signs it (with the
+/// test configuration's first webhook secret, now).
+pub async fn notify_payment(
+    base: &str,
+    order_id: &str,
+    payment_id: &str,
+    amount_cents: i64,
+) -> (reqwest::StatusCode, serde_json::Value) {
+    let body = serde_json::json!({
+        "order_id": order_id, "payment_id": payment_id, "amount_cents": amount_cents,
+    })
+    .to_string();
+    let secret = &test_settings().payments.webhook_secrets[0];
+    let sig = seckill::auth::signature::sign(secret, Utc::now().timestamp(), body.as_bytes());
+    post_notification(base, &body, Some(&sig)).await
+}
+
+/// Posts a payment notification body with this `Seckill-Signature` (or none).
+pub async fn post_notification(
+    base: &str,
+    body: &str,
+    signature: Option<&str>,
+) -> (reqwest::StatusCode, serde_json::Value) {
+    let mut req = reqwest::Client::new()
+        .post(format!("{base}/v1/payments/notifications"))
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    if let Some(sig) = signature {
+        req = req.header("seckill-signature", sig);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or(serde_json::Value::Null))
+}
+
+/// Orders of `activity_id` SKU 1 for `users`, reserved in Redis exactly as the API does, then
+/// created by the order consumer's handler (no broker involved).
+pub async fn created_orders(env: &TestEnv, activity_id: i64, users: &[i64]) -> Vec<Ids> {
+    let redis = env.redis().await;
+    let names = env.settings.names();
+    let handler = seckill::roles::consume::order_create::OrderCreateHandler::new(
+        env.pool(2).await,
+        &env.settings,
+        1,
+    );
+    let mut out = Vec::new();
+    for &user in users {
+        let ids = reserve_only(&redis, activity_id, user, 600_000).await;
+        let now = Utc::now().timestamp_millis();
+        let fields = redis
+            .reservation(activity_id, &ids.reservation_id)
+            .await
+            .unwrap();
+        let event = seckill::roles::scan::event_from_reservation(&fields).unwrap();
+        handler
+            .process(&[delivery_of(&names.order_create_topic, &event)])
+            .await
+            .unwrap();
+        redis
+            .mark_sent(activity_id, &ids.reservation_id, &ids.message_id, "b", now)
+            .await
+            .unwrap();
+        out.push(ids);
+    }
+    out
+}

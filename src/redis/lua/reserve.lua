@@ -18,13 +18,17 @@ if existing then
           h[5] or '', h[6] or ''}
 end
 local now = tonumber(ARGV[1])
-local meta = redis.call('HMGET', KEYS[1], 'starts_at_ms', 'ends_at_ms', 'valid_ms', 'paused')
+local meta = redis.call('HMGET', KEYS[1], 'starts_at_ms', 'ends_at_ms', 'valid_ms', 'paused',
+  'paused_reason')
 if not meta[1] then return {'NOT_FOUND'} end
-if meta[4] == '1' then return {'PAUSED'} end
+-- An operator's pause, of the whole activity or of this SKU (the admin listener sets it).
+if meta[4] == '1' then return {'PAUSED', meta[5] or ''} end
 if now < tonumber(meta[1]) then return {'NOT_STARTED'} end
 if now >= tonumber(meta[2]) then return {'ENDED'} end
-local remaining = redis.call('HGET', KEYS[2], 'remaining')
+local sku = redis.call('HMGET', KEYS[2], 'remaining', 'paused', 'paused_reason')
+local remaining = sku[1]
 if not remaining then return {'NOT_FOUND'} end
+if sku[2] == '1' then return {'PAUSED', sku[3] or ''} end
 local holder = redis.call('HGET', KEYS[3], ARGV[2])
 if holder then return {'ALREADY_PURCHASED', holder} end
 if tonumber(remaining) <= 0 then return {'SOLD_OUT'} end

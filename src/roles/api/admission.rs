@@ -5,8 +5,12 @@
 //! `api.fail_closed_share × reservation validity` it answers new reservations with 503
 //! SALE_PAUSED and a reason, and it resumes by itself once the age is back under half the
 //! bound (hysteresis, so it does not flap).
+//!
+//! An unreadable lag is not a fresh one: after `api.lag_unreadable_probes` failed probes in a
+//! row, with reservations sent since the last good reading, admission closes too, and opens
+//! again with the first good reading under half the bound.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,6 +26,9 @@ use crate::redis::RedisStore;
 pub struct Admission {
     paused: AtomicBool,
     reason: Mutex<String>,
+    /// Reservations confirmed by the broker since the last good lag reading: with an
+    /// unreadable lag, they may be a backlog nobody measures.
+    sent_since_reading: AtomicU64,
 }
 
 impl Admission {
@@ -32,6 +39,34 @@ impl Admission {
         } else {
             None
         }
+    }
+
+    /// A reservation's message was confirmed by the broker.
+    pub fn note_sent(&self) {
+        self.sent_since_reading.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The lag could not be read `failed` times in a row: closes admission when that reaches
+    /// `limit` and reservations were sent since the last good reading. Returns whether paused.
+    pub fn lag_unreadable(&self, failed: u32, limit: u32) -> bool {
+        let sent = self.sent_since_reading.load(Ordering::Relaxed);
+        if failed >= limit && sent > 0 {
+            if !self.paused.load(Ordering::Relaxed) {
+                warn!(
+                    failed_probes = failed,
+                    sent_since_reading = sent,
+                    "fail closed: the order queue's lag cannot be read"
+                );
+            }
+            self.set(
+                true,
+                format!(
+                    "the order queue's lag cannot be read ({failed} probes in a row) while \
+                     {sent} reservations were sent: orders may not keep up"
+                ),
+            );
+        }
+        self.paused.load(Ordering::Relaxed)
     }
 
     fn set(&self, paused: bool, reason: String) {
@@ -104,31 +139,53 @@ pub async fn oldest_pending_age(redis: &RedisStore) -> anyhow::Result<Duration> 
     Ok(Duration::from_millis(age))
 }
 
+/// How the checker runs: its bound, its period, and how many unreadable lag probes in a row
+/// close admission.
+#[derive(Debug, Clone, Copy)]
+pub struct CheckerSettings {
+    pub bound: Duration,
+    pub every: Duration,
+    pub unreadable_probes: u32,
+}
+
 /// Runs the checker until `shutdown`.
 pub async fn run_checker(
     admission: Arc<Admission>,
     redis: RedisStore,
     lag: Option<LagSource>,
-    bound: Duration,
-    every: Duration,
+    c: CheckerSettings,
     shutdown: CancellationToken,
 ) {
+    let mut failed_probes = 0u32;
     loop {
         // Fault-injection point: a loop that dies (`api-admission-loop=panic`).
         fail::fail_point!("api-admission-loop");
         let lag_age = match &lag {
             Some(source) => lag_age(source).await,
-            None => Duration::ZERO,
+            None => Some(Duration::ZERO),
         };
+        match lag_age {
+            Some(_) => {
+                failed_probes = 0;
+                admission.sent_since_reading.store(0, Ordering::Relaxed);
+            }
+            None => {
+                failed_probes = failed_probes.saturating_add(1);
+                metrics::counter!("admission_lag_unreadable_total").increment(1);
+            }
+        }
+        let closed_blind =
+            lag_age.is_none() && admission.lag_unreadable(failed_probes, c.unreadable_probes);
         match oldest_pending_age(&redis).await {
+            Ok(_) if closed_blind => {}
             Ok(age) => {
-                admission.decide(age, lag_age, bound);
+                admission.decide(age, lag_age.unwrap_or(Duration::ZERO), c.bound);
             }
             Err(e) => warn!(error = %e, "admission check failed; keeping the last decision"),
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(every) => {}
+            _ = tokio::time::sleep(c.every) => {}
         }
     }
 }
@@ -156,5 +213,22 @@ mod tests {
         assert!(a.paused().unwrap().contains("unconsumed message is 70.0s"));
         assert!(a.decide(s(0), s(31), bound));
         assert!(!a.decide(s(10), s(20), bound));
+    }
+
+    #[test]
+    fn an_unreadable_lag_closes_admission_once_reservations_went_out() {
+        let a = Admission::default();
+        let bound = Duration::from_secs(60);
+        // Unreadable, but nothing was sent since the last reading: nothing to fear yet.
+        assert!(!a.lag_unreadable(10, 8));
+        a.note_sent();
+        assert!(!a.lag_unreadable(7, 8), "under the configured count");
+        assert!(a.lag_unreadable(8, 8));
+        assert!(a
+            .paused()
+            .unwrap()
+            .contains("cannot be read (8 probes in a row)"));
+        // A good reading under half the bound opens it again.
+        assert!(!a.decide(Duration::ZERO, Duration::from_secs(1), bound));
     }
 }

@@ -37,6 +37,14 @@ impl ApiError {
     pub(super) fn invalid(e: ValidationError) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST", e.to_string())
     }
+    /// A missing, forged or expired token: no detail, nothing written.
+    pub(crate) fn unauthenticated() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "UNAUTHENTICATED",
+            "a valid buyer token is required (Authorization: Bearer <token>)",
+        )
+    }
     pub(super) fn unavailable(what: &str) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -58,6 +66,12 @@ impl IntoResponse for ApiError {
             (None, StatusCode::SERVICE_UNAVAILABLE) => Some(1),
             (None, _) => None,
         };
+        if self.code == "UNAUTHENTICATED" {
+            resp.headers_mut().insert(
+                "www-authenticate",
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
         if let Some(secs) = retry {
             resp.headers_mut()
                 .insert("retry-after", axum::http::HeaderValue::from(secs));
@@ -107,10 +121,14 @@ impl From<ReserveResult> for ApiError {
             ReserveResult::Ended => {
                 ApiError::new(StatusCode::FORBIDDEN, "ENDED", "the sale has ended")
             }
-            ReserveResult::Paused => ApiError::new(
+            ReserveResult::Paused { reason } => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "SALE_PAUSED",
-                "the sale is paused by an operator",
+                if reason.is_empty() {
+                    "the sale is paused by an operator".to_string()
+                } else {
+                    format!("the sale is paused by an operator: {reason}")
+                },
             ),
             ReserveResult::NotFound => ApiError::new(
                 StatusCode::NOT_FOUND,

@@ -8,14 +8,18 @@
 //! the reservation released once. The buyer gets 202 QUEUED and polls the GET endpoints.
 //!
 //! - `reserve`: the reservation route, parse → admit → reserve → send and record;
-//! - `queries`: the buyer's GET routes and payment;
+//! - `queries`: the buyer's GET routes (owner-only);
+//! - `payments`: the payment provider's signed notifications;
 //! - `error`: the JSON error every route answers with, and how results map onto it;
+//! - `admin`: the operators' listener (pause, resume, status, outbox requeue), audited;
 //! - `admission`: fail-closed admission, the background check that pauses new reservations;
 //! - `limits`: per-address and per-buyer token buckets (429 RATE_LIMITED).
 
+pub mod admin;
 mod admission;
 mod error;
 pub mod limits;
+mod payments;
 mod queries;
 mod reserve;
 
@@ -26,9 +30,11 @@ pub use reserve::reservation_event;
 use std::sync::Arc;
 use std::time::Duration;
 
+use secrecy::ExposeSecret;
+
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -36,7 +42,8 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::{Names, Settings};
+use crate::auth::buyer::BuyerAuth;
+use crate::config::{BuyerIdentity, Names, Settings};
 use crate::mq::lag::LagSource;
 use crate::mq::Publisher;
 use crate::redis::RedisStore;
@@ -58,6 +65,22 @@ pub struct ApiState {
     pub admission: Arc<Admission>,
     /// Where the checker reads the order-create lag (`None`: pending age only).
     pub lag: Option<LagSource>,
+    /// Verifies buyer tokens; `None` when `auth.buyers = "body"` (development only).
+    pub auth: Option<Arc<BuyerAuth>>,
+}
+
+impl ApiState {
+    /// The buyer a request's token names: `Ok(None)` without token identity, 401
+    /// `UNAUTHENTICATED` when the token is missing or not valid (no detail given).
+    pub(crate) fn buyer(&self, headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
+        let Some(auth) = &self.auth else {
+            return Ok(None);
+        };
+        auth.buyer(headers).map(Some).map_err(|failure| {
+            metrics::counter!("auth_failures_total", "reason" => failure.label()).increment(1);
+            ApiError::unauthenticated()
+        })
+    }
 }
 
 /// The buyers' router plus `/metrics`, `/healthz`, `/readyz`.
@@ -73,7 +96,7 @@ pub fn router(state: ApiState) -> Router {
             get(queries::get_reservation),
         )
         .route("/v1/orders/{order_id}", get(queries::get_order))
-        .route("/v1/orders/{order_id}/pay", post(queries::pay_order))
+        .route("/v1/payments/notifications", post(payments::notification))
         .route("/metrics", get(move || async move { handle.render() }))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -129,7 +152,17 @@ pub async fn build_state(
 ) -> anyhow::Result<ApiState> {
     let redis = RedisStore::connect(&settings.redis).await?;
     let pg = crate::pg::connect_pool(&settings.pg, settings.pg.api_pool_size).await?;
+    let auth = match settings.auth.buyers {
+        BuyerIdentity::Token => Some(Arc::new(BuyerAuth::from_settings(&settings.auth)?)),
+        BuyerIdentity::Body => {
+            warn!(
+                "auth.buyers = \"body\": the body's user_id is believed as sent (development only)"
+            );
+            None
+        }
+    };
     Ok(ApiState {
+        auth,
         names: Arc::new(settings.names()),
         inflight: Arc::new(Semaphore::new(settings.api.max_inflight)),
         settings,
@@ -142,11 +175,21 @@ pub async fn build_state(
     })
 }
 
-/// Serves until `shutdown` fires, then stops accepting and drains in-flight requests
-/// (bounded by `api.shutdown_grace_secs`). A background task that dies (the admission check)
-/// stops the server the same way, and the result is an error naming it.
+/// Serves the buyers' listener until `shutdown` fires (see [`serve_with_admin`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
+    state: ApiState,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    serve_with_admin(listener, None, state, shutdown).await
+}
+
+/// Serves until `shutdown` fires, then stops accepting and drains in-flight requests
+/// (bounded by `api.shutdown_grace_secs`). A background task that dies (the admission check,
+/// the admin listener) stops the server the same way, and the result is an error naming it.
+pub async fn serve_with_admin(
+    listener: tokio::net::TcpListener,
+    admin_listener: Option<tokio::net::TcpListener>,
     state: ApiState,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -162,11 +205,24 @@ pub async fn serve(
             state.admission.clone(),
             state.redis.clone(),
             state.lag.clone(),
-            bound,
-            Duration::from_millis(api.admission_check_ms),
+            admission::CheckerSettings {
+                bound,
+                every: Duration::from_millis(api.admission_check_ms),
+                unreadable_probes: api.lag_unreadable_probes,
+            },
             stopping.clone(),
         ),
     );
+    if let Some(admin_listener) = admin_listener {
+        let app = admin::router(state.clone());
+        let serving = crate::http::serve(
+            admin_listener,
+            app,
+            crate::http::Limits::OPS,
+            stopping.clone(),
+        );
+        watchdog.spawn("admin listener", serving);
+    }
     state.ready.set(true);
     let ready = state.ready.clone();
     let limits = state.settings.api.http_limits();
@@ -209,6 +265,17 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("api.listen: cannot bind {addr}: {e}"))?;
     info!(%addr, topic = %state.names.order_create_topic, "api listening");
+    let admin_listener = if settings.api.admin_token.expose_secret().is_empty() {
+        info!("api.admin_token is empty: no admin listener");
+        None
+    } else {
+        let admin = settings.api.admin_listen;
+        let l = tokio::net::TcpListener::bind(admin)
+            .await
+            .map_err(|e| anyhow::anyhow!("api.admin_listen: cannot bind {admin}: {e}"))?;
+        info!(addr = %admin, "admin listener");
+        Some(l)
+    };
     let shutdown = CancellationToken::new();
     let trigger = shutdown.clone();
     tokio::spawn(async move {
@@ -216,7 +283,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         info!("shutdown signal: draining in-flight requests");
         trigger.cancel();
     });
-    serve(listener, state, shutdown).await?;
+    serve_with_admin(listener, admin_listener, state, shutdown).await?;
     info!("api stopped");
     Ok(())
 }

@@ -1,30 +1,62 @@
-//! The buyer's read routes (`GET /v1/reservations/{id}`, `GET /v1/orders/{id}`) and payment
-//! (`POST /v1/orders/{id}/pay`).
+//! The buyer's read routes (`GET /v1/reservations/{id}`, `GET /v1/orders/{id}`), owner-only.
 
-use axum::body::{to_bytes, Body};
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{TimeZone, Utc};
 use serde_json::json;
-use tracing::{info, warn};
 
 use super::error::require_id;
 use super::{ApiError, ApiState, IdPath};
-use crate::domain::PayOutcome;
-use crate::domain::ValidationError;
-use crate::pg::order_state::{pay, StateNames};
 use crate::pg::queries;
 
+fn reservation_not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "RESERVATION_NOT_FOUND",
+        "no such reservation",
+    )
+}
+
+fn order_not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "ORDER_NOT_FOUND",
+        "no such order (it may still be queued: see its reservation)",
+    )
+}
+
+/// With token identity (`me` set), anything another buyer holds is answered as if it did not
+/// exist (`not_found`), so ids cannot be probed.
+fn owned(
+    me: Option<i64>,
+    owner: Option<i64>,
+    not_found: impl FnOnce() -> ApiError,
+) -> Result<(), ApiError> {
+    match me {
+        Some(buyer) if owner != Some(buyer) => Err(not_found()),
+        _ => Ok(()),
+    }
+}
+
+/// A buyer reads only their own reservation: another buyer's id answers 404, the same as an
+/// unknown one.
 pub(super) async fn get_reservation(
     State(s): State<ApiState>,
     IdPath(reservation_id): IdPath<String>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     require_id("rsv", "reservation_id", &reservation_id)?;
-    // The projection answers most polls without touching PostgreSQL.
+    // Refuse a bad token before looking anything up.
+    let me = s.buyer(&headers)?;
+    // The projection answers most polls without touching PostgreSQL (entries written before
+    // the projection carried the buyer fall through to the order store).
     if let Ok(p) = s.redis.projection(&reservation_id).await {
-        if let (Some(status), Some(order_id)) = (p.get("status"), p.get("order_id")) {
+        if let (Some(status), Some(order_id), Some(owner)) =
+            (p.get("status"), p.get("order_id"), p.get("user_id"))
+        {
+            owned(me, owner.parse().ok(), reservation_not_found)?;
             return Ok(Json(json!({
                 "reservation_id": reservation_id,
                 "order_id": order_id,
@@ -42,6 +74,7 @@ pub(super) async fn get_reservation(
         .await
         .map_err(|_| ApiError::unavailable("the order store"))?
     {
+        owned(me, Some(order.order.user_id), reservation_not_found)?;
         return Ok(Json(json!({
             "reservation_id": reservation_id,
             "order_id": order.order.order_id,
@@ -57,6 +90,7 @@ pub(super) async fn get_reservation(
         .map_err(|_| ApiError::unavailable("the order store"))?
     {
         if d.status == "REJECTED" {
+            owned(me, Some(d.user_id), reservation_not_found)?;
             return Ok(Json(json!({
                 "reservation_id": d.reservation_id,
                 "order_id": d.order_id,
@@ -84,13 +118,10 @@ pub(super) async fn get_reservation(
         None => Default::default(),
     };
     if fields.is_empty() {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "RESERVATION_NOT_FOUND",
-            "no such reservation",
-        ));
+        return Err(reservation_not_found());
     }
     let get = |k: &str| fields.get(k).cloned().unwrap_or_default();
+    owned(me, get("user_id").parse().ok(), reservation_not_found)?;
     let status = match get("status").as_str() {
         "RESERVED" => "QUEUED",
         "RELEASED" => "RELEASED",
@@ -110,11 +141,14 @@ pub(super) async fn get_reservation(
     .into_response())
 }
 
+/// A buyer reads only their own order: another buyer's id answers 404.
 pub(super) async fn get_order(
     State(s): State<ApiState>,
     IdPath(order_id): IdPath<String>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     require_id("ord", "order_id", &order_id)?;
+    let me = s.buyer(&headers)?;
     let client =
         s.pg.get()
             .await
@@ -123,96 +157,10 @@ pub(super) async fn get_order(
         .await
         .map_err(|_| ApiError::unavailable("the order store"))?
     {
-        Some(order) => Ok(Json(order).into_response()),
-        None => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "ORDER_NOT_FOUND",
-            "no such order (it may still be queued: see its reservation)",
-        )),
-    }
-}
-
-pub(super) async fn pay_order(
-    State(s): State<ApiState>,
-    IdPath(order_id): IdPath<String>,
-    body: Body,
-) -> Result<Response, ApiError> {
-    require_id("ord", "order_id", &order_id)?;
-    let max = s.settings.api.max_body_bytes;
-    let bytes = to_bytes(body, max)
-        .await
-        .map_err(|_| ApiError::invalid(ValidationError::TooLarge(max)))?;
-    let v: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::invalid(ValidationError::Json(e.to_string())))?;
-    let payment_id = match v.get("payment_id") {
-        Some(serde_json::Value::String(p))
-            if !p.is_empty()
-                && p.len() <= 64
-                && p.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b)) =>
-        {
-            p.clone()
+        Some(order) => {
+            owned(me, Some(order.order.user_id), order_not_found)?;
+            Ok(Json(order).into_response())
         }
-        Some(_) => {
-            return Err(ApiError::invalid(ValidationError::Field {
-                field: "payment_id",
-                reason: "must be 1-64 characters of A-Z a-z 0-9 - _ . :",
-            }))
-        }
-        None => return Err(ApiError::invalid(ValidationError::Missing("payment_id"))),
-    };
-    let names = StateNames {
-        order_event_topic: s.names.order_event_topic.clone(),
-        compensate_topic: s.names.compensate_topic.clone(),
-    };
-    let mut client =
-        s.pg.get()
-            .await
-            .map_err(|_| ApiError::unavailable("the order store"))?;
-    let outcome = pay(&mut client, &order_id, &payment_id, &names)
-        .await
-        .map_err(|e| {
-            warn!(order_id = %order_id, error = %e, "payment transaction failed");
-            ApiError::unavailable("the order store")
-        })?;
-    metrics::counter!("order_pay_total", "result" => match &outcome {
-        PayOutcome::Paid { .. } => "paid",
-        PayOutcome::AlreadyPaidSame => "repeat",
-        PayOutcome::AlreadyPaidOther => "paid_other",
-        PayOutcome::Canceled => "canceled",
-        PayOutcome::Expired => "expired",
-        PayOutcome::NotFound => "not_found",
-    })
-    .increment(1);
-    let paid = |repeat: bool| {
-        Json(json!({"order_id": order_id, "status": "PAID", "payment_id": payment_id, "repeat": repeat}))
-            .into_response()
-    };
-    match outcome {
-        PayOutcome::Paid { .. } => {
-            info!(order_id = %order_id, payment_id = %payment_id, "order paid");
-            Ok(paid(false))
-        }
-        PayOutcome::AlreadyPaidSame => Ok(paid(true)),
-        PayOutcome::AlreadyPaidOther => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "ALREADY_PAID",
-            "the order was paid with another payment",
-        )),
-        PayOutcome::Canceled => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "ORDER_CANCELED",
-            "the order was cancelled; the payment must be refunded",
-        )),
-        PayOutcome::Expired => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "ORDER_EXPIRED",
-            "the payment window has closed",
-        )),
-        PayOutcome::NotFound => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "ORDER_NOT_FOUND",
-            "no such order",
-        )),
+        None => Err(order_not_found()),
     }
 }

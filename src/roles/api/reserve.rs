@@ -89,10 +89,30 @@ async fn reserve_inner(
         let (rate, burst) = (api.address_rate_per_sec, api.address_burst);
         limits::take(s, "ip", &addr.to_string(), rate, burst).await?;
     }
+    // Who is asking, before anything is read or written: a forged, expired or missing token
+    // costs one signature check and nothing else.
+    let token_buyer = s.buyer(headers)?;
+    let (rate, burst) = (api.buyer_rate_per_sec, api.buyer_burst);
+    if let Some(buyer) = token_buyer {
+        limits::take(s, "u", &buyer.to_string(), rate, burst).await?;
+    }
     admit(s)?;
     let req = read_request(s, body).await?;
-    let (rate, burst) = (api.buyer_rate_per_sec, api.buyer_burst);
-    limits::take(s, "u", &req.user_id.to_string(), rate, burst).await?;
+    let user_id = match (token_buyer, req.user_id) {
+        (Some(token), Some(body)) if token != body => {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "FORBIDDEN",
+                "user_id is not the buyer the token names",
+            ))
+        }
+        (Some(token), _) => token,
+        (None, Some(body)) => {
+            limits::take(s, "u", &body.to_string(), rate, burst).await?;
+            body
+        }
+        (None, None) => return Err(ApiError::invalid(ValidationError::Missing("user_id"))),
+    };
     // Taken once the body is in: a client that stalls mid-body holds a connection (bounded by
     // the listener's limits), never one of the permits real buyers need.
     let _permit = s.inflight.clone().try_acquire_owned().map_err(|_| {
@@ -116,7 +136,7 @@ async fn reserve_inner(
             order_id: &ids.order_id,
             activity_id,
             sku_id,
-            user_id: req.user_id,
+            user_id,
         },
         now_ms,
         next_retry_at_ms,
@@ -223,6 +243,7 @@ async fn send_and_record(
     }
     match &outcome {
         SendOutcome::Confirmed { broker_msg_id } => {
+            s.admission.note_sent();
             record_confirmed(s, &args.reservation, broker_msg_id, &sent).await;
             Ok((
                 "queued",

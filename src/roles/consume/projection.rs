@@ -36,14 +36,7 @@ impl ProjectionHandler {
         };
         let r = self
             .redis
-            .project(
-                &event.reservation_id,
-                &event.order_id,
-                event.aggregate_version,
-                &event.status,
-                PROJECTION_TTL_SECS,
-                Utc::now().timestamp_millis(),
-            )
+            .project(&event, PROJECTION_TTL_SECS, Utc::now().timestamp_millis())
             .await?;
         let label = if r == "APPLIED" { "applied" } else { "stale" };
         metrics::counter!("projection_apply_total", "result" => label).increment(1);

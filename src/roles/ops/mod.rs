@@ -4,10 +4,14 @@
 //! - `topics`: the pipeline's broker topics;
 //! - `activity`: a flash-sale activity, its stock, and Redis warmed for it;
 //! - `dlq`: list, show, replay and discard dead letters;
-//! - `reconcile`: the drift check that emits missing events and changes no business state.
+//! - `reconcile`: the drift check that emits missing events and changes no business state;
+//! - `outbox`: DEAD outbox rows back to PENDING (audited);
+//! - `dev_credentials`: development buyer tokens and signed payment notifications.
 
 pub mod activity;
+pub mod dev_credentials;
 pub mod dlq;
 pub mod migrate;
+pub mod outbox;
 pub mod reconcile;
 pub mod topics;

@@ -99,9 +99,12 @@ async fn scan_loop(scanner: Scanner, poll: Duration, stop: CancellationToken) {
 }
 
 /// Relay passes back to back while they fill a batch; otherwise until a NOTIFY or the poll
-/// interval. The outbox gauges are refreshed once a second.
+/// interval. The outbox gauges are refreshed once a second. While idle, one row that went DEAD
+/// for want of a broker is tried again every `relay_backoff_cap_ms` (docs/ARCHITECTURE.md#outbox-relay).
 async fn relay_loop(relay: Relay, wake: Arc<Notify>, stop: CancellationToken) {
     let mut last_observe = std::time::Instant::now() - Duration::from_secs(10);
+    let probe_every = Duration::from_millis(relay.settings.scan.relay_backoff_cap_ms);
+    let mut last_probe = std::time::Instant::now();
     while !stop.is_cancelled() {
         // Fault-injection point: a loop that dies (`scan-relay-loop=panic`).
         fail::fail_point!("scan-relay-loop");
@@ -115,6 +118,12 @@ async fn relay_loop(relay: Relay, wake: Arc<Notify>, stop: CancellationToken) {
         if last_observe.elapsed() >= Duration::from_secs(1) {
             let _ = relay.observe().await;
             last_observe = std::time::Instant::now();
+        }
+        if claimed == 0 && last_probe.elapsed() >= probe_every {
+            last_probe = std::time::Instant::now();
+            if let Err(e) = relay.probe_dead().await {
+                warn!(error = %e, "probe of a DEAD outbox row failed");
+            }
         }
         if claimed < relay.settings.scan.relay_batch {
             tokio::select! {

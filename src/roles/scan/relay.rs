@@ -11,7 +11,7 @@ use chrono::Utc;
 use futures::{StreamExt, TryStreamExt};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, warn};
+use tracing::{error, info, warn};
 
 use crate::config::Settings;
 use crate::mq::{OutMessage, Publisher, SendOutcome};
@@ -96,6 +96,7 @@ impl Relay {
         for (row, outcome) in outcomes {
             metrics::counter!("outbox_publish_total", "tag" => tag_label(&row.tag), "outcome" => outcome.label())
                 .increment(1);
+            let refused = matches!(outcome, SendOutcome::DefiniteFailure { .. });
             match outcome {
                 SendOutcome::Confirmed { broker_msg_id } => {
                     sent.push((row.event_id, broker_msg_id))
@@ -122,6 +123,7 @@ impl Relay {
                         error,
                         backoff_ms: wait as i64,
                         dead,
+                        refused,
                     });
                 }
             }
@@ -133,7 +135,38 @@ impl Relay {
         );
         marked?;
         failures?;
+        if !sent.is_empty() {
+            // The broker answers again: rows that died while it did not come back by themselves.
+            self.requeue_after_recovery(&**client).await;
+        }
         Ok(claimed)
+    }
+
+    /// Brings back rows that went DEAD because the broker did not answer, now that it does.
+    /// A failure here is logged and retried on the next confirmed send, never fatal.
+    async fn requeue_after_recovery(&self, client: &tokio_postgres::Client) {
+        match outbox::requeue_broker_dead(client, self.settings.scan.relay_batch as i64).await {
+            Ok(0) => {}
+            Ok(n) => {
+                metrics::counter!("outbox_auto_requeue_total").increment(n);
+                info!(
+                    rows = n,
+                    "broker answers again: DEAD outbox rows back to PENDING"
+                );
+            }
+            Err(e) => warn!(error = %e, "requeue of DEAD outbox rows failed; next pass retries"),
+        }
+    }
+
+    /// With nothing else to send, one DEAD row (dead for want of a broker) goes back to PENDING
+    /// as a probe: once it is confirmed the others follow. Returns whether one did.
+    pub async fn probe_dead(&self) -> anyhow::Result<bool> {
+        let client = self.pool.get().await?;
+        let n = outbox::requeue_broker_dead(&**client, 1).await?;
+        if n > 0 {
+            metrics::counter!("outbox_auto_requeue_total").increment(n);
+        }
+        Ok(n > 0)
     }
 
     /// Sends claimed rows; one outcome per row. Immediate messages go out in one

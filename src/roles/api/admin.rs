@@ -1,0 +1,312 @@
+//! The admin listener (`api.admin_listen`, docs/ARCHITECTURE.md#admin-surface): sale status,
+//! pause and resume (per activity or SKU), and the requeue of DEAD outbox rows. Every route
+//! needs `Authorization: Bearer <api.admin_token>` (compared in constant time, never logged);
+//! every action writes an `admin_audit` row. It listens apart from the buyers, so a load
+//! balancer never exposes it.
+
+use axum::body::{to_bytes, Body};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tracing::{info, warn};
+
+use super::{ApiError, ApiState, IdPath};
+use crate::domain::request::parse_path_id;
+use crate::domain::ValidationError;
+use crate::http::PeerAddr;
+use crate::pg::{audit, outbox};
+
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/admin/v1/sales/{activity_id}", get(status))
+        .route("/admin/v1/sales/{activity_id}/pause", post(pause))
+        .route("/admin/v1/sales/{activity_id}/resume", post(resume))
+        .route("/admin/v1/outbox/requeue", post(requeue))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "NOT_FOUND", "no such route") })
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_admin,
+        ))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(state)
+}
+
+/// Refuses any call without the admin token (401, nothing done, nothing logged of it).
+async fn require_admin(State(s): State<ApiState>, req: Request, next: Next) -> Response {
+    let header = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if crate::auth::admin_token_matches(&s.settings.api.admin_token, header) {
+        next.run(req).await
+    } else {
+        metrics::counter!("admin_auth_failures_total").increment(1);
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "UNAUTHENTICATED",
+            "the admin token is required (Authorization: Bearer <api.admin_token>)",
+        )
+        .into_response()
+    }
+}
+
+/// Who did it, for the audit row: the admin listener's peer.
+fn actor(peer: Option<Extension<PeerAddr>>) -> String {
+    match peer {
+        Some(Extension(PeerAddr(p))) => format!("admin-api@{p}"),
+        None => "admin-api".to_string(),
+    }
+}
+
+async fn json_body<T: serde::de::DeserializeOwned>(
+    s: &ApiState,
+    body: Body,
+) -> Result<T, ApiError> {
+    let max = s.settings.api.max_body_bytes;
+    let bytes = to_bytes(body, max)
+        .await
+        .map_err(|_| ApiError::invalid(ValidationError::TooLarge(max)))?;
+    let bytes = if bytes.is_empty() {
+        &b"{}"[..]
+    } else {
+        &bytes[..]
+    };
+    serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::invalid(ValidationError::Json(e.to_string())))
+}
+
+async fn audit_row(
+    s: &ApiState,
+    actor: &str,
+    action: &str,
+    target: &str,
+    detail: &Value,
+) -> Result<(), ApiError> {
+    let client =
+        s.pg.get()
+            .await
+            .map_err(|_| ApiError::unavailable("the order store"))?;
+    audit::record(&**client, actor, action, target, detail)
+        .await
+        .map_err(|e| {
+            warn!(error = %e, action, target, "audit row not written; action refused");
+            ApiError::unavailable("the order store")
+        })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PauseBody {
+    /// What buyers are told (`503 SALE_PAUSED: <reason>`).
+    reason: String,
+    /// One SKU only; the whole activity when absent.
+    sku_id: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResumeBody {
+    sku_id: Option<i64>,
+}
+
+fn target(activity_id: i64, sku_id: Option<i64>) -> String {
+    match sku_id {
+        Some(sku) => format!("activity:{activity_id}/sku:{sku}"),
+        None => format!("activity:{activity_id}"),
+    }
+}
+
+fn activity(raw: &str) -> Result<i64, ApiError> {
+    parse_path_id(raw, "activity_id").map_err(ApiError::invalid)
+}
+
+/// Pauses or resumes in Redis (every API instance sees it on the next reservation), after the
+/// audit row is written: an action that cannot be audited is not taken.
+async fn set_paused(
+    s: &ApiState,
+    actor: &str,
+    activity_id: i64,
+    sku_id: Option<i64>,
+    reason: Option<&str>,
+) -> Result<Response, ApiError> {
+    if sku_id.is_some_and(|sku| sku <= 0) {
+        return Err(ApiError::invalid(ValidationError::Field {
+            field: "sku_id",
+            reason: "must be a positive integer",
+        }));
+    }
+    let action = if reason.is_some() { "pause" } else { "resume" };
+    let t = target(activity_id, sku_id);
+    audit_row(s, actor, action, &t, &json!({"reason": reason})).await?;
+    let found = s
+        .redis
+        .set_paused(activity_id, sku_id, reason)
+        .await
+        .map_err(|_| ApiError::unavailable("the reservation store"))?;
+    if !found {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "ACTIVITY_NOT_FOUND",
+            "no such activity or SKU in Redis (create or warm it first)",
+        ));
+    }
+    info!(actor, action, target = %t, reason = reason.unwrap_or(""), "sale {action}d by an operator");
+    Ok(Json(json!({"target": t, "paused": reason.is_some(), "reason": reason})).into_response())
+}
+
+async fn pause(
+    State(s): State<ApiState>,
+    IdPath(raw): IdPath<String>,
+    peer: Option<Extension<PeerAddr>>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let activity_id = activity(&raw)?;
+    let b: PauseBody = json_body(&s, body).await?;
+    let reason = b.reason.trim();
+    if reason.is_empty() || reason.len() > 200 {
+        return Err(ApiError::invalid(ValidationError::Field {
+            field: "reason",
+            reason: "must be 1-200 characters (buyers are told it)",
+        }));
+    }
+    set_paused(&s, &actor(peer), activity_id, b.sku_id, Some(reason)).await
+}
+
+async fn resume(
+    State(s): State<ApiState>,
+    IdPath(raw): IdPath<String>,
+    peer: Option<Extension<PeerAddr>>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let activity_id = activity(&raw)?;
+    let b: ResumeBody = json_body(&s, body).await?;
+    set_paused(&s, &actor(peer), activity_id, b.sku_id, None).await
+}
+
+/// The sale as operators see it: pauses, stock in Redis, reservations waiting for their order,
+/// and the fail-closed admission.
+async fn status(
+    State(s): State<ApiState>,
+    IdPath(raw): IdPath<String>,
+    _headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let activity_id = activity(&raw)?;
+    let redis_down = |_| ApiError::unavailable("the reservation store");
+    let client =
+        s.pg.get()
+            .await
+            .map_err(|_| ApiError::unavailable("the order store"))?;
+    let skus: Vec<i64> = client
+        .query(
+            "SELECT sku_id FROM activity_skus WHERE activity_id = $1 ORDER BY sku_id",
+            &[&activity_id],
+        )
+        .await
+        .map_err(|_| ApiError::unavailable("the order store"))?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    drop(client);
+    if skus.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "ACTIVITY_NOT_FOUND",
+            "no such activity",
+        ));
+    }
+    let mut out = Vec::with_capacity(skus.len());
+    for sku in skus {
+        let stock = s
+            .redis
+            .sku_stock(activity_id, sku)
+            .await
+            .map_err(redis_down)?;
+        let paused = s
+            .redis
+            .paused(activity_id, Some(sku))
+            .await
+            .map_err(redis_down)?;
+        out.push(json!({
+            "sku_id": sku,
+            "total": stock.map(|(t, _)| t),
+            "remaining": stock.map(|(_, r)| r),
+            "paused": paused,
+        }));
+    }
+    Ok(Json(json!({
+        "activity_id": activity_id,
+        "paused": s.redis.paused(activity_id, None).await.map_err(redis_down)?,
+        "skus": out,
+        "pending_reservations": s.redis.pending_count(activity_id).await.map_err(redis_down)?,
+        "admission_paused": s.admission.paused(),
+    }))
+    .into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RequeueBody {
+    /// These DEAD rows...
+    event_ids: Option<Vec<String>>,
+    /// ...or every DEAD row (one of the two).
+    #[serde(default)]
+    all_dead: bool,
+}
+
+async fn requeue(
+    State(s): State<ApiState>,
+    peer: Option<Extension<PeerAddr>>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let b: RequeueBody = json_body(&s, body).await?;
+    let ids = match (b.event_ids, b.all_dead) {
+        (Some(ids), false) if !ids.is_empty() && ids.len() <= 10_000 => Some(ids),
+        (None, true) => None,
+        _ => {
+            return Err(ApiError::invalid(ValidationError::Field {
+                field: "event_ids",
+                reason: "give 1-10000 event_ids, or all_dead: true (not both)",
+            }))
+        }
+    };
+    let actor = actor(peer);
+    let requeued = requeue_audited(&s, &actor, ids.as_deref())
+        .await
+        .map_err(|e| {
+            warn!(error = %e, "outbox requeue failed");
+            ApiError::unavailable("the order store")
+        })?;
+    info!(
+        actor,
+        rows = requeued.len(),
+        "DEAD outbox rows requeued by an operator"
+    );
+    Ok(Json(json!({"requeued": requeued})).into_response())
+}
+
+/// The requeue and its audit row, in one transaction.
+async fn requeue_audited(
+    s: &ApiState,
+    actor: &str,
+    ids: Option<&[String]>,
+) -> anyhow::Result<Vec<String>> {
+    let mut client = s.pg.get().await?;
+    let c: &mut tokio_postgres::Client = &mut client;
+    let tx = c.transaction().await?;
+    let requeued = outbox::requeue_dead(&tx, ids).await?;
+    audit::record(
+        &tx,
+        actor,
+        "outbox_requeue",
+        "event_outbox",
+        &json!({"requeued": requeued}),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(requeued)
+}

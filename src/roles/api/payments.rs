@@ -1,0 +1,161 @@
+//! `POST /v1/payments/notifications`: the payment provider confirms a payment
+//! (docs/ARCHITECTURE.md#security-model).
+//!
+//! Only the provider can: the raw body must carry a valid `Seckill-Signature` made with one of
+//! `payments.webhook_secrets`, within `payments.tolerance_secs`, checked before the body is
+//! parsed. The order is paid only for exactly its amount, a payment id settles at most one
+//! order, and the same notification again gets the same answer (providers re-send until they
+//! get a 2xx).
+
+use axum::body::{to_bytes, Body};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::error::require_id;
+use super::{ApiError, ApiState};
+use crate::auth::signature::{verify, SIGNATURE_HEADER};
+use crate::domain::{PayOutcome, ValidationError};
+use crate::pg::order_state::{pay, Payment, StateNames};
+
+/// The notification body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Notification {
+    order_id: String,
+    payment_id: String,
+    amount_cents: i64,
+}
+
+fn valid_payment_id(p: &str) -> bool {
+    !p.is_empty()
+        && p.len() <= 64
+        && p.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+}
+
+pub(super) async fn notification(
+    State(s): State<ApiState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let max = s.settings.api.max_body_bytes;
+    let bytes = to_bytes(body, max)
+        .await
+        .map_err(|_| ApiError::invalid(ValidationError::TooLarge(max)))?;
+    let signature = headers.get(SIGNATURE_HEADER).and_then(|v| v.to_str().ok());
+    let payments = &s.settings.payments;
+    let now = chrono::Utc::now().timestamp();
+    if let Err(failure) = verify(
+        &payments.webhook_secrets,
+        signature,
+        &bytes,
+        now,
+        payments.tolerance_secs,
+    ) {
+        metrics::counter!("payment_notification_total", "result" => failure.label()).increment(1);
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "BAD_SIGNATURE",
+            "the notification is not signed by the payment provider, or too old",
+        ));
+    }
+    let n: Notification = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::invalid(ValidationError::Json(e.to_string())))?;
+    require_id("ord", "order_id", &n.order_id)?;
+    if !valid_payment_id(&n.payment_id) {
+        return Err(ApiError::invalid(ValidationError::Field {
+            field: "payment_id",
+            reason: "must be 1-64 characters of A-Z a-z 0-9 - _ . :",
+        }));
+    }
+    if n.amount_cents < 0 {
+        return Err(ApiError::invalid(ValidationError::Field {
+            field: "amount_cents",
+            reason: "must not be negative",
+        }));
+    }
+    let outcome = settle(&s, &n).await?;
+    metrics::counter!("payment_notification_total", "result" => outcome_label(&outcome))
+        .increment(1);
+    answer(&n, outcome)
+}
+
+async fn settle(s: &ApiState, n: &Notification) -> Result<PayOutcome, ApiError> {
+    let names = StateNames {
+        order_event_topic: s.names.order_event_topic.clone(),
+        compensate_topic: s.names.compensate_topic.clone(),
+    };
+    let mut client =
+        s.pg.get()
+            .await
+            .map_err(|_| ApiError::unavailable("the order store"))?;
+    let p = Payment {
+        order_id: &n.order_id,
+        payment_id: &n.payment_id,
+        amount_cents: n.amount_cents,
+    };
+    pay(&mut client, &p, &names).await.map_err(|e| {
+        warn!(order_id = %n.order_id, payment_id = %n.payment_id, error = %e, "payment transaction failed");
+        ApiError::unavailable("the order store")
+    })
+}
+
+fn outcome_label(o: &PayOutcome) -> &'static str {
+    match o {
+        PayOutcome::Paid { .. } => "paid",
+        PayOutcome::AlreadyPaidSame => "repeat",
+        PayOutcome::AlreadyPaidOther => "paid_other",
+        PayOutcome::AmountMismatch { .. } => "amount_mismatch",
+        PayOutcome::PaymentIdReused => "payment_id_reused",
+        PayOutcome::Canceled => "canceled",
+        PayOutcome::Expired => "expired",
+        PayOutcome::NotFound => "not_found",
+    }
+}
+
+fn answer(n: &Notification, outcome: PayOutcome) -> Result<Response, ApiError> {
+    let paid = |repeat: bool| {
+        Json(json!({
+            "order_id": n.order_id,
+            "status": "PAID",
+            "payment_id": n.payment_id,
+            "repeat": repeat,
+        }))
+        .into_response()
+    };
+    let conflict = |code, message: &str| Err(ApiError::new(StatusCode::CONFLICT, code, message));
+    match outcome {
+        PayOutcome::Paid { .. } => {
+            info!(order_id = %n.order_id, payment_id = %n.payment_id, amount_cents = n.amount_cents, "order paid");
+            Ok(paid(false))
+        }
+        PayOutcome::AlreadyPaidSame => Ok(paid(true)),
+        PayOutcome::AlreadyPaidOther => {
+            conflict("ALREADY_PAID", "the order was paid with another payment")
+        }
+        PayOutcome::PaymentIdReused => conflict(
+            "PAYMENT_ID_REUSED",
+            "this payment_id already settled another order",
+        ),
+        PayOutcome::AmountMismatch { expected_cents } => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "AMOUNT_MISMATCH",
+            format!("the order costs {expected_cents} cents"),
+        )),
+        PayOutcome::Canceled => conflict(
+            "ORDER_CANCELED",
+            "the order was cancelled; the payment must be refunded",
+        ),
+        PayOutcome::Expired => conflict("ORDER_EXPIRED", "the payment window has closed"),
+        PayOutcome::NotFound => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "ORDER_NOT_FOUND",
+            "no such order",
+        )),
+    }
+}
