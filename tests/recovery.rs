@@ -500,6 +500,14 @@ async fn an_outbox_row_that_never_sends_goes_dead_after_its_last_attempt() {
         0,
         "a dead row is not sent again"
     );
+    // The broker refused it (no such topic): it waits for an operator, the relay's own probe
+    // never brings it back.
+    assert_eq!(
+        env.count("SELECT count(*) FROM event_outbox WHERE dead_reason = 'REFUSED'")
+            .await,
+        1
+    );
+    assert!(!relay.probe_dead().await.unwrap());
     drop(c);
     env.cleanup().await;
 }

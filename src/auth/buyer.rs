@@ -180,12 +180,14 @@ fn load_jwks(path: &Path) -> Result<HashMap<String, (Algorithm, DecodingKey)>, C
             AlgorithmParameters::EllipticCurve(p) if p.curve == EllipticCurve::P256 => {
                 Algorithm::ES256
             }
-            _ => return Err(invalid(
-                KEY,
-                format!(
+            _ => {
+                return Err(invalid(
+                    KEY,
+                    format!(
                     "key `{kid}`: only Ed25519 (EdDSA) and P-256 (ES256) keys verify buyer tokens"
                 ),
-            )),
+                ))
+            }
         };
         let key =
             DecodingKey::from_jwk(jwk).map_err(|e| invalid(KEY, format!("key `{kid}`: {e}")))?;

@@ -362,10 +362,10 @@ mod tests {
         assert_eq!(release.reason, "");
         let header: OrderEventHeader = serde_json::from_value(json!({
             "order_id": "ord_1", "reservation_id": "rsv_1", "status": "PAID",
-            "aggregate_version": 2, "payment_id": "p",
+            "aggregate_version": 2, "payment_id": "p", "user_id": 7,
         }))
         .unwrap();
-        assert_eq!(header.aggregate_version, 2);
+        assert_eq!((header.aggregate_version, header.user_id), (2, 7));
         assert!(serde_json::from_value::<CancelOrderIfUnpaid>(json!({"order_id": "x"})).is_err());
     }
 }
