@@ -9,7 +9,8 @@
 #      one order per transaction, and --workers far past the budget.
 #   3. the outbox relay draining the events those backlogs left (events/s).
 #   4. the API (seckill-bench load): accepted reservations/s with batched sends and with one send
-#      per reservation; answers/s for a sold-out SKU; a 10,000-unit sale from 100,000 requests
+#      per reservation, and with the trust layer (tokens, rate limits) on and off;
+#      answers/s for a sold-out SKU; a 10,000-unit sale from 100,000 requests
 #      by 60,000 buyers; many SKUs; duplicate-heavy traffic; open-loop arrivals.
 #
 # The last line is machine-readable:
@@ -186,12 +187,21 @@ stop consume
 I_A1="$(activity "$API_REQ")" I_A2="$(activity "$API_REQ")"
 I_BATCHED="$(accept_run accept-batched-send-path 0 "$I_A1" --load-only)"
 I_SINGLE="$(accept_run accept-unbatched-send-path 1 "$I_A2" --load-only)"
+# The trust layer's cost on the same send path: buyer tokens verified (EdDSA/HS256 check per
+# request) and both rate limits on, set high enough that nothing is refused (the cost, not the
+# refusals), beside the same run believing the body's user_id with no limits. The load
+# generator mints every token before its clock starts.
+T_A1="$(activity "$API_REQ")" T_A2="$(activity "$API_REQ")"
+T_OFF="$(SECKILL__AUTH__BUYERS=body accept_run accept-trust-off 0 "$T_A1" --load-only)"
+T_ON="$(SECKILL__API__BUYER_RATE_PER_SEC=5 SECKILL__API__BUYER_BURST=10 \
+  SECKILL__API__ADDRESS_RATE_PER_SEC=10000000 SECKILL__API__ADDRESS_BURST=10000000 \
+  accept_run accept-trust-on 0 "$T_A2" --load-only)"
 consume
 # The next scenarios start once the consumer has turned that backlog into orders.
-i_accepted=$(( $(field "$I_BATCHED" accepted) + $(field "$I_SINGLE" accepted) ))
+i_accepted=$(( $(field "$I_BATCHED" accepted) + $(field "$I_SINGLE" accepted) + $(field "$T_OFF" accepted) + $(field "$T_ON" accepted) ))
 for _ in $(seq 1 900); do
   n="$(psql -h 127.0.0.1 -U postgres -Atc \
-    "SELECT count(*) FROM seckill_bench.reservations WHERE activity_id IN ($I_A1, $I_A2)")"
+    "SELECT count(*) FROM seckill_bench.reservations WHERE activity_id IN ($I_A1, $I_A2, $T_A1, $T_A2)")"
   ((n >= i_accepted)) && break
   sleep 0.2
 done
@@ -238,7 +248,7 @@ batch_ops="$(field "$LIMITS" pgbench_batch_orders_per_s)"
 soldout_pg="$(field "$LIMITS" direct_pg_soldout_per_s)"
 orders_ps="$(field "$B_BATCH" orders_per_s)"
 violations=0
-for line in "$RELAY" "$I_BATCHED" "$I_SINGLE"; do
+for line in "$RELAY" "$I_BATCHED" "$I_SINGLE" "$T_OFF" "$T_ON"; do
   [[ "$line" == *" OK "* ]] || violations=$((violations + 1))
 done
 for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT" "$SALE" "$MANY" "$DUPS" "$OPEN"; do
@@ -253,7 +263,7 @@ done
   echo "$BROKER1"
   echo "$BROKER32"
   echo "== pipeline =="
-  for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$RELAY" "$I_BATCHED" "$I_SINGLE" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT" "$SALE" "$MANY" "$DUPS" "$OPEN"; do
+  for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$RELAY" "$I_BATCHED" "$I_SINGLE" "$T_OFF" "$T_ON" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT" "$SALE" "$MANY" "$DUPS" "$OPEN"; do
     echo "$line"
   done
   echo "== ratios =="
@@ -262,10 +272,11 @@ done
   echo "outbox relay events/s $(field "$RELAY" events_per_s) vs the broker's one-message sends/s $(field "$BROKER1" msgs_per_s)"
   echo "accepted/s batched $(field "$A_BATCHED" accepted_per_s) vs unbatched $(field "$A_SINGLE" accepted_per_s) (whole pipeline running)"
   echo "accepted/s batched $(field "$I_BATCHED" accepted_per_s) vs unbatched $(field "$I_SINGLE" accepted_per_s) (send path alone, consumer stopped)"
+  echo "accepted/s with tokens and rate limits $(field "$T_ON" accepted_per_s) vs body user_id, no limits $(field "$T_OFF" accepted_per_s) (send path alone)"
   echo "$BASE_SOLDOUT"
   echo "$BASE_BUY"
   echo "sold-out answers/s $(field "$SOLDOUT" req_per_s) vs direct PostgreSQL over HTTP $(field "$BASE_SOLDOUT" req_per_s) and pgbench $soldout_pg, $CONC clients"
   echo "accepted/s $(field "$A_BATCHED" accepted_per_s) vs direct PostgreSQL purchases over HTTP $(field "$BASE_BUY" accepted_per_s) and pgbench $(field "$LIMITS" direct_pg_buy_per_s)"
 } | tee "$RUN_DIR/summary.txt"
-echo "RATIOS order_vs_pgbench_single=$(ratio "$orders_ps" "$single_tps") order_vs_pgbench_batch=$(ratio "$orders_ps" "$batch_ops") accept_batched_vs_unbatched=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$A_SINGLE" accepted_per_s)") soldout_vs_direct_pg=$(ratio "$(field "$SOLDOUT" req_per_s)" "$(field "$BASE_SOLDOUT" req_per_s)") soldout_vs_pgbench_direct=$(ratio "$(field "$SOLDOUT" req_per_s)" "$soldout_pg") accept_vs_direct_pg_buy=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$BASE_BUY" accepted_per_s)") within_3s_pct=$(field "$SALE" within_3s_pct) workers64_vs_budget=$(ratio "$(field "$B_WIDE" orders_per_s)" "$orders_ps") relay_vs_broker_single=$(ratio "$(field "$RELAY" events_per_s)" "$(field "$BROKER1" msgs_per_s)") send_path_batched_vs_unbatched=$(ratio "$(field "$I_BATCHED" accepted_per_s)" "$(field "$I_SINGLE" accepted_per_s)") violations=$violations"
+echo "RATIOS order_vs_pgbench_single=$(ratio "$orders_ps" "$single_tps") order_vs_pgbench_batch=$(ratio "$orders_ps" "$batch_ops") accept_batched_vs_unbatched=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$A_SINGLE" accepted_per_s)") soldout_vs_direct_pg=$(ratio "$(field "$SOLDOUT" req_per_s)" "$(field "$BASE_SOLDOUT" req_per_s)") soldout_vs_pgbench_direct=$(ratio "$(field "$SOLDOUT" req_per_s)" "$soldout_pg") accept_vs_direct_pg_buy=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$BASE_BUY" accepted_per_s)") within_3s_pct=$(field "$SALE" within_3s_pct) workers64_vs_budget=$(ratio "$(field "$B_WIDE" orders_per_s)" "$orders_ps") relay_vs_broker_single=$(ratio "$(field "$RELAY" events_per_s)" "$(field "$BROKER1" msgs_per_s)") send_path_batched_vs_unbatched=$(ratio "$(field "$I_BATCHED" accepted_per_s)" "$(field "$I_SINGLE" accepted_per_s)") trust_on_vs_off=$(ratio "$(field "$T_ON" accepted_per_s)" "$(field "$T_OFF" accepted_per_s)") violations=$violations"
 [[ "$violations" == 0 ]]

@@ -1,7 +1,8 @@
 //! A hung dependency cannot hang the API (docs/ARCHITECTURE.md#hung-dependencies): with Redis
 //! behind a proxy that stops forwarding, a reservation fails with 503 within its bounds and
-//! `/readyz` answers 503 within a second; once Redis answers again, everything recovers and
-//! the request that failed, retried with the same request_id, is answered as usual.
+//! `/readyz` answers 503 within a second; with PostgreSQL behind one, its routes (orders,
+//! payments) answer 503 within theirs while reservations go on. Once the dependency answers
+//! again everything recovers, and a request that failed, retried, lands exactly once.
 // The RocketMQ client's futures are deeply nested.
 #![recursion_limit = "256"]
 
@@ -68,6 +69,88 @@ async fn a_hung_redis_gets_503_within_bounds_and_the_api_recovers_after() {
     let redis = env.redis().await;
     assert_eq!(redis.sku_stock(980, 1).await.unwrap(), Some((5, 4)));
 
+    api.stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(15), api.server).await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_hung_postgresql_gets_503_within_bounds_and_reservations_go_on() {
+    let env = TestEnv::new(true).await;
+    env.activity(985, 1, 5).await;
+    let order = common::created_orders(&env, 985, &[9])
+        .await
+        .remove(0)
+        .order_id;
+    let proxy = StallProxy::start("127.0.0.1:5432").await;
+    let mut settings = env.settings.clone();
+    settings.pg.url = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres",
+        proxy.addr.port()
+    )
+    .into();
+    settings.pg.statement_timeout_ms = 1000;
+    settings.pg.pool_wait_timeout_ms = 500;
+    let api = start_api(settings).await;
+    let base = api.base.clone();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let get_order = || {
+        client
+            .get(format!("{base}/v1/orders/{order}"))
+            .header("authorization", common::bearer(9))
+            .send()
+    };
+    assert_eq!(get_order().await.unwrap().status().as_u16(), 200);
+
+    proxy.stall(true);
+    // The order store hangs: its routes answer 503 within the bound (statement timeout + 1 s).
+    let started = Instant::now();
+    let r = get_order().await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(r.status().as_u16(), 503);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "UNAVAILABLE", "{body}");
+    assert!(took < Duration::from_secs(3), "answered in {took:?}");
+    let started = Instant::now();
+    let (s, body) = common::notify_payment(&base, &order, "pay-hung", 100).await;
+    assert_eq!(
+        (s.as_u16(), body["error"]["code"].as_str()),
+        (503, Some("UNAVAILABLE"))
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    // The hot path does not touch PostgreSQL: reservations go on, and the API stays ready.
+    let r = client
+        .post(format!("{base}/v1/activities/985/skus/1/reservations"))
+        .header("authorization", common::bearer(10))
+        .json(&json!({"request_id": "during-pg-hang", "quantity": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    let r = client.get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+
+    proxy.stall(false);
+    // Connections cut mid-request are dropped by the pool; fresh ones answer.
+    eventually(30, "the order store answers again", || async {
+        matches!(get_order().await, Ok(r) if r.status().is_success())
+    })
+    .await;
+    // The payment the provider re-sends lands exactly once, whatever the hung attempt did.
+    let (s, body) = common::notify_payment(&base, &order, "pay-hung", 100).await;
+    assert_eq!(s.as_u16(), 200, "{body}");
+    assert_eq!(
+        env.count("SELECT count(*) FROM event_outbox WHERE tag = 'ORDER_PAID'")
+            .await,
+        1
+    );
     api.stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(15), api.server).await;
     env.cleanup().await;

@@ -442,6 +442,7 @@ async fn order_events_are_projected_by_version_so_stale_and_repeated_events_are_
         let body = serde_json::json!({
             "event_type": format!("ORDER_{status}"), "order_id": ids.order_id,
             "reservation_id": ids.reservation_id, "status": status, "aggregate_version": version,
+            "user_id": 5,
         });
         delivery(
             &names.order_event_topic,
@@ -460,6 +461,8 @@ async fn order_events_are_projected_by_version_so_stale_and_repeated_events_are_
         .await
         .unwrap();
     assert_eq!((p["status"].as_str(), p["version"].as_str()), ("PAID", "2"));
+    // The buyer is kept, so that only they read the projection.
+    assert_eq!(p["user_id"], "5");
     assert_eq!(
         h.process(&delivery(&names.order_event_topic, None, b"nope".to_vec()))
             .await

@@ -70,6 +70,20 @@ pub struct ApiState {
 }
 
 impl ApiState {
+    /// Runs a request's PostgreSQL work within `pg.statement_timeout_ms` plus a second: a
+    /// PostgreSQL that stops answering (a dead network path the kernel has not noticed yet)
+    /// gets the caller a 503 `UNAVAILABLE` in time, never a hung request.
+    pub(crate) async fn bounded_pg<T>(
+        &self,
+        work: impl std::future::Future<Output = Result<T, ApiError>>,
+    ) -> Result<T, ApiError> {
+        let bound = Duration::from_millis(self.settings.pg.statement_timeout_ms + 1000);
+        tokio::time::timeout(bound, work).await.unwrap_or_else(|_| {
+            metrics::counter!("pg_call_timeout_total").increment(1);
+            Err(ApiError::unavailable("the order store"))
+        })
+    }
+
     /// The buyer a request's token names: `Ok(None)` without token identity, 401
     /// `UNAUTHENTICATED` when the token is missing or not valid (no detail given).
     pub(crate) fn buyer(&self, headers: &HeaderMap) -> Result<Option<i64>, ApiError> {

@@ -5,7 +5,8 @@
 //! `payments.webhook_secrets`, within `payments.tolerance_secs`, checked before the body is
 //! parsed. The order is paid only for exactly its amount, a payment id settles at most one
 //! order, and the same notification again gets the same answer (providers re-send until they
-//! get a 2xx).
+//! get a 2xx). A PostgreSQL that hangs gets the provider a 503 within the API's bound, and its
+//! re-send the same answer whether or not the payment committed.
 
 use axum::body::{to_bytes, Body};
 use axum::extract::State;
@@ -79,7 +80,7 @@ pub(super) async fn notification(
             reason: "must not be negative",
         }));
     }
-    let outcome = settle(&s, &n).await?;
+    let outcome = s.bounded_pg(settle(&s, &n)).await?;
     metrics::counter!("payment_notification_total", "result" => outcome_label(&outcome))
         .increment(1);
     answer(&n, outcome)

@@ -66,44 +66,12 @@ pub(super) async fn get_reservation(
             .into_response());
         }
     }
-    let client =
-        s.pg.get()
-            .await
-            .map_err(|_| ApiError::unavailable("the order store"))?;
-    if let Some(order) = queries::order_by_reservation(&**client, &reservation_id)
-        .await
-        .map_err(|_| ApiError::unavailable("the order store"))?
+    if let Some(answer) = s
+        .bounded_pg(from_order_store(&s, me, &reservation_id))
+        .await?
     {
-        owned(me, Some(order.order.user_id), reservation_not_found)?;
-        return Ok(Json(json!({
-            "reservation_id": reservation_id,
-            "order_id": order.order.order_id,
-            "status": order.status,
-            "activity_id": order.order.activity_id,
-            "sku_id": order.order.sku_id,
-            "user_id": order.order.user_id,
-        }))
-        .into_response());
+        return Ok(answer);
     }
-    if let Some(d) = queries::reservation_decision(&**client, &reservation_id)
-        .await
-        .map_err(|_| ApiError::unavailable("the order store"))?
-    {
-        if d.status == "REJECTED" {
-            owned(me, Some(d.user_id), reservation_not_found)?;
-            return Ok(Json(json!({
-                "reservation_id": d.reservation_id,
-                "order_id": d.order_id,
-                "status": "REJECTED",
-                "reason": d.reject_reason,
-                "activity_id": d.activity_id,
-                "sku_id": d.sku_id,
-                "user_id": d.user_id,
-            }))
-            .into_response());
-        }
-    }
-    drop(client);
     let activity_id = s
         .redis
         .location(&reservation_id)
@@ -149,18 +117,72 @@ pub(super) async fn get_order(
 ) -> Result<Response, ApiError> {
     require_id("ord", "order_id", &order_id)?;
     let me = s.buyer(&headers)?;
-    let client =
-        s.pg.get()
-            .await
-            .map_err(|_| ApiError::unavailable("the order store"))?;
-    match queries::order_by_id(&**client, &order_id)
-        .await
-        .map_err(|_| ApiError::unavailable("the order store"))?
-    {
+    let order = s
+        .bounded_pg(async {
+            let client =
+                s.pg.get()
+                    .await
+                    .map_err(|_| ApiError::unavailable("the order store"))?;
+            queries::order_by_id(&**client, &order_id)
+                .await
+                .map_err(|_| ApiError::unavailable("the order store"))
+        })
+        .await?;
+    match order {
         Some(order) => {
             owned(me, Some(order.order.user_id), order_not_found)?;
             Ok(Json(order).into_response())
         }
         None => Err(order_not_found()),
     }
+}
+
+/// The reservation as PostgreSQL knows it: its order, or its rejection (`None`: neither yet).
+async fn from_order_store(
+    s: &ApiState,
+    me: Option<i64>,
+    reservation_id: &str,
+) -> Result<Option<Response>, ApiError> {
+    let client =
+        s.pg.get()
+            .await
+            .map_err(|_| ApiError::unavailable("the order store"))?;
+    if let Some(order) = queries::order_by_reservation(&**client, reservation_id)
+        .await
+        .map_err(|_| ApiError::unavailable("the order store"))?
+    {
+        owned(me, Some(order.order.user_id), reservation_not_found)?;
+        return Ok(Some(
+            Json(json!({
+                "reservation_id": reservation_id,
+                "order_id": order.order.order_id,
+                "status": order.status,
+                "activity_id": order.order.activity_id,
+                "sku_id": order.order.sku_id,
+                "user_id": order.order.user_id,
+            }))
+            .into_response(),
+        ));
+    }
+    if let Some(d) = queries::reservation_decision(&**client, reservation_id)
+        .await
+        .map_err(|_| ApiError::unavailable("the order store"))?
+    {
+        if d.status == "REJECTED" {
+            owned(me, Some(d.user_id), reservation_not_found)?;
+            return Ok(Some(
+                Json(json!({
+                    "reservation_id": d.reservation_id,
+                    "order_id": d.order_id,
+                    "status": "REJECTED",
+                    "reason": d.reject_reason,
+                    "activity_id": d.activity_id,
+                    "sku_id": d.sku_id,
+                    "user_id": d.user_id,
+                }))
+                .into_response(),
+            ));
+        }
+    }
+    Ok(None)
 }
