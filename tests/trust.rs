@@ -220,7 +220,7 @@ async fn forged_expired_wrong_audience_and_unsigned_tokens_are_refused_and_write
     )
     .await;
     assert_eq!(s, StatusCode::ACCEPTED, "{body}");
-    assert_eq!(redis.sku_stock(1100, 1).await.unwrap(), Some((8, 10)));
+    assert_eq!(redis.sku_stock(1100, 1).await.unwrap(), Some((10, 8)));
     let rid = a["reservation_id"].as_str().unwrap();
     let fields = redis.reservation(1100, rid).await.unwrap();
     assert_eq!(fields["user_id"], "6");
