@@ -63,6 +63,18 @@ pub struct PgSettings {
     pub api_pool_size: usize,
     /// How long a worker waits for a pooled connection before the attempt counts as transient.
     pub pool_wait_timeout_ms: u64,
+    /// TLS to PostgreSQL: `off`, or `verify` (encrypted; the server's certificate checked
+    /// against `pg.ca_file`, or the system's roots when empty, and its name against the host).
+    pub tls: PgTls,
+    /// PEM file of the CA(s) that sign the server's certificate (`verify` only).
+    pub ca_file: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PgTls {
+    Off,
+    Verify,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -80,6 +92,9 @@ pub struct RedisSettings {
     pub response_timeout_ms: u64,
     /// Waiting for a pooled connection takes at most this.
     pub pool_wait_timeout_ms: u64,
+    /// PEM file of the CA(s) that sign the server's certificate, for a `rediss://` URL (empty:
+    /// the system's roots).
+    pub ca_file: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -431,8 +446,24 @@ impl Settings {
         if self.pg.pool_wait_timeout_ms == 0 {
             return Err(invalid("pg.pool_wait_timeout_ms", "must be positive"));
         }
-        if !self.redis.url.expose_secret().starts_with("redis://") {
-            return Err(invalid("redis.url", "must start with redis://"));
+        let redis_url = self.redis.url.expose_secret();
+        if !redis_url.starts_with("redis://") && !redis_url.starts_with("rediss://") {
+            return Err(invalid(
+                "redis.url",
+                "must start with redis:// (or rediss:// for TLS)",
+            ));
+        }
+        if !self.redis.ca_file.is_empty() {
+            if !redis_url.starts_with("rediss://") {
+                return Err(invalid("redis.ca_file", "is for a rediss:// URL only"));
+            }
+            crate::tls::read_ca(&self.redis.ca_file, "redis.ca_file")?;
+        }
+        if !self.pg.ca_file.is_empty() {
+            if self.pg.tls != PgTls::Verify {
+                return Err(invalid("pg.ca_file", "is for pg.tls = \"verify\" only"));
+            }
+            crate::tls::read_ca(&self.pg.ca_file, "pg.ca_file")?;
         }
         if self.redis.key_prefix.is_empty() || self.redis.key_prefix.contains(['{', '}', ' ']) {
             return Err(invalid(

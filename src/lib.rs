@@ -45,3 +45,4 @@ pub mod redis;
 pub mod roles;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tls;

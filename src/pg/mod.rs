@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use secrecy::ExposeSecret;
 
-use crate::config::PgSettings;
+use crate::config::{PgSettings, PgTls};
 
 /// Where a configuration points, for messages: hosts and ports only, never the user or the
 /// password the connection string may hold.
@@ -63,6 +63,11 @@ pub fn pg_config(settings: &PgSettings) -> anyhow::Result<tokio_postgres::Config
         settings.schema, settings.statement_timeout_ms
     ));
     cfg.application_name("seckill");
+    // `pg.tls` decides, whatever the URL says.
+    cfg.ssl_mode(match settings.tls {
+        PgTls::Off => tokio_postgres::config::SslMode::Disable,
+        PgTls::Verify => tokio_postgres::config::SslMode::Require,
+    });
     cfg.connect_timeout(Duration::from_secs(5));
     // A server or network that goes silent mid-statement: the kernel gives up on the
     // connection after PG_TCP_USER_TIMEOUT of unacknowledged data, and keepalives find a
@@ -75,6 +80,41 @@ pub fn pg_config(settings: &PgSettings) -> anyhow::Result<tokio_postgres::Config
     Ok(cfg)
 }
 
+/// The TLS connector of every PostgreSQL connection: rustls trusting `pg.ca_file` (or the
+/// system's roots). With `pg.tls = "off"` the connection asks for no TLS and it is unused.
+pub fn connector(settings: &PgSettings) -> anyhow::Result<MakeRustlsConnect> {
+    let config = match settings.tls {
+        PgTls::Off => {
+            crate::tls::install_crypto_provider();
+            rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+                rustls::crypto::aws_lc_rs::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth()
+        }
+        PgTls::Verify => crate::tls::client_config(&settings.ca_file, "pg.ca_file")?,
+    };
+    Ok(MakeRustlsConnect::new(config))
+}
+
+/// The stream of a connection made with [`connector`].
+pub type TlsStream =
+    <MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>>::Stream;
+
+/// Connects one client outside a pool (migrations, operator tools, the relay's LISTEN).
+pub async fn connect_one(
+    settings: &PgSettings,
+) -> anyhow::Result<(
+    tokio_postgres::Client,
+    tokio_postgres::Connection<tokio_postgres::Socket, TlsStream>,
+)> {
+    let cfg = pg_config(settings)?;
+    cfg.connect(connector(settings)?)
+        .await
+        .with_context(|| format!("pg.url: cannot connect to {}", endpoint(&cfg)))
+}
+
 /// How long sent data may stay unacknowledged by PostgreSQL before the connection is dropped
 /// (well past any `statement_timeout`, which PostgreSQL enforces itself).
 const PG_TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
@@ -85,7 +125,7 @@ pub async fn connect_pool(settings: &PgSettings, size: usize) -> anyhow::Result<
     let cfg_shown = cfg.clone();
     let mgr = Manager::from_config(
         cfg,
-        NoTls,
+        connector(settings)?,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
@@ -115,11 +155,7 @@ pub async fn connect_pool(settings: &PgSettings, size: usize) -> anyhow::Result<
 /// Creates the schema when missing and applies the migrations in `sql/` (tracked by refinery).
 /// Returns the versions applied by this run.
 pub async fn migrate(settings: &PgSettings) -> anyhow::Result<Vec<u32>> {
-    let cfg = pg_config(settings)?;
-    let (mut client, conn) = cfg
-        .connect(NoTls)
-        .await
-        .with_context(|| format!("pg.url: cannot connect to {}", endpoint(&cfg)))?;
+    let (mut client, conn) = connect_one(settings).await?;
     let conn_task = tokio::spawn(conn);
     client
         .batch_execute(&format!(

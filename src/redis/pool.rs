@@ -52,8 +52,27 @@ pub fn endpoint(pool: &Pool) -> String {
 /// Builds the pool (no connection yet: the caller checks the server answers).
 pub fn build(settings: &RedisSettings) -> anyhow::Result<Pool> {
     // The client's own errors could quote the URL, password included: say what is wrong only.
-    let client = redis::Client::open(settings.url.expose_secret())
-        .map_err(|_| anyhow::anyhow!("redis.url: not a valid Redis URL"))?;
+    let url = settings.url.expose_secret();
+    let client = if url.starts_with("rediss://") {
+        // TLS (docs/ARCHITECTURE.md#secrets): the server checked against redis.ca_file, or
+        // the system's roots.
+        crate::tls::install_crypto_provider();
+        let root_cert = if settings.ca_file.is_empty() {
+            None
+        } else {
+            Some(std::fs::read(&settings.ca_file).map_err(|e| {
+                anyhow::anyhow!("redis.ca_file: cannot read {}: {e}", settings.ca_file)
+            })?)
+        };
+        let certs = redis::TlsCertificates {
+            client_tls: None,
+            root_cert,
+        };
+        redis::Client::build_with_tls(url, certs)
+            .map_err(|_| anyhow::anyhow!("redis.url: not a valid Redis URL or CA file"))?
+    } else {
+        redis::Client::open(url).map_err(|_| anyhow::anyhow!("redis.url: not a valid Redis URL"))?
+    };
     let connect = Duration::from_millis(settings.connect_timeout_ms);
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(connect)

@@ -68,11 +68,7 @@ pub async fn create(settings: &Settings, args: &CreateArgs) -> anyhow::Result<()
         reservation_valid_secs: valid,
         skus: args.skus.clone(),
     };
-    let cfg = crate::pg::pg_config(&settings.pg)?;
-    let (mut client, conn) = cfg
-        .connect(tokio_postgres::NoTls)
-        .await
-        .context("pg.url: cannot connect")?;
+    let (mut client, conn) = crate::pg::connect_one(&settings.pg).await?;
     let conn = tokio::spawn(conn);
     queries::create_activity(&mut client, &spec, now).await?;
     // Warm Redis from what PostgreSQL holds (an earlier, started run keeps its values).

@@ -65,8 +65,7 @@ pub enum DlqCommand {
 
 /// `seckill dlq ...`. Returns false when the command found nothing to act on.
 pub async fn run(settings: Settings, cmd: DlqCommand) -> anyhow::Result<bool> {
-    let cfg = crate::pg::pg_config(&settings.pg)?;
-    let (mut client, conn) = cfg.connect(tokio_postgres::NoTls).await?;
+    let (mut client, conn) = crate::pg::connect_one(&settings.pg).await?;
     let conn = tokio::spawn(conn);
     let ok = match cmd {
         DlqCommand::List {

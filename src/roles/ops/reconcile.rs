@@ -425,8 +425,7 @@ pub fn textfile(report: &ReconcileReport) -> String {
 pub async fn run(settings: Settings, args: ReconcileArgs) -> anyhow::Result<bool> {
     anyhow::ensure!(args.window_hours > 0, "--window-hours must be positive");
     anyhow::ensure!(args.grace_secs >= 0, "--grace-secs must not be negative");
-    let cfg = crate::pg::pg_config(&settings.pg)?;
-    let (client, conn) = cfg.connect(tokio_postgres::NoTls).await?;
+    let (client, conn) = crate::pg::connect_one(&settings.pg).await?;
     let conn = tokio::spawn(conn);
     // A one-shot scan over the window, not the hot path: it gets a longer statement bound.
     client

@@ -232,11 +232,7 @@ pub(super) async fn listen(
     shutdown: CancellationToken,
 ) {
     while !shutdown.is_cancelled() {
-        let cfg = match crate::pg::pg_config(&settings.pg) {
-            Ok(c) => c,
-            Err(_) => return,
-        };
-        match cfg.connect(tokio_postgres::NoTls).await {
+        match crate::pg::connect_one(&settings.pg).await {
             Ok((client, mut conn)) => {
                 let messages = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
                 let wake2 = wake.clone();
