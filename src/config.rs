@@ -225,6 +225,9 @@ pub struct ConsumerSettings {
     pub tx_latency_target_ms: u64,
     /// ...or waits longer than this for a pooled connection; it grows back while both hold.
     pub pool_wait_target_ms: u64,
+    /// Bound on one order transaction, begin to commit: past it the connection is dropped and
+    /// the batch retried (each statement is already bounded by `pg.statement_timeout_ms`).
+    pub tx_timeout_ms: u64,
     /// Broker redeliveries before a message goes to the DLQ.
     pub max_reconsume_times: i32,
     /// Where `consume` serves /metrics, /healthz, /readyz.
@@ -585,6 +588,12 @@ impl Settings {
         }
         if !(self.api.fail_closed_share > 0.0 && self.api.fail_closed_share <= 1.0) {
             return Err(invalid("api.fail_closed_share", "must be in (0, 1]"));
+        }
+        if self.consumer.tx_timeout_ms < self.pg.statement_timeout_ms {
+            return Err(invalid(
+                "consumer.tx_timeout_ms",
+                "must be at least pg.statement_timeout_ms",
+            ));
         }
         if self.api.lag_unreadable_probes == 0 {
             return Err(invalid("api.lag_unreadable_probes", "must be at least 1"));

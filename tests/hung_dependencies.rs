@@ -155,3 +155,47 @@ async fn a_hung_postgresql_gets_503_within_bounds_and_reservations_go_on() {
     let _ = tokio::time::timeout(Duration::from_secs(15), api.server).await;
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn an_order_transaction_on_a_hung_postgresql_gives_up_within_its_bound() {
+    let env = TestEnv::new(false).await;
+    env.activity(986, 1, 5).await;
+    let proxy = StallProxy::start("127.0.0.1:5432").await;
+    let mut settings = env.settings.clone();
+    settings.pg.url = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres",
+        proxy.addr.port()
+    )
+    .into();
+    settings.pg.statement_timeout_ms = 1000;
+    settings.consumer.tx_timeout_ms = 1500;
+    let pool = seckill::pg::connect_pool(&settings.pg, 1).await.unwrap();
+    let handler =
+        seckill::roles::consume::order_create::OrderCreateHandler::new(pool, &settings, 1);
+    let names = settings.names();
+    let event = common::event(986, 1, 9, 300);
+    let delivery = common::delivery_of(&names.order_create_topic, &event);
+
+    proxy.stall(true);
+    let started = Instant::now();
+    let r = handler.process(std::slice::from_ref(&delivery)).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(r, Err(seckill::pg::errors::TxError::Transient(_))),
+        "{r:?}"
+    );
+    assert!(took < Duration::from_secs(3), "gave up after {took:?}");
+
+    proxy.stall(false);
+    // The same message again (as the broker redelivers it): one order, whatever the cut-off
+    // attempt did.
+    eventually(30, "the order transaction commits", || async {
+        handler
+            .process(std::slice::from_ref(&delivery))
+            .await
+            .is_ok()
+    })
+    .await;
+    assert_eq!(env.count("SELECT count(*) FROM orders").await, 1);
+    env.cleanup().await;
+}

@@ -58,7 +58,7 @@ pub(super) async fn notification(
         now,
         payments.tolerance_secs,
     ) {
-        metrics::counter!("payment_notification_total", "result" => failure.label()).increment(1);
+        metrics::counter!("order_pay_total", "result" => failure.label()).increment(1);
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "BAD_SIGNATURE",
@@ -81,8 +81,7 @@ pub(super) async fn notification(
         }));
     }
     let outcome = s.bounded_pg(settle(&s, &n)).await?;
-    metrics::counter!("payment_notification_total", "result" => outcome_label(&outcome))
-        .increment(1);
+    metrics::counter!("order_pay_total", "result" => outcome_label(&outcome)).increment(1);
     answer(&n, outcome)
 }
 

@@ -26,6 +26,8 @@ pub struct OrderCreateHandler {
     /// PostgreSQL transactions this process runs at once: adaptive, at most the worker budget.
     limiter: Arc<AdaptiveLimiter>,
     pay_window: chrono::Duration,
+    /// Bound on one order transaction, begin to commit (`consumer.tx_timeout_ms`).
+    tx_timeout: Duration,
 }
 
 impl OrderCreateHandler {
@@ -47,6 +49,7 @@ impl OrderCreateHandler {
                 pool_wait_target: Duration::from_millis(settings.consumer.pool_wait_target_ms),
             }),
             pay_window: chrono::Duration::seconds(settings.consumer.pay_window_secs as i64),
+            tx_timeout: Duration::from_millis(settings.consumer.tx_timeout_ms),
         }
     }
 
@@ -102,14 +105,32 @@ impl OrderCreateHandler {
         let status = self.pool.status();
         metrics::gauge!("pg_pool_acquired").set((status.size - status.available) as f64);
         let tx_started = Instant::now();
-        let result = process_batch(
-            &mut client,
-            &self.names,
-            &items,
-            Utc::now(),
-            self.pay_window,
+        let bounded = tokio::time::timeout(
+            self.tx_timeout,
+            process_batch(
+                &mut client,
+                &self.names,
+                &items,
+                Utc::now(),
+                self.pay_window,
+            ),
         )
         .await;
+        let result = match bounded {
+            Ok(r) => r,
+            Err(_) => {
+                // A server that went silent mid-transaction: the connection leaves the pool
+                // (it may hold an open transaction), PostgreSQL rolls back when it sees it
+                // gone, and the batch is retried like any transient failure. Whether a commit
+                // in flight landed is told by the inbox on the retry.
+                drop(deadpool_postgres::Object::take(client));
+                metrics::counter!("order_tx_timeout_total").increment(1);
+                Err(TxError::Transient(format!(
+                    "order transaction exceeded consumer.tx_timeout_ms ({} ms)",
+                    self.tx_timeout.as_millis()
+                )))
+            }
+        };
         let latency = tx_started.elapsed();
         metrics::histogram!("order_tx_latency_seconds").record(latency.as_secs_f64());
         permit.done(Sample {
