@@ -24,10 +24,10 @@ pub enum ValidationError {
     Path(&'static str),
 }
 
-/// The wire form: everything optional so that a missing field gets its own message.
+/// The wire form: everything optional so that a missing field gets its own message (`user_id`
+/// is read from the object itself).
 #[derive(Debug, Deserialize)]
 struct RawReserve {
-    user_id: Option<serde_json::Value>,
     request_id: Option<serde_json::Value>,
     quantity: Option<serde_json::Value>,
 }
@@ -62,10 +62,13 @@ impl ReserveRequest {
                 "the body must be a JSON object".into(),
             ));
         }
+        let value_user_id = value.get("user_id").cloned();
         let raw =
             RawReserve::deserialize(value).map_err(|e| ValidationError::Json(e.to_string()))?;
-        let user_id = match raw.user_id.as_ref() {
-            None | Some(serde_json::Value::Null) => None,
+        // Optional, but when given a positive integer (`null` is not a buyer).
+        // (serde reads a JSON `null` as a missing field: look at the object itself.)
+        let user_id = match value_user_id.as_ref() {
+            None => None,
             Some(v) => Some(positive_i64(v, "user_id")?),
         };
         let request_id = match raw
@@ -149,6 +152,13 @@ mod tests {
             ),
             (
                 br#"{"user_id":0,"request_id":"a","quantity":1}"#,
+                ValidationError::Field {
+                    field: "user_id",
+                    reason: "must be a positive integer",
+                },
+            ),
+            (
+                br#"{"user_id":null,"request_id":"a","quantity":1}"#,
                 ValidationError::Field {
                     field: "user_id",
                     reason: "must be a positive integer",
