@@ -109,7 +109,7 @@ mod tests {
             Err(SignatureFailure::Stale)
         );
         assert_eq!(
-            verify(&[old.clone()], Some(&h), body, 1_000, 300),
+            verify(std::slice::from_ref(&old), Some(&h), body, 1_000, 300),
             Err(SignatureFailure::Mismatch)
         );
         // The body is what is signed: one byte changed and it no longer matches.

@@ -6,7 +6,7 @@
 
 use axum::body::{to_bytes, Body};
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -193,7 +193,6 @@ async fn resume(
 async fn status(
     State(s): State<ApiState>,
     IdPath(raw): IdPath<String>,
-    _headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let activity_id = activity(&raw)?;
     let redis_down = |_| ApiError::unavailable("the reservation store");

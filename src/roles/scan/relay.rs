@@ -137,7 +137,7 @@ impl Relay {
         failures?;
         if !sent.is_empty() {
             // The broker answers again: rows that died while it did not come back by themselves.
-            self.requeue_after_recovery(&**client).await;
+            self.requeue_after_recovery(&client).await;
         }
         Ok(claimed)
     }
