@@ -191,17 +191,26 @@ I_SINGLE="$(accept_run accept-unbatched-send-path 1 "$I_A2" --load-only)"
 # request) and both rate limits on, set high enough that nothing is refused (the cost, not the
 # refusals), beside the same run believing the body's user_id with no limits. The load
 # generator mints every token before its clock starts.
+# Two pairs, alternating (off, on, off, on): one pair on this machine moves by 10-20 % from
+# run to run; the figure is the ratio of the pairs' sums.
+trust_off() { SECKILL__AUTH__BUYERS=body accept_run "accept-trust-off-$1" 0 "$2" --load-only; }
+trust_on() {
+  SECKILL__API__BUYER_RATE_PER_SEC=5 SECKILL__API__BUYER_BURST=10 \
+    SECKILL__API__ADDRESS_RATE_PER_SEC=10000000 SECKILL__API__ADDRESS_BURST=10000000 \
+    accept_run "accept-trust-on-$1" 0 "$2" --load-only
+}
 T_A1="$(activity "$API_REQ")" T_A2="$(activity "$API_REQ")"
-T_OFF="$(SECKILL__AUTH__BUYERS=body accept_run accept-trust-off 0 "$T_A1" --load-only)"
-T_ON="$(SECKILL__API__BUYER_RATE_PER_SEC=5 SECKILL__API__BUYER_BURST=10 \
-  SECKILL__API__ADDRESS_RATE_PER_SEC=10000000 SECKILL__API__ADDRESS_BURST=10000000 \
-  accept_run accept-trust-on 0 "$T_A2" --load-only)"
+T_A3="$(activity "$API_REQ")" T_A4="$(activity "$API_REQ")"
+T_OFF="$(trust_off 1 "$T_A1")"
+T_ON="$(trust_on 1 "$T_A2")"
+T_OFF2="$(trust_off 2 "$T_A3")"
+T_ON2="$(trust_on 2 "$T_A4")"
 consume
 # The next scenarios start once the consumer has turned that backlog into orders.
-i_accepted=$(( $(field "$I_BATCHED" accepted) + $(field "$I_SINGLE" accepted) + $(field "$T_OFF" accepted) + $(field "$T_ON" accepted) ))
+i_accepted=$(( $(field "$I_BATCHED" accepted) + $(field "$I_SINGLE" accepted) + $(field "$T_OFF" accepted) + $(field "$T_ON" accepted) + $(field "$T_OFF2" accepted) + $(field "$T_ON2" accepted) ))
 for _ in $(seq 1 900); do
   n="$(psql -h 127.0.0.1 -U postgres -Atc \
-    "SELECT count(*) FROM seckill_bench.reservations WHERE activity_id IN ($I_A1, $I_A2, $T_A1, $T_A2)")"
+    "SELECT count(*) FROM seckill_bench.reservations WHERE activity_id IN ($I_A1, $I_A2, $T_A1, $T_A2, $T_A3, $T_A4)")"
   ((n >= i_accepted)) && break
   sleep 0.2
 done
@@ -248,7 +257,7 @@ batch_ops="$(field "$LIMITS" pgbench_batch_orders_per_s)"
 soldout_pg="$(field "$LIMITS" direct_pg_soldout_per_s)"
 orders_ps="$(field "$B_BATCH" orders_per_s)"
 violations=0
-for line in "$RELAY" "$I_BATCHED" "$I_SINGLE" "$T_OFF" "$T_ON"; do
+for line in "$RELAY" "$I_BATCHED" "$I_SINGLE" "$T_OFF" "$T_ON" "$T_OFF2" "$T_ON2"; do
   [[ "$line" == *" OK "* ]] || violations=$((violations + 1))
 done
 for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT" "$SALE" "$MANY" "$DUPS" "$OPEN"; do
@@ -263,7 +272,7 @@ done
   echo "$BROKER1"
   echo "$BROKER32"
   echo "== pipeline =="
-  for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$RELAY" "$I_BATCHED" "$I_SINGLE" "$T_OFF" "$T_ON" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT" "$SALE" "$MANY" "$DUPS" "$OPEN"; do
+  for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$RELAY" "$I_BATCHED" "$I_SINGLE" "$T_OFF" "$T_ON" "$T_OFF2" "$T_ON2" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT" "$SALE" "$MANY" "$DUPS" "$OPEN"; do
     echo "$line"
   done
   echo "== ratios =="
@@ -272,11 +281,11 @@ done
   echo "outbox relay events/s $(field "$RELAY" events_per_s) vs the broker's one-message sends/s $(field "$BROKER1" msgs_per_s)"
   echo "accepted/s batched $(field "$A_BATCHED" accepted_per_s) vs unbatched $(field "$A_SINGLE" accepted_per_s) (whole pipeline running)"
   echo "accepted/s batched $(field "$I_BATCHED" accepted_per_s) vs unbatched $(field "$I_SINGLE" accepted_per_s) (send path alone, consumer stopped)"
-  echo "accepted/s with tokens and rate limits $(field "$T_ON" accepted_per_s) vs body user_id, no limits $(field "$T_OFF" accepted_per_s) (send path alone)"
+  echo "accepted/s with tokens and rate limits $(field "$T_ON" accepted_per_s) and $(field "$T_ON2" accepted_per_s) vs body user_id, no limits $(field "$T_OFF" accepted_per_s) and $(field "$T_OFF2" accepted_per_s) (send path alone, alternating)"
   echo "$BASE_SOLDOUT"
   echo "$BASE_BUY"
   echo "sold-out answers/s $(field "$SOLDOUT" req_per_s) vs direct PostgreSQL over HTTP $(field "$BASE_SOLDOUT" req_per_s) and pgbench $soldout_pg, $CONC clients"
   echo "accepted/s $(field "$A_BATCHED" accepted_per_s) vs direct PostgreSQL purchases over HTTP $(field "$BASE_BUY" accepted_per_s) and pgbench $(field "$LIMITS" direct_pg_buy_per_s)"
 } | tee "$RUN_DIR/summary.txt"
-echo "RATIOS order_vs_pgbench_single=$(ratio "$orders_ps" "$single_tps") order_vs_pgbench_batch=$(ratio "$orders_ps" "$batch_ops") accept_batched_vs_unbatched=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$A_SINGLE" accepted_per_s)") soldout_vs_direct_pg=$(ratio "$(field "$SOLDOUT" req_per_s)" "$(field "$BASE_SOLDOUT" req_per_s)") soldout_vs_pgbench_direct=$(ratio "$(field "$SOLDOUT" req_per_s)" "$soldout_pg") accept_vs_direct_pg_buy=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$BASE_BUY" accepted_per_s)") within_3s_pct=$(field "$SALE" within_3s_pct) workers64_vs_budget=$(ratio "$(field "$B_WIDE" orders_per_s)" "$orders_ps") relay_vs_broker_single=$(ratio "$(field "$RELAY" events_per_s)" "$(field "$BROKER1" msgs_per_s)") send_path_batched_vs_unbatched=$(ratio "$(field "$I_BATCHED" accepted_per_s)" "$(field "$I_SINGLE" accepted_per_s)") trust_on_vs_off=$(ratio "$(field "$T_ON" accepted_per_s)" "$(field "$T_OFF" accepted_per_s)") violations=$violations"
+echo "RATIOS order_vs_pgbench_single=$(ratio "$orders_ps" "$single_tps") order_vs_pgbench_batch=$(ratio "$orders_ps" "$batch_ops") accept_batched_vs_unbatched=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$A_SINGLE" accepted_per_s)") soldout_vs_direct_pg=$(ratio "$(field "$SOLDOUT" req_per_s)" "$(field "$BASE_SOLDOUT" req_per_s)") soldout_vs_pgbench_direct=$(ratio "$(field "$SOLDOUT" req_per_s)" "$soldout_pg") accept_vs_direct_pg_buy=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$BASE_BUY" accepted_per_s)") within_3s_pct=$(field "$SALE" within_3s_pct) workers64_vs_budget=$(ratio "$(field "$B_WIDE" orders_per_s)" "$orders_ps") relay_vs_broker_single=$(ratio "$(field "$RELAY" events_per_s)" "$(field "$BROKER1" msgs_per_s)") send_path_batched_vs_unbatched=$(ratio "$(field "$I_BATCHED" accepted_per_s)" "$(field "$I_SINGLE" accepted_per_s)") trust_on_vs_off=$(ratio "$(( $(field "$T_ON" accepted_per_s) + $(field "$T_ON2" accepted_per_s) ))" "$(( $(field "$T_OFF" accepted_per_s) + $(field "$T_OFF2" accepted_per_s) ))") violations=$violations"
 [[ "$violations" == 0 ]]

@@ -74,14 +74,9 @@ async fn a_hung_redis_gets_503_within_bounds_and_the_api_recovers_after() {
     env.cleanup().await;
 }
 
-#[tokio::test]
-async fn a_hung_postgresql_gets_503_within_bounds_and_reservations_go_on() {
-    let env = TestEnv::new(true).await;
-    env.activity(985, 1, 5).await;
-    let order = common::created_orders(&env, 985, &[9])
-        .await
-        .remove(0)
-        .order_id;
+/// The test's settings with PostgreSQL behind a proxy that can stop forwarding, and a 1 s
+/// statement timeout.
+async fn postgresql_behind_a_proxy(env: &TestEnv) -> (StallProxy, seckill::config::Settings) {
     let proxy = StallProxy::start("127.0.0.1:5432").await;
     let mut settings = env.settings.clone();
     settings.pg.url = format!(
@@ -90,6 +85,18 @@ async fn a_hung_postgresql_gets_503_within_bounds_and_reservations_go_on() {
     )
     .into();
     settings.pg.statement_timeout_ms = 1000;
+    (proxy, settings)
+}
+
+#[tokio::test]
+async fn a_hung_postgresql_gets_503_within_bounds_and_reservations_go_on() {
+    let env = TestEnv::new(true).await;
+    env.activity(985, 1, 5).await;
+    let order = common::created_orders(&env, 985, &[9])
+        .await
+        .remove(0)
+        .order_id;
+    let (proxy, mut settings) = postgresql_behind_a_proxy(&env).await;
     settings.pg.pool_wait_timeout_ms = 500;
     let api = start_api(settings).await;
     let base = api.base.clone();
@@ -160,14 +167,7 @@ async fn a_hung_postgresql_gets_503_within_bounds_and_reservations_go_on() {
 async fn an_order_transaction_on_a_hung_postgresql_gives_up_within_its_bound() {
     let env = TestEnv::new(false).await;
     env.activity(986, 1, 5).await;
-    let proxy = StallProxy::start("127.0.0.1:5432").await;
-    let mut settings = env.settings.clone();
-    settings.pg.url = format!(
-        "host=127.0.0.1 port={} user=postgres dbname=postgres",
-        proxy.addr.port()
-    )
-    .into();
-    settings.pg.statement_timeout_ms = 1000;
+    let (proxy, mut settings) = postgresql_behind_a_proxy(&env).await;
     settings.consumer.tx_timeout_ms = 1500;
     let pool = seckill::pg::connect_pool(&settings.pg, 1).await.unwrap();
     let handler =

@@ -154,6 +154,7 @@ async fn redis_over_tls_reserves_and_an_unknown_ca_is_refused() {
             next_retry_at_ms: now + 60_000,
             traceparent: "",
             valid_secs: 300,
+            limits: Default::default(),
         })
         .await
         .unwrap();

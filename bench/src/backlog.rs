@@ -124,6 +124,7 @@ async fn reserve_all(
                         next_retry_at_ms: now_ms + 60_000,
                         traceparent: &traceparent,
                         valid_secs,
+                        limits: Default::default(),
                     };
                     Ok(match redis.reserve(&a).await? {
                         ReserveResult::Reserved(view) => {

@@ -52,10 +52,11 @@ impl Keys {
     pub fn pending_since(&self, activity_id: i64) -> String {
         format!("{}:pending_since", self.tag(activity_id))
     }
-    /// A caller's rate-limit bucket (`kind` "u" for a buyer, "ip" for a client address),
-    /// hash-tagged by the caller so it lives in one slot of its own.
-    pub fn rate_bucket(&self, kind: &str, caller: &str) -> String {
-        format!("{}:{{rl:{}:{}}}", self.prefix, kind, caller)
+    /// A caller's rate-limit bucket in an activity (`kind` "u" for a buyer, "ip" for a client
+    /// address), under the activity's hash tag so the reserve script takes its token in the
+    /// same call (docs/ARCHITECTURE.md#abuse-limits).
+    pub fn rate_bucket(&self, activity_id: i64, kind: &str, caller: &str) -> String {
+        format!("{}:rl:{}:{}", self.tag(activity_id), kind, caller)
     }
     /// Activities with warmed stock: the scanner's work list (outside any hash tag).
     pub fn activities(&self) -> String {
@@ -108,6 +109,12 @@ pub enum ReserveResult {
     SoldOut,
     NotStarted,
     Ended,
+    /// The client address's (`by` = "ip") or the buyer's ("u") bucket is empty: a token is
+    /// back after `retry_ms`. Nothing changed.
+    RateLimited {
+        by: String,
+        retry_ms: u64,
+    },
     /// An operator paused the activity or this SKU, with their reason.
     Paused {
         reason: String,
@@ -137,6 +144,20 @@ pub struct ReserveArgs<'a> {
     pub next_retry_at_ms: i64,
     pub traceparent: &'a str,
     pub valid_secs: u64,
+    /// The caller's buckets the script takes a token from first.
+    pub limits: RateLimits<'a>,
+}
+
+/// The abuse limits of one reservation request (docs/ARCHITECTURE.md#abuse-limits); a rate of 0
+/// is no limit, and the default is none.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RateLimits<'a> {
+    /// The client address (`""` when unknown: that bucket is skipped).
+    pub client_addr: &'a str,
+    pub address_rate_per_sec: f64,
+    pub address_burst: u32,
+    pub buyer_rate_per_sec: f64,
+    pub buyer_burst: u32,
 }
 
 /// Reservation hashes of one SKU by status.
@@ -172,7 +193,6 @@ struct Scripts {
     release: Script,
     claim: Script,
     project: Script,
-    rate_limit: Script,
 }
 
 fn view(parts: &[String]) -> ReservationView {
@@ -204,7 +224,6 @@ impl RedisStore {
                 release: Script::new(include_str!("lua/release.lua")),
                 claim: Script::new(include_str!("lua/claim.lua")),
                 project: Script::new(include_str!("lua/project.lua")),
-                rate_limit: Script::new(include_str!("lua/rate_limit.lua")),
             }),
         };
         store.ping().await.with_context(|| {
@@ -214,32 +233,6 @@ impl RedisStore {
             )
         })?;
         Ok(store)
-    }
-
-    /// Takes one token from a caller's bucket (`rate` per second, at most `burst`): `Ok(())`,
-    /// or `Err(retry_after_ms)` when the bucket is empty.
-    pub async fn take_token(
-        &self,
-        bucket: &str,
-        rate_per_sec: f64,
-        burst: u32,
-        now_ms: i64,
-    ) -> anyhow::Result<Result<(), u64>> {
-        let mut conn = self.pool.get().await?;
-        let (allowed, retry_ms): (i64, i64) = self
-            .scripts
-            .rate_limit
-            .key(bucket)
-            .arg(now_ms)
-            .arg(rate_per_sec)
-            .arg(burst)
-            .invoke_async(&mut *conn)
-            .await?;
-        Ok(if allowed == 1 {
-            Ok(())
-        } else {
-            Err(retry_ms.max(1) as u64)
-        })
     }
 
     pub async fn ping(&self) -> anyhow::Result<()> {
@@ -261,6 +254,12 @@ impl RedisStore {
             .key(k.requests(a.reservation.activity_id))
             .key(k.pending(a.reservation.activity_id))
             .key(k.pending_since(a.reservation.activity_id))
+            .key(k.rate_bucket(a.reservation.activity_id, "ip", a.limits.client_addr))
+            .key(k.rate_bucket(
+                a.reservation.activity_id,
+                "u",
+                &a.reservation.user_id.to_string(),
+            ))
             .arg(a.now_ms)
             .arg(a.reservation.user_id)
             .arg(a.reservation.request_id)
@@ -273,6 +272,14 @@ impl RedisStore {
             .arg(k.reservation_prefix(a.reservation.activity_id))
             .arg(a.traceparent)
             .arg(a.valid_secs + RESERVATION_TTL_MARGIN_SECS)
+            .arg(if a.limits.client_addr.is_empty() {
+                0.0
+            } else {
+                a.limits.address_rate_per_sec
+            })
+            .arg(a.limits.address_burst)
+            .arg(a.limits.buyer_rate_per_sec)
+            .arg(a.limits.buyer_burst)
             .invoke_async(&mut *conn)
             .await?;
         let code = parts.first().map(String::as_str).unwrap_or("");
@@ -289,6 +296,10 @@ impl RedisStore {
             "SOLD_OUT" => ReserveResult::SoldOut,
             "NOT_STARTED" => ReserveResult::NotStarted,
             "ENDED" => ReserveResult::Ended,
+            "RATE_LIMITED" => ReserveResult::RateLimited {
+                by: parts.get(1).cloned().unwrap_or_default(),
+                retry_ms: parts.get(2).and_then(|v| v.parse().ok()).unwrap_or(1000),
+            },
             "PAUSED" => ReserveResult::Paused {
                 reason: parts.get(1).cloned().unwrap_or_default(),
             },

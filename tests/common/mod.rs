@@ -356,6 +356,7 @@ pub async fn reserve_only(
             next_retry_at_ms: now + next_retry_in_ms,
             traceparent: "",
             valid_secs: 300,
+            limits: Default::default(),
         })
         .await
         .unwrap();

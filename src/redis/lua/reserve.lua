@@ -1,10 +1,53 @@
 -- Atomic reservation (docs/ARCHITECTURE.md#the-hot-path). All keys share the activity's hash tag.
 -- KEYS: 1 meta, 2 sku, 3 buyers, 4 requests, 5 pending index (by next retry), 6 pending-since index
---       (by creation: its head is the oldest unconfirmed reservation)
+--       (by creation: its head is the oldest unconfirmed reservation), 7 the client address's
+--       rate bucket, 8 the buyer's rate bucket (both within the activity)
 -- ARGV: 1 now_ms, 2 user_id, 3 request_id, 4 reservation_id, 5 message_id, 6 order_id,
 --       7 sku_id, 8 activity_id, 9 next_retry_at_ms, 10 reservation key prefix,
---       11 traceparent, 12 reservation key ttl seconds
+--       11 traceparent, 12 reservation key ttl seconds, 13 address rate per second,
+--       14 address burst, 15 buyer rate per second, 16 buyer burst (a rate of 0: no limit)
 -- Returns {code, reservation_id, message_id, order_id, mq_status, status, valid_until_ms, created_at_ms}
+local now = tonumber(ARGV[1])
+local meta = redis.call('HMGET', KEYS[1], 'starts_at_ms', 'ends_at_ms', 'valid_ms', 'paused',
+  'paused_reason')
+if not meta[1] then return {'NOT_FOUND'} end
+
+-- Abuse limits (docs/ARCHITECTURE.md#abuse-limits): a token bucket per client address and per
+-- buyer, taken before anything else, repeats included. Both are read first and written only
+-- when both have a token, so a refusal takes nothing.
+local function bucket(key, rate, burst)
+  if rate <= 0 then return nil, 0 end
+  -- One string "<tokens> <ms>": one GET and one SET with its expiry.
+  local tokens, ts
+  local v = redis.call('GET', key)
+  if v then
+    local t, m = string.match(v, '^(%S+) (%S+)$')
+    tokens, ts = tonumber(t), tonumber(m)
+  end
+  if tokens == nil or ts == nil then
+    tokens = burst
+    ts = now
+  end
+  if now > ts then
+    tokens = math.min(burst, tokens + (now - ts) * rate / 1000)
+    ts = now
+  end
+  if tokens < 1 then return nil, math.ceil((1 - tokens) * 1000 / rate) end
+  return {tokens - 1, ts, math.ceil(burst * 1000 / rate) + 1000}, 0
+end
+local ip_rate, ip_burst = tonumber(ARGV[13]), tonumber(ARGV[14])
+local u_rate, u_burst = tonumber(ARGV[15]), tonumber(ARGV[16])
+local ip_take, ip_wait = bucket(KEYS[7], ip_rate, ip_burst)
+if ip_wait > 0 then return {'RATE_LIMITED', 'ip', tostring(ip_wait)} end
+local u_take, u_wait = bucket(KEYS[8], u_rate, u_burst)
+if u_wait > 0 then return {'RATE_LIMITED', 'u', tostring(u_wait)} end
+for _, t in ipairs({{KEYS[7], ip_take}, {KEYS[8], u_take}}) do
+  if t[2] then
+    -- A full bucket needs no key: it expires once it would have refilled.
+    redis.call('SET', t[1], string.format('%.17g %.17g', t[2][1], t[2][2]), 'PX', t[2][3])
+  end
+end
+
 local reqfield = ARGV[2] .. ':' .. ARGV[3]
 local existing = redis.call('HGET', KEYS[4], reqfield)
 if existing then
@@ -17,10 +60,6 @@ if existing then
   return {'DUPLICATE_REQUEST', existing, h[1] or '', h[2] or '', h[3] or '', h[4] or '',
           h[5] or '', h[6] or ''}
 end
-local now = tonumber(ARGV[1])
-local meta = redis.call('HMGET', KEYS[1], 'starts_at_ms', 'ends_at_ms', 'valid_ms', 'paused',
-  'paused_reason')
-if not meta[1] then return {'NOT_FOUND'} end
 -- An operator's pause, of the whole activity or of this SKU (the admin listener sets it).
 if meta[4] == '1' then return {'PAUSED', meta[5] or ''} end
 if now < tonumber(meta[1]) then return {'NOT_STARTED'} end

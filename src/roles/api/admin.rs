@@ -4,7 +4,7 @@
 //! every action writes an `admin_audit` row. It listens apart from the buyers, so a load
 //! balancer never exposes it.
 
-use axum::body::{to_bytes, Body};
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
@@ -67,10 +67,7 @@ async fn json_body<T: serde::de::DeserializeOwned>(
     s: &ApiState,
     body: Body,
 ) -> Result<T, ApiError> {
-    let max = s.settings.api.max_body_bytes;
-    let bytes = to_bytes(body, max)
-        .await
-        .map_err(|_| ApiError::invalid(ValidationError::TooLarge(max)))?;
+    let bytes = super::read_body(s, body).await?;
     let bytes = if bytes.is_empty() {
         &b"{}"[..]
     } else {

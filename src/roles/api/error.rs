@@ -121,6 +121,12 @@ impl From<ReserveResult> for ApiError {
             ReserveResult::Ended => {
                 ApiError::new(StatusCode::FORBIDDEN, "ENDED", "the sale has ended")
             }
+            ReserveResult::RateLimited { retry_ms, .. } => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "RATE_LIMITED",
+                "too many requests; retry after the indicated delay",
+            )
+            .retry_after(retry_ms.div_ceil(1000).max(1)),
             ReserveResult::Paused { reason } => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "SALE_PAUSED",

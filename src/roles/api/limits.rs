@@ -1,15 +1,11 @@
 //! Abuse limits on the reservation route (docs/ARCHITECTURE.md#abuse-limits): a token bucket
-//! per client address (checked before the body is read) and one per buyer (once the body says
-//! who), both in Redis so every API instance shares them. An empty bucket is `429
-//! RATE_LIMITED` with `Retry-After`.
+//! per client address and one per buyer in each activity, in Redis so every API instance shares
+//! them, taken by the reserve script itself (`src/redis/lua/reserve.lua`) in the same call. An
+//! empty bucket is `429 RATE_LIMITED` with `Retry-After`. This file says who the client is.
 
 use std::net::{IpAddr, SocketAddr};
 
-use axum::http::{HeaderMap, StatusCode};
-use chrono::Utc;
-use tracing::warn;
-
-use super::{ApiError, ApiState};
+use axum::http::HeaderMap;
 
 /// The client's address: the peer's own, or, when the peer is a trusted proxy, the last
 /// address of `X-Forwarded-For` that is not itself a trusted proxy (the one the trusted chain
@@ -37,37 +33,6 @@ pub fn client_addr(
             .find(|a| !trusted.contains(a))
             .unwrap_or(peer),
     )
-}
-
-/// Takes a token from the bucket of `caller` (`kind` "ip" or "u"), or refuses with 429.
-pub async fn take(
-    s: &ApiState,
-    kind: &'static str,
-    caller: &str,
-    rate_per_sec: f64,
-    burst: u32,
-) -> Result<(), ApiError> {
-    if rate_per_sec <= 0.0 {
-        return Ok(());
-    }
-    let bucket = s.redis.keys.rate_bucket(kind, caller);
-    let now = Utc::now().timestamp_millis();
-    match s.redis.take_token(&bucket, rate_per_sec, burst, now).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(retry_ms)) => {
-            metrics::counter!("rate_limited_total", "by" => kind).increment(1);
-            Err(ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "RATE_LIMITED",
-                "too many requests; retry after the indicated delay",
-            )
-            .retry_after(retry_ms.div_ceil(1000).max(1)))
-        }
-        Err(e) => {
-            warn!(error = %e, "rate limit check failed");
-            Err(ApiError::unavailable("the reservation store"))
-        }
-    }
 }
 
 #[cfg(test)]

@@ -139,6 +139,17 @@ async fn readyz(State(s): State<ApiState>) -> Response {
     }
 }
 
+/// A request body, bounded by `api.max_body_bytes` (400 `INVALID_REQUEST` past it).
+pub(super) async fn read_body(
+    s: &ApiState,
+    body: axum::body::Body,
+) -> Result<axum::body::Bytes, ApiError> {
+    let max = s.settings.api.max_body_bytes;
+    axum::body::to_bytes(body, max)
+        .await
+        .map_err(|_| ApiError::invalid(crate::domain::ValidationError::TooLarge(max)))
+}
+
 /// `Path` whose rejection (a segment that is not UTF-8, say) is the same JSON 400 as every
 /// other bad input, never axum's plain-text one.
 struct IdPath<T>(T);

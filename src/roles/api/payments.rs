@@ -8,7 +8,7 @@
 //! get a 2xx). A PostgreSQL that hangs gets the provider a 503 within the API's bound, and its
 //! re-send the same answer whether or not the payment committed.
 
-use axum::body::{to_bytes, Body};
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -44,10 +44,7 @@ pub(super) async fn notification(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let max = s.settings.api.max_body_bytes;
-    let bytes = to_bytes(body, max)
-        .await
-        .map_err(|_| ApiError::invalid(ValidationError::TooLarge(max)))?;
+    let bytes = super::read_body(&s, body).await?;
     let signature = headers.get(SIGNATURE_HEADER).and_then(|v| v.to_str().ok());
     let payments = &s.settings.payments;
     let now = chrono::Utc::now().timestamp();

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use axum::body::{to_bytes, Body};
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -20,7 +20,7 @@ use crate::domain::request::parse_path_id;
 use crate::domain::{Ids, OrderCreateRequested, ReserveRequest, TraceContext, ValidationError};
 use crate::http::PeerAddr;
 use crate::mq::{order_create_message, SendOutcome};
-use crate::redis::{ReservationView, ReserveArgs, ReserveResult};
+use crate::redis::{RateLimits, ReservationView, ReserveArgs, ReserveResult};
 
 fn queued_body(v: &ReservationView, duplicate: bool) -> serde_json::Value {
     json!({
@@ -85,17 +85,13 @@ async fn reserve_inner(
     let activity_id = parse_path_id(activity, "activity_id").map_err(ApiError::invalid)?;
     let sku_id = parse_path_id(sku, "sku_id").map_err(ApiError::invalid)?;
     let api = &s.settings.api;
-    if let Some(addr) = limits::client_addr(peer, headers, &api.trusted_proxies) {
-        let (rate, burst) = (api.address_rate_per_sec, api.address_burst);
-        limits::take(s, "ip", &addr.to_string(), rate, burst).await?;
-    }
     // Who is asking, before anything is read or written: a forged, expired or missing token
     // costs one signature check and nothing else.
     let token_buyer = s.buyer(headers)?;
-    let (rate, burst) = (api.buyer_rate_per_sec, api.buyer_burst);
-    if let Some(buyer) = token_buyer {
-        limits::take(s, "u", &buyer.to_string(), rate, burst).await?;
-    }
+    // The abuse limits' buckets are taken by the reserve script itself, in the same call.
+    let client_addr = limits::client_addr(peer, headers, &api.trusted_proxies)
+        .map(|a| a.to_string())
+        .unwrap_or_default();
     admit(s)?;
     let req = read_request(s, body).await?;
     let user_id = match (token_buyer, req.user_id) {
@@ -107,10 +103,7 @@ async fn reserve_inner(
             ))
         }
         (Some(token), _) => token,
-        (None, Some(body)) => {
-            limits::take(s, "u", &body.to_string(), rate, burst).await?;
-            body
-        }
+        (None, Some(body)) => body,
         (None, None) => return Err(ApiError::invalid(ValidationError::Missing("user_id"))),
     };
     // Taken once the body is in: a client that stalls mid-body holds a connection (bounded by
@@ -142,6 +135,13 @@ async fn reserve_inner(
         next_retry_at_ms,
         traceparent: &trace.traceparent,
         valid_secs: api.reservation_valid_secs,
+        limits: RateLimits {
+            client_addr: &client_addr,
+            address_rate_per_sec: api.address_rate_per_sec,
+            address_burst: api.address_burst,
+            buyer_rate_per_sec: api.buyer_rate_per_sec,
+            buyer_burst: api.buyer_burst,
+        },
     };
     let view = match reserve_in_redis(s, &args).await? {
         ReserveResult::Reserved(v) => v,
@@ -150,6 +150,11 @@ async fn reserve_inner(
                 "duplicate_request",
                 (StatusCode::ACCEPTED, Json(queued_body(&v, true))).into_response(),
             ))
+        }
+        ReserveResult::RateLimited { by, retry_ms } => {
+            metrics::counter!("rate_limited_total", "by" => if by == "ip" { "ip" } else { "u" })
+                .increment(1);
+            return Err(ApiError::from(ReserveResult::RateLimited { by, retry_ms }));
         }
         refused => return Err(ApiError::from(refused)),
     };
@@ -170,10 +175,7 @@ fn admit(s: &ApiState) -> Result<(), ApiError> {
 
 /// The body, bounded by `api.max_body_bytes`, parsed and validated.
 async fn read_request(s: &ApiState, body: Body) -> Result<ReserveRequest, ApiError> {
-    let max = s.settings.api.max_body_bytes;
-    let bytes = to_bytes(body, max)
-        .await
-        .map_err(|_| ApiError::invalid(ValidationError::TooLarge(max)))?;
+    let bytes = super::read_body(s, body).await?;
     ReserveRequest::parse(&bytes).map_err(ApiError::invalid)
 }
 
