@@ -261,13 +261,15 @@ redis_setup() {
   "${REDIS[@]}" HSET "$tag:meta" starts_at_ms 0 ends_at_ms $((now_ms + 86400000)) valid_ms 900000 >/dev/null
   "${REDIS[@]}" HSET "$tag:sku:1" total "$REDIS_STOCK" remaining "$REDIS_STOCK" >/dev/null
 }
-# KEYS: meta, sku, buyers, requests, pending, pending_since (RedisStore::reserve)
+# KEYS: meta, sku, buyers, requests, pending, pending_since, address bucket, buyer bucket
+#       (RedisStore::reserve)
 # ARGV: now_ms, user_id, request_id, reservation_id, message_id, order_id, sku_id,
-#       activity_id, next_retry_at_ms, reservation key prefix, traceparent, key ttl seconds
-reserve_cmd=(EVALSHA "$sha" 6 "$tag:meta" "$tag:sku:1" "$tag:buyers:1" "$tag:req"
-             "$tag:pending" "$tag:pending_since"
+#       activity_id, next_retry_at_ms, reservation key prefix, traceparent, key ttl seconds,
+#       address rate and burst, buyer rate and burst (0: the abuse limits off, as in the bench)
+reserve_cmd=(EVALSHA "$sha" 8 "$tag:meta" "$tag:sku:1" "$tag:buyers:1" "$tag:req"
+             "$tag:pending" "$tag:pending_since" "$tag:rl:ip:127.0.0.1" "$tag:rl:u:__rand_int__"
              "$now_ms" __rand_int__ req-__rand_int__ rsv-__rand_int__ evt-__rand_int__
-             ord-__rand_int__ 1 1 $((now_ms + 5000)) "$tag:rsv:" "$TRACEPARENT" 605700)
+             ord-__rand_int__ 1 1 $((now_ms + 5000)) "$tag:rsv:" "$TRACEPARENT" 605700 0 0 0 0)
 redis_bench() { # requests -> prints requests/s
   local out="$tmp/redis.out"
   redis-benchmark -h 127.0.0.1 -p 6379 -c "$REDIS_CLIENTS" -n "$1" -r "$REDIS_RANDOM" --csv \

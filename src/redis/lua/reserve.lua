@@ -35,8 +35,8 @@ local function bucket(key, rate, burst)
   if tokens < 1 then return nil, math.ceil((1 - tokens) * 1000 / rate) end
   return {tokens - 1, ts, math.ceil(burst * 1000 / rate) + 1000}, 0
 end
-local ip_rate, ip_burst = tonumber(ARGV[13]), tonumber(ARGV[14])
-local u_rate, u_burst = tonumber(ARGV[15]), tonumber(ARGV[16])
+local ip_rate, ip_burst = tonumber(ARGV[13]) or 0, tonumber(ARGV[14]) or 0
+local u_rate, u_burst = tonumber(ARGV[15]) or 0, tonumber(ARGV[16]) or 0
 local ip_take, ip_wait = bucket(KEYS[7], ip_rate, ip_burst)
 if ip_wait > 0 then return {'RATE_LIMITED', 'ip', tostring(ip_wait)} end
 local u_take, u_wait = bucket(KEYS[8], u_rate, u_burst)
