@@ -38,6 +38,14 @@ field() { sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<<"$1"; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "nan" }'; }
 
 scripts/services-up.sh >&2
+# A run leaves its reservations in Redis (hundreds of thousands of keys): the next run starts
+# without them, and the last one clears its own at the end. Millions of stale keys make every
+# SCAN-based clean-up on this Redis slow, the tests' included.
+redis_clean() {
+  redis-cli -h 127.0.0.1 -p 6379 --scan --pattern 'seckill-bench:*' |
+    xargs -r -n 5000 redis-cli -h 127.0.0.1 -p 6379 unlink >/dev/null
+}
+redis_clean
 log "building (release)"
 cargo build --release --quiet -p seckill -p seckill-bench
 BIN="$root/target/release/seckill"
@@ -254,6 +262,7 @@ BASE_BUY="$("$BENCH" load --api http://127.0.0.1:28090 --activity-id "$BASE_BUY_
 log "$BASE_BUY"
 stop_all
 trap - EXIT
+redis_clean
 
 # --- ratios ----------------------------------------------------------------------------------
 single_tps="$(field "$LIMITS" pgbench_single_tps)"
