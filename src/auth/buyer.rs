@@ -136,15 +136,12 @@ impl BuyerAuth {
 
 /// The token of `Authorization: Bearer <token>`.
 fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let v = headers
-        .get(axum::http::header::AUTHORIZATION)?
-        .to_str()
-        .ok()?;
-    let (scheme, token) = v.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim())
-        .filter(|t| !t.is_empty())
+    super::bearer_token(
+        headers
+            .get(axum::http::header::AUTHORIZATION)?
+            .to_str()
+            .ok()?,
+    )
 }
 
 /// A buyer id: canonical decimal, positive, fits in i64.

@@ -8,14 +8,21 @@ pub mod signature;
 use secrecy::{ExposeSecret, SecretString};
 use subtle::ConstantTimeEq;
 
+/// The token of an `Authorization: Bearer <token>` header value (scheme case-insensitive);
+/// `None` for another scheme or an empty token.
+pub fn bearer_token(header: &str) -> Option<&str> {
+    let (scheme, token) = header.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
 /// Whether `Authorization: Bearer <token>` carries the admin token, compared in constant time.
 /// An empty configured token matches nothing.
 pub fn admin_token_matches(configured: &SecretString, header: Option<&str>) -> bool {
     let want = configured.expose_secret().as_bytes();
-    let Some(got) = header.and_then(|h| {
-        let (scheme, token) = h.split_once(' ')?;
-        scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-    }) else {
+    let Some(got) = header.and_then(bearer_token) else {
         return false;
     };
     // `ct_eq` takes a time that depends on the lengths only, never on where bytes differ.

@@ -193,6 +193,7 @@ struct Scripts {
     release: Script,
     claim: Script,
     project: Script,
+    set_paused: Script,
 }
 
 fn view(parts: &[String]) -> ReservationView {
@@ -224,6 +225,7 @@ impl RedisStore {
                 release: Script::new(include_str!("lua/release.lua")),
                 claim: Script::new(include_str!("lua/claim.lua")),
                 project: Script::new(include_str!("lua/project.lua")),
+                set_paused: Script::new(include_str!("lua/set_paused.lua")),
             }),
         };
         store.ping().await.with_context(|| {
@@ -460,18 +462,15 @@ impl RedisStore {
             None => self.keys.meta(activity_id),
         };
         let mut conn = self.pool.get().await?;
-        let exists: bool = conn.exists(&key).await?;
-        if !exists {
-            return Ok(false);
-        }
-        let _: () = match reason {
-            Some(r) => {
-                conn.hset_multiple(&key, &[("paused", "1"), ("paused_reason", r)])
-                    .await?
-            }
-            None => conn.hdel(&key, &["paused", "paused_reason"]).await?,
-        };
-        Ok(true)
+        let found: i64 = self
+            .scripts
+            .set_paused
+            .key(key)
+            .arg(if reason.is_some() { "1" } else { "0" })
+            .arg(reason.unwrap_or(""))
+            .invoke_async(&mut *conn)
+            .await?;
+        Ok(found == 1)
     }
 
     /// The operator's pause of an activity (`None`) or SKU: its reason when paused.

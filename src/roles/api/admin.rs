@@ -84,16 +84,15 @@ async fn audit_row(
     target: &str,
     detail: &Value,
 ) -> Result<(), ApiError> {
-    let client =
-        s.pg.get()
+    s.bounded_pg(async |client| {
+        audit::record(&***client, actor, action, target, detail)
             .await
-            .map_err(|_| ApiError::unavailable("the order store"))?;
-    audit::record(&**client, actor, action, target, detail)
-        .await
-        .map_err(|e| {
-            warn!(error = %e, action, target, "audit row not written; action refused");
-            ApiError::unavailable("the order store")
-        })
+            .map_err(|e| {
+                warn!(error = %e, action, target, "audit row not written; action refused");
+                ApiError::unavailable("the order store")
+            })
+    })
+    .await
 }
 
 #[derive(Debug, Deserialize)]
@@ -193,21 +192,20 @@ async fn status(
 ) -> Result<Response, ApiError> {
     let activity_id = activity(&raw)?;
     let redis_down = |_| ApiError::unavailable("the reservation store");
-    let client =
-        s.pg.get()
-            .await
-            .map_err(|_| ApiError::unavailable("the order store"))?;
-    let skus: Vec<i64> = client
-        .query(
-            "SELECT sku_id FROM activity_skus WHERE activity_id = $1 ORDER BY sku_id",
-            &[&activity_id],
-        )
-        .await
-        .map_err(|_| ApiError::unavailable("the order store"))?
+    let skus: Vec<i64> = s
+        .bounded_pg(async |client| {
+            client
+                .query(
+                    "SELECT sku_id FROM activity_skus WHERE activity_id = $1 ORDER BY sku_id",
+                    &[&activity_id],
+                )
+                .await
+                .map_err(|_| ApiError::unavailable("the order store"))
+        })
+        .await?
         .iter()
         .map(|r| r.get(0))
         .collect();
-    drop(client);
     if skus.is_empty() {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -271,12 +269,16 @@ async fn requeue(
         }
     };
     let actor = actor(peer);
-    let requeued = requeue_audited(&s, &actor, ids.as_deref())
-        .await
-        .map_err(|e| {
-            warn!(error = %e, "outbox requeue failed");
-            ApiError::unavailable("the order store")
-        })?;
+    let requeued = s
+        .bounded_pg(async |client| {
+            requeue_audited(client, &actor, ids.as_deref())
+                .await
+                .map_err(|e| {
+                    warn!(error = %e, "outbox requeue failed");
+                    ApiError::unavailable("the order store")
+                })
+        })
+        .await?;
     info!(
         actor,
         rows = requeued.len(),
@@ -287,12 +289,11 @@ async fn requeue(
 
 /// The requeue and its audit row, in one transaction.
 async fn requeue_audited(
-    s: &ApiState,
+    client: &mut deadpool_postgres::Object,
     actor: &str,
     ids: Option<&[String]>,
 ) -> anyhow::Result<Vec<String>> {
-    let mut client = s.pg.get().await?;
-    let c: &mut tokio_postgres::Client = &mut client;
+    let c: &mut tokio_postgres::Client = client;
     let tx = c.transaction().await?;
     let requeued = outbox::requeue_dead(&tx, ids).await?;
     audit::record(

@@ -70,18 +70,33 @@ pub struct ApiState {
 }
 
 impl ApiState {
-    /// Runs a request's PostgreSQL work within `pg.statement_timeout_ms` plus a second: a
-    /// PostgreSQL that stops answering (a dead network path the kernel has not noticed yet)
-    /// gets the caller a 503 `UNAVAILABLE` in time, never a hung request.
+    /// Runs a request's PostgreSQL work on one pooled connection, the pool wait and the work
+    /// together within `pg.statement_timeout_ms` plus a second: a PostgreSQL that stops answering
+    /// (a dead network path the kernel has not noticed yet) gets the caller a 503 `UNAVAILABLE`
+    /// in time, never a hung request. A connection whose work ran out of time may still have the
+    /// request in flight: it is closed, never handed to the next request.
     pub(crate) async fn bounded_pg<T>(
         &self,
-        work: impl std::future::Future<Output = Result<T, ApiError>>,
+        work: impl AsyncFnOnce(&mut deadpool_postgres::Object) -> Result<T, ApiError>,
     ) -> Result<T, ApiError> {
-        let bound = Duration::from_millis(self.settings.pg.statement_timeout_ms + 1000);
-        tokio::time::timeout(bound, work).await.unwrap_or_else(|_| {
+        let deadline = tokio::time::Instant::now()
+            + Duration::from_millis(self.settings.pg.statement_timeout_ms + 1000);
+        let timed_out = || {
             metrics::counter!("pg_call_timeout_total").increment(1);
             Err(ApiError::unavailable("the order store"))
-        })
+        };
+        let Ok(got) = tokio::time::timeout_at(deadline, self.pg.get()).await else {
+            return timed_out();
+        };
+        let mut client = got.map_err(|_| ApiError::unavailable("the order store"))?;
+        let done = tokio::time::timeout_at(deadline, work(&mut client)).await;
+        match done {
+            Ok(result) => result,
+            Err(_) => {
+                drop(deadpool_postgres::Object::take(client));
+                timed_out()
+            }
+        }
     }
 
     /// The buyer a request's token names: `Ok(None)` without token identity, 401

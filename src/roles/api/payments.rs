@@ -77,26 +77,28 @@ pub(super) async fn notification(
             reason: "must not be negative",
         }));
     }
-    let outcome = s.bounded_pg(settle(&s, &n)).await?;
+    let outcome = s
+        .bounded_pg(async |client| settle(&s, client, &n).await)
+        .await?;
     metrics::counter!("order_pay_total", "result" => outcome_label(&outcome)).increment(1);
     answer(&n, outcome)
 }
 
-async fn settle(s: &ApiState, n: &Notification) -> Result<PayOutcome, ApiError> {
+async fn settle(
+    s: &ApiState,
+    client: &mut deadpool_postgres::Object,
+    n: &Notification,
+) -> Result<PayOutcome, ApiError> {
     let names = StateNames {
         order_event_topic: s.names.order_event_topic.clone(),
         compensate_topic: s.names.compensate_topic.clone(),
     };
-    let mut client =
-        s.pg.get()
-            .await
-            .map_err(|_| ApiError::unavailable("the order store"))?;
     let p = Payment {
         order_id: &n.order_id,
         payment_id: &n.payment_id,
         amount_cents: n.amount_cents,
     };
-    pay(&mut client, &p, &names).await.map_err(|e| {
+    pay(client, &p, &names).await.map_err(|e| {
         warn!(order_id = %n.order_id, payment_id = %n.payment_id, error = %e, "payment transaction failed");
         ApiError::unavailable("the order store")
     })

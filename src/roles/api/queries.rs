@@ -67,7 +67,7 @@ pub(super) async fn get_reservation(
         }
     }
     if let Some(answer) = s
-        .bounded_pg(from_order_store(&s, me, &reservation_id))
+        .bounded_pg(async |client| from_order_store(client, me, &reservation_id).await)
         .await?
     {
         return Ok(answer);
@@ -118,12 +118,8 @@ pub(super) async fn get_order(
     require_id("ord", "order_id", &order_id)?;
     let me = s.buyer(&headers)?;
     let order = s
-        .bounded_pg(async {
-            let client =
-                s.pg.get()
-                    .await
-                    .map_err(|_| ApiError::unavailable("the order store"))?;
-            queries::order_by_id(&**client, &order_id)
+        .bounded_pg(async |client| {
+            queries::order_by_id(&***client, &order_id)
                 .await
                 .map_err(|_| ApiError::unavailable("the order store"))
         })
@@ -139,15 +135,11 @@ pub(super) async fn get_order(
 
 /// The reservation as PostgreSQL knows it: its order, or its rejection (`None`: neither yet).
 async fn from_order_store(
-    s: &ApiState,
+    client: &deadpool_postgres::Object,
     me: Option<i64>,
     reservation_id: &str,
 ) -> Result<Option<Response>, ApiError> {
-    let client =
-        s.pg.get()
-            .await
-            .map_err(|_| ApiError::unavailable("the order store"))?;
-    if let Some(order) = queries::order_by_reservation(&**client, reservation_id)
+    if let Some(order) = queries::order_by_reservation(&***client, reservation_id)
         .await
         .map_err(|_| ApiError::unavailable("the order store"))?
     {
@@ -164,7 +156,7 @@ async fn from_order_store(
             .into_response(),
         ));
     }
-    if let Some(d) = queries::reservation_decision(&**client, reservation_id)
+    if let Some(d) = queries::reservation_decision(&***client, reservation_id)
         .await
         .map_err(|_| ApiError::unavailable("the order store"))?
     {

@@ -4,6 +4,7 @@
 //! `scan.relay_max_attempts` (ERROR log, `outbox_dead_total`). It wakes on the writers' NOTIFY
 //! (`listen`) and polls as a fallback.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +23,9 @@ pub struct Relay {
     pool: deadpool_postgres::Pool,
     publisher: Arc<dyn Publisher>,
     pub(super) settings: Arc<Settings>,
+    /// Whether DEAD rows may exist (the last count saw some, or a row went DEAD since): the
+    /// requeue after a confirmed send runs only then, not on every pass.
+    dead_seen: AtomicBool,
 }
 
 /// The broker message for an outbox row: its event id is the `message_id` every consumer
@@ -75,6 +79,7 @@ impl Relay {
             pool,
             publisher,
             settings,
+            dead_seen: AtomicBool::new(true),
         }
     }
 
@@ -128,6 +133,9 @@ impl Relay {
                 }
             }
         }
+        if failed.iter().any(|f| f.dead) {
+            self.dead_seen.store(true, Ordering::Relaxed);
+        }
         // Both outcomes in one round trip (pipelined on the one connection).
         let (marked, failures) = futures::join!(
             outbox::mark_sent(&**client, &sent),
@@ -135,7 +143,7 @@ impl Relay {
         );
         marked?;
         failures?;
-        if !sent.is_empty() {
+        if !sent.is_empty() && self.dead_seen.load(Ordering::Relaxed) {
             // The broker answers again: rows that died while it did not come back by themselves.
             self.requeue_after_recovery(&client).await;
         }
@@ -209,6 +217,9 @@ impl Relay {
         metrics::gauge!("outbox_pending").set(pending as f64);
         metrics::gauge!("outbox_pending_oldest_age_seconds").set(oldest);
         metrics::gauge!("outbox_dead").set(dead as f64);
+        if dead == 0 {
+            self.dead_seen.store(false, Ordering::Relaxed);
+        }
         Ok(())
     }
 }
