@@ -12,10 +12,15 @@
 #      per reservation, and with the trust layer (tokens, rate limits) on and off;
 #      answers/s for a sold-out SKU; a 10,000-unit sale from 100,000 requests
 #      by 60,000 buyers; many SKUs; duplicate-heavy traffic; open-loop arrivals.
+#   5. the baseline a team would otherwise build (seckill-bench baseline-api: the same route,
+#      one autocommit statement straight to PostgreSQL): sold-out answers, purchases, and the
+#      same sale.
 #
 # The last line is machine-readable:
-#   RATIOS order_vs_pgbench_single=… order_vs_pgbench_batch=… accept_batched_vs_unbatched=…
-#          soldout_vs_direct_pg=… within_3s_pct=… violations=…
+#   RATIOS order_vs_pgbench_single=… order_batch1_vs_pgbench_single=… order_vs_pgbench_batch=…
+#          accept_batched_vs_unbatched=… soldout_vs_direct_pg=… (sold-out answers/s)
+#          sale_vs_direct_pg=… sale_p99_ms=… direct_pg_sale_p99_ms=… within_3s_pct=…
+#          trust_on_vs_off=… violations=…
 # Knobs: BENCH_QUICK=1 (smaller runs, for a smoke test), BENCH_CONCURRENCY (default 64),
 # LIMITS_SECONDS (default 10).
 set -euo pipefail
@@ -188,7 +193,9 @@ accept_run() { # label one_send_each(0|1) activity [bench args...] -> BENCH line
   if [[ "$single" == 1 ]]; then SECKILL__MQ__SEND_BATCH_MAX=1 start api api; else start api api; fi
   wait_ready http://127.0.0.1:28080/readyz
   log "$label: accepted reservations/s, $([[ "$single" == 1 ]] && echo "one send per reservation" || echo "batched sends")"
-  api_bench "$label" "$a" 1 1 "$API_REQ" "$API_REQ" --dup-request-share 0 --repeat-buyer-share 0 "$@"
+  # Each of these activities holds $API_REQ units: every request must be accepted.
+  api_bench "$label" "$a" 1 1 "$API_REQ" "$API_REQ" --dup-request-share 0 --repeat-buyer-share 0 \
+    --stock "$API_REQ" "$@"
   stop api
 }
 stop consume
@@ -249,17 +256,25 @@ stop scan
 stop consume
 
 # --- 5. the baseline a team would otherwise build: same route, straight to PostgreSQL --------
-BASE_SOLDOUT_A=1 BASE_BUY_A="$(date +%s)"
-start_with "$BENCH" baseline baseline-api --pool 16 --stock "$BASE_SOLDOUT_A:1:0" --stock "$BASE_BUY_A:1:2000000000"
+BASE_SOLDOUT_A=1 BASE_BUY_A="$(date +%s)" BASE_SALE_A="$(( $(date +%s) + 1 ))"
+start_with "$BENCH" baseline baseline-api --pool 16 --stock "$BASE_SOLDOUT_A:1:0" --stock "$BASE_BUY_A:1:2000000000" \
+  --stock "$BASE_SALE_A:1:$SALE_STOCK"
 wait_ready http://127.0.0.1:28090/readyz
 log "baseline (direct PostgreSQL over HTTP): sold-out answers and purchases"
 BASE_SOLDOUT="$("$BENCH" load --api http://127.0.0.1:28090 --activity-id "$BASE_SOLDOUT_A" --sku-id 1 \
-  --requests "$API_REQ" --buyers "$API_REQ" --concurrency "$CONC" --load-only --scenario baseline-sold-out | tail -1)"
+  --requests "$API_REQ" --buyers "$API_REQ" --concurrency "$CONC" --load-only --stock 0 --scenario baseline-sold-out | tail -1)"
 log "$BASE_SOLDOUT"
 BASE_BUY="$("$BENCH" load --api http://127.0.0.1:28090 --activity-id "$BASE_BUY_A" --sku-id 1 \
   --requests "$((API_REQ / 3))" --buyers "$((API_REQ / 3))" --concurrency "$CONC" --load-only \
-  --dup-request-share 0 --repeat-buyer-share 0 --scenario baseline-buy | tail -1)"
+  --stock 2000000000 --dup-request-share 0 --repeat-buyer-share 0 --scenario baseline-buy | tail -1)"
 log "$BASE_BUY"
+# The whole sale of section 4 (same requests, buyers, stock, concurrency and request mix),
+# answered by the direct-PostgreSQL server: the comparison a team choosing the design makes.
+log "baseline: the sale, $SALE_REQ requests by $SALE_BUYERS buyers for $SALE_STOCK units"
+BASE_SALE="$("$BENCH" load --api http://127.0.0.1:28090 --activity-id "$BASE_SALE_A" --sku-id 1 \
+  --requests "$SALE_REQ" --buyers "$SALE_BUYERS" --concurrency "$CONC" --load-only \
+  --stock "$SALE_STOCK" --scenario baseline-sale | tail -1)"
+log "$BASE_SALE"
 stop_all
 trap - EXIT
 redis_clean
@@ -270,7 +285,7 @@ batch_ops="$(field "$LIMITS" pgbench_batch_orders_per_s)"
 soldout_pg="$(field "$LIMITS" direct_pg_soldout_per_s)"
 orders_ps="$(field "$B_BATCH" orders_per_s)"
 violations=0
-for line in "$RELAY" "$I_BATCHED" "$I_SINGLE" "$T_OFF" "$T_ON" "$T_OFF2" "$T_ON2"; do
+for line in "$RELAY" "$I_BATCHED" "$I_SINGLE" "$T_OFF" "$T_ON" "$T_OFF2" "$T_ON2" "$BASE_SOLDOUT" "$BASE_BUY" "$BASE_SALE"; do
   [[ "$line" == *" OK "* ]] || violations=$((violations + 1))
 done
 for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT" "$SALE" "$MANY" "$DUPS" "$OPEN"; do
@@ -297,8 +312,11 @@ done
   echo "accepted/s with tokens and rate limits $(field "$T_ON" accepted_per_s) and $(field "$T_ON2" accepted_per_s) vs body user_id, no limits $(field "$T_OFF" accepted_per_s) and $(field "$T_OFF2" accepted_per_s) (send path alone, alternating)"
   echo "$BASE_SOLDOUT"
   echo "$BASE_BUY"
-  echo "sold-out answers/s $(field "$SOLDOUT" req_per_s) vs direct PostgreSQL over HTTP $(field "$BASE_SOLDOUT" req_per_s) and pgbench $soldout_pg, $CONC clients"
+  echo "$BASE_SALE"
+  echo "sold-out answers/s $(field "$SOLDOUT" sold_out_per_s) vs direct PostgreSQL over HTTP $(field "$BASE_SOLDOUT" sold_out_per_s) and pgbench $soldout_pg, $CONC clients"
+  echo "the sale, answers/s $(field "$SALE" req_per_s) (p99 $(field "$SALE" api_p99_ms) ms) vs direct PostgreSQL over HTTP $(field "$BASE_SALE" req_per_s) (p99 $(field "$BASE_SALE" api_p99_ms) ms)"
   echo "accepted/s $(field "$A_BATCHED" accepted_per_s) vs direct PostgreSQL purchases over HTTP $(field "$BASE_BUY" accepted_per_s) and pgbench $(field "$LIMITS" direct_pg_buy_per_s)"
 } | tee "$RUN_DIR/summary.txt"
-echo "RATIOS order_vs_pgbench_single=$(ratio "$orders_ps" "$single_tps") order_vs_pgbench_batch=$(ratio "$orders_ps" "$batch_ops") accept_batched_vs_unbatched=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$A_SINGLE" accepted_per_s)") soldout_vs_direct_pg=$(ratio "$(field "$SOLDOUT" req_per_s)" "$(field "$BASE_SOLDOUT" req_per_s)") soldout_vs_pgbench_direct=$(ratio "$(field "$SOLDOUT" req_per_s)" "$soldout_pg") accept_vs_direct_pg_buy=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$BASE_BUY" accepted_per_s)") within_3s_pct=$(field "$SALE" within_3s_pct) workers64_vs_budget=$(ratio "$(field "$B_WIDE" orders_per_s)" "$orders_ps") relay_vs_broker_single=$(ratio "$(field "$RELAY" events_per_s)" "$(field "$BROKER1" msgs_per_s)") send_path_batched_vs_unbatched=$(ratio "$(field "$I_BATCHED" accepted_per_s)" "$(field "$I_SINGLE" accepted_per_s)") trust_on_vs_off=$(ratio "$(( $(field "$T_ON" accepted_per_s) + $(field "$T_ON2" accepted_per_s) ))" "$(( $(field "$T_OFF" accepted_per_s) + $(field "$T_OFF2" accepted_per_s) ))") violations=$violations"
+RATIOS="RATIOS order_vs_pgbench_single=$(ratio "$orders_ps" "$single_tps") order_batch1_vs_pgbench_single=$(ratio "$(field "$B_SINGLE" orders_per_s)" "$single_tps") order_vs_pgbench_batch=$(ratio "$orders_ps" "$batch_ops") accept_batched_vs_unbatched=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$A_SINGLE" accepted_per_s)") soldout_vs_direct_pg=$(ratio "$(field "$SOLDOUT" sold_out_per_s)" "$(field "$BASE_SOLDOUT" sold_out_per_s)") soldout_vs_pgbench_direct=$(ratio "$(field "$SOLDOUT" sold_out_per_s)" "$soldout_pg") accept_vs_direct_pg_buy=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$BASE_BUY" accepted_per_s)") sale_vs_direct_pg=$(ratio "$(field "$SALE" req_per_s)" "$(field "$BASE_SALE" req_per_s)") sale_p99_ms=$(field "$SALE" api_p99_ms) direct_pg_sale_p99_ms=$(field "$BASE_SALE" api_p99_ms) within_3s_pct=$(field "$SALE" within_3s_pct) workers64_vs_budget=$(ratio "$(field "$B_WIDE" orders_per_s)" "$orders_ps") relay_vs_broker_single=$(ratio "$(field "$RELAY" events_per_s)" "$(field "$BROKER1" msgs_per_s)") send_path_batched_vs_unbatched=$(ratio "$(field "$I_BATCHED" accepted_per_s)" "$(field "$I_SINGLE" accepted_per_s)") trust_on_vs_off=$(ratio "$(( $(field "$T_ON" accepted_per_s) + $(field "$T_ON2" accepted_per_s) ))" "$(( $(field "$T_OFF" accepted_per_s) + $(field "$T_OFF2" accepted_per_s) ))") violations=$violations"
+echo "$RATIOS"
 [[ "$violations" == 0 ]]

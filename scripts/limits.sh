@@ -36,7 +36,11 @@ SECS="${LIMITS_SECONDS:-10}"
 DIRECT_CLIENTS="${DIRECT_PG_CLIENTS:-64}"
 SCHEMA=seckill_limits
 RPREFIX=seckill_limits                 # Redis key prefix (Keys::new(prefix) in src/redis)
-BATCH=20                               # orders per transaction in measurement 2 (<= 99)
+# Orders per transaction in measurement 2 (<= 99): the consumer's own consumer.batch_size.
+BATCH="$(awk '/^\[/ { sec = $0 } sec == "[consumer]" && $1 == "batch_size" { print $3 }' \
+         "$root/config/default.toml")"
+[[ "$BATCH" =~ ^[0-9]+$ ]] && ((BATCH >= 1 && BATCH <= 99)) \
+  || { echo "[limits] error: consumer.batch_size in config/default.toml must be 1-99 (got '$BATCH')" >&2; exit 1; }
 SINGLE_CLIENTS=(1 4 16)
 BATCH_CLIENTS=(2 4)
 REDIS_CLIENTS=50

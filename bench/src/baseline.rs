@@ -1,8 +1,10 @@
 //! `seckill-bench baseline-api`: the design a team would otherwise build, for comparison only
 //! (`make bench`). Same HTTP route, same request validation, same server stack as `seckill
-//! api`, but every request goes straight to PostgreSQL: one transaction with
-//! `UPDATE stock SET remaining = remaining - 1 WHERE ... AND remaining > 0` and an `INSERT`
-//! of the order. No Redis, no broker. It keeps its own tables in schema `seckill_baseline`.
+//! api`, but every request goes straight to PostgreSQL, in the best naive form: ONE autocommit
+//! statement, `UPDATE stock SET remaining = remaining - 1 WHERE ... AND remaining > 0` feeding
+//! the `INSERT` of the order (the row lock held for that statement and its commit only; a sold-out
+//! answer is the UPDATE finding no row: no lock, no write). No Redis, no broker. It keeps its
+//! own tables in schema `seckill_baseline`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -104,44 +106,34 @@ impl From<tokio_postgres::Error> for Failed {
     }
 }
 
-/// One purchase: decrement if any is left, then insert the order; `None` when sold out.
+/// One purchase, one statement: decrement if any is left and insert the order from the row
+/// that came back; `None` when sold out. A buyer's second order fails the unique key, which
+/// rolls the decrement back with it.
 async fn buy(
     pool: &deadpool_postgres::Pool,
     activity_id: i64,
     sku_id: i64,
     req: &ReserveRequest,
 ) -> Result<Option<i64>, Failed> {
-    let mut client = pool.get().await.map_err(|_| Failed::Unavailable)?;
-    let tx = client.transaction().await?;
-    let take = tx
+    let client = pool.get().await.map_err(|_| Failed::Unavailable)?;
+    let buy = client
         .prepare_cached(
-            "UPDATE stock SET remaining = remaining - 1
-             WHERE activity_id = $1 AND sku_id = $2 AND remaining > 0 RETURNING remaining",
+            "WITH take AS (
+                 UPDATE stock SET remaining = remaining - 1
+                 WHERE activity_id = $1 AND sku_id = $2 AND remaining > 0
+                 RETURNING activity_id, sku_id)
+             INSERT INTO orders (activity_id, sku_id, user_id, request_id)
+             SELECT activity_id, sku_id, $3, $4 FROM take
+             RETURNING order_id",
         )
         .await?;
-    if tx
-        .query_opt(&take, &[&activity_id, &sku_id])
-        .await?
-        .is_none()
-    {
-        tx.rollback().await?;
-        return Ok(None);
-    }
-    let order = tx
-        .prepare_cached(
-            "INSERT INTO orders (activity_id, sku_id, user_id, request_id)
-             VALUES ($1, $2, $3, $4) RETURNING order_id",
-        )
-        .await?;
-    let id: i64 = tx
-        .query_one(
-            &order,
+    Ok(client
+        .query_opt(
+            &buy,
             &[&activity_id, &sku_id, &req.user_id, &req.request_id],
         )
         .await?
-        .get(0);
-    tx.commit().await?;
-    Ok(Some(id))
+        .map(|row| row.get(0)))
 }
 
 pub async fn run(settings: Settings, args: BaselineArgs) -> anyhow::Result<()> {

@@ -82,6 +82,10 @@ pub struct BenchArgs {
     /// the invariants are re-checked until they hold or `--drain-timeout-secs` passes.
     #[arg(long)]
     pub tolerate_faults: bool,
+    /// Stock of each SKU, for the strict verdict of a `--load-only` run (otherwise it is read
+    /// from PostgreSQL): exactly min(stock, distinct buyers) reservations must be accepted.
+    #[arg(long)]
+    pub stock: Option<i64>,
     /// Prefix of the final machine-readable line (`DEMO` for `make demo`).
     #[arg(long, default_value = "BENCH")]
     pub summary_prefix: String,
@@ -157,6 +161,48 @@ fn plan(args: &BenchArgs, run_tag: &str) -> Vec<Planned> {
         });
     }
     out
+}
+
+/// Distinct buyers asking for each SKU of the plan (one reservation per buyer per SKU).
+fn buyers_per_sku(plan: &[Planned]) -> BTreeMap<i64, usize> {
+    let mut pairs: BTreeMap<i64, HashSet<i64>> = BTreeMap::new();
+    for p in plan {
+        pairs.entry(p.sku_id).or_default().insert(p.user_id);
+    }
+    pairs
+        .into_iter()
+        .map(|(sku, users)| (sku, users.len()))
+        .collect()
+}
+
+/// What a sale without faults must accept: min(stock, distinct buyers) for every SKU.
+fn expected_accepted(buyers: &BTreeMap<i64, usize>, stock: &BTreeMap<i64, i64>) -> usize {
+    buyers
+        .iter()
+        .map(|(sku, &n)| n.min(stock.get(sku).copied().unwrap_or(0).max(0) as usize))
+        .sum()
+}
+
+/// The strict verdict of a sale without injected faults: every request answered, every answer
+/// one the sale expects (202, SOLD_OUT, ALREADY_PURCHASED; no 5xx, no throttling, no pause),
+/// and exactly the expected number accepted, which is never zero when stock and buyers exist.
+fn strict_violations(t: &Tally, expected: Option<usize>) -> Vec<String> {
+    let mut v = Vec::new();
+    if t.transport_errors > 0 {
+        v.push(format!("{} requests got no answer", t.transport_errors));
+    }
+    if !t.other.is_empty() {
+        v.push(format!("unexpected answers: {:?}", t.other));
+    }
+    match expected {
+        Some(n) if t.accepted.len() != n => v.push(format!(
+            "accepted {} reservations, expected min(stock, distinct buyers) = {n}",
+            t.accepted.len()
+        )),
+        None if t.accepted.is_empty() => v.push("nothing was accepted".into()),
+        _ => {}
+    }
+    v
 }
 
 #[derive(Default)]
@@ -315,23 +361,46 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     let cpu = cpu_use(&args.cpu, &cpu_before, elapsed);
     let t = Tally::of(answers);
     let mut report = load_report(&args, &t, &hist, elapsed, cpu);
-    let accepted: Vec<String> = t.accepted.into_iter().collect();
+    let buyers = buyers_per_sku(&plan);
     if args.load_only {
-        let ok = report.transport_errors == 0;
+        let stock: BTreeMap<i64, i64> = match args.stock {
+            Some(n) => buyers.keys().map(|&sku| (sku, n)).collect(),
+            None => BTreeMap::new(),
+        };
+        let expected = args.stock.map(|_| expected_accepted(&buyers, &stock));
+        if !args.tolerate_faults {
+            report.invariants.violations = strict_violations(&t, expected);
+        }
+        let ok = report.invariants.violations.is_empty()
+            && (report.transport_errors == 0 || args.tolerate_faults);
         print_summary(&args.summary_prefix, ok, &report);
         return Ok(ok);
     }
+    let accepted: Vec<String> = t.accepted.iter().cloned().collect();
 
     let pool = seckill::pg::connect_pool(&settings.pg, 2).await?;
     let pg = pool.get().await?;
     // The checks read whole tables; they are not bound by the hot path's statement timeout.
     pg.batch_execute("SET statement_timeout = '120s'").await?;
+    let stock: BTreeMap<i64, i64> = pg
+        .query(
+            "SELECT sku_id, total_stock::int8 FROM activity_skus WHERE activity_id = $1",
+            &[&args.activity_id],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let strict = strict_violations(&t, Some(expected_accepted(&buyers, &stock)));
     wait_drained(&pg, &accepted, &args, &mut report).await?;
     order_latencies(&pg, &args, &mut report).await?;
     if args.pay_share > 0.0 {
         settle(&settings, &args, &client, &pg, &mut report).await?;
     }
     judge(&settings, &pg, &args, bench_started_at, &mut report).await?;
+    if !args.tolerate_faults {
+        report.invariants.violations.extend(strict);
+    }
     let ok = report.invariants.ok() && (report.transport_errors == 0 || args.tolerate_faults);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -392,6 +461,7 @@ fn load_report(
         elapsed_secs: elapsed.as_secs_f64(),
         requests_per_sec: args.requests as f64 / elapsed.as_secs_f64(),
         accepted_per_sec: t.accepted.len() as f64 / elapsed.as_secs_f64(),
+        sold_out_per_sec: t.sold_out as f64 / elapsed.as_secs_f64(),
         api_p50_ms: ms(hist, 0.5),
         api_p99_ms: ms(hist, 0.99),
         api_p999_ms: ms(hist, 0.999),
@@ -474,8 +544,9 @@ async fn order_latencies(
     } else {
         lat.max() as f64 / 1000.0
     };
+    // No orders is not "every order within 3 s".
     report.within_3s_pct = if rows.is_empty() {
-        100.0
+        0.0
     } else {
         within as f64 * 100.0 / rows.len() as f64
     };
@@ -705,8 +776,49 @@ mod tests {
             json: false,
             tolerate_faults: false,
             load_only: false,
+            stock: None,
             summary_prefix: "BENCH".into(),
         }
+    }
+
+    fn tally(accepted: usize, other: &[(&str, usize)], transport_errors: usize) -> Tally {
+        Tally {
+            accepted: (0..accepted).map(|i| format!("rsv_{i}")).collect(),
+            other: other.iter().map(|(c, n)| (c.to_string(), *n)).collect(),
+            transport_errors,
+            ..Tally::default()
+        }
+    }
+
+    #[test]
+    fn a_sale_without_faults_must_accept_exactly_min_stock_and_buyers_per_sku() {
+        let plan: Vec<Planned> = [(1, 1), (2, 1), (2, 1), (3, 2), (4, 2), (5, 2)]
+            .iter()
+            .map(|&(user_id, sku_id)| Planned {
+                user_id,
+                sku_id,
+                request_id: format!("r{user_id}"),
+                auth: None,
+            })
+            .collect();
+        let buyers = buyers_per_sku(&plan);
+        assert_eq!(buyers, BTreeMap::from([(1, 2), (2, 3)]));
+        // SKU 1: 2 buyers, 5 units -> 2; SKU 2: 3 buyers, 1 unit -> 1.
+        let stock = BTreeMap::from([(1, 5), (2, 1)]);
+        assert_eq!(expected_accepted(&buyers, &stock), 3);
+        assert!(strict_violations(&tally(3, &[], 0), Some(3)).is_empty());
+        // One short (an answer lost, a buyer turned away) or one too many: both fail.
+        assert_eq!(strict_violations(&tally(2, &[], 0), Some(3)).len(), 1);
+        assert_eq!(strict_violations(&tally(4, &[], 0), Some(3)).len(), 1);
+        // Any 5xx, throttling or pause, or a request without an answer, fails.
+        assert_eq!(
+            strict_violations(&tally(3, &[("SALE_PAUSED", 1)], 0), Some(3)).len(),
+            1
+        );
+        assert_eq!(strict_violations(&tally(3, &[], 1), Some(3)).len(), 1);
+        // Nothing accepted with nothing to compare with is a failure; a sold-out SKU is not.
+        assert_eq!(strict_violations(&tally(0, &[], 0), None).len(), 1);
+        assert!(strict_violations(&tally(0, &[], 0), Some(0)).is_empty());
     }
 
     #[test]

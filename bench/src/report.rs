@@ -25,6 +25,8 @@ pub struct BenchReport {
     pub elapsed_secs: f64,
     pub requests_per_sec: f64,
     pub accepted_per_sec: f64,
+    /// Sold-out answers per second (the sold-out comparisons count these, not every answer).
+    pub sold_out_per_sec: f64,
     pub api_p50_ms: f64,
     pub api_p99_ms: f64,
     pub api_p999_ms: f64,
@@ -70,7 +72,7 @@ pub fn print_summary(prefix: &str, ok: bool, r: &BenchReport) {
         .map(|c| format!(" cpu_{}_pct={:.0}", c.name, c.core_pct))
         .collect();
     println!(
-        "{} {} scenario={} mode={} requests={} accepted={} orders={} rejected={} sold_out={} already_purchased={} duplicate_requests={} errors={} req_per_s={:.0} accepted_per_s={:.0} api_p50_ms={:.2} api_p99_ms={:.2} api_p999_ms={:.2} orders_per_s={:.0} order_p50_ms={:.1} order_p99_ms={:.1} order_p999_ms={:.1} within_3s_pct={:.2} drain_s={:.2} paid={} canceled={} dlq={} violations={}{}",
+        "{} {} scenario={} mode={} requests={} accepted={} orders={} rejected={} sold_out={} already_purchased={} duplicate_requests={} errors={} req_per_s={:.0} accepted_per_s={:.0} sold_out_per_s={:.0} api_p50_ms={:.2} api_p99_ms={:.2} api_p999_ms={:.2} orders_per_s={:.0} order_p50_ms={:.1} order_p99_ms={:.1} order_p999_ms={:.1} within_3s_pct={:.2} drain_s={:.2} paid={} canceled={} dlq={} violations={}{}",
         prefix,
         if ok { "OK" } else { "FAILED" },
         r.scenario,
@@ -85,6 +87,7 @@ pub fn print_summary(prefix: &str, ok: bool, r: &BenchReport) {
         r.transport_errors + r.other_errors.values().sum::<usize>(),
         r.requests_per_sec,
         r.accepted_per_sec,
+        r.sold_out_per_sec,
         r.api_p50_ms,
         r.api_p99_ms,
         r.api_p999_ms,

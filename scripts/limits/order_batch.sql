@@ -1,7 +1,9 @@
 -- scripts/limits.sh, measurement 2: the same order transaction as order_single.sql for a
--- batch of :batch messages (-D batch=20), set-based like src/pg/order_tx.rs (one multi-row
--- statement per step, one conditional LEAST(...) decrement of the hot row for the whole
--- batch, the ledger/outbox/inbox/NOTIFY step pipelined).
+-- batch of :batch messages (-D batch=32, the consumer's consumer.batch_size), set-based like
+-- src/pg/order_tx/mod.rs: one multi-row statement per step, SAVEPOINT + unlocked stock read
+-- pipelined, the ledger/outbox/inbox/NOTIFY step pipelined, then one conditional decrement of
+-- the hot row for the whole batch (its lock taken last), COMMIT. tests/pgbench_scripts.rs
+-- compares the statements with what the consumer sends.
 -- The inbox update looks its rows up with = ANY (ARRAY(...)), an index scan whatever the
 -- table statistics say (a join with generate_series may get a hash join over the whole inbox
 -- once pgbench's prepared statements switch to a generic plan).
@@ -40,14 +42,12 @@ FROM generate_series(1, :batch::int) AS g
 JOIN seckill_limits.activity_skus k ON k.activity_id = 1 AND k.sku_id = 1
 ON CONFLICT DO NOTHING
 RETURNING order_id;
-WITH cur AS (
-    SELECT activity_id, sku_id, remaining_stock FROM seckill_limits.activity_skus
-    WHERE activity_id = 1 AND sku_id = 1 FOR NO KEY UPDATE)
-UPDATE seckill_limits.activity_skus s
-   SET remaining_stock = cur.remaining_stock - LEAST(cur.remaining_stock, :batch::int),
-       updated_at = now()
-FROM cur WHERE s.activity_id = cur.activity_id AND s.sku_id = cur.sku_id
-RETURNING LEAST(cur.remaining_stock, :batch::int);
+\startpipeline
+SAVEPOINT stock;
+SELECT k.activity_id, k.sku_id, k.remaining_stock::int8
+FROM seckill_limits.activity_skus k
+WHERE k.activity_id = 1 AND k.sku_id = 1;
+\endpipeline
 \startpipeline
 INSERT INTO seckill_limits.stock_ledger (activity_id, sku_id, order_id, delta, reason)
 SELECT 1, 1, 'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0'), -1, 'ORDER_CREATED'
@@ -85,4 +85,8 @@ UPDATE seckill_limits.consumer_inbox i
                                  FROM generate_series(1, :batch::int) AS g));
 NOTIFY seckill_limits_outbox;
 \endpipeline
+UPDATE seckill_limits.activity_skus
+   SET remaining_stock = remaining_stock - :batch::int, updated_at = now()
+ WHERE activity_id = 1 AND sku_id = 1 AND remaining_stock >= :batch::int
+RETURNING remaining_stock;
 COMMIT;

@@ -1,10 +1,12 @@
 -- scripts/limits.sh, measurement 1: the project's order transaction for ONE message, as
--- src/pg/order_tx.rs runs it for a batch of one (happy path: fresh message, fresh
--- reservation, stock left). Same statements in the same order and the same round trips:
+-- src/pg/order_tx/mod.rs runs it for a batch of one (happy path: fresh message, fresh
+-- reservation, stock left). The same statements in the same order and the same round trips
+-- (tests/pgbench_scripts.rs records what the consumer sends and compares):
 --   BEGIN; inbox insert; reservation insert; order insert (joined with the SKU row, FK check
---   = FOR KEY SHARE on the hot row); hot-row decrement (FOR NO KEY UPDATE, LEAST(...));
---   then ledger, outbox (ORDER_CREATED + delayed CANCEL_IF_UNPAID), inbox status and NOTIFY
---   pipelined; COMMIT.
+--   = FOR KEY SHARE on the hot row); SAVEPOINT + unlocked stock read, pipelined; ledger,
+--   outbox (ORDER_CREATED + delayed CANCEL_IF_UNPAID), inbox status and NOTIFY, pipelined;
+--   the conditional hot-row decrement (its row lock is taken last, held for the commit only);
+--   COMMIT.
 -- Ids: k = per-client counter * 1000 + client_id: unique and rising, like the ULID-based
 -- ids (evt_/rsv_/ord_ + 26 characters). Buyers: a permutation of k (unique, scattered).
 -- Requires -D n=0 (the counter) and -M prepared or -M extended (pipeline).
@@ -36,14 +38,12 @@ FROM seckill_limits.activity_skus k
 WHERE k.activity_id = 1 AND k.sku_id = 1
 ON CONFLICT DO NOTHING
 RETURNING order_id;
-WITH cur AS (
-    SELECT activity_id, sku_id, remaining_stock FROM seckill_limits.activity_skus
-    WHERE activity_id = 1 AND sku_id = 1 FOR NO KEY UPDATE)
-UPDATE seckill_limits.activity_skus s
-   SET remaining_stock = cur.remaining_stock - LEAST(cur.remaining_stock, 1),
-       updated_at = now()
-FROM cur WHERE s.activity_id = cur.activity_id AND s.sku_id = cur.sku_id
-RETURNING LEAST(cur.remaining_stock, 1);
+\startpipeline
+SAVEPOINT stock;
+SELECT k.activity_id, k.sku_id, k.remaining_stock::int8
+FROM seckill_limits.activity_skus k
+WHERE k.activity_id = 1 AND k.sku_id = 1;
+\endpipeline
 \startpipeline
 INSERT INTO seckill_limits.stock_ledger (activity_id, sku_id, order_id, delta, reason)
 VALUES (1, 1, 'ord_' || lpad(:k::text, 26, '0'), -1, 'ORDER_CREATED');
@@ -77,4 +77,7 @@ UPDATE seckill_limits.consumer_inbox
  WHERE consumer_group = 'seckill-limits-consumer' AND message_id = 'evt_' || lpad(:k::text, 26, '0');
 NOTIFY seckill_limits_outbox;
 \endpipeline
+UPDATE seckill_limits.activity_skus SET remaining_stock = remaining_stock - 1, updated_at = now()
+ WHERE activity_id = 1 AND sku_id = 1 AND remaining_stock >= 1
+RETURNING remaining_stock;
 COMMIT;

@@ -402,6 +402,10 @@ async fn take_stock_optimistically(
         return Ok(None);
     }
     let all: Vec<usize> = per_sku.values().flatten().copied().collect();
+    // Fault-injection point: another transaction may take the stock between the read above
+    // and the decrement below (tests/stock_fallback.rs takes it here), so the decrement
+    // misses and the savepoint fallback decides.
+    fail::fail_point!("order-tx-after-stock-peek");
     write_outcomes(tx, b, owned, &all, rejected).await?;
     let take = tx
         .prepare_cached(
