@@ -87,7 +87,9 @@ async fn a_message_failing_every_time_is_dead_lettered_recorded_and_discardable(
         })
         .await;
     }
-    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    // Both replays consumed: a second order could no longer appear.
+    let names = env.settings.names();
+    common::caught_up(&env, &names.order_create_group, &names.order_create_topic).await;
     assert_eq!(
         env.count("SELECT count(*) FROM orders").await,
         1,
@@ -105,7 +107,7 @@ async fn a_message_failing_every_time_is_dead_lettered_recorded_and_discardable(
     );
 
     replay_past_retention(&env, &c, &id).await;
-    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    common::caught_up(&env, &names.order_create_group, &names.order_create_topic).await;
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 1);
     // What the consume role exports as mq_dlq_replay_total{result}: the CLI is not scraped.
     assert_eq!(

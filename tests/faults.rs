@@ -89,17 +89,23 @@ async fn api_killed_after_the_reservation_before_the_send_the_scanner_sends_it_o
     env.cleanup().await;
 }
 
-/// Counts what the broker hands over, then lets the real handler decide.
+/// Counts what the broker hands over and what the real handler finished deciding (ACK).
 struct Counting {
     inner: OrderCreateHandler,
     seen: AtomicUsize,
+    acked: AtomicUsize,
 }
 
 #[async_trait::async_trait]
 impl BatchHandler for Counting {
     async fn handle(&self, batch: Vec<Delivery>) -> ConsumeDecision {
-        self.seen.fetch_add(batch.len(), Ordering::SeqCst);
-        self.inner.handle(batch).await
+        let n = batch.len();
+        self.seen.fetch_add(n, Ordering::SeqCst);
+        let decision = self.inner.handle(batch).await;
+        if decision == ConsumeDecision::Ack {
+            self.acked.fetch_add(n, Ordering::SeqCst);
+        }
+        decision
     }
 }
 
@@ -138,15 +144,18 @@ async fn consumer_killed_after_commit_before_ack_the_redelivery_hits_the_inbox()
     let handler = Arc::new(Counting {
         inner: OrderCreateHandler::new(env.pool(2).await, &env.settings, 1),
         seen: AtomicUsize::new(0),
+        acked: AtomicUsize::new(0),
     });
     let again = seckill::mq::start_order_create_consumer(&env.settings, handler.clone(), 1)
         .await
         .unwrap();
-    eventually(60, "the un-ACKed message is redelivered", || async {
-        handler.seen.load(Ordering::SeqCst) >= 1
-    })
+    // The redelivery's own transaction has finished (its decision taken) before counting.
+    eventually(
+        60,
+        "the un-ACKed message is redelivered and decided",
+        || async { handler.acked.load(Ordering::SeqCst) >= 1 },
+    )
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
         env.count("SELECT count(*) FROM orders").await,
         1,
@@ -314,7 +323,7 @@ async fn a_scanner_killed_holding_leases_is_taken_over_after_they_expire() {
         env.count("SELECT count(*) FROM orders").await == 4
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    common::quiescent(&env, 903).await;
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 4);
     consumer.shutdown().await;
     env.cleanup().await;
@@ -425,7 +434,7 @@ async fn api_killed_after_the_broker_stored_the_message_makes_one_order() {
             && redis.pending_count(961).await.unwrap() == 0
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    common::quiescent(&env, 961).await;
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 1);
     assert_eq!(env.count("SELECT count(*) FROM stock_ledger").await, 1);
     let report = env.invariants(961, 1).await;

@@ -33,6 +33,26 @@ impl Running {
     }
 }
 
+/// The real handler, with a count of the batches it acknowledged and sent back.
+struct Deciding {
+    inner: OrderCreateHandler,
+    acks: std::sync::atomic::AtomicUsize,
+    retries: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl seckill::mq::BatchHandler for Deciding {
+    async fn handle(&self, batch: Vec<seckill::mq::Delivery>) -> seckill::mq::ConsumeDecision {
+        let decision = self.inner.handle(batch).await;
+        let counter = match decision {
+            seckill::mq::ConsumeDecision::Ack => &self.acks,
+            seckill::mq::ConsumeDecision::Retry => &self.retries,
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        decision
+    }
+}
+
 async fn start(env: &TestEnv, publisher: Arc<dyn Publisher>, with_consumer: bool) -> Running {
     let state = build_state(Arc::new(env.settings.clone()), publisher)
         .await
@@ -249,8 +269,8 @@ async fn repeats_second_purchases_and_sell_out_are_answered_and_never_oversold()
         env.count("SELECT count(*) FROM orders").await == 3
     })
     .await;
-    // Give a stray duplicate time to show up, then check nothing more was created.
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // Every message consumed and nothing left to re-send: no stray duplicate can still come.
+    common::quiescent(&env, 200).await;
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 3);
     assert_eq!(
         env.count("SELECT remaining_stock::int8 FROM activity_skus")
@@ -503,7 +523,17 @@ async fn a_poison_message_on_the_topic_is_quarantined_and_acknowledged() {
     let env = TestEnv::new(true).await;
     env.activity(600, 1, 5).await;
     let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
-    let app = start(&env, publisher.clone(), true).await;
+    let mut app = start(&env, publisher.clone(), false).await;
+    let handler = Arc::new(Deciding {
+        inner: OrderCreateHandler::new(env.pool(3).await, &env.settings, 2),
+        acks: Default::default(),
+        retries: Default::default(),
+    });
+    app.consumer = Some(
+        seckill::mq::start_order_create_consumer(&env.settings, handler.clone(), 2)
+            .await
+            .expect("consumer starts"),
+    );
     let outcome = publisher
         .send(
             OutMessage {
@@ -529,8 +559,16 @@ async fn a_poison_message_on_the_topic_is_quarantined_and_acknowledged() {
     })
     .await;
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 0);
-    // Acknowledged: it is not redelivered (a redelivery would add a second quarantine row).
-    tokio::time::sleep(std::time::Duration::from_secs(12)).await;
+    // Acknowledged: the handler answered ACK (never RETRY, which would send it back for a
+    // redelivery) and the group's committed offset passed it, so the broker has nothing left
+    // to deliver again.
+    let names = env.settings.names();
+    common::caught_up(&env, &names.order_create_group, &names.order_create_topic).await;
+    use std::sync::atomic::Ordering::SeqCst;
+    assert_eq!(
+        (handler.acks.load(SeqCst), handler.retries.load(SeqCst)),
+        (1, 0)
+    );
     assert_eq!(
         env.count("SELECT count(*) FROM quarantined_messages").await,
         1
@@ -583,9 +621,11 @@ async fn admission_pauses_when_reservations_wait_too_long_and_resumes_when_they_
         env.redis().await.pending_count(800).await.unwrap() == 0
     })
     .await;
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    let (s, b) = reserve(&app.base, 800, 1, 3, "c").await;
-    assert_ne!(s, StatusCode::SERVICE_UNAVAILABLE, "resumed: {b}");
+    // The next admission check (every 100 ms) sees the backlog gone.
+    eventually(10, "admission resumed", || async {
+        reserve(&app.base, 800, 1, 3, "c").await.0 != StatusCode::SERVICE_UNAVAILABLE
+    })
+    .await;
     app.stop().await;
     env.cleanup().await;
 }

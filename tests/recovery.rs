@@ -120,7 +120,7 @@ async fn the_scanner_sends_what_the_api_never_sent_with_the_same_message_id() {
         env.count("SELECT count(*) FROM orders").await == 26
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    common::quiescent(&env, 10).await;
     assert_eq!(
         env.count("SELECT count(*) FROM orders").await,
         26,
@@ -213,7 +213,8 @@ async fn an_expired_backlog_is_compensated_once_through_the_relay_even_when_rede
         serde_json::to_vec(&payload).unwrap(),
     );
     assert_eq!(comp.process(&again).await.unwrap(), "already_released");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The relay's second send has been consumed too before the stock is read.
+    common::caught_up(&env, &names.compensate_group, &names.compensate_topic).await;
     assert_eq!(
         redis.sku_stock(20, 1).await.unwrap(),
         Some((5, 5)),

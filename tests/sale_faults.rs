@@ -2,8 +2,13 @@
 //! (docs/ARCHITECTURE.md#failure-cases):
 //! every consumer killed and restarted (runs in `make test`); the broker killed and restarted,
 //! PostgreSQL restarted (these disturb services every other test shares, so they are ignored
-//! by `make test` and run one at a time by `make test-faults`). Each ends with the pipeline
-//! converged and every invariant holding: no order lost, doubled or oversold.
+//! by `make test` and run one at a time by `make test-faults`). The consumers are throttled
+//! below the buyers' arrival rate, and each fault lands while reservations are still being
+//! accepted and orders are still being created (a quarter of the stock accepted, some orders
+//! but fewer than acceptances). Each test then shows its fault bit, by a counter the roles
+//! export (redeliveries absorbed by the inbox, UNKNOWN sends and scanner re-sends, rolled-back
+//! transactions), and ends with the pipeline converged and every invariant holding: no order
+//! lost, doubled or oversold.
 
 // The RocketMQ client's futures are deeply nested.
 #![recursion_limit = "256"]
@@ -29,10 +34,44 @@ struct Roles {
     api_port: u16,
     consumers: Vec<(Proc, u16)>,
     scan: Proc,
+    scan_port: u16,
 }
 
+/// A consumer throttled below the buyers' arrival rate (batches of at most 4, each transaction
+/// held 100 ms by a failpoint: at most about 80 orders/s), so an order backlog builds during
+/// the sale.
 fn start_consumer(env: &TestEnv) -> (Proc, u16) {
-    common::spawn_consume(env, "2", "")
+    let port = free_port();
+    let p = spawn(
+        env,
+        &["consume", "--workers", "2"],
+        "consume-inside-transaction=sleep(100)",
+        &[
+            (
+                "SECKILL__CONSUMER__METRICS_LISTEN",
+                format!("127.0.0.1:{port}"),
+            ),
+            ("SECKILL__CONSUMER__BATCH_SIZE", "4".to_string()),
+        ],
+    );
+    (p, port)
+}
+
+/// The sum of every sample of a counter on a role's `/metrics` whose labels contain `labels`
+/// (0 when it has none yet).
+async fn metric(port: u16, name: &str, labels: &str) -> f64 {
+    let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await else {
+        return 0.0;
+    };
+    let text = r.text().await.unwrap_or_default();
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| {
+            *series == name || (series.starts_with(&format!("{name}{{")) && series.contains(labels))
+        })
+        .filter_map(|(_, v)| v.parse::<f64>().ok())
+        .sum()
 }
 
 async fn start_roles(env: &TestEnv, consumers: usize) -> Roles {
@@ -64,11 +103,13 @@ async fn start_roles(env: &TestEnv, consumers: usize) -> Roles {
         api_port,
         consumers,
         scan,
+        scan_port,
     }
 }
 
-/// Buyers 1..=BUYERS, 8 at a time; `fault` runs once a third of them have been answered.
-/// Returns how many got a 202.
+/// Buyers 1..=BUYERS, 8 at a time; `fault` runs while the sale is in flight: a quarter of the
+/// stock accepted, and PostgreSQL holding some orders but fewer than the acceptances (an order
+/// backlog). Returns how many got a 202.
 async fn sale_with<F, Fut>(env: &TestEnv, activity: i64, api_port: u16, fault: F) -> usize
 where
     F: FnOnce() -> Fut,
@@ -99,19 +140,35 @@ where
                             accepted.fetch_add(1, Ordering::SeqCst);
                         }
                         answered.fetch_add(1, Ordering::SeqCst);
-                        // Buyers arrive over a few seconds, so the fault lands mid-sale.
-                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        // About 120 buyers/s: the stock sells over a few seconds, faster
+                        // than the throttled consumers create orders.
+                        tokio::time::sleep(Duration::from_millis(60)).await;
                     }
                 }),
         )
     };
-    eventually(60, "a third of the buyers answered", || async {
-        answered.load(Ordering::SeqCst) as i64 >= BUYERS / 3
-    })
+    eventually(
+        60,
+        "a quarter of the stock accepted, with an order backlog",
+        || async {
+            let a = accepted.load(Ordering::SeqCst) as i64;
+            let orders = env.count("SELECT count(*) FROM orders").await;
+            a >= STOCK as i64 / 4 && orders > 0 && orders < a
+        },
+    )
     .await;
+    let (at_accepted, at_orders) = (
+        accepted.load(Ordering::SeqCst) as i64,
+        env.count("SELECT count(*) FROM orders").await,
+    );
+    eprintln!("fault lands at {at_accepted} accepted, {at_orders} orders");
+    assert!(
+        at_accepted < STOCK as i64 && at_orders < at_accepted,
+        "the fault must land mid-sale: {at_accepted} accepted, {at_orders} orders"
+    );
     fault().await;
     load.await.unwrap();
-    let _ = env;
+    let _ = answered;
     accepted.load(Ordering::SeqCst)
 }
 
@@ -173,6 +230,16 @@ async fn every_consumer_killed_and_restarted_during_a_sale_loses_and_doubles_not
     assert!(accepted >= STOCK as usize, "accepted {accepted}");
     let report = converged(&env, 980).await;
     assert!(report.ok(), "{:?}", report.violations);
+    // It bit: the killed consumers had committed orders whose messages they never ACKed; the
+    // new ones got them again and the inbox absorbed them.
+    let mut absorbed = 0.0;
+    for (_, port) in &roles.consumers {
+        absorbed += metric(*port, "mq_duplicate_message_total", "").await;
+    }
+    assert!(
+        absorbed > 0.0,
+        "no redelivery reached the inbox: the kill bit nothing"
+    );
     finish(roles, env).await;
 }
 
@@ -215,6 +282,26 @@ async fn the_broker_killed_and_restarted_mid_sale_loses_and_doubles_nothing() {
     assert!(accepted > 0);
     let report = converged(&env, 981).await;
     assert!(report.ok(), "{:?}", report.violations);
+    // It bit: sends the API could not confirm while the broker was down, which the scanner
+    // then re-sent and the broker confirmed.
+    let unconfirmed = metric(roles.api_port, "mq_publish_total", r#"outcome="unknown""#).await
+        + metric(
+            roles.api_port,
+            "mq_publish_total",
+            r#"outcome="definite_failure""#,
+        )
+        .await;
+    let resent = metric(
+        roles.scan_port,
+        "reservation_resend_total",
+        r#"outcome="confirmed""#,
+    )
+    .await;
+    eprintln!("evidence: {unconfirmed} sends unconfirmed, {resent} re-sends confirmed");
+    assert!(
+        unconfirmed > 0.0 && resent > 0.0,
+        "the broker kill bit nothing: {unconfirmed} unconfirmed sends, {resent} re-sends confirmed"
+    );
     finish(roles, env).await;
 }
 
@@ -249,5 +336,14 @@ async fn postgresql_restarted_mid_sale_rolls_back_retries_and_loses_nothing() {
     assert!(accepted >= STOCK as usize, "accepted {accepted}");
     let report = converged(&env, 982).await;
     assert!(report.ok(), "{:?}", report.violations);
+    // It bit: order transactions cut by the restart, rolled back and redelivered.
+    let port = roles.consumers[0].1;
+    let rolled_back = metric(port, "mq_consume_total", r#"result="transient""#).await
+        + metric(port, "mq_consume_total", r#"result="unknown""#).await;
+    eprintln!("evidence: {rolled_back} order transactions rolled back");
+    assert!(
+        rolled_back > 0.0,
+        "no order transaction was rolled back: the restart bit nothing"
+    );
     finish(roles, env).await;
 }

@@ -205,8 +205,14 @@ fn strict_violations(t: &Tally, expected: Option<usize>) -> Vec<String> {
     v
 }
 
+/// Error answers after which the reservation may or may not exist (the API could not tell).
+const UNKNOWN_OUTCOME: [&str; 3] = ["UNAVAILABLE", "INTERNAL", "UNPARSEABLE"];
+
 #[derive(Default)]
 struct Tally {
+    /// Plan indexes of the requests whose outcome the client cannot know: no answer (a
+    /// connection error, a timeout) or a failure past the point of no return.
+    unknown: Vec<usize>,
     accepted: HashSet<String>,
     duplicate_requests: usize,
     sold_out: usize,
@@ -266,7 +272,7 @@ async fn closed_loop(
     base: &str,
     plan: &Arc<Vec<Planned>>,
     concurrency: usize,
-) -> anyhow::Result<(Histogram<u64>, Vec<Answer>)> {
+) -> anyhow::Result<(Histogram<u64>, Vec<(usize, Answer)>)> {
     let next = Arc::new(AtomicUsize::new(0));
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..concurrency.min(plan.len()) {
@@ -279,7 +285,7 @@ async fn closed_loop(
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(p) = plan.get(i) else { break };
                 let t = Instant::now();
-                answers.push(one_request(&client, &base, p).await);
+                answers.push((i, one_request(&client, &base, p).await));
                 hist.record((t.elapsed().as_micros() as u64).max(1))?;
             }
             anyhow::Ok((hist, answers))
@@ -304,7 +310,7 @@ async fn open_loop(
     plan: &Arc<Vec<Planned>>,
     rate: f64,
     max_outstanding: usize,
-) -> anyhow::Result<(Histogram<u64>, Vec<Answer>)> {
+) -> anyhow::Result<(Histogram<u64>, Vec<(usize, Answer)>)> {
     let slots = Arc::new(Semaphore::new(max_outstanding.max(1)));
     let mut requests = tokio::task::JoinSet::new();
     let start = tokio::time::Instant::now();
@@ -316,7 +322,7 @@ async fn open_loop(
         requests.spawn(async move {
             let answer = one_request(&client, &base, &plan[i]).await;
             drop(slot);
-            ((due.elapsed().as_micros() as u64).max(1), answer)
+            ((due.elapsed().as_micros() as u64).max(1), (i, answer))
         });
     }
     let mut hist = latency_histogram()?;
@@ -398,6 +404,12 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
         settle(&settings, &args, &client, &pg, &mut report).await?;
     }
     judge(&settings, &pg, &args, bench_started_at, &mut report).await?;
+    let history = check_history(&settings, &pg, &args, &plan, &accepted, &t.unknown).await?;
+    report.lost = history.lost;
+    report.doubled = history.doubled;
+    report.leaked = history.leaked;
+    report.unknown = t.unknown.len();
+    report.invariants.violations.extend(history.violations);
     if !args.tolerate_faults {
         report.invariants.violations.extend(strict);
     }
@@ -412,11 +424,14 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
 }
 
 impl Tally {
-    fn of(answers: Vec<Answer>) -> Self {
+    fn of(answers: Vec<(usize, Answer)>) -> Self {
         let mut t = Tally::default();
-        for a in answers {
+        for (i, a) in answers {
             match a {
-                Answer::Transport => t.transport_errors += 1,
+                Answer::Transport => {
+                    t.transport_errors += 1;
+                    t.unknown.push(i);
+                }
                 Answer::Accepted { id, duplicate } => {
                     if duplicate {
                         t.duplicate_requests += 1;
@@ -426,7 +441,13 @@ impl Tally {
                 Answer::Refused(code) => match code.as_str() {
                     "SOLD_OUT" => t.sold_out += 1,
                     "ALREADY_PURCHASED" => t.already_purchased += 1,
-                    _ => *t.other.entry(code).or_default() += 1,
+                    _ => {
+                        // A failure past the point of no return may or may not have reserved.
+                        if UNKNOWN_OUTCOME.contains(&code.as_str()) {
+                            t.unknown.push(i);
+                        }
+                        *t.other.entry(code).or_default() += 1
+                    }
                 },
             }
         }
@@ -604,6 +625,175 @@ async fn judge(
             .push("not settled: unpaid orders or compensations still pending".into());
     }
     Ok(())
+}
+
+/// What the client's own history says about the stores after the drain and the settle.
+#[derive(Debug, Default)]
+struct History {
+    /// 202s that never became a record, and unknown answers that hold stock without one.
+    lost: usize,
+    /// Valid orders beyond one per buyer per SKU.
+    doubled: i64,
+    /// Units neither sold (a valid order) nor available again (Redis remaining).
+    leaked: i64,
+    violations: Vec<String>,
+}
+
+/// Checks every request against the stores, as only the client can: every 202 became exactly
+/// one order (live, paid, or cancelled with its one compensation) or exactly one compensated
+/// rejection; every request whose outcome the client could not know (no answer, a failure past
+/// the point of no return) became nothing that holds stock, or exactly one of those. Then the
+/// sale's books: nothing left unrecorded, no compensation pending, nothing quarantined, no unit
+/// leaked. Each failure is named.
+async fn check_history(
+    settings: &Settings,
+    pg: &tokio_postgres::Client,
+    args: &BenchArgs,
+    plan: &[Planned],
+    accepted: &[String],
+    unknown: &[usize],
+) -> anyhow::Result<History> {
+    let mut h = History::default();
+    let redis = RedisStore::connect(&settings.redis).await?;
+    // The unknown requests PostgreSQL recorded, by request id (unique within a run).
+    let unknown_req: Vec<String> = unknown
+        .iter()
+        .map(|&i| plan[i].request_id.clone())
+        .collect();
+    let recorded: std::collections::HashMap<String, String> = pg
+        .query(
+            "SELECT request_id, reservation_id FROM reservations
+             WHERE activity_id = $1 AND request_id = ANY($2::text[])",
+            &[&args.activity_id, &unknown_req],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    // Unknown and unrecorded: fine if Redis holds no stock for it (never reserved, or released).
+    let mut held = Vec::new();
+    for &i in unknown {
+        let p = &plan[i];
+        if recorded.contains_key(&p.request_id) {
+            continue;
+        }
+        let rid = redis
+            .request_reservation(args.activity_id, p.user_id, &p.request_id)
+            .await?;
+        if let Some(rid) = rid {
+            let fields = redis.reservation(args.activity_id, &rid).await?;
+            if fields.get("status").map(String::as_str) == Some("RESERVED") {
+                held.push(rid);
+            }
+        }
+    }
+    if !held.is_empty() {
+        h.violations.push(format!(
+            "{} unknown answers left a reservation holding stock with no record in PostgreSQL: {:?}",
+            held.len(),
+            &held[..held.len().min(10)]
+        ));
+    }
+    // Every reservation the client knows of, and what it became.
+    let mut ids: Vec<String> = accepted.to_vec();
+    ids.extend(recorded.into_values());
+    ids.sort();
+    ids.dedup();
+    let (mut unrecorded_202, mut third_state) = (Vec::new(), Vec::new());
+    for row in pg
+        .query(
+            "SELECT a.id, r.status, o.status, c.status
+             FROM unnest($1::text[]) AS a(id)
+             LEFT JOIN reservations r ON r.reservation_id = a.id
+             LEFT JOIN orders o ON o.reservation_id = a.id
+             LEFT JOIN compensation_tasks c ON c.reservation_id = a.id",
+            &[&ids],
+        )
+        .await?
+    {
+        let id: String = row.get(0);
+        let (reservation, order, compensation): (Option<String>, Option<String>, Option<String>) =
+            (row.get(1), row.get(2), row.get(3));
+        match (
+            reservation.as_deref(),
+            order.as_deref(),
+            compensation.as_deref(),
+        ) {
+            (None, _, _) => unrecorded_202.push(id),
+            (Some("ORDERED"), Some("CANCELED"), Some(_)) => {}
+            (Some("ORDERED"), Some(o), None) if o != "CANCELED" => {}
+            (Some("REJECTED"), None, Some(_)) => {}
+            other => third_state.push(format!("{id}: {other:?}")),
+        }
+    }
+    if !unrecorded_202.is_empty() {
+        h.violations.push(format!(
+            "lost: {} reservations answered 202 never reached PostgreSQL: {:?}",
+            unrecorded_202.len(),
+            &unrecorded_202[..unrecorded_202.len().min(10)]
+        ));
+    }
+    if !third_state.is_empty() {
+        h.violations.push(format!(
+            "{} reservations are neither one order nor one compensated rejection (reservation, order, compensation): {:?}",
+            third_state.len(),
+            &third_state[..third_state.len().min(10)]
+        ));
+    }
+    h.lost = unrecorded_202.len() + held.len();
+    h.doubled = pg
+        .query_one(
+            "SELECT count(*) - count(DISTINCT (sku_id, user_id)) FROM orders
+             WHERE activity_id = $1 AND status <> 'CANCELED'",
+            &[&args.activity_id],
+        )
+        .await?
+        .get(0);
+    if h.doubled > 0 {
+        h.violations.push(format!(
+            "doubled: {} valid orders beyond one per buyer",
+            h.doubled
+        ));
+    }
+    // The books of the sale, after the drain and the settle.
+    let f = &report_figures(pg, &redis, settings, args).await?;
+    h.leaked = f.pg_total - f.valid_orders - f.redis_remaining;
+    if h.leaked != 0 {
+        h.violations.push(format!(
+            "leaked: {} units neither sold ({} valid orders) nor available again ({} left in Redis) of {}",
+            h.leaked, f.valid_orders, f.redis_remaining, f.pg_total
+        ));
+    }
+    if f.unrecorded > 0 {
+        h.violations.push(format!(
+            "{} reservations still hold stock in Redis without a record in PostgreSQL",
+            f.unrecorded
+        ));
+    }
+    if f.pending_compensations > 0 {
+        h.violations.push(format!(
+            "{} compensations still pending",
+            f.pending_compensations
+        ));
+    }
+    if f.quarantined > 0 {
+        h.violations.push(format!(
+            "{} messages quarantined by the order consumer",
+            f.quarantined
+        ));
+    }
+    Ok(h)
+}
+
+/// The run's figures over all its SKUs (the invariants' own reading).
+async fn report_figures(
+    pg: &tokio_postgres::Client,
+    redis: &RedisStore,
+    settings: &Settings,
+    args: &BenchArgs,
+) -> anyhow::Result<invariants::SkuFigures> {
+    let group = settings.names().order_create_group;
+    Ok(check_skus(pg, redis, &group, args).await?.figures)
 }
 
 /// The invariants of every SKU of the run, as one report.

@@ -50,6 +50,12 @@ pub struct BenchReport {
     /// Dead letters and outbox rows given up on (DEAD) at the end: both must be 0.
     pub dlq_open: i64,
     pub outbox_dead: i64,
+    /// Requests whose outcome the client could not know (no answer, or a failure past the
+    /// point of no return), and what the history check found (see `check_history`).
+    pub unknown: usize,
+    pub lost: usize,
+    pub doubled: i64,
+    pub leaked: i64,
     /// CPU used during the load, per named process: seconds and share of one core.
     pub cpu: Vec<CpuUse>,
     pub invariants: invariants::Report,
@@ -72,7 +78,7 @@ pub fn print_summary(prefix: &str, ok: bool, r: &BenchReport) {
         .map(|c| format!(" cpu_{}_pct={:.0}", c.name, c.core_pct))
         .collect();
     println!(
-        "{} {} scenario={} mode={} requests={} accepted={} orders={} rejected={} sold_out={} already_purchased={} duplicate_requests={} errors={} req_per_s={:.0} accepted_per_s={:.0} sold_out_per_s={:.0} api_p50_ms={:.2} api_p99_ms={:.2} api_p999_ms={:.2} orders_per_s={:.0} order_p50_ms={:.1} order_p99_ms={:.1} order_p999_ms={:.1} within_3s_pct={:.2} drain_s={:.2} paid={} canceled={} dlq={} violations={}{}",
+        "{} {} scenario={} mode={} requests={} accepted={} orders={} rejected={} sold_out={} already_purchased={} duplicate_requests={} errors={} req_per_s={:.0} accepted_per_s={:.0} sold_out_per_s={:.0} api_p50_ms={:.2} api_p99_ms={:.2} api_p999_ms={:.2} orders_per_s={:.0} order_p50_ms={:.1} order_p99_ms={:.1} order_p999_ms={:.1} within_3s_pct={:.2} drain_s={:.2} paid={} canceled={} dlq={} unknown={} lost={} doubled={} leaked={} violations={}{}",
         prefix,
         if ok { "OK" } else { "FAILED" },
         r.scenario,
@@ -100,6 +106,10 @@ pub fn print_summary(prefix: &str, ok: bool, r: &BenchReport) {
         r.paid,
         r.canceled,
         r.dlq_open,
+        r.unknown,
+        r.lost,
+        r.doubled,
+        r.leaked,
         r.invariants.violations.len(),
         cpu,
     );

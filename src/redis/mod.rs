@@ -694,6 +694,23 @@ impl RedisStore {
         Ok((count, head.first().map(|(_, s)| *s as i64)))
     }
 
+    /// The reservation a buyer's request made in the activity, if Redis has it (the request
+    /// index that answers a repeated request).
+    pub async fn request_reservation(
+        &self,
+        activity_id: i64,
+        user_id: i64,
+        request_id: &str,
+    ) -> anyhow::Result<Option<String>> {
+        let mut conn = self.pool.get().await?;
+        Ok(conn
+            .hget(
+                self.keys.requests(activity_id),
+                format!("{user_id}:{request_id}"),
+            )
+            .await?)
+    }
+
     /// Size of the activity's pending (not yet confirmed) index.
     pub async fn pending_count(&self, activity_id: i64) -> anyhow::Result<i64> {
         let mut conn = self.pool.get().await?;

@@ -150,6 +150,34 @@ where
     }
 }
 
+/// Waits until `group` has consumed every message on `topic`: lag 0, as the broker reads it
+/// from the group's committed offsets (a consumer commits them every few seconds).
+pub async fn caught_up(env: &TestEnv, group: &str, topic: &str) {
+    let probe = seckill::mq::rocketmq::LagProbe::new(
+        &seckill::mq::runtime().unwrap(),
+        &env.settings.mq.name_server,
+    )
+    .await
+    .unwrap();
+    eventually(60, &format!("{group} caught up on {topic}"), || async {
+        matches!(probe.lag(group, topic).await, Ok(lag) if lag.messages == 0)
+    })
+    .await;
+}
+
+/// Waits until the order-create group has consumed every message on its topic and no
+/// reservation of the activity waits for a re-send. From then on nothing can create another
+/// order for it, so a count taken after this proves an absence without a fixed sleep.
+pub async fn quiescent(env: &TestEnv, activity_id: i64) {
+    let names = env.settings.names();
+    let redis = env.redis().await;
+    eventually(60, "no reservation waits for a re-send", || async {
+        redis.pending_count(activity_id).await.unwrap() == 0
+    })
+    .await;
+    caught_up(env, &names.order_create_group, &names.order_create_topic).await;
+}
+
 /// A valid ORDER_CREATE_REQUESTED for a buyer, valid for `valid_secs` (negative: already expired).
 pub fn event(activity_id: i64, sku_id: i64, user_id: i64, valid_secs: i64) -> OrderCreateRequested {
     let ids = Ids::generate();
