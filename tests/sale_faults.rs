@@ -236,6 +236,7 @@ async fn every_consumer_killed_and_restarted_during_a_sale_loses_and_doubles_not
     for (_, port) in &roles.consumers {
         absorbed += metric(*port, "mq_duplicate_message_total", "").await;
     }
+    eprintln!("evidence: {absorbed} redeliveries absorbed by the inbox");
     assert!(
         absorbed > 0.0,
         "no redelivery reached the inbox: the kill bit nothing"
