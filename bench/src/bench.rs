@@ -627,6 +627,30 @@ async fn judge(
     Ok(())
 }
 
+/// What a reservation the client knows of came to, after the drain and the settle.
+#[derive(Debug, PartialEq)]
+enum Fate {
+    /// Exactly one order (live, paid, or cancelled with its one compensation), or exactly one
+    /// compensated rejection.
+    Settled,
+    /// PostgreSQL never recorded it.
+    Unrecorded,
+    /// Anything else: a record without its order, a rejection without its compensation, a
+    /// live order whose unit was also released...
+    ThirdState,
+}
+
+/// The fate of a reservation from its statuses: (reservation, order, compensation task).
+fn fate(states: (Option<&str>, Option<&str>, Option<&str>)) -> Fate {
+    match states {
+        (None, _, _) => Fate::Unrecorded,
+        (Some("ORDERED"), Some("CANCELED"), Some(_)) => Fate::Settled,
+        (Some("ORDERED"), Some(o), None) if o != "CANCELED" => Fate::Settled,
+        (Some("REJECTED"), None, Some(_)) => Fate::Settled,
+        _ => Fate::ThirdState,
+    }
+}
+
 /// What the client's own history says about the stores after the drain and the settle.
 #[derive(Debug, Default)]
 struct History {
@@ -714,16 +738,15 @@ async fn check_history(
         let id: String = row.get(0);
         let (reservation, order, compensation): (Option<String>, Option<String>, Option<String>) =
             (row.get(1), row.get(2), row.get(3));
-        match (
+        let states = (
             reservation.as_deref(),
             order.as_deref(),
             compensation.as_deref(),
-        ) {
-            (None, _, _) => unrecorded_202.push(id),
-            (Some("ORDERED"), Some("CANCELED"), Some(_)) => {}
-            (Some("ORDERED"), Some(o), None) if o != "CANCELED" => {}
-            (Some("REJECTED"), None, Some(_)) => {}
-            other => third_state.push(format!("{id}: {other:?}")),
+        );
+        match fate(states) {
+            Fate::Settled => {}
+            Fate::Unrecorded => unrecorded_202.push(id),
+            Fate::ThirdState => third_state.push(format!("{id}: {states:?}")),
         }
     }
     if !unrecorded_202.is_empty() {
@@ -977,6 +1000,30 @@ mod tests {
             other: other.iter().map(|(c, n)| (c.to_string(), *n)).collect(),
             transport_errors,
             ..Tally::default()
+        }
+    }
+
+    #[test]
+    fn every_reservation_is_one_order_or_one_compensated_rejection() {
+        for ok in [
+            (Some("ORDERED"), Some("CREATED"), None),
+            (Some("ORDERED"), Some("PAID"), None),
+            (Some("ORDERED"), Some("CANCELED"), Some("DONE")),
+            (Some("REJECTED"), None, Some("DONE")),
+        ] {
+            assert_eq!(fate(ok), Fate::Settled, "{ok:?}");
+        }
+        assert_eq!(fate((None, None, None)), Fate::Unrecorded);
+        // No order; cancelled but never released; paid and released; rejected but never
+        // compensated; rejected and ordered.
+        for bad in [
+            (Some("ORDERED"), None, None),
+            (Some("ORDERED"), Some("CANCELED"), None),
+            (Some("ORDERED"), Some("PAID"), Some("DONE")),
+            (Some("REJECTED"), None, None),
+            (Some("REJECTED"), Some("CREATED"), Some("DONE")),
+        ] {
+            assert_eq!(fate(bad), Fate::ThirdState, "{bad:?}");
         }
     }
 
