@@ -246,8 +246,10 @@ SALE="$(api_bench hot-sku "$(activity "$SALE_STOCK")" 1 1 "$SALE_REQ" "$SALE_BUY
 log "many SKUs"
 MANY="$(api_bench many-skus "$(activity $((SALE_STOCK / 10)) 20)" 1 20 "$((API_REQ / 2))" "$((API_REQ / 2))")"
 log "duplicate-heavy traffic"
+# Every order of this scenario is then paid through a signed payment notification (the
+# provider's route), as in production; the settle waits for all of them.
 DUPS="$(api_bench duplicates "$(activity "$SALE_STOCK")" 1 1 "$((API_REQ / 2))" "$((API_REQ / 8))" \
-  --dup-request-share 0.4 --repeat-buyer-share 0.3)"
+  --dup-request-share 0.4 --repeat-buyer-share 0.3 --pay-share 1.0)"
 log "open loop"
 OPEN="$(api_bench open-loop "$(activity "$SALE_STOCK")" 1 1 "$((API_REQ / 2))" "$((API_REQ / 2))" \
   --rate 2000)"

@@ -412,6 +412,12 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     report.invariants.violations.extend(history.violations);
     if !args.tolerate_faults {
         report.invariants.violations.extend(strict);
+        if report.pay_errors > 0 {
+            report.invariants.violations.push(format!(
+                "{} signed payment notifications were refused",
+                report.pay_errors
+            ));
+        }
     }
     let ok = report.invariants.ok() && (report.transport_errors == 0 || args.tolerate_faults);
     if args.json {
