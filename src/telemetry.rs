@@ -159,6 +159,10 @@ fn describe() {
     );
     describe_counter!("reservation_total", "Reservation attempts by result");
     describe_counter!(
+        "reservation_resend_refused_total",
+        "Scanner re-sends the broker refused while the reservation was still valid: retried, not released"
+    );
+    describe_counter!(
         "role_task_failures_total",
         "Background tasks of this role that died (the role then stops and exits non-zero)"
     );

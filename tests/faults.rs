@@ -487,3 +487,57 @@ async fn consumer_killed_inside_the_transaction_commits_nothing_and_the_redelive
     again.shutdown().await;
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_re_send_the_broker_refuses_keeps_a_valid_reservation_and_releases_an_expired_one() {
+    // No topics for this environment: every send is refused ("topic route not found"), which is
+    // also what a broker answers for a while after it restarts.
+    let env = TestEnv::new(false).await;
+    env.activity(963, 1, 5).await;
+    let redis = env.redis().await;
+    let valid = common::reserve_only(&redis, 963, 1, 0).await;
+    let expired = common::reserve_only(&redis, 963, 2, 0).await;
+    {
+        use deadpool_redis::redis::AsyncCommands;
+        let past = chrono::Utc::now().timestamp_millis() - 1_000;
+        let mut c = redis.pool.get().await.unwrap();
+        let _: () = c
+            .hset(
+                redis.keys.reservation(963, &expired.reservation_id),
+                "valid_until",
+                past,
+            )
+            .await
+            .unwrap();
+    }
+    let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
+    let scanner = seckill::roles::scan::Scanner::new(
+        redis.clone(),
+        publisher,
+        Arc::new(env.settings.clone()),
+    );
+    let stats = scanner.scan_once().await.unwrap();
+    assert_eq!(stats.failed, 2, "both re-sends refused: {stats:?}");
+
+    // The buyer of the valid one was told 202: it keeps its unit and is tried again later.
+    let v = redis.reservation(963, &valid.reservation_id).await.unwrap();
+    assert_eq!(
+        (v["status"].as_str(), v["mq_status"].as_str()),
+        ("RESERVED", "MQ_PENDING"),
+        "{v:?}"
+    );
+    assert!(v["next_retry_at"].parse::<i64>().unwrap() > chrono::Utc::now().timestamp_millis());
+    assert_eq!(redis.pending_count(963).await.unwrap(), 1);
+    // The expired one would be rejected by the consumer anyway: its unit goes back.
+    let e = redis
+        .reservation(963, &expired.reservation_id)
+        .await
+        .unwrap();
+    assert_eq!(
+        (e["status"].as_str(), e["mq_status"].as_str()),
+        ("RELEASED", "MQ_FAILED"),
+        "{e:?}"
+    );
+    assert_eq!(redis.sku_stock(963, 1).await.unwrap(), Some((5, 4)));
+    env.cleanup().await;
+}

@@ -384,32 +384,30 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     }
     let accepted: Vec<String> = t.accepted.iter().cloned().collect();
 
-    let pool = seckill::pg::connect_pool(&settings.pg, 2).await?;
-    let pg = pool.get().await?;
-    // The checks read whole tables; they are not bound by the hot path's statement timeout.
-    pg.batch_execute("SET statement_timeout = '120s'").await?;
-    let stock: BTreeMap<i64, i64> = pg
-        .query(
-            "SELECT sku_id, total_stock::int8 FROM activity_skus WHERE activity_id = $1",
-            &[&args.activity_id],
-        )
-        .await?
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
-    let strict = strict_violations(&t, Some(expected_accepted(&buyers, &stock)));
-    wait_drained(&pg, &accepted, &args, &mut report).await?;
-    order_latencies(&pg, &args, &mut report).await?;
-    if args.pay_share > 0.0 {
-        settle(&settings, &args, &client, &pg, &mut report).await?;
-    }
-    judge(&settings, &pg, &args, bench_started_at, &mut report).await?;
-    let history = check_history(&settings, &pg, &args, &plan, &accepted, &t.unknown).await?;
-    report.lost = history.lost;
-    report.doubled = history.doubled;
-    report.leaked = history.leaked;
-    report.unknown = t.unknown.len();
-    report.invariants.violations.extend(history.violations);
+    // Under injected faults a store may be restarting right now: the reads after the load are
+    // retried (payments are made once) until the drain timeout.
+    let retry_until = Instant::now() + Duration::from_secs(args.drain_timeout_secs);
+    let mut paid_done = false;
+    let strict = loop {
+        let step = AfterLoad {
+            settings: &settings,
+            args: &args,
+            client: &client,
+            plan: &plan,
+            tally: &t,
+            buyers: &buyers,
+            accepted: &accepted,
+            bench_started_at,
+        };
+        match step.run(&mut report, &mut paid_done).await {
+            Ok(strict) => break strict,
+            Err(e) if args.tolerate_faults && Instant::now() < retry_until => {
+                eprintln!("the stores did not answer after the load ({e:#}); retrying in 2 s");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    };
     if !args.tolerate_faults {
         report.invariants.violations.extend(strict);
         if report.pay_errors > 0 {
@@ -427,6 +425,69 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     }
     print_summary(&args.summary_prefix, ok, &report);
     Ok(ok)
+}
+
+/// Everything after the load that reads the stores: the drain, the latencies, the settle
+/// (payments made once), the verdict and the history check.
+struct AfterLoad<'a> {
+    settings: &'a Settings,
+    args: &'a BenchArgs,
+    client: &'a reqwest::Client,
+    plan: &'a [Planned],
+    tally: &'a Tally,
+    buyers: &'a BTreeMap<i64, usize>,
+    accepted: &'a [String],
+    bench_started_at: chrono::DateTime<chrono::Utc>,
+}
+
+impl AfterLoad<'_> {
+    /// Returns the strict verdict's violations (applied only without injected faults).
+    async fn run(
+        &self,
+        report: &mut BenchReport,
+        paid_done: &mut bool,
+    ) -> anyhow::Result<Vec<String>> {
+        let pool = seckill::pg::connect_pool(&self.settings.pg, 2).await?;
+        let pg = pool.get().await?;
+        // The checks read whole tables; they are not bound by the hot path's statement timeout.
+        pg.batch_execute("SET statement_timeout = '120s'").await?;
+        let stock: BTreeMap<i64, i64> = pg
+            .query(
+                "SELECT sku_id, total_stock::int8 FROM activity_skus WHERE activity_id = $1",
+                &[&self.args.activity_id],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let strict = strict_violations(self.tally, Some(expected_accepted(self.buyers, &stock)));
+        wait_drained(&pg, self.accepted, self.args, report).await?;
+        order_latencies(&pg, self.args, report).await?;
+        if self.args.pay_share > 0.0 {
+            let last_sku = self.args.sku_id + self.args.skus - 1;
+            if !*paid_done {
+                pay_orders(self.settings, self.args, self.client, &pg, report, last_sku).await?;
+                *paid_done = true;
+            }
+            wait_settled(self.args, &pg, report, last_sku).await?;
+        }
+        judge(self.settings, &pg, self.args, self.bench_started_at, report).await?;
+        let history = check_history(
+            self.settings,
+            &pg,
+            self.args,
+            self.plan,
+            self.accepted,
+            &self.tally.unknown,
+        )
+        .await?;
+        report.lost = history.lost;
+        report.doubled = history.doubled;
+        report.leaked = history.leaked;
+        report.unknown = self.tally.unknown.len();
+        report.invariants.violations.extend(history.violations);
+        Ok(strict)
+    }
 }
 
 impl Tally {
@@ -883,17 +944,15 @@ pub async fn order_rate(
     })
 }
 
-/// Pays a share of the created orders the way the payment provider does (a signed
-/// notification per order, for its amount), then waits until every other order was cancelled
-/// by the timeout path and every compensation is done.
-async fn settle(
+/// Pays `--pay-share` of the created orders through signed payment notifications.
+async fn pay_orders(
     settings: &Settings,
     args: &BenchArgs,
     client: &reqwest::Client,
     pg: &deadpool_postgres::Object,
     report: &mut BenchReport,
+    last_sku: i64,
 ) -> anyhow::Result<()> {
-    let last_sku = args.sku_id + args.skus - 1;
     let orders: Vec<(String, i64)> = pg
         .query(
             "SELECT order_id, amount_cents FROM orders
@@ -923,17 +982,28 @@ async fn settle(
                     "amount_cents": amount_cents,
                 })
                 .to_string();
-                let t = chrono::Utc::now().timestamp();
-                let sig = seckill::auth::signature::sign(&secret, t, body.as_bytes());
-                client
-                    .post(format!("{base}/v1/payments/notifications"))
-                    .header("content-type", "application/json")
-                    .header("seckill-signature", sig)
-                    .body(body)
-                    .send()
-                    .await
-                    .map(|r| r.status().is_success())
-                    .unwrap_or(false)
+                // As a payment provider does, a notification that got no answer or a 5xx is
+                // sent again (signed afresh) until it is answered, up to 20 times over ~10 s.
+                for attempt in 0..20 {
+                    if attempt > 0 {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    let t = chrono::Utc::now().timestamp();
+                    let sig = seckill::auth::signature::sign(&secret, t, body.as_bytes());
+                    let sent = client
+                        .post(format!("{base}/v1/payments/notifications"))
+                        .header("content-type", "application/json")
+                        .header("seckill-signature", sig)
+                        .body(body.clone())
+                        .send()
+                        .await;
+                    match sent {
+                        Ok(r) if r.status().is_server_error() => continue,
+                        Ok(r) => return r.status().is_success(),
+                        Err(_) => continue,
+                    }
+                }
+                false
             }
         })
         .buffer_unordered(args.concurrency.max(1))
@@ -941,6 +1011,16 @@ async fn settle(
         .await;
     report.paid = results.iter().filter(|ok| **ok).count();
     report.pay_errors = results.len() - report.paid;
+    Ok(())
+}
+
+/// Waits until every unpaid order is cancelled and every compensation done.
+async fn wait_settled(
+    args: &BenchArgs,
+    pg: &deadpool_postgres::Object,
+    report: &mut BenchReport,
+    last_sku: i64,
+) -> anyhow::Result<()> {
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.settle_timeout_secs);
     loop {

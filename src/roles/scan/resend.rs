@@ -187,10 +187,39 @@ impl Scanner {
                     .await
                     .map(|_| ())
             }
+            // The buyer of a reservation the scanner re-sends was answered 202: a refusal does
+            // not release it while it is valid. Right after a broker restart, a refusal such as
+            // "topic route not found" is only the name server catching up; it is retried with
+            // backoff like an unknown outcome. Once the reservation has expired the consumer
+            // would reject it anyway, and the unit goes back.
+            SendOutcome::DefiniteFailure { error }
+                if now_ms < event.reservation_valid_until.timestamp_millis() =>
+            {
+                metrics::counter!("reservation_resend_refused_total").increment(1);
+                let wait = backoff_ms(
+                    attempt,
+                    self.settings.api.resend_backoff_ms,
+                    self.settings.scan.resend_backoff_cap_ms,
+                );
+                warn!(reservation_id = %rid, message_id = %event.message_id, order_id = %event.order_id,
+                      send_attempt = attempt, send_outcome = "DEFINITE_FAILURE", error = %error,
+                      retry_in_ms = wait,
+                      "re-send refused by the broker; the buyer holds a 202, so it is retried until the reservation expires");
+                self.redis
+                    .schedule_resend(
+                        activity_id,
+                        &rid,
+                        &event.message_id,
+                        now_ms + wait as i64,
+                        error,
+                    )
+                    .await
+                    .map(|_| ())
+            }
             SendOutcome::DefiniteFailure { error } => {
                 error!(reservation_id = %rid, message_id = %event.message_id, order_id = %event.order_id,
                        send_attempt = attempt, send_outcome = "DEFINITE_FAILURE", error = %error,
-                       "re-send refused by the broker; reservation released");
+                       "re-send refused by the broker after the reservation expired; reservation released");
                 self.redis
                     .mark_failed(
                         activity_id,
