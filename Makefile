@@ -33,7 +33,7 @@ test: services-up ## The whole test suite against the real services, the operato
 test-faults: services-up ## Faults that disturb the shared services (broker kill, PostgreSQL restart), one at a time
 	SECKILL_ENV=test cargo test --features failpoints --test sale_faults -- --ignored --test-threads=1
 
-chaos: ## A 50,000-request sale while roles, the broker and PostgreSQL are killed; table + CHAOS_RUN line
+chaos: ## A whole sale (intake, backlog, payments, cancellations) under faults by phase: every role, the broker, PostgreSQL and its own AOF Redis; CHAOS_RUN line
 	scripts/chaos.sh
 
 test-unit: ## Unit tests only (no services)
