@@ -1,7 +1,8 @@
 //! The real binaries as operators run them: `seckill api` and `seckill consume` as separate
 //! processes configured through `SECKILL__...` variables, their /readyz and /metrics, and
-//! SIGTERM: the consumer stops mid-load, drains, exits 0, and a restarted consumer finishes
-//! the work with no order lost or doubled.
+//! SIGTERM: the consumer stops mid-load with transactions in flight (it is throttled, so a
+//! backlog exists), drains them, exits 0, and a restarted consumer finishes the work with no
+//! order lost or doubled.
 
 // The RocketMQ client's futures are deeply nested.
 #![recursion_limit = "256"]
@@ -22,7 +23,21 @@ async fn roles_serve_metrics_and_a_consumer_stopped_mid_load_loses_and_doubles_n
         "",
         &[("SECKILL__API__LISTEN", format!("127.0.0.1:{api_port}"))],
     );
-    let (mut consumer, c1_port) = common::spawn_consume(&env, "2", "");
+    // Throttled (batches of 4, each transaction held 200 ms): it cannot keep up with the
+    // buyers, so it is stopped with work in flight, not idle.
+    let c1_port = free_port();
+    let mut consumer = spawn(
+        &env,
+        &["consume", "--workers", "2"],
+        "consume-inside-transaction=sleep(200)",
+        &[
+            (
+                "SECKILL__CONSUMER__METRICS_LISTEN",
+                format!("127.0.0.1:{c1_port}"),
+            ),
+            ("SECKILL__CONSUMER__BATCH_SIZE", "4".to_string()),
+        ],
+    );
     wait_ready(format!("http://127.0.0.1:{api_port}/readyz")).await;
     wait_ready(format!("http://127.0.0.1:{c1_port}/readyz")).await;
 
@@ -41,9 +56,28 @@ async fn roles_serve_metrics_and_a_consumer_stopped_mid_load_loses_and_doubles_n
             accepted += 1;
         }
         if user == 100 {
-            // Stop the consumer while it is working through the first half.
+            // Stop the consumer while it is working through the first half: a backlog exists,
+            // and what it had in flight is committed during its drain.
+            eventually(30, "the consumer is creating orders", || async {
+                env.count("SELECT count(*) FROM orders").await > 0
+            })
+            .await;
+            let at_stop = env.count("SELECT count(*) FROM orders").await;
+            assert!(
+                at_stop < accepted,
+                "stopped with a backlog: {at_stop} orders for {accepted} accepted"
+            );
             let status = consumer.terminate(40).await;
             assert!(status.success(), "consumer exit on SIGTERM: {status:?}");
+            let after = env.count("SELECT count(*) FROM orders").await;
+            // Two workers always busy with a backlog: the drain committed what was in flight.
+            assert!(
+                after > at_stop,
+                "nothing in flight was drained: {at_stop} -> {after}"
+            );
+            eprintln!(
+                "stopped at {at_stop} orders of {accepted} accepted; {after} after its drain"
+            );
         }
     }
     assert_eq!(accepted, 150);
