@@ -479,6 +479,7 @@ impl AfterLoad<'_> {
             self.plan,
             self.accepted,
             &self.tally.unknown,
+            &report.invariants.figures,
         )
         .await?;
         report.lost = history.lost;
@@ -743,6 +744,7 @@ async fn check_history(
     plan: &[Planned],
     accepted: &[String],
     unknown: &[usize],
+    figures: &invariants::SkuFigures,
 ) -> anyhow::Result<History> {
     let mut h = History::default();
     let redis = RedisStore::connect(&settings.redis).await?;
@@ -846,7 +848,8 @@ async fn check_history(
         ));
     }
     // The books of the sale, after the drain and the settle.
-    let f = &report_figures(pg, &redis, settings, args).await?;
+    // The figures `judge` read just before, after the drain and the settle.
+    let f = figures;
     h.leaked = f.pg_total - f.valid_orders - f.redis_remaining;
     if h.leaked != 0 {
         h.violations.push(format!(
@@ -873,17 +876,6 @@ async fn check_history(
         ));
     }
     Ok(h)
-}
-
-/// The run's figures over all its SKUs (the invariants' own reading).
-async fn report_figures(
-    pg: &tokio_postgres::Client,
-    redis: &RedisStore,
-    settings: &Settings,
-    args: &BenchArgs,
-) -> anyhow::Result<invariants::SkuFigures> {
-    let group = settings.names().order_create_group;
-    Ok(check_skus(pg, redis, &group, args).await?.figures)
 }
 
 /// The invariants of every SKU of the run, as one report.

@@ -141,6 +141,28 @@ impl Scanner {
         Ok(stats)
     }
 
+    /// Keeps the reservation `MQ_PENDING` and schedules its next re-send after the backoff of
+    /// this attempt.
+    async fn resend_later(
+        &self,
+        activity_id: i64,
+        rid: &str,
+        message_id: &str,
+        attempt: i32,
+        now_ms: i64,
+        error: &str,
+    ) -> anyhow::Result<()> {
+        let wait = backoff_ms(
+            attempt,
+            self.settings.api.resend_backoff_ms,
+            self.settings.scan.resend_backoff_cap_ms,
+        );
+        self.redis
+            .schedule_resend(activity_id, rid, message_id, now_ms + wait as i64, error)
+            .await
+            .map(|_| ())
+    }
+
     async fn resend(
         &self,
         activity_id: i64,
@@ -171,21 +193,8 @@ impl Scanner {
             SendOutcome::Unknown { error } => {
                 metrics::counter!("mq_publish_unknown_total", "topic" => "order_create")
                     .increment(1);
-                let wait = backoff_ms(
-                    attempt,
-                    self.settings.api.resend_backoff_ms,
-                    self.settings.scan.resend_backoff_cap_ms,
-                );
-                self.redis
-                    .schedule_resend(
-                        activity_id,
-                        &rid,
-                        &event.message_id,
-                        now_ms + wait as i64,
-                        error,
-                    )
+                self.resend_later(activity_id, &rid, &event.message_id, attempt, now_ms, error)
                     .await
-                    .map(|_| ())
             }
             // The buyer of a reservation the scanner re-sends was answered 202: a refusal does
             // not release it while it is valid. Right after a broker restart, a refusal such as
@@ -196,25 +205,11 @@ impl Scanner {
                 if now_ms < event.reservation_valid_until.timestamp_millis() =>
             {
                 metrics::counter!("reservation_resend_refused_total").increment(1);
-                let wait = backoff_ms(
-                    attempt,
-                    self.settings.api.resend_backoff_ms,
-                    self.settings.scan.resend_backoff_cap_ms,
-                );
                 warn!(reservation_id = %rid, message_id = %event.message_id, order_id = %event.order_id,
                       send_attempt = attempt, send_outcome = "DEFINITE_FAILURE", error = %error,
-                      retry_in_ms = wait,
                       "re-send refused by the broker; the buyer holds a 202, so it is retried until the reservation expires");
-                self.redis
-                    .schedule_resend(
-                        activity_id,
-                        &rid,
-                        &event.message_id,
-                        now_ms + wait as i64,
-                        error,
-                    )
+                self.resend_later(activity_id, &rid, &event.message_id, attempt, now_ms, error)
                     .await
-                    .map(|_| ())
             }
             SendOutcome::DefiniteFailure { error } => {
                 error!(reservation_id = %rid, message_id = %event.message_id, order_id = %event.order_id,
