@@ -335,6 +335,17 @@ async fn a_batch_larger_than_the_stock_left_gets_what_is_left_and_rejects_the_re
             .await,
         2
     );
+    // One commit stamp for the transaction, naming its 3 orders, taken after every order
+    // row was written (at the end of the transaction, after the stock decrement).
+    assert_eq!(
+        env.count(
+            "SELECT count(*) FROM orders o JOIN order_commits c USING (xact_id)
+             WHERE c.orders = 3 AND c.committed_at >= o.created_at"
+        )
+        .await,
+        3
+    );
+    assert_eq!(env.count("SELECT count(*) FROM order_commits").await, 1);
     env.cleanup().await;
 }
 

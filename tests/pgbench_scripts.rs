@@ -230,11 +230,10 @@ async fn the_pgbench_order_scripts_run_the_consumers_statements_in_its_order() {
     env.activity(1, 1, 1_000).await;
     let single = consumer_shapes(&env, 1).await;
     // The consumer's happy path, as docs/ARCHITECTURE.md#order-creation describes it: the hot
-    // row's lock is the last thing the transaction takes.
-    assert_eq!(single.last().map(String::as_str), Some("COMMIT"));
+    // row's lock is the last thing the transaction takes, followed only by the commit stamp.
     assert_eq!(
-        single.get(single.len() - 2).map(String::as_str),
-        Some("UPDATE activity_skus"),
+        single[single.len().saturating_sub(3)..],
+        ["UPDATE activity_skus", "INSERT order_commits", "COMMIT"],
         "{single:#?}"
     );
     assert_eq!(script_shapes("order_single.sql"), single);
@@ -251,6 +250,27 @@ async fn the_pgbench_order_scripts_run_the_consumers_statements_in_its_order() {
         "limits.sh no longer reads consumer.batch_size"
     );
     env.cleanup().await;
+}
+
+/// The limits schema is built from the project's migrations, every one of them: a migration
+/// left out would make the pgbench scripts run against a different schema than the consumer.
+#[test]
+fn the_limits_schema_includes_every_migration() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let schema = std::fs::read_to_string(root.join("scripts/limits/schema.sql")).unwrap();
+    let mut migrations: Vec<String> = std::fs::read_dir(root.join("sql"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('V') && n.ends_with(".sql"))
+        .collect();
+    migrations.sort();
+    assert!(!migrations.is_empty());
+    for m in &migrations {
+        assert!(
+            schema.contains(&format!("\\ir ../../sql/{m}")),
+            "scripts/limits/schema.sql does not include sql/{m}"
+        );
+    }
 }
 
 #[test]

@@ -88,5 +88,13 @@ async fn stock_taken_between_the_read_and_the_decrement_falls_back_to_the_locked
             .await,
         2
     );
+    // The optimistic attempt's commit stamp went with the savepoint; the locked path wrote
+    // the one stamp of the transaction, naming the 2 orders it kept.
+    assert_eq!(
+        env.count("SELECT count(*) FROM order_commits WHERE orders = 2")
+            .await,
+        1
+    );
+    assert_eq!(env.count("SELECT count(*) FROM order_commits").await, 1);
     env.cleanup().await;
 }

@@ -3,7 +3,7 @@
 //! It reserves `--messages` units in Redis exactly as the API does (same script, same ids),
 //! publishes their ORDER_CREATE_REQUESTED messages in broker batches and marks them sent, then
 //! waits until PostgreSQL has recorded every one. The figure is orders per second from the
-//! first to the last order's `created_at`: what a running `seckill consume` sustains,
+//! first to the last order's commit (`order_commits.committed_at`): what a running `seckill consume` sustains,
 //! comparable with `pgbench` running the same transaction (`scripts/limits.sh`). Then it
 //! checks the invariants of the SKU.
 //!

@@ -2,7 +2,7 @@
 -- batch of :batch messages (-D batch=32, the consumer's consumer.batch_size), set-based like
 -- src/pg/order_tx/mod.rs: one multi-row statement per step, SAVEPOINT + unlocked stock read
 -- pipelined, the ledger/outbox/inbox/NOTIFY step pipelined, then one conditional decrement of
--- the hot row for the whole batch (its lock taken last), COMMIT. tests/pgbench_scripts.rs
+-- the hot row for the whole batch (its lock taken last) and the commit stamp, pipelined, COMMIT. tests/pgbench_scripts.rs
 -- compares the statements with what the consumer sends.
 -- The inbox update looks its rows up with = ANY (ARRAY(...)), an index scan whatever the
 -- table statistics say (a join with generate_series may get a hash join over the whole inbox
@@ -85,8 +85,11 @@ UPDATE seckill_limits.consumer_inbox i
                                  FROM generate_series(1, :batch::int) AS g));
 NOTIFY seckill_limits_outbox;
 \endpipeline
+\startpipeline
 UPDATE seckill_limits.activity_skus
    SET remaining_stock = remaining_stock - :batch::int, updated_at = now()
  WHERE activity_id = 1 AND sku_id = 1 AND remaining_stock >= :batch::int
 RETURNING remaining_stock;
+INSERT INTO seckill_limits.order_commits (xact_id, orders) VALUES (pg_current_xact_id(), :batch::int);
+\endpipeline
 COMMIT;

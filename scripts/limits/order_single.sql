@@ -5,8 +5,8 @@
 --   BEGIN; inbox insert; reservation insert; order insert (joined with the SKU row, FK check
 --   = FOR KEY SHARE on the hot row); SAVEPOINT + unlocked stock read, pipelined; ledger,
 --   outbox (ORDER_CREATED + delayed CANCEL_IF_UNPAID), inbox status and NOTIFY, pipelined;
---   the conditional hot-row decrement (its row lock is taken last, held for the commit only);
---   COMMIT.
+--   the conditional hot-row decrement (its row lock is taken last, held for the commit only)
+--   and the commit stamp (order_commits), pipelined; COMMIT.
 -- Ids: k = per-client counter * 1000 + client_id: unique and rising, like the ULID-based
 -- ids (evt_/rsv_/ord_ + 26 characters). Buyers: a permutation of k (unique, scattered).
 -- Requires -D n=0 (the counter) and -M prepared or -M extended (pipeline).
@@ -77,7 +77,10 @@ UPDATE seckill_limits.consumer_inbox
  WHERE consumer_group = 'seckill-limits-consumer' AND message_id = 'evt_' || lpad(:k::text, 26, '0');
 NOTIFY seckill_limits_outbox;
 \endpipeline
+\startpipeline
 UPDATE seckill_limits.activity_skus SET remaining_stock = remaining_stock - 1, updated_at = now()
  WHERE activity_id = 1 AND sku_id = 1 AND remaining_stock >= 1
 RETURNING remaining_stock;
+INSERT INTO seckill_limits.order_commits (xact_id, orders) VALUES (pg_current_xact_id(), 1);
+\endpipeline
 COMMIT;

@@ -4,17 +4,21 @@
 -- The order-path tables are the project's own, created by its migrations (sql/V*.sql) in this
 -- schema: columns, checks, unique and partial indexes, and the orders -> activity_skus foreign
 -- key whose FOR KEY SHARE checks meet the stock update's FOR NO KEY UPDATE on the hot row, so
--- that order_single.sql and order_batch.sql cost what src/pg/order_tx.rs costs.
+-- that order_single.sql and order_batch.sql cost what src/pg/order_tx/mod.rs costs.
 \set ON_ERROR_STOP on
 SET client_min_messages = warning;
 DROP SCHEMA IF EXISTS seckill_limits CASCADE;
 CREATE SCHEMA seckill_limits;
 SET search_path = seckill_limits;
 
--- The project's own schema, from its migrations (never a copy that could drift).
+-- The project's own schema, from its migrations (never a copy that could drift; every
+-- sql/V*.sql is listed here, tests/pgbench_scripts.rs checks).
 \ir ../../sql/V1__pipeline.sql
 \ir ../../sql/V2__dlq.sql
 \ir ../../sql/V3__retention.sql
+\ir ../../sql/V4__trust.sql
+\ir ../../sql/V5__order_clock.sql
+\ir ../../sql/V6__commit_stamp.sql
 
 -- The hot row: remaining_stock is INTEGER as in the project, so "huge" is the INTEGER
 -- maximum (2,147,483,647): far more than any run can sell.

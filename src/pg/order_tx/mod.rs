@@ -12,7 +12,7 @@
 //!
 //! `process_batch` is the list of steps: quarantine poison → claim the inbox → record the
 //! reservations → insert the orders → take the stock (optimistically, else locked) → write
-//! the outcomes → commit.
+//! the outcomes → stamp the commit → commit.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -423,10 +423,17 @@ async fn take_stock_optimistically(
         .map(|((activity_id, sku_id), want)| [activity_id as &(dyn ToSql + Sync), sku_id, want])
         .collect();
     let takes = params.iter().map(|p| tx.query_opt(&take, p));
+    // The commit stamp follows the decrements in the same round trip; if one misses, the
+    // rollback to the savepoint takes the stamp with it and the locked path writes its own.
+    let (takes, stamped) = futures::join!(
+        futures::future::join_all(takes),
+        stamp_commit(tx, all.len())
+    );
     let mut granted_all = true;
-    for taken in futures::future::join_all(takes).await {
+    for taken in takes {
         granted_all &= taken?.is_some();
     }
+    stamped?;
     if granted_all {
         return Ok(Some(all));
     }
@@ -489,7 +496,25 @@ async fn take_stock_locked(
     )
     .await?;
     write_outcomes(tx, b, owned, &created, rejected).await?;
+    if !created.is_empty() {
+        stamp_commit(tx, created.len()).await?;
+    }
     Ok(created)
+}
+
+/// Step 7, the commit stamp: the transaction's last statement, after the hot row's decrement,
+/// writes one `order_commits` row whose `committed_at` is `clock_timestamp()` at the end of the
+/// transaction; each order it created carries the same `xact_id` (a column default), so
+/// reservation-to-commit latency is a join (sql/V6__commit_stamp.sql). Only when orders were
+/// created.
+async fn stamp_commit(tx: &Tx<'_>, orders: usize) -> Result<(), tokio_postgres::Error> {
+    let stmt = tx
+        .prepare_cached(
+            "INSERT INTO order_commits (xact_id, orders) VALUES (pg_current_xact_id(), $1)",
+        )
+        .await?;
+    tx.execute(&stmt, &[&(orders as i32)]).await?;
+    Ok(())
 }
 
 /// Step 6: ledger, outbox, rejections with their compensation, inbox status of every owned
