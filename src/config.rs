@@ -55,7 +55,9 @@ pub struct PgSettings {
     pub safe_concurrency: u32,
     /// Share of that concurrency the order consumers may use; the rest is for payment, queries, ops.
     pub order_share: f64,
-    /// Consumer instances sharing the budget.
+    /// Share of it the timeout cancel may use (`order_share + cancel_share <= 1`).
+    pub cancel_share: f64,
+    /// Consumer instances sharing the budget (and timeout-cancel instances sharing theirs).
     pub instances: u32,
     /// Bound on any one statement, so a stuck lock turns into a retry, not a hung worker.
     pub statement_timeout_ms: u64,
@@ -437,6 +439,15 @@ impl Settings {
         if !(self.pg.order_share > 0.0 && self.pg.order_share <= 1.0) {
             return Err(invalid("pg.order_share", "must be in (0, 1]"));
         }
+        if !(self.pg.cancel_share > 0.0 && self.pg.cancel_share < 1.0) {
+            return Err(invalid("pg.cancel_share", "must be in (0, 1)"));
+        }
+        if self.pg.order_share + self.pg.cancel_share > 1.0 {
+            return Err(invalid(
+                "pg.cancel_share",
+                "pg.order_share + pg.cancel_share must not exceed 1",
+            ));
+        }
         if self.pg.instances == 0 {
             return Err(invalid("pg.instances", "must be at least 1"));
         }
@@ -719,6 +730,16 @@ impl Settings {
     }
 
     /// The worker budget (docs/ARCHITECTURE.md#worker-budget):
+    /// Timeout-cancel transactions one `timeout-cancel` process runs at once:
+    /// `safe_concurrency × cancel_share / instances`, at least 1.
+    pub fn cancel_budget(&self) -> usize {
+        worker_budget(
+            self.pg.safe_concurrency,
+            self.pg.cancel_share,
+            self.pg.instances,
+        )
+    }
+
     /// `safe_concurrency × order_share / instances`, at least 1.
     pub fn worker_budget(&self) -> usize {
         worker_budget(

@@ -209,7 +209,7 @@ fn describe() {
     describe_histogram!(
         "order_tx_latency_seconds",
         Unit::Seconds,
-        "Order transaction latency (begin to commit)"
+        "Order transaction latency (begin to commit), by kind: create (order consumer), cancel (timeout cancel)"
     );
     describe_histogram!(
         "pg_pool_wait_seconds",

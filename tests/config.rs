@@ -20,6 +20,8 @@ fn run_with(var: &str, value: &str) -> (Option<i32>, String) {
 fn a_bad_value_fails_start_up_naming_the_key() {
     let cases = [
         ("SECKILL__PG__ORDER_SHARE", "1.5", "pg.order_share"),
+        // 0.7 (default order share) + 0.5 is more than the database's concurrency.
+        ("SECKILL__PG__CANCEL_SHARE", "0.5", "pg.cancel_share"),
         ("SECKILL__PG__SAFE_CONCURRENCY", "0", "pg.safe_concurrency"),
         ("SECKILL__MQ__SEND_TIMEOUT_MS", "0", "mq.send_timeout_ms"),
         (

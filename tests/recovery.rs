@@ -259,6 +259,11 @@ fn cancel_delivery(
     )
 }
 
+/// What one cancel message comes to, through the batched handler.
+async fn cancel_one(h: &TimeoutCancelHandler, d: &seckill::mq::Delivery) -> Option<CancelOutcome> {
+    h.process(std::slice::from_ref(d)).await.remove(0).unwrap()
+}
+
 #[tokio::test]
 async fn an_early_cancel_changes_nothing_and_cancels_after_expiry() {
     let env = TestEnv::new(false).await;
@@ -277,10 +282,10 @@ async fn an_early_cancel_changes_nothing_and_cancels_after_expiry() {
         .await
         .unwrap()
         .get(0);
-    let h = TimeoutCancelHandler::new(env.pool(2).await, &env.settings);
+    let h = TimeoutCancelHandler::new(env.pool(3).await, &env.settings, 2);
     let d = cancel_delivery(&env, &order_id, expires_at);
     assert!(matches!(
-        h.process(&d).await.unwrap(),
+        cancel_one(&h, &d).await,
         Some(CancelOutcome::NotYetExpired { .. })
     ));
     assert_eq!(
@@ -301,10 +306,10 @@ async fn an_early_cancel_changes_nothing_and_cancels_after_expiry() {
 
     tokio::time::sleep(Duration::from_millis(1700)).await;
     assert!(matches!(
-        h.process(&d).await.unwrap(),
+        cancel_one(&h, &d).await,
         Some(CancelOutcome::Canceled { version: 2 })
     ));
-    assert_eq!(h.process(&d).await.unwrap(), Some(CancelOutcome::Duplicate));
+    assert_eq!(cancel_one(&h, &d).await, Some(CancelOutcome::Duplicate));
     assert_eq!(
         env.count("SELECT remaining_stock::int8 FROM activity_skus")
             .await,
@@ -360,7 +365,11 @@ async fn pay_and_cancel_raced_100_times_each_never_both_win() {
         .await
         .unwrap()
         .get(0);
-    let cancel = Arc::new(TimeoutCancelHandler::new(env.pool(6).await, &env.settings));
+    let cancel = Arc::new(TimeoutCancelHandler::new(
+        env.pool(6).await,
+        &env.settings,
+        5,
+    ));
     let names = state_names(&env);
     let mut tasks = tokio::task::JoinSet::new();
     for (i, id) in orders.iter().enumerate() {
@@ -374,12 +383,24 @@ async fn pay_and_cancel_raced_100_times_each_never_both_win() {
                 .await
                 .unwrap();
         });
-        let (cancel, d) = (cancel.clone(), cancel_delivery(&env, id, expires_at));
-        let jitter = Duration::from_millis(((i * 53) % 200) as u64 + 300);
+    }
+    // The cancels come as the broker hands them over: in batches (of 10 here), each batch one
+    // transaction racing the payments of its orders.
+    for (b, chunk) in orders.chunks(10).enumerate() {
+        let cancel = cancel.clone();
+        let batch: Vec<_> = chunk
+            .iter()
+            .map(|id| cancel_delivery(&env, id, expires_at))
+            .collect();
+        let jitter = Duration::from_millis(((b * 53) % 200) as u64 + 300);
         tasks.spawn(async move {
             tokio::time::sleep(jitter).await;
-            // An early delivery is redelivered: retry until it is decided.
-            while let Some(CancelOutcome::NotYetExpired { .. }) = cancel.process(&d).await.unwrap()
+            // An early delivery is redelivered: retry until every message is decided.
+            while cancel
+                .process(&batch)
+                .await
+                .into_iter()
+                .any(|o| matches!(o.unwrap(), Some(CancelOutcome::NotYetExpired { .. })))
             {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }

@@ -1,6 +1,7 @@
 //! PostgreSQL: pools, migrations, and the transactions that make the source of truth.
 
 pub mod audit;
+pub mod cancel_tx;
 pub mod dlq;
 pub mod errors;
 pub mod order_state;

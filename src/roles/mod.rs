@@ -2,6 +2,7 @@
 //! `run` is what its subcommand calls (docs/ARCHITECTURE.md#roles).
 
 pub mod api;
+pub mod batch_tx;
 pub mod consume;
 pub mod ops;
 pub mod scan;

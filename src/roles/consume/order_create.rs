@@ -3,10 +3,9 @@
 //! after the commit. Transient failures roll back and are redelivered by the broker with
 //! backoff; after `max_reconsume_times` a message goes to the group's DLQ. At most `budget`
 //! transactions run at once (the worker budget, docs/ARCHITECTURE.md#worker-budget), under
-//! an adaptive limit.
+//! an adaptive limit, split on failure (`roles::batch_tx`).
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use chrono::Utc;
 use tracing::{debug, info, warn};
@@ -14,27 +13,25 @@ use tracing::{debug, info, warn};
 use crate::config::Settings;
 use crate::domain::Decision;
 use crate::domain::OrderCreateRequested;
-use crate::limiter::{AdaptiveLimiter, LimiterSettings, Sample};
+use crate::limiter::AdaptiveLimiter;
 use crate::mq::{BatchHandler, ConsumeDecision, Delivery};
 use crate::pg::errors::TxError;
 use crate::pg::order_tx::{process_batch, Inbound, TxNames};
+use crate::roles::batch_tx::TxSlots;
 
 /// The order-create handler: decode, one transaction per batch, decide ACK or redelivery.
 pub struct OrderCreateHandler {
-    pool: deadpool_postgres::Pool,
-    names: TxNames,
     /// PostgreSQL transactions this process runs at once: adaptive, at most the worker budget.
-    limiter: Arc<AdaptiveLimiter>,
+    slots: TxSlots,
+    names: TxNames,
     pay_window: chrono::Duration,
-    /// Bound on one order transaction, begin to commit (`consumer.tx_timeout_ms`).
-    tx_timeout: Duration,
 }
 
 impl OrderCreateHandler {
     pub fn new(pool: deadpool_postgres::Pool, settings: &Settings, budget: usize) -> Self {
         let n = settings.names();
         Self {
-            pool,
+            slots: TxSlots::new(pool, settings, budget, "create"),
             names: TxNames {
                 consumer_group: n.order_create_group,
                 source_topic: n.order_create_topic,
@@ -42,20 +39,13 @@ impl OrderCreateHandler {
                 order_timeout_topic: n.order_timeout_topic,
                 compensate_topic: n.compensate_topic,
             },
-            limiter: AdaptiveLimiter::new(LimiterSettings {
-                initial: budget.max(1),
-                max: budget.max(1),
-                latency_target: Duration::from_millis(settings.consumer.tx_latency_target_ms),
-                pool_wait_target: Duration::from_millis(settings.consumer.pool_wait_target_ms),
-            }),
             pay_window: chrono::Duration::seconds(settings.consumer.pay_window_secs as i64),
-            tx_timeout: Duration::from_millis(settings.consumer.tx_timeout_ms),
         }
     }
 
     /// The limit on this handler's transactions in flight.
     pub fn limiter(&self) -> &AdaptiveLimiter {
-        &self.limiter
+        self.slots.limiter()
     }
 
     /// Turns broker deliveries into transaction inputs (poison is kept, not dropped).
@@ -87,107 +77,19 @@ impl OrderCreateHandler {
                 return Err(TxError::Unknown(format!("injected failure for {id}")));
             }
         }
-        let permit = self.limiter.acquire().await;
-        let wait = Instant::now();
-        let mut client = match self.pool.get().await {
-            Ok(c) => c,
-            Err(e) => {
-                permit.done(Sample {
-                    latency: Duration::ZERO,
-                    pool_wait: wait.elapsed(),
-                    overloaded: true,
-                });
-                return Err(e.into());
-            }
-        };
-        let pool_wait = wait.elapsed();
-        metrics::histogram!("pg_pool_wait_seconds").record(pool_wait.as_secs_f64());
-        let status = self.pool.status();
-        metrics::gauge!("pg_pool_acquired").set((status.size - status.available) as f64);
-        let tx_started = Instant::now();
-        let bounded = tokio::time::timeout(
-            self.tx_timeout,
-            process_batch(
-                &mut client,
-                &self.names,
-                &items,
-                Utc::now(),
-                self.pay_window,
-            ),
-        )
-        .await;
-        let result = match bounded {
-            Ok(r) => r,
-            Err(_) => {
-                // A server that went silent mid-transaction: the connection leaves the pool
-                // (it may hold an open transaction), PostgreSQL rolls back when it sees it
-                // gone, and the batch is retried like any transient failure. Whether a commit
-                // in flight landed is told by the inbox on the retry.
-                drop(deadpool_postgres::Object::take(client));
-                metrics::counter!("order_tx_timeout_total").increment(1);
-                Err(TxError::Transient(format!(
-                    "order transaction exceeded consumer.tx_timeout_ms ({} ms)",
-                    self.tx_timeout.as_millis()
-                )))
-            }
-        };
-        let latency = tx_started.elapsed();
-        metrics::histogram!("order_tx_latency_seconds").record(latency.as_secs_f64());
-        permit.done(Sample {
-            latency,
-            pool_wait,
-            overloaded: matches!(result, Err(TxError::Transient(_))),
-        });
-        result
-    }
-}
-
-/// In-process attempts of a transaction that failed transiently (deadlock, serialization,
-/// lost connection) before the batch goes back to the broker, whose first redelivery comes
-/// only after 10 s. Pauses between attempts, in milliseconds.
-const TRANSIENT_RETRY_PAUSES_MS: [u64; 2] = [20, 100];
-
-impl OrderCreateHandler {
-    /// One transaction for `batch`, retried in-process while it fails transiently.
-    async fn process_retrying(&self, batch: &[Delivery]) -> Result<Vec<Decision>, TxError> {
-        let mut pauses = TRANSIENT_RETRY_PAUSES_MS.iter();
-        loop {
-            match self.process(batch).await {
-                Err(TxError::Transient(why)) => match pauses.next() {
-                    Some(ms) => {
-                        debug!(batch = batch.len(), error = %why, pause_ms = ms,
-                               "transient failure; retrying the transaction in-process");
-                        tokio::time::sleep(Duration::from_millis(*ms)).await;
-                    }
-                    None => return Err(TxError::Transient(why)),
-                },
-                other => return other,
-            }
-        }
+        self.slots
+            .run(async |client| {
+                process_batch(client, &self.names, &items, Utc::now(), self.pay_window).await
+            })
+            .await
     }
 
-    /// Outcome per message of a batch: one transaction; if it fails, each message in a
-    /// transaction of its own, so one bad message cannot keep the others from committing.
-    /// A failed message makes the broker redeliver the whole batch; the committed ones then
-    /// hit the inbox.
+    /// Outcome per message of a batch: one transaction, split into one per message if it
+    /// fails (`TxSlots::split_on_failure`).
     async fn decide(&self, batch: &[Delivery]) -> Vec<Result<Decision, TxError>> {
-        let first = match self.process_retrying(batch).await {
-            Ok(decisions) => return decisions.into_iter().map(Ok).collect(),
-            Err(e) if batch.len() == 1 => return vec![Err(e)],
-            Err(e) => e,
-        };
-        metrics::counter!("mq_consume_batch_split_total").increment(1);
-        warn!(batch = batch.len(), error_class = first.class(), error = %first,
-              "batch transaction failed; splitting it into one transaction per message");
-        let mut out = Vec::with_capacity(batch.len());
-        for d in batch {
-            out.push(
-                self.process_retrying(std::slice::from_ref(d))
-                    .await
-                    .map(|mut one| one.remove(0)),
-            );
-        }
-        out
+        self.slots
+            .split_on_failure(batch.len(), |range| self.process(&batch[range]))
+            .await
     }
 
     fn log_decision(&self, d: &Delivery, decision: &Decision) {
@@ -284,7 +186,7 @@ impl BatchHandler for OrderCreateHandler {
         }
         // Remember why, outside the rolled-back transaction: a message that ends in the DLQ
         // is recorded with the error that killed it.
-        if let Ok(client) = self.pool.get().await {
+        if let Ok(client) = self.slots.pool().get().await {
             let failures: Vec<crate::pg::dlq::Failure> = failed
                 .iter()
                 .filter_map(|(d, e)| {

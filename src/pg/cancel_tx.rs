@@ -1,0 +1,417 @@
+//! The timeout-cancel transaction (docs/ARCHITECTURE.md#timeout-cancel-and-payment): a batch
+//! of CANCEL_ORDER_IF_UNPAID messages becomes one PostgreSQL transaction, set-based like order
+//! creation, so the way back costs a few round trips per batch, not per order.
+//!
+//! Per message the guarantees of a single cancel hold: the message is claimed in the inbox
+//! (a duplicate is a no-op); only an order still unpaid (`CREATED`/`PAYING`) and expired by the
+//! database's clock is cancelled, by one conditional update of its row, so a payment and a
+//! cancel can never both win; a paid or already-cancelled order is a counted no-op; a message
+//! that came before its order expired leaves no trace (its inbox row is removed in the same
+//! transaction) and is redelivered later. Every order that was cancelled gives its unit back to
+//! the final stock (one conditional increment per SKU, in key order, like creation's
+//! decrement), with its ledger credit, its compensation task (the Redis release) and its
+//! ORDER_CANCELED and RELEASE_RESERVATION outbox rows, all in the same commit.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::Client;
+use tokio_postgres::types::ToSql;
+
+use super::errors::TxError;
+use super::order_state::StateNames;
+use super::outbox::OUTBOX_CHANNEL;
+use crate::domain::events::{
+    compensation_task_id, payload, OrderCanceled, OrderRef, ReleaseReservation,
+};
+use crate::domain::CancelOutcome;
+
+/// One cancel message handed to the transaction.
+#[derive(Debug, Clone)]
+pub struct CancelRequest {
+    /// The message's `event_id`: its inbox key.
+    pub message_id: String,
+    pub order_id: String,
+}
+
+/// Who runs the transaction: the inbox's consumer group and the source topic, and the topics
+/// the outbox rows go to.
+#[derive(Debug, Clone)]
+pub struct CancelNames {
+    pub consumer_group: String,
+    pub source_topic: String,
+    pub state: StateNames,
+}
+
+/// An order the conditional update cancelled.
+struct Canceled {
+    version: i32,
+    facts: OrderRef,
+}
+
+/// Cancels what can be cancelled among `items`, in one transaction. Returns one outcome per
+/// item, in order. On `Err` nothing was committed (or the commit's result is unknown: the
+/// redelivery finds the inbox rows if it landed).
+pub async fn cancel_batch(
+    client: &mut Client,
+    names: &CancelNames,
+    items: &[CancelRequest],
+) -> Result<Vec<CancelOutcome>, TxError> {
+    let tx = client.transaction().await?;
+    let owned = claim_inbox(&tx, names, items).await?;
+    let mut outcomes: Vec<CancelOutcome> = vec![CancelOutcome::Duplicate; items.len()];
+    if owned.is_empty() {
+        tx.commit().await?;
+        return Ok(outcomes);
+    }
+    let (canceled, current) = cancel_orders(&tx, items, &owned).await?;
+    // The first owned message of a cancelled order carries the cancel; any other message for
+    // the same order (a reconcile re-send under another id) finds it cancelled.
+    let mut reported: HashSet<&str> = HashSet::new();
+    let mut early: Vec<&str> = Vec::new();
+    for &i in &owned {
+        let order_id = items[i].order_id.as_str();
+        outcomes[i] = match canceled.get(order_id) {
+            Some(c) if reported.insert(order_id) => CancelOutcome::Canceled { version: c.version },
+            Some(_) => CancelOutcome::AlreadyCanceled,
+            None => match current.get(order_id) {
+                None => CancelOutcome::NotFound,
+                Some((status, _)) if status == "PAID" => CancelOutcome::AlreadyPaid,
+                Some((status, _)) if status == "CANCELED" => CancelOutcome::AlreadyCanceled,
+                // Unpaid but not expired by the database's clock: the message came early.
+                Some((_, expires_at)) => {
+                    early.push(items[i].message_id.as_str());
+                    CancelOutcome::NotYetExpired {
+                        expires_at: *expires_at,
+                    }
+                }
+            },
+        };
+    }
+    let mut sorted: Vec<&Canceled> = canceled.values().collect();
+    sorted.sort_by(|a, b| a.facts.order_id.cmp(&b.facts.order_id));
+    give_stock_back(&tx, &sorted).await?;
+    write_outcomes(&tx, names, items, &owned, &outcomes, &early, &sorted).await?;
+    tx.commit().await?;
+    Ok(outcomes)
+}
+
+/// Step 1, the inbox: one row per new message id (in-batch duplicates removed first). Returns
+/// the indexes of the messages this transaction owns.
+async fn claim_inbox(
+    tx: &Tx<'_>,
+    names: &CancelNames,
+    items: &[CancelRequest],
+) -> Result<Vec<usize>, tokio_postgres::Error> {
+    let mut first: HashMap<&str, usize> = HashMap::new();
+    for (i, item) in items.iter().enumerate() {
+        first.entry(item.message_id.as_str()).or_insert(i);
+    }
+    let candidates: Vec<usize> = (0..items.len())
+        .filter(|&i| first.get(items[i].message_id.as_str()) == Some(&i))
+        .collect();
+    let ids: Vec<&str> = candidates
+        .iter()
+        .map(|&i| items[i].message_id.as_str())
+        .collect();
+    let orders: Vec<&str> = candidates
+        .iter()
+        .map(|&i| items[i].order_id.as_str())
+        .collect();
+    let stmt = tx
+        .prepare_cached(
+            "INSERT INTO consumer_inbox (consumer_group, message_id, topic, order_id, status)
+             SELECT $1, t.m, $2, t.o, 'PROCESSING' FROM unnest($3::text[], $4::text[]) AS t(m, o)
+             ON CONFLICT DO NOTHING
+             RETURNING message_id",
+        )
+        .await?;
+    let fresh: HashSet<String> = tx
+        .query(
+            &stmt,
+            &[&names.consumer_group, &names.source_topic, &ids, &orders],
+        )
+        .await?
+        .into_iter()
+        .map(|r| r.get(0))
+        .collect();
+    Ok(candidates
+        .into_iter()
+        .filter(|&i| fresh.contains(&items[i].message_id))
+        .collect())
+}
+
+type Tx<'t> = deadpool_postgres::Transaction<'t>;
+
+/// Step 2, the conditional cancel of every owned order still unpaid and expired, and the
+/// current state of them all, pipelined in one round trip (the read sees the update). Returns
+/// the cancelled orders by id, and every owned order's status and deadline.
+#[allow(clippy::type_complexity)]
+async fn cancel_orders(
+    tx: &Tx<'_>,
+    items: &[CancelRequest],
+    owned: &[usize],
+) -> Result<
+    (
+        HashMap<String, Canceled>,
+        HashMap<String, (String, DateTime<Utc>)>,
+    ),
+    tokio_postgres::Error,
+> {
+    // Sorted: the rows are locked in key order, whatever order the messages came in.
+    let mut order_ids: Vec<&str> = owned.iter().map(|&i| items[i].order_id.as_str()).collect();
+    order_ids.sort_unstable();
+    order_ids.dedup();
+    let cancel = tx
+        .prepare_cached(
+            "UPDATE orders SET status = 'CANCELED', version = version + 1, canceled_at = now(),
+                    cancel_reason = 'PAYMENT_TIMEOUT', updated_at = now()
+             WHERE order_id = ANY($1::text[]) AND status IN ('CREATED', 'PAYING')
+               AND expires_at <= now()
+             RETURNING order_id, version, reservation_id, activity_id, sku_id, user_id",
+        )
+        .await?;
+    let read = tx
+        .prepare_cached(
+            "SELECT order_id, status, expires_at FROM orders WHERE order_id = ANY($1::text[])",
+        )
+        .await?;
+    let params: [&(dyn ToSql + Sync); 1] = [&order_ids];
+    let (updated, current) = futures::join!(tx.query(&cancel, &params), tx.query(&read, &params));
+    let canceled = updated?
+        .into_iter()
+        .map(|r| {
+            let facts = OrderRef {
+                order_id: r.get(0),
+                reservation_id: r.get(2),
+                activity_id: r.get(3),
+                sku_id: r.get(4),
+                user_id: r.get(5),
+            };
+            (
+                facts.order_id.clone(),
+                Canceled {
+                    version: r.get(1),
+                    facts,
+                },
+            )
+        })
+        .collect();
+    let current = current?
+        .into_iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .collect();
+    Ok((canceled, current))
+}
+
+/// Step 3, the units back to the final stock: one conditional increment per SKU, in key order
+/// (two transactions never lock stock rows in opposite orders), pipelined. An increment that
+/// would take a SKU past its total stock fails the transaction: it would mean a unit returned
+/// twice, and nothing of the batch is committed.
+async fn give_stock_back(tx: &Tx<'_>, canceled: &[&Canceled]) -> Result<(), TxError> {
+    let mut per_sku: BTreeMap<(i64, i64), i32> = BTreeMap::new();
+    for c in canceled {
+        *per_sku
+            .entry((c.facts.activity_id, c.facts.sku_id))
+            .or_default() += 1;
+    }
+    if per_sku.is_empty() {
+        return Ok(());
+    }
+    let stmt = tx
+        .prepare_cached(
+            "UPDATE activity_skus SET remaining_stock = remaining_stock + $3, updated_at = now()
+             WHERE activity_id = $1 AND sku_id = $2 AND remaining_stock + $3 <= total_stock
+             RETURNING remaining_stock",
+        )
+        .await?;
+    let params: Vec<[&(dyn ToSql + Sync); 3]> = per_sku
+        .iter()
+        .map(|((a, s), n)| [a as &(dyn ToSql + Sync), s, n])
+        .collect();
+    let returned = futures::future::join_all(params.iter().map(|p| tx.query_opt(&stmt, p))).await;
+    for (((a, s), n), r) in per_sku.iter().zip(returned) {
+        if r?.is_none() {
+            return Err(TxError::Unknown(format!(
+                "returning {n} unit(s) would take activity {a} SKU {s} past its total stock"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Step 4, the consequences, pipelined: ledger credits, compensation tasks and outbox rows of
+/// the cancelled orders, the inbox status of every owned message (an early one's row removed,
+/// so its redelivery is not a duplicate), and a NOTIFY for the outbox relays.
+async fn write_outcomes(
+    tx: &Tx<'_>,
+    names: &CancelNames,
+    items: &[CancelRequest],
+    owned: &[usize],
+    outcomes: &[CancelOutcome],
+    early: &[&str],
+    canceled: &[&Canceled],
+) -> Result<(), tokio_postgres::Error> {
+    let mut ledger = (Vec::new(), Vec::new(), Vec::new());
+    let mut tasks = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut outbox = OutboxRows::default();
+    let now = Utc::now();
+    for c in canceled {
+        let f = &c.facts;
+        ledger.0.push(f.activity_id);
+        ledger.1.push(f.sku_id);
+        ledger.2.push(f.order_id.as_str());
+        tasks.0.push(compensation_task_id(&f.reservation_id));
+        tasks.1.push(f.reservation_id.as_str());
+        tasks.2.push(f.activity_id);
+        tasks.3.push(f.sku_id);
+        tasks.4.push(f.user_id);
+        let mut ev = OrderCanceled::new(f, c.version);
+        ev.reason = Some("PAYMENT_TIMEOUT".to_string());
+        ev.base.occurred_at = Some(now);
+        outbox.push(
+            ev.base.event_id.clone(),
+            &names.state.order_event_topic,
+            "ORDER_CANCELED",
+            &f.order_id,
+            Some((&f.order_id, c.version)),
+            payload(&ev),
+        );
+        let mut release = ReleaseReservation::new(f, "ORDER_CANCELED");
+        release.occurred_at = Some(now);
+        outbox.push(
+            release.event_id.clone(),
+            &names.state.compensate_topic,
+            "RELEASE_RESERVATION",
+            &f.reservation_id,
+            None,
+            payload(&release),
+        );
+    }
+    let (mut settled, mut decisions): (Vec<&str>, Vec<String>) = (Vec::new(), Vec::new());
+    for &i in owned {
+        if !matches!(outcomes[i], CancelOutcome::NotYetExpired { .. }) {
+            settled.push(items[i].message_id.as_str());
+            decisions.push(outcomes[i].label().to_uppercase());
+        }
+    }
+    let none = canceled.is_empty();
+    let ledger_rows = exec_unless(
+        tx,
+        none,
+        "INSERT INTO stock_ledger (activity_id, sku_id, order_id, delta, reason)
+         SELECT t.a, t.s, t.o, 1, 'ORDER_CANCELED'
+         FROM unnest($1::int8[], $2::int8[], $3::text[]) AS t(a, s, o)",
+        [&ledger.0, &ledger.1, &ledger.2],
+    );
+    let task_rows = exec_unless(
+        tx,
+        none,
+        "INSERT INTO compensation_tasks (task_id, reservation_id, activity_id, sku_id, user_id, reason)
+         SELECT t.k, t.r, t.a, t.s, t.u, 'ORDER_CANCELED'
+         FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[]) AS t(k, r, a, s, u)
+         ON CONFLICT DO NOTHING",
+        [&tasks.0, &tasks.1, &tasks.2, &tasks.3, &tasks.4],
+    );
+    let outbox_rows = exec_unless(
+        tx,
+        none,
+        "INSERT INTO event_outbox
+           (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                              $6::int[], $7::jsonb[])
+         ON CONFLICT (event_id) DO NOTHING",
+        [
+            &outbox.event_ids,
+            &outbox.topics,
+            &outbox.tags,
+            &outbox.keys,
+            &outbox.aggregate_ids,
+            &outbox.versions,
+            &outbox.payloads,
+        ],
+    );
+    let inbox_rows = exec_unless(
+        tx,
+        settled.is_empty(),
+        "UPDATE consumer_inbox i SET status = 'SUCCEEDED', decision = t.d, updated_at = now()
+         FROM unnest($2::text[], $3::text[]) AS t(m, d)
+         WHERE i.consumer_group = $1 AND i.message_id = t.m",
+        [&names.consumer_group, &settled, &decisions],
+    );
+    let unclaim = exec_unless(
+        tx,
+        early.is_empty(),
+        "DELETE FROM consumer_inbox WHERE consumer_group = $1 AND message_id = ANY($2::text[])",
+        [&names.consumer_group, &early],
+    );
+    let notify = async {
+        if none {
+            return Ok(());
+        }
+        tx.batch_execute(&format!("NOTIFY {OUTBOX_CHANNEL}")).await
+    };
+    let (r1, r2, r3, r4, r5, r6) = futures::join!(
+        ledger_rows,
+        task_rows,
+        outbox_rows,
+        inbox_rows,
+        unclaim,
+        notify
+    );
+    r1?;
+    r2?;
+    r3?;
+    r4?;
+    r5?;
+    r6?;
+    Ok(())
+}
+
+/// The outbox rows of the cancelled orders, as columns for one `unnest` insert.
+#[derive(Default)]
+struct OutboxRows {
+    event_ids: Vec<String>,
+    topics: Vec<String>,
+    tags: Vec<&'static str>,
+    keys: Vec<String>,
+    aggregate_ids: Vec<Option<String>>,
+    versions: Vec<Option<i32>>,
+    payloads: Vec<serde_json::Value>,
+}
+
+impl OutboxRows {
+    fn push(
+        &mut self,
+        event_id: String,
+        topic: &str,
+        tag: &'static str,
+        key: &str,
+        aggregate: Option<(&str, i32)>,
+        payload: serde_json::Value,
+    ) {
+        self.event_ids.push(event_id);
+        self.topics.push(topic.to_string());
+        self.tags.push(tag);
+        self.keys.push(key.to_string());
+        self.aggregate_ids
+            .push(aggregate.map(|(id, _)| id.to_string()));
+        self.versions.push(aggregate.map(|(_, v)| v));
+        self.payloads.push(payload);
+    }
+}
+
+/// Runs one set-based statement (prepared once per connection) unless it has nothing to write.
+async fn exec_unless<const N: usize>(
+    tx: &Tx<'_>,
+    empty: bool,
+    sql: &str,
+    params: [&(dyn ToSql + Sync); N],
+) -> Result<(), tokio_postgres::Error> {
+    if empty {
+        return Ok(());
+    }
+    let stmt = tx.prepare_cached(sql).await?;
+    tx.execute(&stmt, &params).await?;
+    Ok(())
+}
