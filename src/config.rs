@@ -273,23 +273,41 @@ pub struct ScanSettings {
 pub struct TimeoutSettings {
     /// Where `timeout-cancel` serves /metrics, /healthz, /readyz.
     pub metrics_listen: SocketAddr,
+    /// The second trigger: an order still unpaid this long after its deadline (its timer is
+    /// late or lost) is cancelled by the sweep over `orders` (docs/ARCHITECTURE.md#timeout-cancel-and-payment).
+    pub sweep_grace_ms: u64,
+    /// How often the sweep looks.
+    pub sweep_interval_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetentionSettings {
-    /// Days inbox rows are kept. A replay of a message older than this could slip past the
-    /// inbox and apply twice, so `dlq replay` refuses it unless forced.
-    pub inbox_days: u32,
+    /// Days inbox rows are kept (fractions allowed: 0.5 = 12 h). A replay of a message older
+    /// than this could slip past the inbox and apply twice, so `dlq replay` refuses it unless
+    /// forced.
+    pub inbox_days: f64,
     /// Days SENT outbox rows are kept (PENDING and DEAD rows are never purged).
-    pub outbox_days: u32,
-    pub quarantine_days: u32,
+    pub outbox_days: f64,
+    pub quarantine_days: f64,
     /// Days REPLAYED / DISCARDED dead letters are kept (OPEN ones are never purged).
-    pub dlq_days: u32,
+    pub dlq_days: f64,
+    /// Hours an activity's Redis keys (stock, buyers, request ids, indexes) live once the
+    /// scanner has retired the activity (ended, nothing pending): long enough for the
+    /// reconcile window (`seckill reconcile --window-hours`, 24 by default) to still compare
+    /// them with PostgreSQL.
+    pub activity_keys_hours: u32,
     /// Rows deleted per statement: small enough to never hold locks for long.
     pub batch: i64,
     /// How often `scan` runs the purge.
     pub interval_secs: u64,
+}
+
+impl RetentionSettings {
+    /// A retention in days as a duration.
+    pub fn age(days: f64) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(days.max(0.0) * 86_400.0)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -447,6 +465,9 @@ impl Settings {
                 "pg.cancel_share",
                 "pg.order_share + pg.cancel_share must not exceed 1",
             ));
+        }
+        if self.timeout.sweep_interval_ms == 0 {
+            return Err(invalid("timeout.sweep_interval_ms", "must be positive"));
         }
         if self.pg.instances == 0 {
             return Err(invalid("pg.instances", "must be at least 1"));
@@ -707,12 +728,15 @@ impl Settings {
             return Err(invalid("scan.send_concurrency", "must be at least 1"));
         }
         let rt = &self.retention;
-        if rt.inbox_days == 0 || rt.outbox_days == 0 || rt.quarantine_days == 0 || rt.dlq_days == 0
-        {
-            return Err(invalid(
-                "retention.inbox_days",
-                "retention days must be at least 1",
-            ));
+        for (key, days) in [
+            ("retention.inbox_days", rt.inbox_days),
+            ("retention.outbox_days", rt.outbox_days),
+            ("retention.quarantine_days", rt.quarantine_days),
+            ("retention.dlq_days", rt.dlq_days),
+        ] {
+            if !(days.is_finite() && days > 0.0 && days <= 36_500.0) {
+                return Err(invalid(key, "must be a positive number of days"));
+            }
         }
         if rt.batch <= 0 || rt.batch > 100_000 {
             return Err(invalid("retention.batch", "must be in 1..=100000"));

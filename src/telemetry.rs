@@ -127,9 +127,17 @@ pub fn metrics_handle() -> PrometheusHandle {
                 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                 10.0,
             ];
+            // A cancel's lateness is seconds to minutes, not milliseconds.
+            let lateness = &[0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0];
             let builder = PrometheusBuilder::new()
-                .set_buckets_for_metric(Matcher::Suffix("_seconds".to_string()), seconds)
-                .expect("static bucket list is non-empty");
+                .set_buckets_for_metric(
+                    Matcher::Full("order_cancel_delay_seconds".to_string()),
+                    lateness,
+                )
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Suffix("_seconds".to_string()), seconds)
+                })
+                .expect("static bucket lists are non-empty");
             match builder.install_recorder() {
                 Ok(handle) => {
                     describe();
@@ -205,6 +213,15 @@ fn describe() {
     describe_counter!(
         "mq_ack_failure_total",
         "ACKs the MQ client failed to deliver after commit, by kind (offset_commit, send_back); the redelivery hits the inbox"
+    );
+    describe_histogram!(
+        "order_cancel_delay_seconds",
+        Unit::Seconds,
+        "From an order's payment deadline to its timeout cancel (timer or sweep)"
+    );
+    describe_counter!(
+        "order_cancel_sweep_total",
+        "Orders the timeout sweep found unpaid past deadline + grace, by what came of them"
     );
     describe_histogram!(
         "order_tx_latency_seconds",

@@ -252,3 +252,81 @@ async fn a_cancel_that_cannot_commit_is_split_out_and_the_others_commit() {
     assert_eq!(h.handle(batch).await, ConsumeDecision::Retry);
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn the_sweep_cancels_orders_whose_timer_is_late_and_the_timer_then_finds_them_cancelled() {
+    let env = TestEnv::new(false).await;
+    env.activity_skus(42, &[(1, 10)]).await;
+    let o = orders(&env, 42, &[(1, 1), (1, 2), (1, 3), (1, 4)]).await;
+    // o[0], o[1]: 10 s past their deadline, no cancel yet (a late timer); o[2]: 1 s past, within
+    // the grace (its timer is on its way); o[3]: paid in time, then past its deadline.
+    let n = env.settings.names();
+    let names = StateNames {
+        order_event_topic: n.order_event_topic.clone(),
+        compensate_topic: n.compensate_topic.clone(),
+    };
+    let pool = env.pool(1).await;
+    pay(
+        &mut pool.get().await.unwrap(),
+        &Payment {
+            order_id: &o[3],
+            payment_id: "pay-sweep-1",
+            amount_cents: 100,
+        },
+        &names,
+    )
+    .await
+    .unwrap();
+    exec(
+        &env,
+        &format!(
+            "UPDATE orders SET expires_at = now() - interval '10 seconds';
+             UPDATE orders SET expires_at = now() - interval '1 second' WHERE order_id = '{}'",
+            o[2]
+        ),
+    )
+    .await;
+    let h = TimeoutCancelHandler::new(env.pool(3).await, &env.settings, 2);
+    let grace = std::time::Duration::from_secs(3);
+    let sweep = h.sweep_once(grace, 32).await.unwrap();
+    assert_eq!((sweep.found, sweep.canceled, sweep.full), (2, 2, false));
+    assert_eq!(
+        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+            .await,
+        10 - 4 + 2
+    );
+    assert_eq!(
+        env.count(
+            "SELECT count(*) FROM consumer_inbox WHERE message_id LIKE '%.CANCEL_IF_UNPAID.sweep'"
+        )
+        .await,
+        2
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM orders WHERE status = 'CREATED'")
+            .await,
+        1,
+        "the order within its grace is left to its timer"
+    );
+    // The late timer arrives: a counted no-op.
+    let timer = cancel(&env, cancel_if_unpaid_event_id(&o[0]), &o[0]);
+    assert_eq!(
+        h.process(&[timer]).await.remove(0).unwrap(),
+        Some(CancelOutcome::AlreadyCanceled)
+    );
+    // Nothing else is due; a sweep that takes one at a time says when it may have left some.
+    assert_eq!(h.sweep_once(grace, 32).await.unwrap().found, 0);
+    exec(
+        &env,
+        "UPDATE orders SET expires_at = now() - interval '10 seconds' WHERE status = 'CREATED'",
+    )
+    .await;
+    let one = h.sweep_once(grace, 1).await.unwrap();
+    assert_eq!((one.found, one.canceled), (1, 1));
+    assert_eq!(
+        env.count("SELECT count(*) FROM stock_ledger WHERE reason = 'ORDER_CANCELED'")
+            .await,
+        3
+    );
+    env.cleanup().await;
+}

@@ -212,7 +212,10 @@ async fn an_expired_backlog_is_compensated_once_through_the_relay_even_when_rede
         None,
         serde_json::to_vec(&payload).unwrap(),
     );
-    assert_eq!(comp.process(&again).await.unwrap(), "already_released");
+    assert_eq!(
+        comp.process(std::slice::from_ref(&again)).await.unwrap(),
+        ["already_released"]
+    );
     // The relay's second send has been consumed too before the stock is read.
     common::caught_up(&env, &names.compensate_group, &names.compensate_topic).await;
     assert_eq!(
@@ -472,25 +475,82 @@ async fn order_events_are_projected_by_version_so_stale_and_repeated_events_are_
             serde_json::to_vec(&body).unwrap(),
         )
     };
-    // PAID (v2) overtakes CREATED (v1); v2 arrives twice.
-    assert_eq!(h.process(&ev(2, "PAID")).await.unwrap(), "applied");
-    assert_eq!(h.process(&ev(1, "CREATED")).await.unwrap(), "stale");
-    assert_eq!(h.process(&ev(2, "PAID")).await.unwrap(), "stale");
-    let p = env
-        .redis()
-        .await
-        .projection(&ids.reservation_id)
-        .await
-        .unwrap();
+    // One batch, one round trip: PAID (v2) overtakes CREATED (v1); v2 arrives twice; a poison
+    // body among them is quarantined without failing the others.
+    let poison = delivery(&names.order_event_topic, None, b"nope".to_vec());
+    let batch = [ev(2, "PAID"), ev(1, "CREATED"), ev(2, "PAID"), poison];
+    assert_eq!(
+        h.process(&batch).await.unwrap(),
+        ["applied", "stale", "stale", "quarantined"]
+    );
+    let redis = env.redis().await;
+    let p = redis.projection(&ids.reservation_id).await.unwrap();
     assert_eq!((p["status"].as_str(), p["version"].as_str()), ("PAID", "2"));
     // The buyer is kept, so that only they read the projection.
     assert_eq!(p["user_id"], "5");
     assert_eq!(
-        h.process(&delivery(&names.order_event_topic, None, b"nope".to_vec()))
-            .await
-            .unwrap(),
-        "quarantined"
+        env.count("SELECT count(*) FROM quarantined_messages").await,
+        1
     );
+    // A Redis that lost its script cache (a restart) answers the pipeline NOSCRIPT: the script
+    // is loaded again and the batch applied.
+    let mut conn = redis.pool.get().await.unwrap();
+    let _: () = deadpool_redis::redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(h.process(&[ev(3, "CANCELED")]).await.unwrap(), ["applied"]);
+    let p = redis.projection(&ids.reservation_id).await.unwrap();
+    assert_eq!(p["status"], "CANCELED");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_batch_of_releases_gives_each_unit_back_once_in_one_round_trip() {
+    let env = TestEnv::new(false).await;
+    env.activity(21, 1, 5).await;
+    let redis = env.redis().await;
+    let names = env.settings.names();
+    let a = reserve_only(&redis, 21, 1, 60_000).await;
+    let b = reserve_only(&redis, 21, 2, 60_000).await;
+    assert_eq!(redis.sku_stock(21, 1).await.unwrap(), Some((5, 3)));
+    let release = |ids: &Ids| {
+        let body = serde_json::json!({
+            "schema_version": 1, "event_type": "RELEASE_RESERVATION",
+            "event_id": format!("{}.RELEASE", ids.reservation_id),
+            "reservation_id": ids.reservation_id, "order_id": ids.order_id,
+            "activity_id": 21, "sku_id": 1, "user_id": 1, "reason": "NO_STOCK",
+        });
+        delivery(
+            &names.compensate_topic,
+            None,
+            serde_json::to_vec(&body).unwrap(),
+        )
+    };
+    let comp = CompensationHandler {
+        redis: redis.clone(),
+        pool: env.pool(1).await,
+        group: names.compensate_group.clone(),
+    };
+    let batch = [
+        release(&a),
+        release(&b),
+        release(&a),
+        delivery(&names.compensate_topic, None, b"{".to_vec()),
+    ];
+    assert_eq!(
+        comp.process(&batch).await.unwrap(),
+        ["released", "released", "already_released", "quarantined"]
+    );
+    assert_eq!(redis.sku_stock(21, 1).await.unwrap(), Some((5, 5)));
+    // The whole batch again (a redelivery): nothing more comes back.
+    let again = comp.process(&batch).await.unwrap();
+    assert_eq!(
+        again[..3],
+        ["already_released", "already_released", "already_released"]
+    );
+    assert_eq!(redis.sku_stock(21, 1).await.unwrap(), Some((5, 5)));
     env.cleanup().await;
 }
 
@@ -697,11 +757,41 @@ async fn an_activity_that_ended_long_ago_with_nothing_pending_leaves_the_scanner
         0,
         "retired once"
     );
+    // The retired activity's keys now expire (after retention.activity_keys_hours); the
+    // others' do not.
+    let keep = i64::from(env.settings.retention.activity_keys_hours) * 3600;
+    let mut conn = redis.pool.get().await.unwrap();
+    let ttl = |key: String| {
+        let mut c = redis::cmd("TTL");
+        c.arg(key);
+        c
+    };
+    let retired: i64 = ttl(redis.keys.sku(31, 1))
+        .query_async(&mut *conn)
+        .await
+        .unwrap();
+    assert!(retired > keep - 60 && retired <= keep, "TTL {retired}");
+    let meta: i64 = ttl(redis.keys.meta(31))
+        .query_async(&mut *conn)
+        .await
+        .unwrap();
+    assert!(meta > 0, "TTL {meta}");
+    let live: i64 = ttl(redis.keys.sku(33, 1))
+        .query_async(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(live, -1, "a live activity's stock never expires");
     // Warming it again puts it back.
     redis
         .warm(31, 1, now - 3 * hour, now + hour, 60_000, 5)
         .await
         .unwrap();
     assert!(redis.activities().await.unwrap().contains(&31));
+    let revived: i64 = ttl(redis.keys.sku(31, 1))
+        .query_async(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(revived, -1, "a sale warmed again no longer expires");
+    drop(conn);
     env.cleanup().await;
 }

@@ -51,6 +51,11 @@ pub fn cancel_if_unpaid_event_id(order_id: &str) -> String {
 pub fn reconcile_cancel_if_unpaid_event_id(order_id: &str) -> String {
     format!("{order_id}.CANCEL_IF_UNPAID.reconcile")
 }
+/// Inbox id of a cancel made by timeout-cancel's sweep over expired unpaid orders (the second
+/// trigger, when the timer is late): stable per order, so two sweeps claim it once.
+pub fn sweep_cancel_event_id(order_id: &str) -> String {
+    format!("{order_id}.CANCEL_IF_UNPAID.sweep")
+}
 /// Id of a reservation's RELEASE_RESERVATION: one per reservation, whatever released it.
 pub fn release_reservation_event_id(reservation_id: &str) -> String {
     format!("{reservation_id}.RELEASE_RESERVATION")

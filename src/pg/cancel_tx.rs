@@ -47,6 +47,8 @@ pub struct CancelNames {
 struct Canceled {
     version: i32,
     facts: OrderRef,
+    /// Seconds from its deadline to its cancel.
+    late_secs: f64,
 }
 
 /// Cancels what can be cancelled among `items`, in one transaction. Returns one outcome per
@@ -93,6 +95,9 @@ pub async fn cancel_batch(
     give_stock_back(&tx, &sorted).await?;
     write_outcomes(&tx, names, items, &owned, &outcomes, &early, &sorted).await?;
     tx.commit().await?;
+    for c in &sorted {
+        metrics::histogram!("order_cancel_delay_seconds").record(c.late_secs.max(0.0));
+    }
     Ok(outcomes)
 }
 
@@ -168,7 +173,8 @@ async fn cancel_orders(
                     cancel_reason = 'PAYMENT_TIMEOUT', updated_at = now()
              WHERE order_id = ANY($1::text[]) AND status IN ('CREATED', 'PAYING')
                AND expires_at <= now()
-             RETURNING order_id, version, reservation_id, activity_id, sku_id, user_id",
+             RETURNING order_id, version, reservation_id, activity_id, sku_id, user_id,
+                       extract(epoch FROM now() - expires_at)::float8",
         )
         .await?;
     let read = tx
@@ -193,6 +199,7 @@ async fn cancel_orders(
                 Canceled {
                     version: r.get(1),
                     facts,
+                    late_secs: r.get(6),
                 },
             )
         })

@@ -119,16 +119,20 @@ async fn why_not_paid(
     })
 }
 
-/// Marks a reservation's compensation task done (after Redis released it).
-pub async fn compensation_done(
+/// Marks the compensation tasks of these reservations done (after Redis released them), in
+/// one statement.
+pub async fn compensations_done(
     client: &impl tokio_postgres::GenericClient,
-    reservation_id: &str,
+    reservation_ids: &[&str],
 ) -> Result<u64, tokio_postgres::Error> {
+    if reservation_ids.is_empty() {
+        return Ok(0);
+    }
     client
         .execute(
             "UPDATE compensation_tasks SET status = 'DONE', done_at = now()
-             WHERE reservation_id = $1 AND status = 'PENDING'",
-            &[&reservation_id],
+             WHERE reservation_id = ANY($1::text[]) AND status = 'PENDING'",
+            &[&reservation_ids],
         )
         .await
 }

@@ -77,7 +77,7 @@ pub async fn purge(
 
 /// Every rule with its retention from the settings.
 pub fn rules(r: &crate::config::RetentionSettings) -> Vec<(Rule, Duration)> {
-    let days = |d: u32| Duration::from_secs(u64::from(d) * 86_400);
+    let days = crate::config::RetentionSettings::age;
     vec![
         (INBOX, days(r.inbox_days)),
         (FAILURES, days(r.inbox_days)),

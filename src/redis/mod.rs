@@ -30,7 +30,8 @@ impl Keys {
             prefix: prefix.to_string(),
         }
     }
-    fn tag(&self, activity_id: i64) -> String {
+    /// The hash tag every key of an activity carries (`<prefix>:{a<id>}`).
+    pub fn tag(&self, activity_id: i64) -> String {
         format!("{}:{{a{}}}", self.prefix, activity_id)
     }
     pub fn meta(&self, activity_id: i64) -> String {
@@ -175,6 +176,15 @@ pub enum WarmResult {
     Unchanged,
     Updated,
     StockInUse,
+}
+
+/// One reservation to give back (the compensation path).
+#[derive(Debug, Clone, Copy)]
+pub struct Release<'a> {
+    pub activity_id: i64,
+    pub sku_id: i64,
+    pub reservation_id: &'a str,
+    pub reason: &'a str,
 }
 
 #[derive(Clone)]
@@ -422,6 +432,10 @@ impl RedisStore {
             .warm
             .key(self.keys.meta(activity_id))
             .key(self.keys.sku(activity_id, sku_id))
+            .key(self.keys.buyers(activity_id, sku_id))
+            .key(self.keys.requests(activity_id))
+            .key(self.keys.pending(activity_id))
+            .key(self.keys.pending_since(activity_id))
             .arg(starts_at_ms)
             .arg(ends_at_ms)
             .arg(valid_ms)
@@ -562,32 +576,58 @@ impl RedisStore {
         Ok(census)
     }
 
-    /// Compensation: releases the reservation once. Returns `RELEASED`, `ALREADY_RELEASED`
-    /// or `MISSING`.
-    pub async fn release(
+    /// Compensation: releases each reservation once, in one round trip (the release script
+    /// pipelined). Returns `RELEASED`, `ALREADY_RELEASED` or `MISSING` per item, in order.
+    pub async fn release_many(
         &self,
-        activity_id: i64,
-        sku_id: i64,
-        reservation_id: &str,
-        reason: &str,
+        items: &[Release<'_>],
         now_ms: i64,
-    ) -> anyhow::Result<String> {
+    ) -> anyhow::Result<Vec<String>> {
         let k = &self.keys;
+        let script = &self.scripts.release;
+        let calls: Vec<redis::ScriptInvocation<'_>> = items
+            .iter()
+            .map(|r| {
+                let mut call = script.prepare_invoke();
+                call.key(k.reservation(r.activity_id, r.reservation_id))
+                    .key(k.sku(r.activity_id, r.sku_id))
+                    .key(k.buyers(r.activity_id, r.sku_id))
+                    .key(k.requests(r.activity_id))
+                    .key(k.pending(r.activity_id))
+                    .key(k.pending_since(r.activity_id))
+                    .arg(r.reservation_id)
+                    .arg(r.reason)
+                    .arg(now_ms);
+                call
+            })
+            .collect();
+        self.pipelined(script, &calls).await
+    }
+
+    /// Runs the calls of one script pipelined on one connection: one round trip, answers in
+    /// order. A Redis that lost its script cache (a restart) answers NOSCRIPT: the script is
+    /// loaded and the pipeline sent again; each script here is idempotent per key.
+    async fn pipelined<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        calls: &[redis::ScriptInvocation<'_>],
+    ) -> anyhow::Result<Vec<T>> {
+        if calls.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut conn = self.pool.get().await?;
-        Ok(self
-            .scripts
-            .release
-            .key(k.reservation(activity_id, reservation_id))
-            .key(k.sku(activity_id, sku_id))
-            .key(k.buyers(activity_id, sku_id))
-            .key(k.requests(activity_id))
-            .key(k.pending(activity_id))
-            .key(k.pending_since(activity_id))
-            .arg(reservation_id)
-            .arg(reason)
-            .arg(now_ms)
-            .invoke_async(&mut *conn)
-            .await?)
+        let mut pipe = redis::pipe();
+        for call in calls {
+            pipe.invoke_script(call);
+        }
+        match pipe.query_async(&mut *conn).await {
+            Ok(answers) => Ok(answers),
+            Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                script.prepare_invoke().load_async(&mut *conn).await?;
+                Ok(pipe.query_async(&mut *conn).await?)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Leases up to `batch` due reservations of one activity to `owner` for `lease_ms`.
@@ -636,35 +676,67 @@ impl RedisStore {
         })
     }
 
-    /// Takes an activity off the scanner's (and admission's) work list. Warming it again puts
-    /// it back.
-    pub async fn retire_activity(&self, activity_id: i64) -> anyhow::Result<()> {
+    /// Takes an activity off the scanner's (and admission's) work list, and gives every key
+    /// of the activity that has no expiry yet (stock, buyers, request ids, indexes, meta) one
+    /// of `keep_secs`, so a finished sale leaves nothing in Redis for ever. Warming it again
+    /// puts it back on the list (and the stock key back without expiry). Returns the keys given
+    /// an expiry.
+    pub async fn retire_activity(&self, activity_id: i64, keep_secs: u64) -> anyhow::Result<u64> {
         let mut conn = self.pool.get().await?;
         let _: () = conn.srem(self.keys.activities(), activity_id).await?;
-        Ok(())
+        // Every key of the activity shares its hash tag: one node, one pattern.
+        let pattern = format!("{}:*", self.keys.tag(activity_id));
+        let (mut cursor, mut expired) = (0u64, 0u64);
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut *conn)
+                .await?;
+            if !keys.is_empty() {
+                let mut pipe = redis::pipe();
+                for key in &keys {
+                    pipe.cmd("EXPIRE").arg(key).arg(keep_secs).arg("NX");
+                }
+                let set: Vec<i64> = pipe.query_async(&mut *conn).await?;
+                expired += set.iter().filter(|&&n| n == 1).count() as u64;
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        Ok(expired)
     }
 
-    /// Applies an order event to the projection if it is newer. Returns `APPLIED` or `STALE`.
-    pub async fn project(
+    /// Applies order events to the projection, each only if it is newer than what is there,
+    /// in one round trip (in order). Returns `APPLIED` or `STALE` per event.
+    pub async fn project_many(
         &self,
-        event: &crate::domain::events::OrderEventHeader,
+        events: &[&crate::domain::events::OrderEventHeader],
         ttl_secs: u64,
         now_ms: i64,
-    ) -> anyhow::Result<String> {
-        let mut conn = self.pool.get().await?;
-        Ok(self
-            .scripts
-            .project
-            .key(self.keys.projection(&event.reservation_id))
-            .arg(event.aggregate_version)
-            .arg(&event.status)
-            .arg(&event.order_id)
-            .arg(&event.reservation_id)
-            .arg(ttl_secs)
-            .arg(now_ms)
-            .arg(event.user_id)
-            .invoke_async(&mut *conn)
-            .await?)
+    ) -> anyhow::Result<Vec<String>> {
+        let script = &self.scripts.project;
+        let calls: Vec<redis::ScriptInvocation<'_>> = events
+            .iter()
+            .map(|event| {
+                let mut call = script.prepare_invoke();
+                call.key(self.keys.projection(&event.reservation_id))
+                    .arg(event.aggregate_version)
+                    .arg(&event.status)
+                    .arg(&event.order_id)
+                    .arg(&event.reservation_id)
+                    .arg(ttl_secs)
+                    .arg(now_ms)
+                    .arg(event.user_id);
+                call
+            })
+            .collect();
+        self.pipelined(script, &calls).await
     }
 
     /// The projected order status of a reservation (empty when none yet).

@@ -16,7 +16,7 @@ use chrono::Utc;
 use tracing::{debug, info, warn};
 
 use crate::config::Settings;
-use crate::domain::events::CancelOrderIfUnpaid;
+use crate::domain::events::{sweep_cancel_event_id, CancelOrderIfUnpaid};
 use crate::domain::CancelOutcome;
 use crate::mq::{BatchHandler, ConsumeDecision, Delivery};
 use crate::pg::cancel_tx::{cancel_batch, CancelNames, CancelRequest};
@@ -28,6 +28,17 @@ use crate::telemetry::Readiness;
 pub struct TimeoutCancelHandler {
     slots: TxSlots,
     names: CancelNames,
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sweep {
+    /// Unpaid orders past deadline + grace it found.
+    pub found: usize,
+    /// How many of them it cancelled (the rest were paid or cancelled meanwhile).
+    pub canceled: usize,
+    /// It found as many as it may take at once: more may be due.
+    pub full: bool,
 }
 
 /// A delivered message, decoded: a cancel to try, or why not.
@@ -106,6 +117,63 @@ impl TimeoutCancelHandler {
         out
     }
 
+    /// One sweep: the orders still unpaid `grace` after their deadline, oldest first, up to
+    /// `batch_size × budget`, cancelled through the same transaction as the timer's messages
+    /// (in batches of `batch_size`, under the same slots), each claimed in the inbox under its
+    /// sweep id. Returns how many it found and how many it cancelled; the timers of the ones it
+    /// cancelled later find them cancelled.
+    pub async fn sweep_once(&self, grace: Duration, batch_size: usize) -> Result<Sweep, TxError> {
+        let limit = (batch_size.max(1) * self.slots.limiter().limit().max(1)) as i64;
+        let due: Vec<String> = {
+            let client = self.slots.pool().get().await?;
+            client
+                .query(
+                    "SELECT order_id FROM orders
+                     WHERE status IN ('CREATED', 'PAYING')
+                       AND expires_at <= now() - make_interval(secs => $1)
+                     ORDER BY expires_at LIMIT $2",
+                    &[&grace.as_secs_f64(), &limit],
+                )
+                .await
+                .map_err(|e| crate::pg::errors::classify(&e))?
+                .into_iter()
+                .map(|r| r.get(0))
+                .collect()
+        };
+        let requests: Vec<CancelRequest> = due
+            .iter()
+            .map(|order_id| CancelRequest {
+                message_id: sweep_cancel_event_id(order_id),
+                order_id: order_id.clone(),
+            })
+            .collect();
+        let chunks = requests.chunks(batch_size.max(1)).map(|chunk| {
+            self.slots.split_on_failure(chunk.len(), move |range| {
+                let part = &chunk[range];
+                self.slots
+                    .run(async move |client| cancel_batch(client, &self.names, part).await)
+            })
+        });
+        let mut canceled = 0;
+        for outcomes in futures::future::join_all(chunks).await {
+            for outcome in outcomes {
+                let label = match &outcome {
+                    Ok(o) => o.label(),
+                    Err(e) => e.class(),
+                };
+                metrics::counter!("order_cancel_sweep_total", "result" => label).increment(1);
+                if matches!(outcome, Ok(CancelOutcome::Canceled { .. })) {
+                    canceled += 1;
+                }
+            }
+        }
+        Ok(Sweep {
+            found: due.len(),
+            canceled,
+            full: due.len() as i64 >= limit,
+        })
+    }
+
     async fn quarantine(&self, d: &Delivery, why: &str) -> Result<Option<CancelOutcome>, TxError> {
         let client = self.slots.pool().get().await?;
         crate::pg::quarantine(
@@ -173,12 +241,16 @@ impl BatchHandler for TimeoutCancelHandler {
     }
 }
 
+/// Sweeps at most this many times in a row per interval, however much is due.
+const SWEEPS_PER_INTERVAL: usize = 50;
+
 /// `seckill timeout-cancel`.
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let names = settings.names();
     let budget = settings.cancel_budget();
     let pool = crate::pg::connect_pool(&settings.pg, budget + 1).await?;
     let handler = Arc::new(TimeoutCancelHandler::new(pool, &settings, budget));
+    let sweeper = handler.clone();
     let ready = Readiness::default();
     let shutdown = tokio_util::sync::CancellationToken::new();
     let ops = crate::telemetry::serve_ops(
@@ -200,8 +272,43 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     .await?;
     ready.set(true);
     info!(group = %names.timeout_group, topic = %names.order_timeout_topic, budget,
-          batch_size = settings.consumer.batch_size, "timeout-cancel started");
-    crate::shutdown::shutdown_signal().await;
+          batch_size = settings.consumer.batch_size,
+          sweep_grace_ms = settings.timeout.sweep_grace_ms, "timeout-cancel started");
+    // The sweep, until SIGTERM; a sweep in progress finishes its transactions first.
+    let signal = crate::shutdown::shutdown_signal();
+    tokio::pin!(signal);
+    let grace = Duration::from_millis(settings.timeout.sweep_grace_ms);
+    let every = Duration::from_millis(settings.timeout.sweep_interval_ms);
+    loop {
+        tokio::select! {
+            _ = &mut signal => break,
+            _ = tokio::time::sleep(every) => {}
+        }
+        // A full sweep means more may be due: look again at once (bounded per interval).
+        for _ in 0..SWEEPS_PER_INTERVAL {
+            match sweeper
+                .sweep_once(grace, settings.consumer.batch_size)
+                .await
+            {
+                Ok(sweep) => {
+                    if sweep.canceled > 0 {
+                        info!(
+                            found = sweep.found,
+                            canceled = sweep.canceled,
+                            "sweep cancelled orders whose timer was late"
+                        );
+                    }
+                    if !sweep.full {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, "sweep failed; next interval");
+                    break;
+                }
+            }
+        }
+    }
     ready.set(false);
     let grace = Duration::from_secs(settings.consumer.shutdown_grace_secs);
     let _ = tokio::time::timeout(grace, consumer.shutdown()).await;

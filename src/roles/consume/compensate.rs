@@ -2,14 +2,17 @@
 //! reservation's unit back to Redis exactly once — the Lua script only releases a RESERVED
 //! reservation — and then mark the compensation task DONE in PostgreSQL. A redelivery after a
 //! crash between the two finds the reservation RELEASED and only completes the task.
+//!
+//! A delivered batch costs two round trips whatever its size: the releases pipelined to Redis,
+//! then one UPDATE of the batch's tasks.
 
 use chrono::Utc;
-use tracing::{error, info, warn};
+use tracing::{debug, error, warn};
 
 use crate::domain::events::ReleaseReservation;
 use crate::mq::{BatchHandler, ConsumeDecision, Delivery};
-use crate::pg::order_state::compensation_done;
-use crate::redis::RedisStore;
+use crate::pg::order_state::compensations_done;
+use crate::redis::{RedisStore, Release};
 
 pub struct CompensationHandler {
     pub redis: RedisStore,
@@ -18,57 +21,80 @@ pub struct CompensationHandler {
 }
 
 impl CompensationHandler {
-    /// Processes one message; `Err` means retry later.
-    pub async fn process(&self, d: &Delivery) -> anyhow::Result<&'static str> {
+    /// Processes a batch: `released`, `already_released`, `missing` or `quarantined` per
+    /// message, in order; `Err` means retry the batch later (every step is idempotent).
+    pub async fn process(&self, batch: &[Delivery]) -> anyhow::Result<Vec<&'static str>> {
         let client = self.pool.get().await?;
-        let release: ReleaseReservation = match serde_json::from_slice(&d.body) {
-            Ok(r) => r,
-            Err(e) => {
-                crate::pg::quarantine(&**client, &self.group, d, "INVALID_EVENT", &e.to_string())
+        let mut labels: Vec<&'static str> = vec!["quarantined"; batch.len()];
+        let mut releases: Vec<(usize, ReleaseReservation)> = Vec::new();
+        for (i, d) in batch.iter().enumerate() {
+            match serde_json::from_slice::<ReleaseReservation>(&d.body) {
+                Ok(r) => releases.push((i, r)),
+                Err(e) => {
+                    crate::pg::quarantine(
+                        &**client,
+                        &self.group,
+                        d,
+                        "INVALID_EVENT",
+                        &e.to_string(),
+                    )
                     .await?;
-                metrics::counter!("mq_quarantine_total", "reason" => "INVALID_EVENT").increment(1);
-                warn!(broker_msg_id = %d.broker_msg_id, error = %e, "poison compensation message quarantined");
-                return Ok("quarantined");
+                    metrics::counter!("mq_quarantine_total", "reason" => "INVALID_EVENT")
+                        .increment(1);
+                    warn!(broker_msg_id = %d.broker_msg_id, error = %e,
+                          "poison compensation message quarantined");
+                }
             }
-        };
-        let result = self
-            .redis
-            .release(
-                release.activity_id,
-                release.sku_id,
-                &release.reservation_id,
-                &release.reason,
-                Utc::now().timestamp_millis(),
-            )
-            .await?;
-        let label = match result.as_str() {
-            "RELEASED" => "released",
-            "ALREADY_RELEASED" => "already_released",
-            _ => "missing",
-        };
-        if label == "missing" {
-            // The reservation hash is gone (TTL or data loss): nothing to give back in Redis;
-            // reconcile reports the stock drift.
-            error!(reservation_id = %release.reservation_id, activity_id = release.activity_id,
-                   "compensation found no reservation in Redis");
         }
-        compensation_done(&**client, &release.reservation_id).await?;
-        metrics::counter!("compensation_total", "result" => label).increment(1);
-        info!(reservation_id = %release.reservation_id, reason = %release.reason, result = label,
-              delivery_attempt = d.reconsume_times, "compensation applied");
-        Ok(label)
+        let calls: Vec<Release<'_>> = releases
+            .iter()
+            .map(|(_, r)| Release {
+                activity_id: r.activity_id,
+                sku_id: r.sku_id,
+                reservation_id: &r.reservation_id,
+                reason: &r.reason,
+            })
+            .collect();
+        let results = self
+            .redis
+            .release_many(&calls, Utc::now().timestamp_millis())
+            .await?;
+        let done: Vec<&str> = releases
+            .iter()
+            .map(|(_, r)| r.reservation_id.as_str())
+            .collect();
+        compensations_done(&**client, &done).await?;
+        for ((i, release), result) in releases.iter().zip(&results) {
+            let label = match result.as_str() {
+                "RELEASED" => "released",
+                "ALREADY_RELEASED" => "already_released",
+                _ => "missing",
+            };
+            if label == "missing" {
+                // The reservation hash is gone (TTL or data loss): nothing to give back in
+                // Redis; reconcile reports the stock drift.
+                error!(reservation_id = %release.reservation_id, activity_id = release.activity_id,
+                       "compensation found no reservation in Redis");
+            }
+            metrics::counter!("compensation_total", "result" => label).increment(1);
+            debug!(reservation_id = %release.reservation_id, reason = %release.reason,
+                  result = label, delivery_attempt = batch[*i].reconsume_times,
+                  "compensation applied");
+            labels[*i] = label;
+        }
+        Ok(labels)
     }
 }
 
 #[async_trait::async_trait]
 impl BatchHandler for CompensationHandler {
     async fn handle(&self, batch: Vec<Delivery>) -> ConsumeDecision {
-        for d in &batch {
-            if let Err(e) = self.process(d).await {
-                warn!(error = %e, broker_msg_id = %d.broker_msg_id, "compensation failed; will be redelivered");
-                return ConsumeDecision::Retry;
+        match self.process(&batch).await {
+            Ok(_) => ConsumeDecision::Ack,
+            Err(e) => {
+                warn!(error = %e, batch = batch.len(), "compensation failed; will be redelivered");
+                ConsumeDecision::Retry
             }
         }
-        ConsumeDecision::Ack
     }
 }

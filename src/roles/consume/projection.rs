@@ -3,7 +3,7 @@
 //! in Redis from ORDER_CREATED / ORDER_PAID / ORDER_CANCELED. Each event carries the order's
 //! `aggregate_version` and the Lua script applies it only when newer, so a duplicate or a
 //! stale replay is a no-op and out-of-order arrival converges on the latest state
-//! (docs/ARCHITECTURE.md#event-ordering).
+//! (docs/ARCHITECTURE.md#event-ordering). A delivered batch is one pipelined round trip.
 
 use chrono::Utc;
 use tracing::{debug, warn};
@@ -22,39 +22,56 @@ pub struct ProjectionHandler {
 }
 
 impl ProjectionHandler {
-    /// Applies one event; returns `applied`, `stale` or `quarantined`; `Err` = retry.
-    pub async fn process(&self, d: &Delivery) -> anyhow::Result<&'static str> {
-        let event: OrderEventHeader = match serde_json::from_slice(&d.body) {
-            Ok(e) => e,
-            Err(e) => {
-                let client = self.pool.get().await?;
-                crate::pg::quarantine(&**client, &self.group, d, "INVALID_EVENT", &e.to_string())
+    /// Applies a batch of events: `applied`, `stale` or `quarantined` per message, in order;
+    /// `Err` = retry the batch (re-applying is a no-op).
+    pub async fn process(&self, batch: &[Delivery]) -> anyhow::Result<Vec<&'static str>> {
+        let mut labels: Vec<&'static str> = vec!["quarantined"; batch.len()];
+        let mut events: Vec<(usize, OrderEventHeader)> = Vec::new();
+        for (i, d) in batch.iter().enumerate() {
+            match serde_json::from_slice::<OrderEventHeader>(&d.body) {
+                Ok(e) => events.push((i, e)),
+                Err(e) => {
+                    let client = self.pool.get().await?;
+                    crate::pg::quarantine(
+                        &**client,
+                        &self.group,
+                        d,
+                        "INVALID_EVENT",
+                        &e.to_string(),
+                    )
                     .await?;
-                metrics::counter!("mq_quarantine_total", "reason" => "INVALID_EVENT").increment(1);
-                return Ok("quarantined");
+                    metrics::counter!("mq_quarantine_total", "reason" => "INVALID_EVENT")
+                        .increment(1);
+                    warn!(broker_msg_id = %d.broker_msg_id, error = %e,
+                          "poison order event quarantined");
+                }
             }
-        };
-        let r = self
+        }
+        let headers: Vec<&OrderEventHeader> = events.iter().map(|(_, e)| e).collect();
+        let results = self
             .redis
-            .project(&event, PROJECTION_TTL_SECS, Utc::now().timestamp_millis())
+            .project_many(&headers, PROJECTION_TTL_SECS, Utc::now().timestamp_millis())
             .await?;
-        let label = if r == "APPLIED" { "applied" } else { "stale" };
-        metrics::counter!("projection_apply_total", "result" => label).increment(1);
-        debug!(order_id = %event.order_id, version = event.aggregate_version, status = %event.status,
-               result = label, "order event projected");
-        Ok(label)
+        for ((i, event), r) in events.iter().zip(&results) {
+            let label = if r == "APPLIED" { "applied" } else { "stale" };
+            metrics::counter!("projection_apply_total", "result" => label).increment(1);
+            debug!(order_id = %event.order_id, version = event.aggregate_version,
+                   status = %event.status, result = label, "order event projected");
+            labels[*i] = label;
+        }
+        Ok(labels)
     }
 }
 
 #[async_trait::async_trait]
 impl BatchHandler for ProjectionHandler {
     async fn handle(&self, batch: Vec<Delivery>) -> ConsumeDecision {
-        for d in &batch {
-            if let Err(e) = self.process(d).await {
-                warn!(error = %e, broker_msg_id = %d.broker_msg_id, "projection failed; will be redelivered");
-                return ConsumeDecision::Retry;
+        match self.process(&batch).await {
+            Ok(_) => ConsumeDecision::Ack,
+            Err(e) => {
+                warn!(error = %e, batch = batch.len(), "projection failed; will be redelivered");
+                ConsumeDecision::Retry
             }
         }
-        ConsumeDecision::Ack
     }
 }

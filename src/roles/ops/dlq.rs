@@ -248,7 +248,9 @@ async fn replay(
     rate: f64,
     force: bool,
 ) -> anyhow::Result<(usize, usize, usize)> {
-    let retention = chrono::Duration::days(i64::from(settings.retention.inbox_days));
+    let retention = chrono::Duration::from_std(crate::config::RetentionSettings::age(
+        settings.retention.inbox_days,
+    ))?;
     let bar = indicatif::ProgressBar::new(rows.len() as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}")

@@ -103,11 +103,14 @@ impl Scanner {
                 .await?;
             if claimed.retire {
                 // Ended long ago with nothing pending: no pass needs to look at it again.
-                self.redis.retire_activity(activity_id).await?;
+                let keep = u64::from(self.settings.retention.activity_keys_hours) * 3600;
+                let expiring = self.redis.retire_activity(activity_id, keep).await?;
                 stats.retired += 1;
                 info!(
                     activity_id,
-                    "activity ended with nothing pending; off the scanner's list"
+                    keys_expiring = expiring,
+                    keep_hours = self.settings.retention.activity_keys_hours,
+                    "activity ended with nothing pending; off the scanner's list, its keys expire"
                 );
                 continue;
             }
