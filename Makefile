@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help services-up services-down build demo bench limits test test-faults chaos test-unit fmt clippy lint ci
+.PHONY: help services-up services-down build demo bench limits test test-faults chaos soak soak-small test-unit fmt clippy lint ci
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -25,10 +25,19 @@ bench: ## Limits of this machine + the pipeline's figures; last line RATIOS ... 
 limits: services-up ## Only the naive limits (pgbench, redis-benchmark, direct PostgreSQL); last line LIMITS ...
 	scripts/limits.sh
 
-test: services-up ## The whole test suite against the real services, the operator files, schemathesis
+test: services-up ## The whole test suite against the real services, the operator files, schemathesis, a small soak
 	SECKILL_ENV=test cargo test --workspace --all-targets --features failpoints -- --test-threads=4
 	scripts/check-operator-files.sh
 	scripts/schemathesis.sh
+	$(MAKE) soak-small
+
+soak: ## A long sale at a steady rate with payments and timeouts, sampled every 15 s; last line SOAK OK/FAILED
+	scripts/soak.sh
+
+soak-small: ## make soak in one minute on the debug build (too short to judge memory growth)
+	cargo build --workspace --quiet
+	SECKILL_BIN=target/debug/seckill SOAK_DURATION_SECS=45 SOAK_RATE=100 SOAK_PAY_WINDOW_SECS=10 \
+	  SOAK_SAMPLE_SECS=5 SOAK_MAX_RSS_SLOPE_MIB_PER_MIN=1000 scripts/soak.sh
 
 test-faults: services-up ## Faults that disturb the shared services (broker kill, PostgreSQL restart), one at a time
 	SECKILL_ENV=test cargo test --features failpoints --test sale_faults -- --ignored --test-threads=1

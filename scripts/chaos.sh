@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A whole sale under faults, phase by phase. CHAOS_REQUESTS requests (default 8,000) from
-# CHAOS_BUYERS buyers (7,000) for CHAOS_STOCK units (4,000) at CHAOS_RATE a second (600); then
+# CHAOS_BUYERS buyers (7,000) for CHAOS_STOCK units (4,000) at CHAOS_RATE a second (250, so the
+# intake lasts long enough for its four faults); then
 # half of the orders are paid through signed notifications and the rest are cancelled when their
 # CHAOS_PAY_WINDOW_SECS (90) pass. Faults are injected by schedule, per phase of the sale, read
 # from the stores every half second:
@@ -26,7 +27,7 @@ export SECKILL_ENV=chaos
 REQUESTS="${CHAOS_REQUESTS:-8000}"
 BUYERS="${CHAOS_BUYERS:-7000}"
 STOCK="${CHAOS_STOCK:-4000}"
-RATE="${CHAOS_RATE:-600}"
+RATE="${CHAOS_RATE:-250}"
 CONC="${CHAOS_CONCURRENCY:-64}"
 PAY_SHARE="${CHAOS_PAY_SHARE:-0.5}"
 PAY_WINDOW="${CHAOS_PAY_WINDOW_SECS:-90}"

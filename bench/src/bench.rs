@@ -62,7 +62,8 @@ pub struct BenchArgs {
     /// Share of fresh requests from a buyer who already sent one (new request_id).
     #[arg(long, default_value_t = 0.05)]
     pub repeat_buyer_share: f64,
-    /// Give up waiting for the consumer after this long.
+    /// Give up waiting for the consumer after this long without progress (no new decision
+    /// recorded); a drain that keeps progressing is waited for however long it takes.
     #[arg(long, default_value_t = 120)]
     pub drain_timeout_secs: u64,
     /// Share of created orders to pay through the API after the drain (the rest expire).
@@ -94,13 +95,13 @@ pub struct BenchArgs {
 
 /// One request of the plan.
 #[derive(Debug, Clone)]
-struct Planned {
-    user_id: i64,
-    sku_id: i64,
-    request_id: String,
+pub(crate) struct Planned {
+    pub(crate) user_id: i64,
+    pub(crate) sku_id: i64,
+    pub(crate) request_id: String,
     /// `Authorization` value: the buyer's token, minted before the clock starts (`None` when
     /// the API believes the body's user_id).
-    auth: Option<Arc<str>>,
+    pub(crate) auth: Option<Arc<str>>,
 }
 
 /// Gives every planned request its buyer's token (one token per buyer, as a shop's login
@@ -223,7 +224,7 @@ struct Tally {
 }
 
 /// What one reservation request came to.
-enum Answer {
+pub(crate) enum Answer {
     Accepted {
         id: String,
         duplicate: bool,
@@ -233,7 +234,7 @@ enum Answer {
     Transport,
 }
 
-async fn one_request(client: &reqwest::Client, base: &str, p: &Planned) -> Answer {
+pub(crate) async fn one_request(client: &reqwest::Client, base: &str, p: &Planned) -> Answer {
     let body = serde_json::json!({"user_id": p.user_id, "request_id": p.request_id, "quantity": 1});
     let mut req = client
         .post(format!("{base}/{}/reservations", p.sku_id))
@@ -565,7 +566,9 @@ fn load_report(
     }
 }
 
-/// Drain: waits until every accepted reservation has a recorded decision in PostgreSQL.
+/// Drain: waits until every accepted reservation has a recorded decision in PostgreSQL. The
+/// wait scales with the backlog: it gives up only after `--drain-timeout-secs` without a
+/// single new decision recorded, however long the drain takes while it makes progress.
 async fn wait_drained(
     pg: &tokio_postgres::Client,
     accepted: &[String],
@@ -573,7 +576,8 @@ async fn wait_drained(
     report: &mut BenchReport,
 ) -> anyhow::Result<()> {
     let drain_started = Instant::now();
-    let deadline = drain_started + Duration::from_secs(args.drain_timeout_secs);
+    let stall = Duration::from_secs(args.drain_timeout_secs);
+    let (mut last, mut progressed) = (-1i64, Instant::now());
     loop {
         let recorded: i64 = pg
             .query_one(
@@ -586,10 +590,13 @@ async fn wait_drained(
             report.drained = true;
             break;
         }
-        if Instant::now() >= deadline {
+        if recorded > last {
+            (last, progressed) = (recorded, Instant::now());
+        } else if progressed.elapsed() >= stall {
             eprintln!(
-                "drain timeout: {recorded} of {} accepted reservations recorded",
-                accepted.len()
+                "drain stalled: {recorded} of {} accepted reservations recorded, none in the last {} s",
+                accepted.len(),
+                stall.as_secs()
             );
             break;
         }
@@ -974,36 +981,7 @@ async fn pay_orders(
     let results: Vec<bool> = futures::stream::iter(orders.into_iter().take(to_pay))
         .map(|(order_id, amount_cents)| {
             let (client, base, secret) = (client.clone(), base.clone(), secret.clone());
-            async move {
-                let body = serde_json::json!({
-                    "order_id": order_id,
-                    "payment_id": format!("pay-{order_id}"),
-                    "amount_cents": amount_cents,
-                })
-                .to_string();
-                // As a payment provider does, a notification that got no answer or a 5xx is
-                // sent again (signed afresh) until it is answered, up to 20 times over ~10 s.
-                for attempt in 0..20 {
-                    if attempt > 0 {
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
-                    let t = chrono::Utc::now().timestamp();
-                    let sig = seckill::auth::signature::sign(&secret, t, body.as_bytes());
-                    let sent = client
-                        .post(format!("{base}/v1/payments/notifications"))
-                        .header("content-type", "application/json")
-                        .header("seckill-signature", sig)
-                        .body(body.clone())
-                        .send()
-                        .await;
-                    match sent {
-                        Ok(r) if r.status().is_server_error() => continue,
-                        Ok(r) => return r.status().is_success(),
-                        Err(_) => continue,
-                    }
-                }
-                false
-            }
+            async move { pay_one(&client, &base, &secret, &order_id, amount_cents).await }
         })
         .buffer_unordered(args.concurrency.max(1))
         .collect()
@@ -1011,6 +989,44 @@ async fn pay_orders(
     report.paid = results.iter().filter(|ok| **ok).count();
     report.pay_errors = results.len() - report.paid;
     Ok(())
+}
+
+/// Pays one order through a signed notification, as the provider would: `payment_id` =
+/// `pay-<order_id>`. A notification that got no answer or a 5xx is sent again (signed afresh)
+/// until it is answered, up to 20 times over ~10 s. True when the API accepted it.
+pub(crate) async fn pay_one(
+    client: &reqwest::Client,
+    base: &str,
+    secret: &secrecy::SecretString,
+    order_id: &str,
+    amount_cents: i64,
+) -> bool {
+    let body = serde_json::json!({
+        "order_id": order_id,
+        "payment_id": format!("pay-{order_id}"),
+        "amount_cents": amount_cents,
+    })
+    .to_string();
+    for attempt in 0..20 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let t = chrono::Utc::now().timestamp();
+        let sig = seckill::auth::signature::sign(secret, t, body.as_bytes());
+        let sent = client
+            .post(format!("{base}/v1/payments/notifications"))
+            .header("content-type", "application/json")
+            .header("seckill-signature", sig)
+            .body(body.clone())
+            .send()
+            .await;
+        match sent {
+            Ok(r) if r.status().is_server_error() => continue,
+            Ok(r) => return r.status().is_success(),
+            Err(_) => continue,
+        }
+    }
+    false
 }
 
 /// Waits until every unpaid order is cancelled and every compensation done.

@@ -12,6 +12,8 @@ mod bench;
 mod broker;
 mod cpu;
 mod report;
+mod soak;
+mod timers;
 
 use clap::{Parser, Subcommand};
 
@@ -38,6 +40,11 @@ enum Command {
     /// The same route served straight from PostgreSQL (UPDATE stock + INSERT order per
     /// request), the design this project is compared with.
     BaselineApi(baseline::BaselineArgs),
+    /// A long sale at a steady rate with payments and timeouts, sampled every few seconds
+    /// (memory, table sizes, lags, order and cancel ages); last line SOAK OK|FAILED.
+    Soak(soak::SoakArgs),
+    /// How fast and how late the broker delivers timer messages that fall due together.
+    Timers(timers::TimersArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -50,6 +57,8 @@ fn main() -> std::process::ExitCode {
             Command::Backlog(args) => backlog::run(settings, args).await,
             Command::Broker(args) => broker::run(settings, args).await,
             Command::BaselineApi(args) => baseline::run(settings, args).await.map(|_| true),
+            Command::Soak(args) => soak::run(settings, args).await,
+            Command::Timers(args) => timers::run(settings, args).await,
         }
     })
 }

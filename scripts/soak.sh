@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# make soak: a long sale at a steady rate, watched while it runs (docs/ARCHITECTURE.md#seckill-bench).
+# SOAK_RATE reservations a second (default 400), each from a new buyer, for SOAK_DURATION_SECS
+# (600), against api, consume, scan and timeout-cancel; SOAK_PAY_SHARE (0.5) of the orders are
+# paid within their SOAK_PAY_WINDOW_SECS (30) pay window, the rest expire and are cancelled all
+# along the run. Every SOAK_SAMPLE_SECS (15) one SAMPLE line: memory of every role and the
+# broker, Redis memory, PostgreSQL table sizes, each consumer group's lag and oldest age, the
+# orders created and cancelled with their ages, the orders overdue for a cancel. The last line:
+#   SOAK OK|FAILED duration_s=… created_per_s=… canceled_per_s=… cancel_p50_s=… cancel_p99_s=…
+#        rss_slope_mib_per_min=api:…,consume:…,… violations=N
+# and the run fails on an invariant violation, an expiry→cancel p99 above 5 s, a role whose
+# anonymous memory still grows over the last third, or a drain or settle that never completes.
+# Its own schema (seckill_soak), key prefix and topics; the schema and keys are removed after.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+export SECKILL_ENV=soak
+DURATION="${SOAK_DURATION_SECS:-600}"
+RATE="${SOAK_RATE:-400}"
+PAY_SHARE="${SOAK_PAY_SHARE:-0.5}"
+PAY_WINDOW="${SOAK_PAY_WINDOW_SECS:-30}"
+SAMPLE="${SOAK_SAMPLE_SECS:-15}"
+MAX_SLOPE="${SOAK_MAX_RSS_SLOPE_MIB_PER_MIN:-2}"
+RUN_DIR="${SECKILL_RUN_DIR:-$HOME/.cache/seckill/run}"
+LOG_DIR="$RUN_DIR/soak"
+mkdir -p "$LOG_DIR"
+log() { printf '[soak] %s\n' "$*" >&2; }
+export SECKILL__CONSUMER__PAY_WINDOW_SECS="$PAY_WINDOW"
+
+scripts/services-up.sh >&2
+if [[ -z "${SECKILL_BIN:-}" ]]; then
+  log "building (release)"
+  cargo build --release --quiet -p seckill -p seckill-bench
+fi
+BIN="${SECKILL_BIN:-$root/target/release/seckill}"
+BENCH="${SECKILL_BENCH_BIN:-$(dirname "$BIN")/seckill-bench}"
+PSQL=(psql -X -q -h 127.0.0.1 -U postgres -d postgres)
+clean_stores() {
+  "${PSQL[@]}" -c "DROP SCHEMA IF EXISTS seckill_soak CASCADE" >&2 || true
+  redis-cli -h 127.0.0.1 --scan --pattern 'seckill-soak:*' | xargs -r -n 500 redis-cli -h 127.0.0.1 del >/dev/null || true
+}
+clean_stores
+"$BIN" migrate >&2
+"$BIN" topics create >&2
+ACTIVITY=$(( $(date +%s) * 10 + 3 ))
+# Stock for every request and more: the soak never sells out.
+STOCK=$(awk -v r="$RATE" -v d="$DURATION" 'BEGIN { printf "%d", r * d * 1.2 + 1000 }')
+"$BIN" activity create --activity-id "$ACTIVITY" --name soak --sku "1:$STOCK:9900" \
+  --duration-secs $(( DURATION + PAY_WINDOW + 3600 )) >&2
+
+declare -A PID=() PORT=([api]=48080 [consume]=49101 [scan]=49102 [timeout-cancel]=49103)
+ROLES=(api consume scan timeout-cancel)
+start() { "$BIN" "$1" >>"$LOG_DIR/$1.log" 2>&1 & PID[$1]=$!; }
+wait_ready() {
+  for _ in $(seq 1 150); do
+    curl -fsS "http://127.0.0.1:${PORT[$1]}/readyz" >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  log "$1 not ready after 30 s (log $LOG_DIR/$1.log)"
+  return 1
+}
+stop_all() {
+  for r in "${!PID[@]}"; do kill -TERM "${PID[$r]}" 2>/dev/null || true; done
+  for r in "${!PID[@]}"; do
+    for _ in $(seq 1 100); do kill -0 "${PID[$r]}" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL "${PID[$r]}" 2>/dev/null || true
+  done
+}
+cleanup() { stop_all; clean_stores; }
+trap cleanup EXIT
+for r in "${ROLES[@]}"; do start "$r"; done
+for r in "${ROLES[@]}"; do wait_ready "$r"; done
+
+procs=()
+for r in "${ROLES[@]}"; do procs+=(--proc "$r=${PID[$r]}"); done
+procs+=(--proc "broker=$(cat "$RUN_DIR/broker.pid")")
+log "sale: $RATE a second for $DURATION s, $PAY_SHARE paid within $PAY_WINDOW s, samples every $SAMPLE s"
+set +e
+"$BENCH" soak --api http://127.0.0.1:48080 --activity-id "$ACTIVITY" --sku-id 1 \
+  --duration-secs "$DURATION" --rate "$RATE" --pay-share "$PAY_SHARE" --sample-secs "$SAMPLE" \
+  --max-rss-slope-mib-per-min "$MAX_SLOPE" "${procs[@]}" | tee "$LOG_DIR/soak.out"
+status=${PIPESTATUS[0]}
+set -e
+# A role that died during the run is a failure even if the figures look right.
+for r in "${ROLES[@]}"; do
+  kill -0 "${PID[$r]}" 2>/dev/null || { log "$r died during the run (log $LOG_DIR/$r.log)"; status=1; }
+done
+line="$(grep -E '^SOAK (OK|FAILED)' "$LOG_DIR/soak.out" | tail -1 || true)"
+[[ -n "$line" ]] || { log "no SOAK line (see $LOG_DIR)"; status=1; }
+exit "$status"
