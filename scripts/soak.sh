@@ -81,6 +81,10 @@ set +e
   --max-rss-slope-mib-per-min "$MAX_SLOPE" "${procs[@]}" | tee "$LOG_DIR/soak.out"
 status=${PIPESTATUS[0]}
 set -e
+# Every role's own counters at the end, beside the samples (e.g. how many cancels the sweep made).
+for r in "${ROLES[@]}"; do
+  curl -fsS "http://127.0.0.1:${PORT[$r]}/metrics" >"$LOG_DIR/metrics-$r.txt" 2>/dev/null || true
+done
 # A role that died during the run is a failure even if the figures look right.
 for r in "${ROLES[@]}"; do
   kill -0 "${PID[$r]}" 2>/dev/null || { log "$r died during the run (log $LOG_DIR/$r.log)"; status=1; }

@@ -35,6 +35,10 @@ pub struct TimersArgs {
     /// Give up after this long without a delivery once they are due.
     #[arg(long, default_value_t = 60)]
     pub stall_secs: u64,
+    /// Send them as a sale does instead: paced over `--spread-secs`, each due `--due-in-secs`
+    /// after it was sent, so the broker indexes new timers while it delivers due ones.
+    #[arg(long)]
+    pub continuous: bool,
 }
 
 /// Records how late each message of this run arrived.
@@ -96,6 +100,8 @@ pub async fn run(settings: Settings, args: TimersArgs) -> anyhow::Result<bool> {
     let publisher = seckill::mq::connect_publisher(&settings).await?;
     let first_due = chrono::Utc::now().timestamp_millis() + (args.due_in_secs * 1000) as i64;
     let step = args.spread_secs * 1000.0 / args.count as f64;
+    let paced_from = tokio::time::Instant::now();
+    let (continuous, due_in_ms) = (args.continuous, (args.due_in_secs * 1000) as i64);
     let next = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
     let send_started = Instant::now();
@@ -115,7 +121,13 @@ pub async fn run(settings: Settings, args: TimersArgs) -> anyhow::Result<bool> {
                 if i >= count {
                     break;
                 }
-                let due = first_due + (i as f64 * step) as i64;
+                let due = if continuous {
+                    let at = paced_from + Duration::from_secs_f64(i as f64 * step / 1000.0);
+                    tokio::time::sleep_until(at).await;
+                    chrono::Utc::now().timestamp_millis() + due_in_ms
+                } else {
+                    first_due + (i as f64 * step) as i64
+                };
                 let msg = OutMessage {
                     topic: topic.clone(),
                     tag: "BENCH_TIMER".into(),
@@ -142,16 +154,13 @@ pub async fn run(settings: Settings, args: TimersArgs) -> anyhow::Result<bool> {
     let send_secs = send_started.elapsed().as_secs_f64();
     let now = chrono::Utc::now().timestamp_millis();
     anyhow::ensure!(
-        now < first_due,
+        continuous || now < first_due,
         "sending took {send_secs:.1} s, past the first deliver time: raise --due-in-secs"
     );
     let sent = args.count as u64 - failed.load(Ordering::Relaxed);
-    eprintln!(
-        "timers: {sent} sent in {send_secs:.1} s; the first falls due in {} ms",
-        first_due - now
-    );
+    eprintln!("timers: {sent} sent in {send_secs:.1} s");
     // Wait for every delivery, giving up once none has come for --stall-secs after they are due.
-    tokio::time::sleep(Duration::from_millis((first_due - now) as u64)).await;
+    tokio::time::sleep(Duration::from_millis((first_due - now).max(0) as u64)).await;
     let (mut seen, mut progressed) = (0u64, Instant::now());
     loop {
         let got = lateness.received.load(Ordering::Relaxed);
