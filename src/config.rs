@@ -297,6 +297,11 @@ pub struct RetentionSettings {
     /// reconcile window (`seckill reconcile --window-hours`, 24 by default) to still compare
     /// them with PostgreSQL.
     pub activity_keys_hours: u32,
+    /// After each pass, `VACUUM (ANALYZE)` the pipeline's busy tables. For a database that
+    /// runs without autovacuum (such as this project's CI machines): dead rows from status
+    /// updates and purges are otherwise never reclaimed, and every scan wades through them.
+    /// Leave it off where autovacuum runs.
+    pub vacuum: bool,
     /// Rows deleted per statement: small enough to never hold locks for long.
     pub batch: i64,
     /// How often `scan` runs the purge.

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use common::TestEnv;
 use seckill::pg::retention::{purge, purge_all, INBOX};
+use seckill::roles::consume::order_create::OrderCreateHandler;
 
 #[tokio::test]
 async fn retention_deletes_only_what_is_past_retention_in_batches() {
@@ -74,6 +75,75 @@ async fn retention_deletes_only_what_is_past_retention_in_batches() {
         1,
         "the audit trail stays"
     );
+    // Each pass marks how far it purged; a database without autovacuum gets its busy tables
+    // vacuumed after the pass.
+    assert_eq!(
+        env.count(
+            "SELECT count(*) FROM retention_marks WHERE table_name = 'consumer_inbox'
+               AND purged_before BETWEEN now() - interval '14 days 1 minute'
+                                     AND now() - interval '13 days 23 hours'"
+        )
+        .await,
+        1
+    );
+    let mut rt = env.settings.retention.clone();
+    rt.vacuum = true;
+    purge_all(&**c, &rt).await.unwrap();
+    drop(c);
+    env.cleanup().await;
+}
+
+/// An order whose inbox row retention purged is not a violation once the inbox's mark has
+/// passed it; before the mark it is, and two creating messages always are.
+#[tokio::test]
+async fn the_invariants_allow_an_inbox_row_purged_by_retention_and_nothing_else() {
+    let env = TestEnv::new(false).await;
+    env.activity(60, 1, 5).await;
+    let h = OrderCreateHandler::new(env.pool(2).await, &env.settings, 1);
+    let topic = env.settings.names().order_create_topic;
+    let e = common::event(60, 1, 1, 300);
+    h.process(&[common::delivery_of(&topic, &e)]).await.unwrap();
+    let group = env.settings.names().order_create_group;
+    let redis = env.redis().await;
+    let pool = env.pool(1).await;
+    let c = pool.get().await.unwrap();
+    let check = || async {
+        seckill::invariants::check(&**c, &redis, &group, 60, 1)
+            .await
+            .unwrap()
+            .violations
+            .into_iter()
+            .filter(|v| v.contains("creating messages"))
+            .count()
+    };
+    assert_eq!(check().await, 0);
+    // Ten minutes old, its inbox row gone: with no retention mark, a message is missing.
+    c.batch_execute(&format!(
+        "UPDATE orders SET created_at = now() - interval '10 minutes';
+         DELETE FROM consumer_inbox WHERE message_id = '{}'",
+        e.message_id
+    ))
+    .await
+    .unwrap();
+    assert_eq!(check().await, 1);
+    // Retention has purged what is older than 5 minutes: the row went with its age.
+    c.batch_execute(
+        "INSERT INTO retention_marks (table_name, purged_before)
+         VALUES ('consumer_inbox', now() - interval '5 minutes')",
+    )
+    .await
+    .unwrap();
+    assert_eq!(check().await, 0);
+    // Two creating messages for one order are never explained by retention.
+    c.batch_execute(&format!(
+        "INSERT INTO consumer_inbox (consumer_group, message_id, topic, order_id, status, decision)
+         VALUES ('{group}', 'm1', 't', '{o}', 'SUCCEEDED', 'CREATED'),
+                ('{group}', 'm2', 't', '{o}', 'SUCCEEDED', 'CREATED')",
+        o = e.order_id
+    ))
+    .await
+    .unwrap();
+    assert_eq!(check().await, 1);
     drop(c);
     env.cleanup().await;
 }

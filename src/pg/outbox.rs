@@ -186,10 +186,13 @@ pub async fn backlog(
 ) -> Result<(i64, f64, i64), tokio_postgres::Error> {
     let row = client
         .query_one(
-            "SELECT count(*) FILTER (WHERE status = 'PENDING'),
-                    coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'PENDING')), 0)::float8,
-                    count(*) FILTER (WHERE status = 'DEAD')
-             FROM event_outbox WHERE status IN ('PENDING', 'DEAD')",
+            // One subquery per status, so each reads its own partial index
+            // (event_outbox_pending, event_outbox_dead): `status IN (...)` over both made the
+            // planner scan the whole table, SENT rows included, every second (seen in make soak).
+            "SELECT (SELECT count(*) FROM event_outbox WHERE status = 'PENDING'),
+                    coalesce((SELECT extract(epoch FROM now() - min(created_at))
+                              FROM event_outbox WHERE status = 'PENDING'), 0)::float8,
+                    (SELECT count(*) FROM event_outbox WHERE status = 'DEAD')",
             &[],
         )
         .await?;

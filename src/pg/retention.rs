@@ -60,6 +60,17 @@ pub async fn purge(
         col = rule.time_column,
         only = rule.only,
     );
+    // The mark first: from now on a reader must expect rows older than the cutoff to be gone.
+    client
+        .execute(
+            "INSERT INTO retention_marks (table_name, purged_before)
+             VALUES ($1, now() - make_interval(secs => $2))
+             ON CONFLICT (table_name) DO UPDATE
+               SET purged_before = GREATEST(retention_marks.purged_before, EXCLUDED.purged_before),
+                   updated_at = now()",
+            &[&rule.table, &age.as_secs_f64()],
+        )
+        .await?;
     let (mut rows, mut batches) = (0u64, 0u64);
     loop {
         let n = client.execute(&sql, &[&age.as_secs_f64(), &batch]).await?;
@@ -87,7 +98,18 @@ pub fn rules(r: &crate::config::RetentionSettings) -> Vec<(Rule, Duration)> {
     ]
 }
 
-/// One pass over every table; returns the rows deleted per table.
+/// The tables the pipeline updates or deletes from all day: where dead rows pile up.
+pub const BUSY_TABLES: [&str; 6] = [
+    "event_outbox",
+    "consumer_inbox",
+    "orders",
+    "compensation_tasks",
+    "reservations",
+    "activity_skus",
+];
+
+/// One pass over every table; returns the rows deleted per table. With `retention.vacuum`,
+/// then `VACUUM (ANALYZE)` of the busy tables, for a database that runs without autovacuum.
 pub async fn purge_all(
     client: &impl GenericClient,
     r: &crate::config::RetentionSettings,
@@ -97,6 +119,14 @@ pub async fn purge_all(
         let (rows, _) = purge(client, rule, age, r.batch).await?;
         metrics::counter!("retention_deleted_total", "table" => rule.table).increment(rows);
         out.push((rule.table, rows));
+    }
+    if r.vacuum {
+        for table in BUSY_TABLES {
+            // VACUUM runs outside any transaction: one simple-query statement, autocommit.
+            client
+                .batch_execute(&format!("VACUUM (ANALYZE) {table}"))
+                .await?;
+        }
     }
     Ok(out)
 }
