@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make soak: a long sale at a steady rate, watched while it runs (docs/ARCHITECTURE.md#seckill-bench).
-# SOAK_RATE reservations a second (default 400), each from a new buyer, for SOAK_DURATION_SECS
+# SOAK_RATE reservations a second (default 300), each from a new buyer, for SOAK_DURATION_SECS
 # (600), against api, consume, scan and timeout-cancel; SOAK_PAY_SHARE (0.5) of the orders are
 # paid within their SOAK_PAY_WINDOW_SECS (30) pay window, the rest expire and are cancelled all
 # along the run. Every SOAK_SAMPLE_SECS (15) one SAMPLE line: memory of every role and the
@@ -16,7 +16,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 export SECKILL_ENV=soak
 DURATION="${SOAK_DURATION_SECS:-600}"
-RATE="${SOAK_RATE:-400}"
+RATE="${SOAK_RATE:-300}"
 PAY_SHARE="${SOAK_PAY_SHARE:-0.5}"
 PAY_WINDOW="${SOAK_PAY_WINDOW_SECS:-30}"
 SAMPLE="${SOAK_SAMPLE_SECS:-15}"

@@ -30,9 +30,6 @@ pub struct TimeoutCancelHandler {
     names: CancelNames,
 }
 
-/// How early a timer may arrive and still be waited for instead of redelivered.
-const EARLY_WAIT: chrono::Duration = chrono::Duration::seconds(2);
-
 /// What one sweep did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sweep {
@@ -82,24 +79,6 @@ impl TimeoutCancelHandler {
             .collect();
         let mut out: Vec<Result<Option<CancelOutcome>, TxError>> =
             (0..batch.len()).map(|_| Ok(None)).collect();
-        // A timer the broker delivered a little early (its wheel ticks once a second) is waited
-        // for here, up to EARLY_WAIT: answering "retry" would bring it back only after the
-        // broker's first redelivery delay (10 s), and the whole batch with it.
-        let soon = parsed
-            .iter()
-            .filter_map(|p| match p {
-                Parsed::Cancel(m) => Some(m.expires_at),
-                Parsed::Poison(_) => None,
-            })
-            .filter(|at| *at > Utc::now() && *at <= Utc::now() + EARLY_WAIT)
-            .max();
-        if let Some(at) = soon {
-            metrics::counter!("order_cancel_early_wait_total").increment(1);
-            let wait = (at - Utc::now() + chrono::Duration::milliseconds(50))
-                .to_std()
-                .unwrap_or_default();
-            tokio::time::sleep(wait).await;
-        }
         let now = Utc::now();
         let mut due: Vec<(usize, CancelRequest)> = Vec::new();
         for (i, p) in parsed.iter().enumerate() {
