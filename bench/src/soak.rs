@@ -44,7 +44,7 @@ pub struct SoakArgs {
     #[arg(long, default_value_t = 600)]
     pub duration_secs: u64,
     /// Reservations per second, on a fixed schedule (open loop), each from a new buyer.
-    #[arg(long, default_value_t = 400.0)]
+    #[arg(long, default_value_t = 300.0)]
     pub rate: f64,
     /// Requests outstanding at most.
     #[arg(long, default_value_t = 256)]
