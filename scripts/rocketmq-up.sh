@@ -9,7 +9,8 @@
 #   SECKILL_TOOLS_DIR      install dir of the binaries         (~/.cache/seckill/rocketmq-1.0.0)
 #   SECKILL_MQ_LOG_FILTER  log filter for both servers         (warn)
 #   SECKILL_MQ_NAMESRV_HEALTH_PORT / SECKILL_MQ_BROKER_HEALTH_PORT   (19876 / 19911)
-#   SECKILL_MQ_START_TIMEOUT  seconds to wait for readiness    (30)
+#   SECKILL_MQ_START_TIMEOUT  seconds to wait for readiness    (120: a broker recovers its
+#                             store first, which took over 30 s after a 7 GB soak)
 set -euo pipefail
 
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,7 +23,7 @@ NAMESRV_PORT=9876
 BROKER_PORT=10911
 NAMESRV_HEALTH="127.0.0.1:${SECKILL_MQ_NAMESRV_HEALTH_PORT:-19876}"
 BROKER_HEALTH="127.0.0.1:${SECKILL_MQ_BROKER_HEALTH_PORT:-19911}"
-START_TIMEOUT="${SECKILL_MQ_START_TIMEOUT:-30}"
+START_TIMEOUT="${SECKILL_MQ_START_TIMEOUT:-120}"
 
 NAMESRV_BIN="$TOOLS_DIR/bin/rocketmq-namesrv-rust"
 BROKER_BIN="$TOOLS_DIR/bin/rocketmq-broker-rust"
