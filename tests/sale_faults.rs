@@ -40,12 +40,19 @@ struct Roles {
 /// A consumer throttled below the buyers' arrival rate (batches of at most 4, each transaction
 /// held 100 ms by a failpoint: at most about 80 orders/s), so an order backlog builds during
 /// the sale.
-fn start_consumer(env: &TestEnv) -> (Proc, u16) {
+/// The consumers' throttle: 100 ms inside each order transaction, so a backlog builds.
+const THROTTLED: &str = "consume-inside-transaction=sleep(100)";
+/// The same, and 2 s between each commit and its ACK: a consumer killed at any moment of the
+/// sale is then almost surely holding a committed batch it never ACKed.
+const THROTTLED_SLOW_ACK: &str =
+    "consume-inside-transaction=sleep(100);consume-after-commit-before-ack=sleep(2000)";
+
+fn start_consumer(env: &TestEnv, failpoints: &str) -> (Proc, u16) {
     let port = free_port();
     let p = spawn(
         env,
         &["consume", "--workers", "2"],
-        "consume-inside-transaction=sleep(100)",
+        failpoints,
         &[
             (
                 "SECKILL__CONSUMER__METRICS_LISTEN",
@@ -74,7 +81,7 @@ async fn metric(port: u16, name: &str, labels: &str) -> f64 {
         .sum()
 }
 
-async fn start_roles(env: &TestEnv, consumers: usize) -> Roles {
+async fn start_roles(env: &TestEnv, consumers: usize, first_consumers: &str) -> Roles {
     let api_port = free_port();
     let scan_port = free_port();
     let api = spawn(
@@ -92,7 +99,9 @@ async fn start_roles(env: &TestEnv, consumers: usize) -> Roles {
             format!("127.0.0.1:{scan_port}"),
         )],
     );
-    let consumers: Vec<(Proc, u16)> = (0..consumers).map(|_| start_consumer(env)).collect();
+    let consumers: Vec<(Proc, u16)> = (0..consumers)
+        .map(|_| start_consumer(env, first_consumers))
+        .collect();
     wait_ready(format!("http://127.0.0.1:{api_port}/readyz")).await;
     wait_ready(format!("http://127.0.0.1:{scan_port}/readyz")).await;
     for (_, port) in &consumers {
@@ -210,17 +219,18 @@ fn sigkill(p: &mut Proc) {
 async fn every_consumer_killed_and_restarted_during_a_sale_loses_and_doubles_nothing() {
     let env = TestEnv::new(true).await;
     env.activity(980, 1, STOCK).await;
-    let mut roles = start_roles(&env, 2).await;
+    let mut roles = start_roles(&env, 2, THROTTLED_SLOW_ACK).await;
     let api_port = roles.api_port;
     let consumers = &mut roles.consumers;
     let env_ref = &env;
     let accepted = sale_with(&env, 980, api_port, move || async move {
-        // Both consumers die mid-transaction or mid-ACK, without a clean shutdown; two new
-        // ones take over their queues (rebalance) and get the un-ACKed batches again.
+        // Both consumers die holding committed batches they never ACKed (2 s between commit
+        // and ACK), without a clean shutdown; two new ones take over their queues (rebalance)
+        // and get those batches again.
         for (c, _) in consumers.iter_mut() {
             sigkill(c);
         }
-        let fresh: Vec<(Proc, u16)> = (0..2).map(|_| start_consumer(env_ref)).collect();
+        let fresh: Vec<(Proc, u16)> = (0..2).map(|_| start_consumer(env_ref, THROTTLED)).collect();
         for (_, port) in &fresh {
             wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
         }
@@ -267,7 +277,7 @@ fn script(name: &str) -> std::process::ExitStatus {
 async fn the_broker_killed_and_restarted_mid_sale_loses_and_doubles_nothing() {
     let env = TestEnv::new(true).await;
     env.activity(981, 1, STOCK).await;
-    let roles = start_roles(&env, 1).await;
+    let roles = start_roles(&env, 1, THROTTLED).await;
     let accepted = sale_with(&env, 981, roles.api_port, || async {
         let pid = std::fs::read_to_string(run_dir().join("broker.pid")).unwrap();
         let killed = std::process::Command::new("kill")
@@ -311,7 +321,7 @@ async fn the_broker_killed_and_restarted_mid_sale_loses_and_doubles_nothing() {
 async fn postgresql_restarted_mid_sale_rolls_back_retries_and_loses_nothing() {
     let env = TestEnv::new(true).await;
     env.activity(982, 1, STOCK).await;
-    let roles = start_roles(&env, 1).await;
+    let roles = start_roles(&env, 1, THROTTLED).await;
     let accepted = sale_with(&env, 982, roles.api_port, || async {
         let version = std::fs::read_dir("/etc/postgresql")
             .unwrap()
