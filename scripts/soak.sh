@@ -48,7 +48,7 @@ STOCK=$(awk -v r="$RATE" -v d="$DURATION" 'BEGIN { printf "%d", r * d * 1.2 + 10
 "$BIN" activity create --activity-id "$ACTIVITY" --name soak --sku "1:$STOCK:9900" \
   --duration-secs $(( DURATION + PAY_WINDOW + 3600 )) >&2
 
-declare -A PID=() PORT=([api]=48080 [consume]=49101 [scan]=49102 [timeout-cancel]=49103)
+declare -A PID=() PORT=([api]=27080 [consume]=27101 [scan]=27102 [timeout-cancel]=27103)
 ROLES=(api consume scan timeout-cancel)
 start() { "$BIN" "$1" >>"$LOG_DIR/$1.log" 2>&1 & PID[$1]=$!; }
 wait_ready() {
@@ -85,7 +85,7 @@ for r in "${ROLES[@]}"; do procs+=(--proc "$r=${PID[$r]}"); done
 procs+=(--proc "broker=$(cat "$RUN_DIR/broker.pid")")
 log "sale: $RATE a second for $DURATION s, $PAY_SHARE paid within $PAY_WINDOW s, samples every $SAMPLE s"
 set +e
-"$BENCH" soak --api http://127.0.0.1:48080 --activity-id "$ACTIVITY" --sku-id 1 \
+"$BENCH" soak --api http://127.0.0.1:27080 --activity-id "$ACTIVITY" --sku-id 1 \
   --duration-secs "$DURATION" --rate "$RATE" --pay-share "$PAY_SHARE" --sample-secs "$SAMPLE" \
   --max-rss-slope-mib-per-min "$MAX_SLOPE" "${procs[@]}" | tee "$LOG_DIR/soak.out"
 status=${PIPESTATUS[0]}

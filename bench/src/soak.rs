@@ -491,6 +491,17 @@ fn rss_mib(pid: u32) -> Option<(f64, f64)> {
     Some((kib("VmRSS:")? / 1024.0, kib("RssAnon:")? / 1024.0))
 }
 
+/// The tables whose size and rows every sample shows.
+const SAMPLED_TABLES: [&str; 7] = [
+    "compensation_tasks",
+    "consumer_inbox",
+    "event_outbox",
+    "order_commits",
+    "orders",
+    "reservations",
+    "stock_ledger",
+];
+
 /// One sample line, and the anonymous memory of each process.
 #[allow(clippy::too_many_arguments)]
 async fn sample(
@@ -533,31 +544,26 @@ async fn sample(
         row.get::<_, f64>(3),
         row.get::<_, i64>(4),
     ));
-    let sizes = pg
-        .query(
-            "SELECT c.relname, pg_total_relation_size(c.oid)::float8 / 1048576, s.n_live_tup
-             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-             JOIN pg_stat_user_tables s ON s.relid = c.oid
-             WHERE n.nspname = current_schema() AND c.relkind = 'r'
-               AND c.relname IN ('orders', 'reservations', 'consumer_inbox', 'event_outbox',
-                                 'stock_ledger', 'compensation_tasks', 'order_commits')
-             ORDER BY c.relname",
-            &[],
-        )
-        .await?;
-    parts.push(format!(
-        "pg_mib_rows={}",
-        sizes
-            .iter()
-            .map(|r| format!(
-                "{}:{:.1}/{}",
-                r.get::<_, String>(0),
-                r.get::<_, f64>(1),
-                r.get::<_, i64>(2)
-            ))
-            .collect::<Vec<_>>()
-            .join(",")
-    ));
+    // Size on disk, and the exact row count (not the planner's estimate, which only a VACUUM
+    // or ANALYZE refreshes).
+    let mut tables = Vec::new();
+    for table in SAMPLED_TABLES {
+        let row = pg
+            .query_one(
+                &format!(
+                    "SELECT pg_total_relation_size('{table}')::float8 / 1048576, count(*)
+                     FROM {table}"
+                ),
+                &[],
+            )
+            .await?;
+        tables.push(format!(
+            "{table}:{:.1}/{}",
+            row.get::<_, f64>(0),
+            row.get::<_, i64>(1)
+        ));
+    }
+    parts.push(format!("pg_mib_rows={}", tables.join(",")));
     let mut conn = redis.pool.get().await?;
     let info: String = deadpool_redis::redis::cmd("INFO")
         .arg("memory")

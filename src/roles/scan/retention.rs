@@ -8,6 +8,9 @@ use tracing::{info, warn};
 
 use crate::config::RetentionSettings;
 
+/// Bound on each statement of a retention pass (a batch DELETE, a VACUUM).
+const RETENTION_STATEMENT_TIMEOUT_SECS: u64 = 600;
+
 /// One retention pass every `rt.interval_secs` until `stop`.
 pub(super) async fn run_loop(
     pool: deadpool_postgres::Pool,
@@ -16,9 +19,27 @@ pub(super) async fn run_loop(
 ) {
     while !stop.is_cancelled() {
         if let Ok(client) = pool.get().await {
-            match crate::pg::retention::purge_all(&**client, &rt).await {
+            // Its statements are not the hot path's: a batch DELETE on a big table, or a
+            // VACUUM, may take longer than pg.statement_timeout_ms (it failed every pass of
+            // make soak with the 2 s bound). The connection gets its bound back afterwards.
+            let pass = async {
+                client
+                    .batch_execute(&format!(
+                        "SET statement_timeout = '{}s'",
+                        RETENTION_STATEMENT_TIMEOUT_SECS
+                    ))
+                    .await?;
+                let done = crate::pg::retention::purge_all(&**client, &rt).await;
+                client.batch_execute("RESET statement_timeout").await?;
+                done
+            };
+            match pass.await {
                 Ok(done) => info!(deleted = ?done, "retention pass"),
-                Err(e) => warn!(error = %e, "retention pass failed"),
+                Err(e) => {
+                    // The connection may hold the long bound: it leaves the pool.
+                    drop(deadpool_postgres::Object::take(client));
+                    warn!(error = %crate::pg::errors::classify(&e), "retention pass failed")
+                }
             }
         }
         tokio::select! {
