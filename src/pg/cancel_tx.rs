@@ -19,6 +19,7 @@ use deadpool_postgres::Client;
 use tokio_postgres::types::ToSql;
 
 use super::errors::TxError;
+use super::exec_unless_empty;
 use super::order_state::StateNames;
 use super::outbox::OUTBOX_CHANNEL;
 use crate::domain::events::{
@@ -303,7 +304,7 @@ async fn write_outcomes(
         }
     }
     let none = canceled.is_empty();
-    let ledger_rows = exec_unless(
+    let ledger_rows = exec_unless_empty(
         tx,
         none,
         "INSERT INTO stock_ledger (activity_id, sku_id, order_id, delta, reason)
@@ -311,7 +312,7 @@ async fn write_outcomes(
          FROM unnest($1::int8[], $2::int8[], $3::text[]) AS t(a, s, o)",
         [&ledger.0, &ledger.1, &ledger.2],
     );
-    let task_rows = exec_unless(
+    let task_rows = exec_unless_empty(
         tx,
         none,
         "INSERT INTO compensation_tasks (task_id, reservation_id, activity_id, sku_id, user_id, reason)
@@ -320,7 +321,7 @@ async fn write_outcomes(
          ON CONFLICT DO NOTHING",
         [&tasks.0, &tasks.1, &tasks.2, &tasks.3, &tasks.4],
     );
-    let outbox_rows = exec_unless(
+    let outbox_rows = exec_unless_empty(
         tx,
         none,
         "INSERT INTO event_outbox
@@ -338,7 +339,7 @@ async fn write_outcomes(
             &outbox.payloads,
         ],
     );
-    let inbox_rows = exec_unless(
+    let inbox_rows = exec_unless_empty(
         tx,
         settled.is_empty(),
         "UPDATE consumer_inbox i SET status = 'SUCCEEDED', decision = t.d, updated_at = now()
@@ -346,7 +347,7 @@ async fn write_outcomes(
          WHERE i.consumer_group = $1 AND i.message_id = t.m",
         [&names.consumer_group, &settled, &decisions],
     );
-    let unclaim = exec_unless(
+    let unclaim = exec_unless_empty(
         tx,
         early.is_empty(),
         "DELETE FROM consumer_inbox WHERE consumer_group = $1 AND message_id = ANY($2::text[])",
@@ -406,19 +407,4 @@ impl OutboxRows {
         self.versions.push(aggregate.map(|(_, v)| v));
         self.payloads.push(payload);
     }
-}
-
-/// Runs one set-based statement (prepared once per connection) unless it has nothing to write.
-async fn exec_unless<const N: usize>(
-    tx: &Tx<'_>,
-    empty: bool,
-    sql: &str,
-    params: [&(dyn ToSql + Sync); N],
-) -> Result<(), tokio_postgres::Error> {
-    if empty {
-        return Ok(());
-    }
-    let stmt = tx.prepare_cached(sql).await?;
-    tx.execute(&stmt, &params).await?;
-    Ok(())
 }

@@ -207,3 +207,19 @@ pub async fn quarantine(
         )
         .await
 }
+
+/// Runs one set-based statement of a transaction (prepared once per connection), unless it has
+/// no rows to write: the order and cancel transactions' building block.
+pub(crate) async fn exec_unless_empty<const N: usize>(
+    tx: &deadpool_postgres::Transaction<'_>,
+    empty: bool,
+    sql: &str,
+    params: [&(dyn tokio_postgres::types::ToSql + Sync); N],
+) -> Result<(), tokio_postgres::Error> {
+    if empty {
+        return Ok(());
+    }
+    let stmt = tx.prepare_cached(sql).await?;
+    tx.execute(&stmt, &params).await?;
+    Ok(())
+}

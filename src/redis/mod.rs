@@ -540,14 +540,7 @@ impl RedisStore {
         let mut census = Census::default();
         let sku = sku_id.to_string();
         loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut *conn)
-                .await?;
+            let (next, keys) = scan_page(&mut *conn, cursor, &pattern).await?;
             if !keys.is_empty() {
                 let mut pipe = redis::pipe();
                 for key in &keys {
@@ -688,14 +681,7 @@ impl RedisStore {
         let pattern = format!("{}:*", self.keys.tag(activity_id));
         let (mut cursor, mut expired) = (0u64, 0u64);
         loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut *conn)
-                .await?;
+            let (next, keys) = scan_page(&mut *conn, cursor, &pattern).await?;
             if !keys.is_empty() {
                 let mut pipe = redis::pipe();
                 for key in &keys {
@@ -808,4 +794,20 @@ mod tests {
             assert!(key.starts_with("p:{a7}:"), "{key}");
         }
     }
+}
+
+/// One page (up to 1,000) of a `SCAN ... MATCH pattern`: the next cursor and the keys.
+async fn scan_page(
+    conn: &mut impl redis::aio::ConnectionLike,
+    cursor: u64,
+    pattern: &str,
+) -> redis::RedisResult<(u64, Vec<String>)> {
+    redis::cmd("SCAN")
+        .arg(cursor)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(1000)
+        .query_async(conn)
+        .await
 }

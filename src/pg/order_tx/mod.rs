@@ -21,6 +21,7 @@ use deadpool_postgres::Client;
 use tokio_postgres::types::ToSql;
 
 use super::errors::TxError;
+use super::exec_unless_empty;
 use crate::domain::event::PoisonReason;
 use crate::domain::{Decision, OrderCreateRequested, RejectReason};
 
@@ -605,22 +606,6 @@ async fn write_outcomes(
     r4?;
     r5?;
     r6?;
-    Ok(())
-}
-
-/// Runs one set-based statement of the transaction (prepared once per connection), unless it
-/// has no rows to write.
-async fn exec_unless_empty<const N: usize>(
-    tx: &Tx<'_>,
-    empty: bool,
-    sql: &str,
-    params: [&(dyn ToSql + Sync); N],
-) -> Result<(), tokio_postgres::Error> {
-    if empty {
-        return Ok(());
-    }
-    let stmt = tx.prepare_cached(sql).await?;
-    tx.execute(&stmt, &params).await?;
     Ok(())
 }
 
