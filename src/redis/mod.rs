@@ -776,6 +776,22 @@ impl RedisStore {
     }
 }
 
+/// One page (up to 1,000) of a `SCAN ... MATCH pattern`: the next cursor and the keys.
+async fn scan_page(
+    conn: &mut impl redis::aio::ConnectionLike,
+    cursor: u64,
+    pattern: &str,
+) -> redis::RedisResult<(u64, Vec<String>)> {
+    redis::cmd("SCAN")
+        .arg(cursor)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(1000)
+        .query_async(conn)
+        .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -794,20 +810,4 @@ mod tests {
             assert!(key.starts_with("p:{a7}:"), "{key}");
         }
     }
-}
-
-/// One page (up to 1,000) of a `SCAN ... MATCH pattern`: the next cursor and the keys.
-async fn scan_page(
-    conn: &mut impl redis::aio::ConnectionLike,
-    cursor: u64,
-    pattern: &str,
-) -> redis::RedisResult<(u64, Vec<String>)> {
-    redis::cmd("SCAN")
-        .arg(cursor)
-        .arg("MATCH")
-        .arg(pattern)
-        .arg("COUNT")
-        .arg(1000)
-        .query_async(conn)
-        .await
 }
