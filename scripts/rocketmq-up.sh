@@ -11,6 +11,12 @@
 #   SECKILL_MQ_NAMESRV_HEALTH_PORT / SECKILL_MQ_BROKER_HEALTH_PORT   (19876 / 19911)
 #   SECKILL_MQ_START_TIMEOUT  seconds to wait for readiness    (120: a broker recovers its
 #                             store first, which took over 30 s after a 7 GB soak)
+#   SECKILL_MQ_PROFILE     the broker's durability profile     (development)
+#                             development: ASYNC_FLUSH, a lone ASYNC_MASTER (the fastest);
+#                             production:  SYNC_FLUSH, so a confirmed send is on disk before the
+#                             answer (see config/rocketmq/broker.toml and BENCHMARKS.md for its
+#                             measured cost). A broker already running keeps its profile: stop it
+#                             first (scripts/rocketmq-down.sh) to change it.
 set -euo pipefail
 
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -72,9 +78,17 @@ pid_alive() {
   grep -q "$name" "/proc/$pid/cmdline" 2>/dev/null
 }
 
+PROFILE="${SECKILL_MQ_PROFILE:-development}"
+case "$PROFILE" in
+  development) FLUSH_DISK_TYPE=ASYNC_FLUSH ;;
+  production) FLUSH_DISK_TYPE=SYNC_FLUSH ;;
+  *) echo "rocketmq-up: ERROR: SECKILL_MQ_PROFILE must be development or production, not '$PROFILE'" >&2; exit 2 ;;
+esac
+
 render() {
-  # Fills the data directory into a config template; '|' cannot occur in a path we build.
-  sed "s|@DATA_DIR@|$DATA_DIR|g" "$1" >"$2"
+  # Fills the data directory and the profile into a config template; '|' cannot occur in a
+  # path we build.
+  sed -e "s|@DATA_DIR@|$DATA_DIR|g" -e "s|@FLUSH_DISK_TYPE@|$FLUSH_DISK_TYPE|g" "$1" >"$2"
 }
 
 start_detached() {
@@ -188,7 +202,7 @@ else
       "$RUN_DIR/logs/broker.log"
   fi
   render "$REPO_DIR/config/rocketmq/broker.toml" "$RUN_DIR/conf/broker.toml"
-  log "starting broker (log $RUN_DIR/logs/broker.log, store $DATA_DIR/store)"
+  log "starting broker, $PROFILE profile ($FLUSH_DISK_TYPE; log $RUN_DIR/logs/broker.log, store $DATA_DIR/store)"
   start_detached "$RUN_DIR/broker.pid" "$RUN_DIR/logs/broker.log" \
     env ROCKETMQ_HEALTH_BIND_ADDR="$BROKER_HEALTH" "$BROKER_BIN" \
     -c "$RUN_DIR/conf/broker.toml" -n "127.0.0.1:$NAMESRV_PORT" \

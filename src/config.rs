@@ -108,6 +108,8 @@ pub struct MqSettings {
     pub cluster: String,
     /// Bound on one synchronous send; past it the outcome is UNKNOWN (never a release).
     pub send_timeout_ms: u64,
+    /// Client retries of a refused or unsent attempt, inside `send_timeout_ms`.
+    pub send_retries: u32,
     /// Queues per topic at creation (calibrated for this machine).
     pub order_create_queues: u32,
     pub other_queues: u32,
@@ -144,6 +146,9 @@ pub struct ApiSettings {
     pub fail_closed_share: f64,
     /// How often the admission check runs.
     pub admission_check_ms: u64,
+    /// After a fail-closed pause ends, admission ramps from 10 % of new reservations to all
+    /// over this many seconds (0: all at once).
+    pub resume_ramp_secs: u64,
     /// Lag probes failing in a row (with reservations sent meanwhile) before admission closes:
     /// an unreadable lag is never read as a fresh one.
     pub lag_unreadable_probes: u32,
@@ -238,6 +243,14 @@ pub struct ConsumerSettings {
     pub shutdown_grace_secs: u64,
     /// Seconds an order stays unpaid before the timeout cancel may take it back.
     pub pay_window_secs: u64,
+    /// Listener calls in flight at once and messages per call of the other groups of the
+    /// `consume` role (compensation, projection, DLQ intake); each call is one pooled
+    /// connection's work, outside the order worker budget.
+    pub compensate_workers: usize,
+    pub compensate_batch_size: usize,
+    pub projection_workers: usize,
+    pub projection_batch_size: usize,
+    pub dlq_intake_workers: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -253,6 +266,9 @@ pub struct ScanSettings {
     pub scanner_poll_ms: u64,
     /// Cap of the re-send backoff (it starts at `api.resend_backoff_ms` and doubles).
     pub resend_backoff_cap_ms: u64,
+    /// How long after its validity a refused, uncertain reservation waits before it is settled
+    /// from PostgreSQL (docs/ARCHITECTURE.md#uncertain-sends).
+    pub settle_grace_ms: u64,
     /// Outbox rows one relay claims at a time.
     pub relay_batch: usize,
     /// How long a relay owns the rows it claimed before another may send them again.
@@ -591,6 +607,9 @@ impl Settings {
         if self.mq.send_timeout_ms == 0 || self.mq.send_timeout_ms > 10_000 {
             return Err(invalid("mq.send_timeout_ms", "must be in 1..=10000"));
         }
+        if self.mq.send_retries > 5 {
+            return Err(invalid("mq.send_retries", "must be in 0..=5"));
+        }
         if self.mq.send_batch_max == 0 || self.mq.send_batch_max > 256 {
             return Err(invalid("mq.send_batch_max", "must be in 1..=256"));
         }
@@ -635,6 +654,9 @@ impl Settings {
         if self.api.lag_unreadable_probes == 0 {
             return Err(invalid("api.lag_unreadable_probes", "must be at least 1"));
         }
+        if self.api.resume_ramp_secs > 3600 {
+            return Err(invalid("api.resume_ramp_secs", "must be at most 3600"));
+        }
         if self.api.admission_check_ms == 0 {
             return Err(invalid("api.admission_check_ms", "must be positive"));
         }
@@ -675,6 +697,38 @@ impl Settings {
         if self.consumer.batch_size == 0 || self.consumer.batch_size > 32 {
             return Err(invalid("consumer.batch_size", "must be in 1..=32"));
         }
+        for (key, workers) in [
+            (
+                "consumer.compensate_workers",
+                self.consumer.compensate_workers,
+            ),
+            (
+                "consumer.projection_workers",
+                self.consumer.projection_workers,
+            ),
+            (
+                "consumer.dlq_intake_workers",
+                self.consumer.dlq_intake_workers,
+            ),
+        ] {
+            if workers == 0 || workers > 64 {
+                return Err(invalid(key, "must be in 1..=64"));
+            }
+        }
+        for (key, batch) in [
+            (
+                "consumer.compensate_batch_size",
+                self.consumer.compensate_batch_size,
+            ),
+            (
+                "consumer.projection_batch_size",
+                self.consumer.projection_batch_size,
+            ),
+        ] {
+            if batch == 0 || batch > 32 {
+                return Err(invalid(key, "must be in 1..=32"));
+            }
+        }
         if self.consumer.tx_latency_target_ms == 0 {
             return Err(invalid("consumer.tx_latency_target_ms", "must be positive"));
         }
@@ -712,6 +766,12 @@ impl Settings {
             return Err(invalid(
                 "scan.resend_backoff_cap_ms",
                 "must be >= api.resend_backoff_ms",
+            ));
+        }
+        if sc.settle_grace_ms > 3_600_000 {
+            return Err(invalid(
+                "scan.settle_grace_ms",
+                "must be at most 3600000 (an hour): the unit is held that long",
             ));
         }
         if sc.relay_batch == 0 || sc.relay_batch > 10_000 {

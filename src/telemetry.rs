@@ -129,11 +129,21 @@ pub fn metrics_handle() -> PrometheusHandle {
             ];
             // A cancel's lateness is seconds to minutes, not milliseconds.
             let lateness = &[0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0];
+            // Reservation → order: the 3 s SLO is a bucket boundary, so its share is exact.
+            let slo = &[
+                0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 300.0,
+            ];
             let builder = PrometheusBuilder::new()
                 .set_buckets_for_metric(
                     Matcher::Full("order_cancel_delay_seconds".to_string()),
                     lateness,
                 )
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full("order_reservation_to_order_seconds".to_string()),
+                        slo,
+                    )
+                })
                 .and_then(|b| {
                     b.set_buckets_for_metric(Matcher::Suffix("_seconds".to_string()), seconds)
                 })
@@ -169,6 +179,35 @@ fn describe() {
     describe_counter!(
         "reservation_resend_refused_total",
         "Scanner re-sends the broker refused while the reservation was still valid: retried, not released"
+    );
+    describe_counter!(
+        "reservation_settled_total",
+        "Reservations whose re-send was refused after validity + grace, settled from PostgreSQL, by verdict (fenced: released once; consumed: a copy reached the consumer)"
+    );
+    describe_gauge!(
+        "mq_consumer_lag_messages",
+        "Unconsumed messages of a consumer group, its retry topic included, by topic"
+    );
+    describe_gauge!(
+        "mq_consumer_lag_seconds",
+        "Age of the oldest unconsumed message of a consumer group (retry topic included), by topic"
+    );
+    describe_gauge!(
+        "mq_consumer_retry_lag_messages",
+        "Failed deliveries due again and not consumed yet (the group's %RETRY% topic), by topic"
+    );
+    describe_counter!(
+        "mq_consumer_lag_read_errors_total",
+        "Backlog readings the broker did not answer, by topic"
+    );
+    describe_counter!(
+        "mq_consume_repeated_failure_total",
+        "Deliveries that failed for the third time or more in a row, by topic: stuck work, long before the DLQ"
+    );
+    describe_histogram!(
+        "order_reservation_to_order_seconds",
+        Unit::Seconds,
+        "From Redis's acceptance of a reservation to its committed order (the 3 s SLO)"
     );
     describe_counter!(
         "role_task_failures_total",

@@ -9,9 +9,12 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{event, eventually, TestEnv};
+use common::{delivery, event, eventually, reserve_only, TestEnv};
 use seckill::mq::{order_create_message, BatchHandler};
+use seckill::pg::outbox;
+use seckill::roles::consume::compensate::CompensationHandler;
 use seckill::roles::consume::order_create::OrderCreateHandler;
+use seckill::roles::scan::{event_from_reservation, outbox_message};
 
 #[tokio::test]
 async fn a_message_failing_every_time_is_dead_lettered_recorded_and_discardable() {
@@ -67,16 +70,23 @@ async fn a_message_failing_every_time_is_dead_lettered_recorded_and_discardable(
     // The cause is fixed (the lock is gone): replay makes exactly one order, and so does a
     // second replay of the same dead letter.
     for _ in 0..2 {
-        let out = run(&[
-            "dlq",
-            "replay",
-            "--id",
-            &id,
-            "--reason",
-            "lock released",
-            "--actor",
-            "tester",
-        ]);
+        // It watches the inbox for the effect while this test's consumer works.
+        let out = common::cli_async(
+            &env,
+            &[
+                "dlq",
+                "replay",
+                "--id",
+                &id,
+                "--reason",
+                "lock released",
+                "--actor",
+                "tester",
+                "--verify-secs",
+                "30",
+            ],
+        )
+        .await;
         assert!(
             out.status.success(),
             "{}",
@@ -99,6 +109,16 @@ async fn a_message_failing_every_time_is_dead_lettered_recorded_and_discardable(
     assert_eq!(
         env.count("SELECT count(*) FROM dlq_audit WHERE action = 'REPLAY' AND outcome = 'CONFIRMED' AND replay_id LIKE 'rpl_%'").await,
         2
+    );
+    // Each replay's audit row says what came of it: the first made the order, the second
+    // found the inbox already holding the message.
+    assert_eq!(
+        env.count("SELECT count(*) FROM dlq_audit WHERE action = 'REPLAY' AND effect = 'APPLIED:CREATED' AND checks->>'already_applied' IS NULL").await,
+        1
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM dlq_audit WHERE action = 'REPLAY' AND effect = 'DUPLICATE' AND checks->>'already_applied' = 'SUCCEEDED/CREATED'").await,
+        1
     );
     assert_eq!(
         env.count("SELECT count(*) FROM dlq_messages WHERE status = 'REPLAYED'")
@@ -183,8 +203,9 @@ async fn discard_once(env: &TestEnv, c: &tokio_postgres::Client, id: &str) {
     ]);
     assert!(out.status.success());
     assert_eq!(seckill::pg::dlq::open_stats(c).await.unwrap().0, 0);
+    // Its message had become an order: the discard gives nothing back.
     assert_eq!(
-        env.count("SELECT count(*) FROM dlq_audit WHERE action = 'DISCARD' AND actor = 'tester'")
+        env.count("SELECT count(*) FROM dlq_audit WHERE action = 'DISCARD' AND actor = 'tester' AND effect = 'ALREADY_DECIDED'")
             .await,
         1
     );
@@ -280,5 +301,120 @@ async fn a_replay_racing_the_normal_redelivery_of_the_same_message_has_one_effec
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 1);
     assert_eq!(env.count("SELECT count(*) FROM stock_ledger").await, 1);
     assert_eq!(env.count("SELECT count(*) FROM consumer_inbox").await, 1);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn discarding_an_order_create_dead_letter_gives_its_unit_back_once_after_a_dry_run() {
+    let env = TestEnv::new(false).await;
+    env.activity(955, 1, 5).await;
+    let names = env.settings.names();
+    let redis = env.redis().await;
+    // A reservation whose message died: its unit and the buyer's slot are held in Redis.
+    let r = reserve_only(&redis, 955, 7, 60_000).await;
+    let event =
+        event_from_reservation(&redis.reservation(955, &r.reservation_id).await.unwrap()).unwrap();
+    let pool = env.pool(1).await;
+    let c = pool.get().await.unwrap();
+    let dlq_id: i64 = c
+        .query_one(
+            "INSERT INTO dlq_messages (consumer_group, topic, message_id, reservation_id, order_id,
+                                       dlq_queue_id, dlq_queue_offset, attempts, payload, properties)
+             VALUES ($1, $2, $3, $4, $5, 0, 0, 17, $6, $7) RETURNING dlq_id",
+            &[
+                &names.order_create_group,
+                &names.order_create_topic,
+                &event.message_id,
+                &event.reservation_id,
+                &event.order_id,
+                &event.encode(),
+                &serde_json::json!({ "message_id": event.message_id }),
+            ],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let id = dlq_id.to_string();
+    let run = |args: &[&str]| common::cli(&env, args);
+
+    // The dry run says what a replay would meet, and changes nothing.
+    let out = run(&["dlq", "replay", "--id", &id, "--dry-run", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let checks: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        checks[0]["already_applied"],
+        serde_json::Value::Null,
+        "{checks}"
+    );
+    assert_eq!(checks[0]["reservation"], "RESERVED", "{checks}");
+    assert_eq!(checks[0]["schema_known"], true, "{checks}");
+    assert_eq!(checks[0]["older_than_inbox_retention"], false, "{checks}");
+    assert_eq!(env.count("SELECT count(*) FROM dlq_audit").await, 0);
+    let table = run(&["dlq", "replay", "--id", &id, "--dry-run"]);
+    assert!(String::from_utf8_lossy(&table.stdout).contains("RESERVED"));
+
+    // Discarded: the message is withdrawn in the same transaction as the audit row.
+    let out = run(&[
+        "dlq", "discard", &id, "--reason", "bad data", "--actor", "tester",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("WITHDRAWN"));
+    assert_eq!(
+        env.count(
+            "SELECT count(*) FROM dlq_audit WHERE action = 'DISCARD' AND effect = 'WITHDRAWN'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        env.count(&format!(
+            "SELECT count(*) FROM reservations WHERE reservation_id = '{}' AND status = 'REJECTED' AND reject_reason = 'WITHDRAWN'",
+            event.reservation_id
+        ))
+        .await,
+        1
+    );
+    // A copy of the message that still arrives creates nothing.
+    let handler = OrderCreateHandler::new(env.pool(2).await, &env.settings, 1);
+    let late = handler
+        .process(&[common::delivery_of(&names.order_create_topic, &event)])
+        .await
+        .unwrap();
+    assert_eq!(late, vec![seckill::domain::Decision::DuplicateMessage]);
+    assert_eq!(env.count("SELECT count(*) FROM orders").await, 0);
+
+    // The unit goes back through the compensation path, exactly once.
+    let rows = outbox::claim(&**c, 10, 1.0).await.unwrap();
+    let released: Vec<_> = rows
+        .iter()
+        .filter(|r| r.topic == names.compensate_topic)
+        .collect();
+    assert_eq!(released.len(), 1, "{rows:?}");
+    let msg = outbox_message(released[0]);
+    let mut d = delivery(&names.compensate_topic, None, msg.body.clone());
+    d.properties.extend(msg.properties.iter().cloned());
+    let comp = CompensationHandler {
+        redis: redis.clone(),
+        pool: env.pool(1).await,
+        group: names.compensate_group.clone(),
+    };
+    assert_eq!(redis.sku_stock(955, 1).await.unwrap(), Some((5, 4)));
+    comp.handle(vec![d.clone()]).await;
+    comp.handle(vec![d]).await;
+    let h = redis.reservation(955, &r.reservation_id).await.unwrap();
+    assert_eq!(h["status"], "RELEASED", "{h:?}");
+    assert_eq!(redis.sku_stock(955, 1).await.unwrap(), Some((5, 5)));
+    // Not twice.
+    let out = run(&["dlq", "discard", &id, "--reason", "again"]);
+    assert!(!out.status.success());
+    drop(c);
     env.cleanup().await;
 }

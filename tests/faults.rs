@@ -55,6 +55,7 @@ async fn api_killed_after_the_reservation_before_the_send_the_scanner_sends_it_o
     let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
     let scanner = seckill::roles::scan::Scanner::new(
         redis.clone(),
+        env.pool(1).await,
         publisher,
         Arc::new(env.settings.clone()),
     );
@@ -300,6 +301,7 @@ async fn a_scanner_killed_holding_leases_is_taken_over_after_they_expire() {
     let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
     let other = seckill::roles::scan::Scanner::new(
         redis.clone(),
+        env.pool(1).await,
         publisher,
         Arc::new(env.settings.clone()),
     );
@@ -422,6 +424,7 @@ async fn api_killed_after_the_broker_stored_the_message_makes_one_order() {
     let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
     let scanner = seckill::roles::scan::Scanner::new(
         redis.clone(),
+        env.pool(1).await,
         publisher,
         Arc::new(env.settings.clone()),
     );
@@ -489,7 +492,7 @@ async fn consumer_killed_inside_the_transaction_commits_nothing_and_the_redelive
 }
 
 #[tokio::test]
-async fn a_re_send_the_broker_refuses_keeps_a_valid_reservation_and_releases_an_expired_one() {
+async fn a_re_send_the_broker_refuses_keeps_a_valid_reservation_and_settles_an_expired_one() {
     // No topics for this environment: every send is refused ("topic route not found"), which is
     // also what a broker answers for a while after it restarts.
     let env = TestEnv::new(false).await;
@@ -499,7 +502,10 @@ async fn a_re_send_the_broker_refuses_keeps_a_valid_reservation_and_releases_an_
     let expired = common::reserve_only(&redis, 963, 2, 0).await;
     {
         use deadpool_redis::redis::AsyncCommands;
-        let past = chrono::Utc::now().timestamp_millis() - 1_000;
+        // Past its validity and the settle grace.
+        let past = chrono::Utc::now().timestamp_millis()
+            - env.settings.scan.settle_grace_ms as i64
+            - 1_000;
         let mut c = redis.pool.get().await.unwrap();
         let _: () = c
             .hset(
@@ -513,11 +519,16 @@ async fn a_re_send_the_broker_refuses_keeps_a_valid_reservation_and_releases_an_
     let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
     let scanner = seckill::roles::scan::Scanner::new(
         redis.clone(),
+        env.pool(1).await,
         publisher,
         Arc::new(env.settings.clone()),
     );
     let stats = scanner.scan_once().await.unwrap();
-    assert_eq!(stats.failed, 2, "both re-sends refused: {stats:?}");
+    assert_eq!(
+        (stats.failed, stats.settled),
+        (1, 1),
+        "both re-sends refused, the expired one settled: {stats:?}"
+    );
 
     // The buyer of the valid one was told 202: it keeps its unit and is tried again later.
     let v = redis.reservation(963, &valid.reservation_id).await.unwrap();
@@ -528,15 +539,36 @@ async fn a_re_send_the_broker_refuses_keeps_a_valid_reservation_and_releases_an_
     );
     assert!(v["next_retry_at"].parse::<i64>().unwrap() > chrono::Utc::now().timestamp_millis());
     assert_eq!(redis.pending_count(963).await.unwrap(), 1);
-    // The expired one would be rejected by the consumer anyway: its unit goes back.
+    // The expired one: no copy reached the consumer, so its inbox is fenced (a copy arriving
+    // later is a duplicate), the decision recorded, and the unit goes back.
     let e = redis
         .reservation(963, &expired.reservation_id)
         .await
         .unwrap();
     assert_eq!(
-        (e["status"].as_str(), e["mq_status"].as_str()),
-        ("RELEASED", "MQ_FAILED"),
+        (
+            e["status"].as_str(),
+            e["mq_status"].as_str(),
+            e["release_reason"].as_str()
+        ),
+        ("RELEASED", "MQ_FENCED", "SEND_FENCED"),
         "{e:?}"
+    );
+    assert_eq!(
+        env.count(&format!(
+            "SELECT count(*) FROM reservations WHERE reservation_id = '{}' AND status = 'REJECTED' AND reject_reason = 'WITHDRAWN'",
+            expired.reservation_id
+        ))
+        .await,
+        1
+    );
+    assert_eq!(
+        env.count(&format!(
+            "SELECT count(*) FROM consumer_inbox WHERE message_id = '{}'",
+            expired.message_id
+        ))
+        .await,
+        1
     );
     assert_eq!(redis.sku_stock(963, 1).await.unwrap(), Some((5, 4)));
     env.cleanup().await;

@@ -613,8 +613,12 @@ async fn admission_pauses_when_reservations_wait_too_long_and_resumes_when_they_
 
     // The scanner, with a working broker, sends the backlog: admission resumes by itself.
     let good = seckill::mq::connect_publisher(&env.settings).await.unwrap();
-    let scanner =
-        seckill::roles::scan::Scanner::new(env.redis().await, good, Arc::new(env.settings.clone()));
+    let scanner = seckill::roles::scan::Scanner::new(
+        env.redis().await,
+        env.pool(1).await,
+        good,
+        Arc::new(env.settings.clone()),
+    );
     // The first re-send is due after the backoff; wait for it.
     eventually(10, "the scanner re-sent the backlog", || async {
         scanner.scan_once().await.unwrap();

@@ -53,7 +53,12 @@ async fn the_scanner_sends_what_the_api_never_sent_with_the_same_message_id() {
         .unwrap();
 
     let lost = reserve_only(&redis, 10, 1, 0).await;
-    let scanner = Scanner::new(redis.clone(), publisher.clone(), settings.clone());
+    let scanner = Scanner::new(
+        redis.clone(),
+        env.pool(1).await,
+        publisher.clone(),
+        settings.clone(),
+    );
     let stats = scanner.scan_once().await.unwrap();
     assert_eq!((stats.claimed, stats.confirmed), (1, 1));
     eventually(30, "the order", || async {
@@ -88,8 +93,18 @@ async fn the_scanner_sends_what_the_api_never_sent_with_the_same_message_id() {
     for user in 100..120 {
         reserve_only(&redis, 10, user, 0).await;
     }
-    let a = Scanner::new(redis.clone(), publisher.clone(), settings.clone());
-    let b = Scanner::new(redis.clone(), publisher.clone(), settings.clone());
+    let a = Scanner::new(
+        redis.clone(),
+        env.pool(1).await,
+        publisher.clone(),
+        settings.clone(),
+    );
+    let b = Scanner::new(
+        redis.clone(),
+        env.pool(1).await,
+        publisher.clone(),
+        settings.clone(),
+    );
     let (sa, sb) = tokio::join!(a.scan_once(), b.scan_once());
     let (sa, sb) = (sa.unwrap(), sb.unwrap());
     assert_eq!(sa.claimed + sb.claimed, 20, "{sa:?} {sb:?}");
@@ -748,7 +763,12 @@ async fn an_activity_that_ended_long_ago_with_nothing_pending_leaves_the_scanner
     drop(conn);
 
     let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
-    let scanner = Scanner::new(redis.clone(), publisher, Arc::new(env.settings.clone()));
+    let scanner = Scanner::new(
+        redis.clone(),
+        env.pool(1).await,
+        publisher,
+        Arc::new(env.settings.clone()),
+    );
     let stats = scanner.scan_once().await.unwrap();
     assert_eq!((stats.retired, stats.claimed), (1, 0), "{stats:?}");
     let mut left = redis.activities().await.unwrap();

@@ -20,6 +20,7 @@ SET search_path = seckill_limits;
 \ir ../../sql/V5__order_clock.sql
 \ir ../../sql/V6__commit_stamp.sql
 \ir ../../sql/V7__retention_marks.sql
+\ir ../../sql/V8__dlq_effects.sql
 
 -- The hot row: remaining_stock is INTEGER as in the project, so "huge" is the INTEGER
 -- maximum (2,147,483,647): far more than any run can sell.

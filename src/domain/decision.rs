@@ -15,6 +15,10 @@ pub enum RejectReason {
     DuplicateBuyer,
     /// The activity SKU does not exist in PostgreSQL.
     UnknownSku,
+    /// Withdrawn before any copy of its message reached the consumer: an operator discarded
+    /// its dead letter, or a re-send the broker refused after the reservation's validity was
+    /// settled from PostgreSQL (docs/ARCHITECTURE.md#uncertain-sends).
+    Withdrawn,
 }
 
 impl RejectReason {
@@ -24,6 +28,7 @@ impl RejectReason {
             RejectReason::NoStock => "NO_STOCK",
             RejectReason::DuplicateBuyer => "DUPLICATE_BUYER",
             RejectReason::UnknownSku => "UNKNOWN_SKU",
+            RejectReason::Withdrawn => "WITHDRAWN",
         }
     }
 }

@@ -13,6 +13,25 @@ pub mod rocketmq;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// The short name of one of the pipeline's topics, for metric labels (`order_create`,
+/// `order_timeout`, `order_event`, `compensate`; `dlq` for a dead-letter topic, `other` else).
+pub fn topic_label(topic: &str) -> &'static str {
+    let t = topic.strip_prefix("%RETRY%").unwrap_or(topic);
+    if t.starts_with("%DLQ%") {
+        "dlq"
+    } else if t.ends_with("SECKILL_ORDER_CREATE_V1") {
+        "order_create"
+    } else if t.ends_with("SECKILL_ORDER_TIMEOUT_V1") {
+        "order_timeout"
+    } else if t.ends_with("SECKILL_ORDER_EVENT_V1") {
+        "order_event"
+    } else if t.ends_with("SECKILL_INVENTORY_COMPENSATE_V1") {
+        "compensate"
+    } else {
+        "other"
+    }
+}
+
 /// A message to publish. Identity lives in `properties["message_id"]`, never in broker ids.
 #[derive(Debug, Clone, Default)]
 pub struct OutMessage {
@@ -153,6 +172,7 @@ pub async fn connect_publisher(settings: &Settings) -> anyhow::Result<Arc<dyn Pu
     let mut opts =
         rocketmq::ProducerOptions::new(&settings.mq.name_server, settings.names().producer_group);
     opts.send_timeout_ms = settings.mq.send_timeout_ms;
+    opts.retries = settings.mq.send_retries;
     let producer = rocketmq::RocketProducer::start(&rt, opts).await?;
     Ok(Arc::new(producer))
 }

@@ -197,31 +197,114 @@ pub async fn show(
         .map(dead_letter))
 }
 
-/// Marks an OPEN dead letter DISCARDED with an audit row. Returns false if it was not OPEN.
+/// What a discard did to the dead letter's message (`dlq_audit.effect`).
+pub mod effect {
+    /// An order-create message withdrawn: rejected with its compensation, so its reservation's
+    /// unit goes back through the compensation path, once; a copy arriving later is a duplicate.
+    pub const WITHDRAWN: &str = "WITHDRAWN";
+    /// Another copy of the message was already decided (an order, or a rejection): nothing to
+    /// give back here.
+    pub const ALREADY_DECIDED: &str = "ALREADY_DECIDED";
+    /// An order-create payload that does not decode: there is no reservation to name.
+    pub const UNREADABLE: &str = "UNREADABLE";
+    /// Another group's message: nothing is held by it.
+    pub const NONE: &str = "NONE";
+}
+
+/// Discards an OPEN dead letter, in one transaction with its audit row. An order-create dead
+/// letter holds a reservation's unit: its message is withdrawn in the same transaction
+/// (`order_tx::withdraw_in`), so the unit goes back exactly once, through the guarded
+/// compensation path. Returns the effect ([`effect`]), or `None` if the dead letter was not
+/// OPEN.
 pub async fn discard(
-    client: &mut tokio_postgres::Client,
+    client: &mut deadpool_postgres::Client,
+    order_create: &crate::pg::order_tx::TxNames,
     dlq_id: i64,
     actor: &str,
     reason: &str,
-) -> Result<bool, tokio_postgres::Error> {
+) -> Result<Option<&'static str>, tokio_postgres::Error> {
     let tx = client.transaction().await?;
-    let n = tx
-        .execute(
-            "UPDATE dlq_messages SET status = 'DISCARDED', updated_at = now()
-             WHERE dlq_id = $1 AND status = 'OPEN'",
+    let Some(row) = tx
+        .query_opt(
+            "SELECT consumer_group, payload, properties, message_id, broker_msg_id
+             FROM dlq_messages WHERE dlq_id = $1 AND status = 'OPEN' FOR UPDATE",
             &[&dlq_id],
         )
-        .await?;
-    if n == 1 {
-        tx.execute(
-            "INSERT INTO dlq_audit (dlq_id, action, actor, reason, outcome)
-             VALUES ($1, 'DISCARD', $2, $3, 'DISCARDED')",
-            &[&dlq_id, &actor, &reason],
-        )
-        .await?;
-    }
+        .await?
+    else {
+        return Ok(None);
+    };
+    let group: String = row.get(0);
+    let effect = if group == order_create.consumer_group {
+        let payload: Vec<u8> = row.get(1);
+        match crate::domain::OrderCreateRequested::decode(&payload) {
+            Ok(event) => {
+                let item = crate::pg::order_tx::Inbound {
+                    event: Ok(event),
+                    raw_body: payload,
+                    properties: row.get(2),
+                    property_message_id: row.get(3),
+                    broker_msg_id: row.get::<_, Option<String>>(4).unwrap_or_default(),
+                    delivery_attempt: 0,
+                };
+                let decisions =
+                    crate::pg::order_tx::withdraw_in(&tx, order_create, &[item], Utc::now())
+                        .await?;
+                match decisions.first() {
+                    Some(crate::domain::Decision::Rejected(_)) => effect::WITHDRAWN,
+                    _ => effect::ALREADY_DECIDED,
+                }
+            }
+            Err(_) => effect::UNREADABLE,
+        }
+    } else {
+        effect::NONE
+    };
+    tx.execute(
+        "UPDATE dlq_messages SET status = 'DISCARDED', updated_at = now() WHERE dlq_id = $1",
+        &[&dlq_id],
+    )
+    .await?;
+    tx.execute(
+        "INSERT INTO dlq_audit (dlq_id, action, actor, reason, outcome, effect)
+         VALUES ($1, 'DISCARD', $2, $3, 'DISCARDED', $4)",
+        &[&dlq_id, &actor, &reason, &effect],
+    )
+    .await?;
     tx.commit().await?;
-    Ok(n == 1)
+    Ok(Some(effect))
+}
+
+/// What the group's inbox holds for a message (`status`, `decision`): the message, or a copy
+/// of it, was already processed.
+pub async fn inbox_state(
+    client: &impl GenericClient,
+    group: &str,
+    message_id: &str,
+) -> Result<Option<(String, Option<String>)>, tokio_postgres::Error> {
+    Ok(client
+        .query_opt(
+            "SELECT status, decision FROM consumer_inbox
+             WHERE consumer_group = $1 AND message_id = $2",
+            &[&group, &message_id],
+        )
+        .await?
+        .map(|r| (r.get(0), r.get(1))))
+}
+
+/// Records what was observed after a replay on its audit row (`dlq_audit.effect`).
+pub async fn record_replay_effect(
+    client: &impl GenericClient,
+    replay_id: &str,
+    effect: &str,
+) -> Result<(), tokio_postgres::Error> {
+    client
+        .execute(
+            "UPDATE dlq_audit SET effect = $2 WHERE replay_id = $1",
+            &[&replay_id, &effect],
+        )
+        .await
+        .map(|_| ())
 }
 
 /// A dead letter selected for replay, with what the re-publication needs.
@@ -279,16 +362,33 @@ pub async fn select_for_replay(
         .collect())
 }
 
+/// One replay attempt as the audit records it.
+#[derive(Debug, Clone, Copy)]
+pub struct ReplayAudit<'a> {
+    pub dlq_id: i64,
+    pub actor: &'a str,
+    pub reason: &'a str,
+    pub outcome: &'a str,
+    pub replay_id: &'a str,
+    pub confirmed: bool,
+    /// What the pre-checks found.
+    pub checks: &'a serde_json::Value,
+}
+
 /// Records one replay attempt (and marks the row REPLAYED when the broker confirmed it).
 pub async fn record_replay(
     client: &mut tokio_postgres::Client,
-    dlq_id: i64,
-    actor: &str,
-    reason: &str,
-    outcome: &str,
-    replay_id: &str,
-    confirmed: bool,
+    a: &ReplayAudit<'_>,
 ) -> Result<(), tokio_postgres::Error> {
+    let ReplayAudit {
+        dlq_id,
+        actor,
+        reason,
+        outcome,
+        replay_id,
+        confirmed,
+        checks,
+    } = *a;
     let tx = client.transaction().await?;
     if confirmed {
         tx.execute(
@@ -298,9 +398,9 @@ pub async fn record_replay(
         .await?;
     }
     tx.execute(
-        "INSERT INTO dlq_audit (dlq_id, action, actor, reason, outcome, replay_id)
-         VALUES ($1, 'REPLAY', $2, $3, $4, $5)",
-        &[&dlq_id, &actor, &reason, &outcome, &replay_id],
+        "INSERT INTO dlq_audit (dlq_id, action, actor, reason, outcome, replay_id, checks)
+         VALUES ($1, 'REPLAY', $2, $3, $4, $5, $6)",
+        &[&dlq_id, &actor, &reason, &outcome, &replay_id, &checks],
     )
     .await?;
     tx.commit().await

@@ -199,6 +199,7 @@ struct Scripts {
     mark_sent: Script,
     schedule_resend: Script,
     mark_failed: Script,
+    settle: Script,
     warm: Script,
     release: Script,
     claim: Script,
@@ -231,6 +232,7 @@ impl RedisStore {
                 mark_sent: Script::new(include_str!("lua/mark_sent.lua")),
                 schedule_resend: Script::new(include_str!("lua/schedule_resend.lua")),
                 mark_failed: Script::new(include_str!("lua/mark_failed.lua")),
+                settle: Script::new(include_str!("lua/settle.lua")),
                 warm: Script::new(include_str!("lua/warm.lua")),
                 release: Script::new(include_str!("lua/release.lua")),
                 claim: Script::new(include_str!("lua/claim.lua")),
@@ -386,7 +388,8 @@ impl RedisStore {
             .await?)
     }
 
-    /// DEFINITE_FAILURE → MQ_FAILED and the reservation released once.
+    /// DEFINITE_FAILURE → MQ_FAILED and the reservation released once; `UNCERTAIN` (nothing
+    /// changed, still MQ_PENDING) when an earlier attempt may have been stored.
     pub async fn mark_failed(
         &self,
         activity_id: i64,
@@ -410,6 +413,31 @@ impl RedisStore {
             .arg(message_id)
             .arg(reservation_id)
             .arg(error)
+            .arg(now_ms)
+            .invoke_async(&mut *conn)
+            .await?)
+    }
+
+    /// An uncertain reservation settled from PostgreSQL: out of the pending indexes with
+    /// `mq_status` (`MQ_SENT` or `MQ_FENCED`). Returns `OK`, or the status it already had.
+    pub async fn settle(
+        &self,
+        activity_id: i64,
+        reservation_id: &str,
+        message_id: &str,
+        mq_status: &str,
+        now_ms: i64,
+    ) -> anyhow::Result<String> {
+        let mut conn = self.pool.get().await?;
+        Ok(self
+            .scripts
+            .settle
+            .key(self.keys.reservation(activity_id, reservation_id))
+            .key(self.keys.pending(activity_id))
+            .key(self.keys.pending_since(activity_id))
+            .arg(message_id)
+            .arg(reservation_id)
+            .arg(mq_status)
             .arg(now_ms)
             .invoke_async(&mut *conn)
             .await?)

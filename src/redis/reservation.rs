@@ -20,7 +20,8 @@ pub struct ReservationHash {
     pub user_id: i64,
     /// `RESERVED` or `RELEASED`.
     pub status: String,
-    /// `MQ_PENDING`, `MQ_SENT` or `MQ_FAILED`.
+    /// `MQ_PENDING`, `MQ_SENT`, `MQ_FAILED` or `MQ_FENCED` (settled from PostgreSQL: no copy
+    /// was consumed, none ever will be).
     pub mq_status: String,
     /// Sends so far, the API's first one included (1 when the field is absent).
     pub send_attempt: i64,

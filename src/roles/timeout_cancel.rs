@@ -270,6 +270,26 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         settings.consumer.batch_size,
     )
     .await?;
+    // The group's backlog (due timers not consumed yet, retries included), every 5 s.
+    let probe =
+        crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server)
+            .await?;
+    let backlog = {
+        let (group, topic, stop) = (
+            names.timeout_group.clone(),
+            names.order_timeout_topic.clone(),
+            shutdown.clone(),
+        );
+        tokio::spawn(async move {
+            loop {
+                crate::mq::lag::export_backlog(&probe, &group, &topic).await;
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                }
+            }
+        })
+    };
     ready.set(true);
     info!(group = %names.timeout_group, topic = %names.order_timeout_topic, budget,
           batch_size = settings.consumer.batch_size,
@@ -313,6 +333,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let grace = Duration::from_secs(settings.consumer.shutdown_grace_secs);
     let _ = tokio::time::timeout(grace, consumer.shutdown()).await;
     shutdown.cancel();
+    let _ = backlog.await;
     let _ = ops.await;
     info!("timeout-cancel stopped");
     Ok(())

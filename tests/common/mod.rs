@@ -337,6 +337,15 @@ pub fn cli(env: &TestEnv, args: &[&str]) -> std::process::Output {
     command(env, args).output().expect("binary runs")
 }
 
+/// [`cli`] without blocking the test's runtime, for a command that waits on work done by
+/// consumers running in the test itself (their handlers run on this runtime).
+pub async fn cli_async(env: &TestEnv, args: &[&str]) -> std::process::Output {
+    tokio::process::Command::from(command(env, args))
+        .output()
+        .await
+        .expect("binary runs")
+}
+
 /// Asserts a role's `/metrics` exposes every name.
 pub async fn assert_metrics(url: &str, names: &[&str]) {
     let text = reqwest::get(url).await.unwrap().text().await.unwrap();

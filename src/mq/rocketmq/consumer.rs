@@ -110,7 +110,14 @@ struct BridgeListener {
     /// client's own runtime, so a handler that sends messages cannot starve the client.
     app: tokio::runtime::Handle,
     in_flight: Arc<InFlight>,
+    /// The topic's short name for metrics (`crate::mq::topic_label`).
+    label: &'static str,
 }
+
+/// A message whose delivery fails for this many times in a row is counted
+/// (`mq_consume_repeated_failure_total`): stuck work shows up within minutes, long before the
+/// broker gives up on it (`consumer.max_reconsume_times`, hours on the standard schedule).
+pub const REPEATED_FAILURE_AFTER: i32 = 3;
 
 impl MessageListenerConcurrently for BridgeListener {
     fn consume_message(
@@ -120,6 +127,7 @@ impl MessageListenerConcurrently for BridgeListener {
     ) -> ClientResult<ConsumeConcurrentlyStatus> {
         let _guard = self.in_flight.enter();
         let batch: Vec<Delivery> = msgs.iter().map(|m| to_delivery(m)).collect();
+        let attempts: Vec<i32> = batch.iter().map(|d| d.reconsume_times).collect();
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let handler = Arc::clone(&self.handler);
         // This thread is a blocking-pool thread (not a runtime worker), so waiting on a std
@@ -137,7 +145,18 @@ impl MessageListenerConcurrently for BridgeListener {
         });
         Ok(match decision {
             ConsumeDecision::Ack => ConsumeConcurrentlyStatus::ConsumeSuccess,
-            ConsumeDecision::Retry => ConsumeConcurrentlyStatus::ReconsumeLater,
+            ConsumeDecision::Retry => {
+                // This delivery failed: the (reconsume_times + 1)-th failure in a row.
+                let repeated = attempts
+                    .iter()
+                    .filter(|&&a| a + 1 >= REPEATED_FAILURE_AFTER)
+                    .count();
+                if repeated > 0 {
+                    metrics::counter!("mq_consume_repeated_failure_total", "topic" => self.label)
+                        .increment(repeated as u64);
+                }
+                ConsumeConcurrentlyStatus::ReconsumeLater
+            }
         })
     }
 }
@@ -273,6 +292,7 @@ pub async fn start_push_consumer(
         handler,
         app,
         in_flight: Arc::clone(&in_flight),
+        label: crate::mq::topic_label(topic),
     });
     consumer
         .start()

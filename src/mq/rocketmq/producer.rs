@@ -26,8 +26,10 @@ pub struct ProducerOptions {
     pub group: String,
     /// Default bound of a send (each call of the trait passes its own).
     pub send_timeout_ms: u64,
-    /// Client-side retries after a failed attempt. Keep 0: a retry after a timeout is a
-    /// second copy the caller does not know about; the caller's own retry reuses the id.
+    /// Client-side retries of a failed attempt. The client (1.0.0, `RetryPolicy`) retries a
+    /// send only when it was refused by a response code (busy, not writable, no service) or
+    /// failed before the request was written, never after: a retry is not a second copy the
+    /// caller does not know about. A timeout stays UNKNOWN for the caller's own retry.
     pub retries: u32,
 }
 
@@ -450,9 +452,35 @@ impl RocketProducer {
     }
 }
 
+/// Fault injection (`--features failpoints`): `mq-send-outcome=return(<message_id>:<mode>)`
+/// decides the outcome of single sends of that message. `lost`: not sent, UNKNOWN (the request
+/// never reached the broker); `stored-unanswered`: sent and stored, yet UNKNOWN (the answer
+/// was lost); `refused`: not sent, DEFINITE_FAILURE.
+#[cfg(feature = "failpoints")]
+fn forced_outcome(msg: &OutMessage) -> Option<String> {
+    let arg = fail::eval("mq-send-outcome", |arg| arg).flatten()?;
+    let (id, mode) = arg.rsplit_once(':')?;
+    msg.properties
+        .iter()
+        .any(|(k, v)| k == "message_id" && v == id)
+        .then(|| mode.to_owned())
+}
+
 #[async_trait::async_trait]
 impl Publisher for RocketProducer {
     async fn send(&self, msg: OutMessage, timeout_ms: u64) -> SendOutcome {
+        #[cfg(feature = "failpoints")]
+        if let Some(mode) = forced_outcome(&msg) {
+            let error = format!("injected: {mode}");
+            return match mode.as_str() {
+                "lost" => SendOutcome::Unknown { error },
+                "refused" => SendOutcome::DefiniteFailure { error },
+                _ => match self.send_one(msg, timeout_ms).await {
+                    SendOutcome::Confirmed { .. } => SendOutcome::Unknown { error },
+                    other => other,
+                },
+            };
+        }
         if msg.sharding_key.is_none() {
             return self.send_one(msg, timeout_ms).await;
         }

@@ -57,6 +57,20 @@ pub struct TxNames {
     pub compensate_topic: String,
 }
 
+impl TxNames {
+    /// The order-create group's names: its inbox, its source topic and where its outcomes go.
+    pub fn order_create(settings: &crate::config::Settings) -> Self {
+        let n = settings.names();
+        Self {
+            consumer_group: n.order_create_group,
+            source_topic: n.order_create_topic,
+            order_event_topic: n.order_event_topic,
+            order_timeout_topic: n.order_timeout_topic,
+            compensate_topic: n.compensate_topic,
+        }
+    }
+}
+
 /// One batch on its way through the transaction: the decoded events and what each came to.
 struct Batch<'a> {
     names: &'a TxNames,
@@ -68,6 +82,8 @@ struct Batch<'a> {
     now: DateTime<Utc>,
     /// The payment deadline of every order this batch creates.
     expires_at: DateTime<Utc>,
+    /// Reject every message this batch owns, whatever it holds ([`withdraw`]).
+    withdraw: bool,
 }
 
 impl<'a> Batch<'a> {
@@ -79,6 +95,7 @@ impl<'a> Batch<'a> {
             decisions: vec![None; items.len()],
             now,
             expires_at: now + pay,
+            withdraw: false,
         }
     }
 
@@ -87,8 +104,15 @@ impl<'a> Batch<'a> {
         self.events[idx].expect("index of a decoded event")
     }
 
-    fn expired(&self, idx: usize) -> bool {
-        self.ev(idx).reservation_valid_until <= self.now
+    /// Why the message at `idx` is rejected before any order is tried, if it is.
+    fn early_rejection(&self, idx: usize) -> Option<RejectReason> {
+        if self.withdraw {
+            Some(RejectReason::Withdrawn)
+        } else if self.ev(idx).reservation_valid_until <= self.now {
+            Some(RejectReason::Expired)
+        } else {
+            None
+        }
     }
 
     /// The decisions in input order, once the transaction has committed.
@@ -108,7 +132,25 @@ impl<'a> Batch<'a> {
     }
 }
 
-type Tx<'t> = deadpool_postgres::Transaction<'t>;
+/// The transaction the steps run in.
+pub type Tx<'t> = deadpool_postgres::Transaction<'t>;
+
+/// Withdraws messages no copy of which may become an order any more: the same transaction
+/// as [`process_batch`], except that every message it owns is rejected (`WITHDRAWN`) with its
+/// compensation, so the reservation's unit goes back through the compensation path, once. A
+/// message the inbox already holds is a duplicate: what its earlier copy came to stands. The
+/// inbox row it writes fences any copy still in the broker (a later delivery is a duplicate).
+pub async fn withdraw(
+    client: &mut Client,
+    names: &TxNames,
+    items: &[Inbound],
+    now: DateTime<Utc>,
+) -> Result<Vec<Decision>, TxError> {
+    let tx = client.transaction().await?;
+    let decisions = withdraw_in(&tx, names, items, now).await?;
+    tx.commit().await?;
+    Ok(decisions)
+}
 
 /// Processes a batch in one transaction. Returns one decision per input, in order.
 /// On `Err` nothing was committed (or the commit's result is unknown: redelivery resolves it).
@@ -119,22 +161,49 @@ pub async fn process_batch(
     now: DateTime<Utc>,
     pay_window: Duration,
 ) -> Result<Vec<Decision>, TxError> {
-    let mut b = Batch::new(names, items, now, pay_window);
+    run(client, Batch::new(names, items, now, pay_window)).await
+}
+
+/// The steps, in one transaction.
+async fn run(client: &mut Client, mut b: Batch<'_>) -> Result<Vec<Decision>, TxError> {
     let tx = client.transaction().await?;
-    quarantine_poison(&tx, &mut b).await?;
-    let owned = claim_inbox(&tx, &mut b).await?;
-    let (eligible, mut rejected) = record_reservations(&tx, &mut b, &owned).await?;
-    let inserted = insert_orders(&tx, &b, &eligible, &mut rejected).await?;
-    let per_sku = group_by_sku(&b, &eligible, &inserted);
-    let created = match take_stock_optimistically(&tx, &b, &owned, &per_sku, &rejected).await? {
-        Some(created) => created,
-        None => take_stock_locked(&tx, &b, &owned, &per_sku, &mut rejected).await?,
-    };
+    let (created, rejected) = steps(&tx, &mut b).await?;
     // Fault-injection point: the process dies inside the transaction, before the commit
     // (`consume-inside-transaction=return` aborts like a SIGKILL; PostgreSQL rolls back).
     fail::fail_point!("consume-inside-transaction", |_| std::process::abort());
     tx.commit().await?;
     Ok(b.finish(&created, &rejected))
+}
+
+/// [`withdraw`] inside the caller's transaction (an operator's discard commits it with its
+/// audit row). Nothing is decided until the caller commits.
+pub async fn withdraw_in(
+    tx: &Tx<'_>,
+    names: &TxNames,
+    items: &[Inbound],
+    now: DateTime<Utc>,
+) -> Result<Vec<Decision>, tokio_postgres::Error> {
+    let mut b = Batch::new(names, items, now, Duration::zero());
+    b.withdraw = true;
+    let (created, rejected) = steps(tx, &mut b).await?;
+    Ok(b.finish(&created, &rejected))
+}
+
+/// The steps of [`process_batch`]: the created and the rejected messages, by index.
+async fn steps(
+    tx: &Tx<'_>,
+    b: &mut Batch<'_>,
+) -> Result<(Vec<usize>, Vec<(usize, RejectReason)>), tokio_postgres::Error> {
+    quarantine_poison(tx, b).await?;
+    let owned = claim_inbox(tx, b).await?;
+    let (eligible, mut rejected) = record_reservations(tx, b, &owned).await?;
+    let inserted = insert_orders(tx, b, &eligible, &mut rejected).await?;
+    let per_sku = group_by_sku(b, &eligible, &inserted);
+    let created = match take_stock_optimistically(tx, b, &owned, &per_sku, &rejected).await? {
+        Some(created) => created,
+        None => take_stock_locked(tx, b, &owned, &per_sku, &mut rejected).await?,
+    };
+    Ok((created, rejected))
 }
 
 /// Step 1, poison: quarantined with the raw body; it never fails the others.
@@ -264,7 +333,7 @@ async fn record_reservations(
             .await?;
         let mut rows = ReservationRows::default();
         for &i in &rsv_idx {
-            rows.push(b.ev(i), b.expired(i));
+            rows.push(b.ev(i), b.early_rejection(i));
         }
         returned_ids(tx.query(&stmt, &rows.params()).await?)
     };
@@ -273,8 +342,8 @@ async fn record_reservations(
     for idx in rsv_idx {
         if !new_rsv.contains(&b.ev(idx).reservation_id) {
             b.decisions[idx] = Some(Decision::DuplicateReservation);
-        } else if b.expired(idx) {
-            rejected.push((idx, RejectReason::Expired));
+        } else if let Some(reason) = b.early_rejection(idx) {
+            rejected.push((idx, reason));
         } else {
             eligible.push(idx);
         }

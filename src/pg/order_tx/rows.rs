@@ -54,7 +54,7 @@ pub(super) struct ReservationRows {
 }
 
 impl ReservationRows {
-    pub(super) fn push(&mut self, e: &OrderCreateRequested, expired: bool) {
+    pub(super) fn push(&mut self, e: &OrderCreateRequested, early: Option<RejectReason>) {
         self.reservation_ids.push(e.reservation_id.clone());
         self.message_ids.push(e.message_id.clone());
         self.request_ids.push(e.request_id.clone());
@@ -63,7 +63,7 @@ impl ReservationRows {
         self.sku_ids.push(e.sku_id);
         self.user_ids.push(e.user_id);
         self.reject_reasons
-            .push(expired.then(|| RejectReason::Expired.code().to_string()));
+            .push(early.map(|r| r.code().to_string()));
         self.reserved_at.push(e.reservation_created_at);
         self.valid_until.push(e.reservation_valid_until);
     }

@@ -1,6 +1,8 @@
 -- Scanner claim (docs/ARCHITECTURE.md#pending-index-and-leases): takes up to ARGV[2] due reservations from the pending index and
 -- leases them to one scanner: the score moves to the lease expiry, so no other scanner sees
--- them until the lease runs out (a crashed scanner's work comes back by itself).
+-- them until the lease runs out (a crashed scanner's work comes back by itself). A claimed
+-- reservation is marked uncertain: whoever sent it before (the API, or a scanner whose lease
+-- ran out) may have had its copy stored without recording it.
 -- KEYS: 1 pending index, 2 pending-since index, 3 activity meta
 -- ARGV: 1 now_ms, 2 batch, 3 owner, 4 lease_ms, 5 reservation key prefix, 6 retire_after_ms
 -- Returns a flat list: reservation_id followed by its hash as field/value pairs, per claim;
@@ -20,7 +22,7 @@ for _, rid in ipairs(due) do
   else
     local until_ms = now + tonumber(ARGV[4])
     redis.call('HINCRBY', rk, 'send_attempt', 1)
-    redis.call('HSET', rk, 'lease_owner', ARGV[3], 'lease_until', tostring(until_ms))
+    redis.call('HSET', rk, 'lease_owner', ARGV[3], 'lease_until', tostring(until_ms), 'uncertain', '1')
     redis.call('ZADD', KEYS[1], until_ms, rid)
     table.insert(out, rid)
     table.insert(out, redis.call('HGETALL', rk))

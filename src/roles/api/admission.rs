@@ -9,10 +9,14 @@
 //! An unreadable lag is not a fresh one: after `api.lag_unreadable_probes` failed probes in a
 //! row, with reservations sent since the last good reading, admission closes too, and opens
 //! again with the first good reading under half the bound.
+//!
+//! Reopening is a ramp, not a switch: for `api.resume_ramp_secs` after a pause ends, a share of
+//! new reservations growing from 10 % to all is admitted (the rest get 503 SALE_PAUSED and
+//! retry), so the backlog that built up during the outage is not met by the full burst at once.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use tokio_util::sync::CancellationToken;
@@ -29,9 +33,61 @@ pub struct Admission {
     /// Reservations confirmed by the broker since the last good lag reading: with an
     /// unreadable lag, they may be a backlog nobody measures.
     sent_since_reading: AtomicU64,
+    /// How long admission ramps back up after a pause (0: at once).
+    ramp: Duration,
+    /// When the last pause ended, while the ramp runs.
+    reopened: Mutex<Option<Instant>>,
+    /// Requests seen during the ramp: admits an exact share of them, evenly spread.
+    arrivals: AtomicU64,
 }
 
+/// The share of new reservations admitted at the start of a ramp.
+const RAMP_START_SHARE: f64 = 0.1;
+
 impl Admission {
+    /// Admission that ramps back up over `ramp` after each pause.
+    pub fn with_ramp(ramp: Duration) -> Self {
+        Self {
+            ramp,
+            ..Self::default()
+        }
+    }
+
+    /// `Some(why)` when this new reservation is refused: paused, or resuming and not in the
+    /// share admitted yet.
+    pub fn refusal(&self) -> Option<String> {
+        self.refusal_at(Instant::now())
+    }
+
+    fn refusal_at(&self, now: Instant) -> Option<String> {
+        if let Some(reason) = self.paused() {
+            return Some(reason);
+        }
+        let mut reopened = self.reopened.lock().ok()?;
+        let since = (*reopened)?;
+        let elapsed = now.saturating_duration_since(since);
+        if elapsed >= self.ramp {
+            *reopened = None;
+            metrics::gauge!("admission_ramp_share").set(1.0);
+            return None;
+        }
+        drop(reopened);
+        let share = RAMP_START_SHARE
+            + (1.0 - RAMP_START_SHARE) * elapsed.as_secs_f64() / self.ramp.as_secs_f64();
+        metrics::gauge!("admission_ramp_share").set(share);
+        // The n-th arrival is admitted when the running count of admissions grows: exactly
+        // `share` of any run of arrivals, spread evenly.
+        let n = self.arrivals.fetch_add(1, Ordering::Relaxed) as f64;
+        if ((n + 1.0) * share).floor() > (n * share).floor() {
+            return None;
+        }
+        Some(format!(
+            "resuming after a pause: {:.0}% of new reservations admitted, all in {:.0}s",
+            share * 100.0,
+            (self.ramp - elapsed).as_secs_f64().ceil()
+        ))
+    }
+
     /// `Some(reason)` while new reservations are refused.
     pub fn paused(&self) -> Option<String> {
         if self.paused.load(Ordering::Relaxed) {
@@ -73,7 +129,13 @@ impl Admission {
         if let Ok(mut r) = self.reason.lock() {
             *r = reason;
         }
-        self.paused.store(paused, Ordering::Relaxed);
+        let was = self.paused.swap(paused, Ordering::Relaxed);
+        if was && !paused && !self.ramp.is_zero() {
+            if let Ok(mut reopened) = self.reopened.lock() {
+                *reopened = Some(Instant::now());
+            }
+            self.arrivals.store(0, Ordering::Relaxed);
+        }
         metrics::gauge!("admission_paused").set(if paused { 1.0 } else { 0.0 });
     }
 
@@ -213,6 +275,40 @@ mod tests {
         assert!(a.paused().unwrap().contains("unconsumed message is 70.0s"));
         assert!(a.decide(s(0), s(31), bound));
         assert!(!a.decide(s(10), s(20), bound));
+    }
+
+    #[test]
+    fn after_a_pause_admission_ramps_up_from_a_tenth_to_all() {
+        let a = Admission::with_ramp(Duration::from_secs(30));
+        let bound = Duration::from_secs(60);
+        let s = Duration::from_secs;
+        assert!(a.refusal().is_none(), "never paused: no ramp");
+        assert!(a.decide(s(61), s(0), bound));
+        assert!(a.refusal().unwrap().contains("unconfirmed reservation"));
+        assert!(!a.decide(s(10), s(0), bound));
+        let start = a.reopened.lock().unwrap().unwrap();
+        let admitted = |at: Duration| {
+            (0..1000)
+                .filter(|_| a.refusal_at(start + at).is_none())
+                .count()
+        };
+        assert_eq!(admitted(s(0)), 100, "10 % right after the pause");
+        assert_eq!(admitted(s(15)), 550, "halfway: 55 %");
+        let refused = a
+            .refusal_at(start + s(15))
+            .or_else(|| a.refusal_at(start + s(15)));
+        assert!(refused.unwrap().contains("resuming after a pause"));
+        assert_eq!(admitted(s(30)), 1000, "all once the ramp is over");
+        assert!(a.refusal().is_none());
+    }
+
+    #[test]
+    fn without_a_ramp_admission_reopens_at_once() {
+        let a = Admission::default();
+        let bound = Duration::from_secs(60);
+        assert!(a.decide(Duration::from_secs(61), Duration::ZERO, bound));
+        assert!(!a.decide(Duration::ZERO, Duration::ZERO, bound));
+        assert!((0..100).all(|_| a.refusal().is_none()));
     }
 
     #[test]

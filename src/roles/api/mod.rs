@@ -205,12 +205,14 @@ pub async fn build_state(
         auth,
         names: Arc::new(settings.names()),
         inflight: Arc::new(Semaphore::new(settings.api.max_inflight)),
+        admission: Arc::new(admission::Admission::with_ramp(Duration::from_secs(
+            settings.api.resume_ramp_secs,
+        ))),
         settings,
         redis,
         pg,
         publisher,
         ready: Readiness::default(),
-        admission: Default::default(),
         lag: None,
     })
 }

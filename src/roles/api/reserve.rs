@@ -161,9 +161,10 @@ async fn reserve_inner(
     send_and_record(s, &args, req.quantity, &view, &trace).await
 }
 
-/// A sale an operator or the fail-closed check has paused takes no new reservation.
+/// A sale the fail-closed check has paused takes no new reservation, and one resuming takes
+/// only its ramp's share.
 fn admit(s: &ApiState) -> Result<(), ApiError> {
-    match s.admission.paused() {
+    match s.admission.refusal() {
         Some(reason) => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "SALE_PAUSED",
@@ -260,11 +261,18 @@ async fn send_and_record(
             ))
         }
         SendOutcome::DefiniteFailure { error } => {
-            record_definite_failure(s, &args.reservation, error, &sent).await;
-            Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "ORDER_QUEUE_UNAVAILABLE",
-                "the order queue refused the request; nothing was reserved, retry later",
+            if record_definite_failure(s, &args.reservation, error, &sent).await {
+                return Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "ORDER_QUEUE_UNAVAILABLE",
+                    "the order queue refused the request; nothing was reserved, retry later",
+                ));
+            }
+            // A scanner re-sent it meanwhile and that copy's fate is unknown: the reservation
+            // is kept, as for an unknown outcome.
+            Ok((
+                "queued_unknown",
+                (StatusCode::ACCEPTED, Json(queued_body(view, false))).into_response(),
             ))
         }
     }
@@ -333,8 +341,16 @@ async fn record_unknown(s: &ApiState, r: &ReservationRef<'_>, error: &str, sent:
 }
 
 /// The broker refused the message for good: MQ_FAILED and the reservation released once.
-async fn record_definite_failure(s: &ApiState, r: &ReservationRef<'_>, error: &str, sent: &Sent) {
-    let released = s
+/// `false` when it was not released: a scanner's re-send of the same reservation is in
+/// flight or ended UNKNOWN, so a copy may be stored (docs/ARCHITECTURE.md#uncertain-sends); or
+/// Redis could not be asked, and the reservation stays pending for the scanner.
+async fn record_definite_failure(
+    s: &ApiState,
+    r: &ReservationRef<'_>,
+    error: &str,
+    sent: &Sent,
+) -> bool {
+    let verdict = s
         .redis
         .mark_failed(
             r.activity_id,
@@ -345,13 +361,16 @@ async fn record_definite_failure(s: &ApiState, r: &ReservationRef<'_>, error: &s
             sent.done_ms,
         )
         .await;
+    let released = matches!(verdict.as_deref(), Ok("RELEASED"));
     tracing::error!(
         message_id = %r.message_id, reservation_id = %r.reservation_id,
         order_id = %r.order_id, request_id = %r.request_id, user_id = r.user_id,
         activity_id = r.activity_id, sku_id = r.sku_id, topic = %s.names.order_create_topic,
         send_attempt = 1, send_outcome = "DEFINITE_FAILURE",
         error_class = "send_definite_failure",
-        error = %error, release = ?released.as_ref().ok(), trace_id = %sent.trace_id,
-        "order queue refused the message; reservation released"
+        error = %error, release = ?verdict.as_ref().ok(), trace_id = %sent.trace_id,
+        "order queue refused the message; reservation {}",
+        if released { "released" } else { "kept for the scanner" }
     );
+    released
 }

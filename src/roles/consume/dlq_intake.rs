@@ -73,7 +73,7 @@ pub async fn start_intakes(
                 &intake_group,
                 &crate::config::Names::dlq_topic(&group),
                 intake,
-                1,
+                settings.consumer.dlq_intake_workers,
                 16,
             )
             .await?,

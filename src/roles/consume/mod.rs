@@ -51,7 +51,7 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     // and must run wherever orders are created.
     let compensation = Arc::new(compensate::CompensationHandler {
         redis: crate::redis::RedisStore::connect(&settings.redis).await?,
-        pool: crate::pg::connect_pool(&settings.pg, 2).await?,
+        pool: crate::pg::connect_pool(&settings.pg, settings.consumer.compensate_workers).await?,
         group: names.compensate_group.clone(),
     });
     let compensator = crate::mq::start_consumer(
@@ -59,13 +59,13 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
         &names.compensate_group,
         &names.compensate_topic,
         compensation,
-        2,
-        16,
+        settings.consumer.compensate_workers,
+        settings.consumer.compensate_batch_size,
     )
     .await?;
     let projection = Arc::new(projection::ProjectionHandler {
         redis: crate::redis::RedisStore::connect(&settings.redis).await?,
-        pool: crate::pg::connect_pool(&settings.pg, 1).await?,
+        pool: crate::pg::connect_pool(&settings.pg, settings.consumer.projection_workers).await?,
         group: names.projection_group.clone(),
     });
     let projector = crate::mq::start_consumer(
@@ -73,8 +73,8 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
         &names.projection_group,
         &names.order_event_topic,
         projection,
-        2,
-        16,
+        settings.consumer.projection_workers,
+        settings.consumer.projection_batch_size,
     )
     .await?;
     // Dead letters of every group are recorded in PostgreSQL for operators.
@@ -85,15 +85,26 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
         "dlq_gauges",
         dlq_intake::run_gauges(dlq_pool, shutdown.clone()),
     );
-    // Lag of this group (messages and age of the oldest unconsumed one), for /metrics.
-    let lag = crate::mq::lag::LagSource {
-        probe: Arc::new(
-            crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server)
-                .await?,
+    // The backlog of this role's groups (messages and age of the oldest unconsumed one,
+    // retry topics included), for /metrics.
+    let probe = Arc::new(
+        crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server)
+            .await?,
+    );
+    let groups = [
+        (
+            names.order_create_group.clone(),
+            names.order_create_topic.clone(),
         ),
-        group: names.order_create_group.clone(),
-        topic: names.order_create_topic.clone(),
-    };
+        (
+            names.compensate_group.clone(),
+            names.compensate_topic.clone(),
+        ),
+        (
+            names.projection_group.clone(),
+            names.order_event_topic.clone(),
+        ),
+    ];
     ready.set(true);
     info!(
         group = %names.order_create_group, topic = %names.order_create_topic, workers, budget,
@@ -103,10 +114,16 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     // Every second, the consumer's lag figures, until SIGTERM or a dead background task.
     let signal = watchdog.stop_requested();
     tokio::pin!(signal);
+    let mut tick = 0u64;
     let died = loop {
         tokio::select! {
             died = &mut signal => break died,
-            _ = tokio::time::sleep(Duration::from_secs(1)) => sample(&lag, &consumer).await,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {
+                // Order-create every second (it drives mq_consumer_ready), the others every 5 s.
+                let due = if tick % 5 == 0 { &groups[..] } else { &groups[..1] };
+                tick += 1;
+                sample(&probe, due, &consumer).await;
+            }
         }
     };
     info!("stopping: no new messages; draining in-flight transactions");
@@ -135,17 +152,28 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     }
 }
 
-/// The group's lag (from the broker), the messages the client has pulled and holds
-/// (`mq_consumer_cached_messages`), and the ones still waiting on the broker, not pulled yet
-/// (`mq_consumer_ready`, RocketMQ's "ready" as opposed to in flight).
-async fn sample(lag: &crate::mq::lag::LagSource, consumer: &crate::mq::rocketmq::ConsumerHandle) {
-    let lag = crate::mq::lag::read_lag(lag).await;
+/// The groups' backlog (from the broker; the first is order-create), the messages the
+/// order-create client has pulled and holds (`mq_consumer_cached_messages`), and the ones
+/// still waiting on the broker, not pulled yet (`mq_consumer_ready`, RocketMQ's "ready" as
+/// opposed to in flight).
+async fn sample(
+    probe: &crate::mq::rocketmq::LagProbe,
+    groups: &[(String, String)],
+    consumer: &crate::mq::rocketmq::ConsumerHandle,
+) {
+    let mut order_create = None;
+    for (i, (group, topic)) in groups.iter().enumerate() {
+        let b = crate::mq::lag::export_backlog(probe, group, topic).await;
+        if i == 0 {
+            order_create = b;
+        }
+    }
     match consumer.cached_messages().await {
         Ok(cached) => {
             metrics::gauge!("mq_consumer_cached_messages", "topic" => "order_create")
                 .set(cached as f64);
-            if let Some(lag) = lag {
-                let ready = (lag.messages - cached as i64).max(0);
+            if let Some(b) = order_create {
+                let ready = (b.messages - cached as i64).max(0);
                 metrics::gauge!("mq_consumer_ready", "topic" => "order_create").set(ready as f64);
             }
         }

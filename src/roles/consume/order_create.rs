@@ -29,16 +29,9 @@ pub struct OrderCreateHandler {
 
 impl OrderCreateHandler {
     pub fn new(pool: deadpool_postgres::Pool, settings: &Settings, budget: usize) -> Self {
-        let n = settings.names();
         Self {
             slots: TxSlots::new(pool, settings, budget, "create"),
-            names: TxNames {
-                consumer_group: n.order_create_group,
-                source_topic: n.order_create_topic,
-                order_event_topic: n.order_event_topic,
-                order_timeout_topic: n.order_timeout_topic,
-                compensate_topic: n.compensate_topic,
-            },
+            names: TxNames::order_create(settings),
             pay_window: chrono::Duration::seconds(settings.consumer.pay_window_secs as i64),
         }
     }
@@ -66,33 +59,40 @@ impl OrderCreateHandler {
         batch: &[Delivery],
     ) -> Result<Vec<Decision>, crate::pg::errors::TxError> {
         let items: Vec<Inbound> = batch.iter().map(Self::inbound).collect();
+        self.process_items(&items).await
+    }
+
+    async fn process_items(&self, items: &[Inbound]) -> Result<Vec<Decision>, TxError> {
         // Injection point: a failure that one message causes (its message_id is the
         // failpoint's argument) fails any transaction that contains it.
         #[cfg(feature = "failpoints")]
         if let Some(Some(id)) = fail::eval("order-tx-fails-for-message", |arg| arg) {
-            if batch
+            if items
                 .iter()
-                .any(|d| d.properties.get("message_id") == Some(&id))
+                .any(|i| i.property_message_id.as_deref() == Some(id.as_str()))
             {
                 return Err(TxError::Unknown(format!("injected failure for {id}")));
             }
         }
         self.slots
             .run(async |client| {
-                process_batch(client, &self.names, &items, Utc::now(), self.pay_window).await
+                process_batch(client, &self.names, items, Utc::now(), self.pay_window).await
             })
             .await
     }
 
     /// Outcome per message of a batch: one transaction, split into one per message if it
     /// fails (`TxSlots::split_on_failure`).
-    async fn decide(&self, batch: &[Delivery]) -> Vec<Result<Decision, TxError>> {
+    async fn decide(&self, items: &[Inbound]) -> Vec<Result<Decision, TxError>> {
         self.slots
-            .split_on_failure(batch.len(), |range| self.process(&batch[range]))
+            .split_on_failure(items.len(), |range| self.process_items(&items[range]))
             .await
     }
 
-    fn log_decision(&self, d: &Delivery, decision: &Decision) {
+    /// Logs one message's outcome with the fields an operator searches by: the business ids,
+    /// what the inbox said (`inbox_result`), how the batch was answered (`ack_result`), the
+    /// transaction's latency and the event's schema version.
+    fn log_decision(&self, d: &Delivery, decision: &Decision, item: &Inbound, batch: &BatchLog) {
         metrics::counter!("mq_consume_total", "topic" => "order_create", "result" => decision.label())
             .increment(1);
         let message_id = d
@@ -110,12 +110,22 @@ impl OrderCreateHandler {
         // its trace and parent span ids (JSON logs print the span's fields).
         let (trace_id, parent_span_id) =
             crate::domain::ids::parse_traceparent(trace).unwrap_or_default();
+        let inbox_result = match decision {
+            Decision::DuplicateMessage | Decision::DuplicateReservation => "DUPLICATE",
+            Decision::Quarantined(_) => "QUARANTINED",
+            _ => "NEW",
+        };
+        let schema_version = item.event.as_ref().map_or(-1, |e| e.schema_version);
         let span = tracing::info_span!(
             "order_create",
             trace_id = %trace_id,
             parent_span_id = %parent_span_id,
             message_id,
-            reservation_id
+            reservation_id,
+            inbox_result,
+            ack_result = batch.ack_result,
+            tx_latency_ms = batch.tx_latency_ms,
+            schema_version
         );
         let _entered = span.enter();
         match decision {
@@ -158,19 +168,42 @@ impl OrderCreateHandler {
     }
 }
 
+/// What the log line of each message of a batch says about the batch.
+struct BatchLog {
+    /// `ACK`, or `RECONSUME_LATER` when any message of the batch failed.
+    ack_result: &'static str,
+    tx_latency_ms: f64,
+}
+
 #[async_trait::async_trait]
 impl BatchHandler for OrderCreateHandler {
     async fn handle(&self, batch: Vec<Delivery>) -> ConsumeDecision {
         let started = Instant::now();
         metrics::gauge!("mq_consumer_inflight").increment(1.0);
         metrics::histogram!("mq_consume_batch_size").record(batch.len() as f64);
-        let result = self.decide(&batch).await;
+        let items: Vec<Inbound> = batch.iter().map(Self::inbound).collect();
+        let result = self.decide(&items).await;
         metrics::gauge!("mq_consumer_inflight").decrement(1.0);
         metrics::histogram!("mq_consume_process_seconds", "topic" => "order_create")
             .record(started.elapsed().as_secs_f64());
-        for (d, outcome) in batch.iter().zip(&result) {
+        let committed = Utc::now();
+        let log = BatchLog {
+            ack_result: if result.iter().all(Result::is_ok) {
+                "ACK"
+            } else {
+                "RECONSUME_LATER"
+            },
+            tx_latency_ms: started.elapsed().as_secs_f64() * 1000.0,
+        };
+        for ((d, item), outcome) in batch.iter().zip(&items).zip(&result) {
             if let Ok(decision) = outcome {
-                self.log_decision(d, decision);
+                if let (Decision::Created { .. }, Ok(e)) = (decision, &item.event) {
+                    // The pipeline's SLO, live: Redis's acceptance to the committed order.
+                    let age = (committed - e.reservation_created_at).num_milliseconds();
+                    metrics::histogram!("order_reservation_to_order_seconds")
+                        .record(age.max(0) as f64 / 1000.0);
+                }
+                self.log_decision(d, decision, item, &log);
             }
         }
         let failed: Vec<(&Delivery, &TxError)> = batch

@@ -46,7 +46,9 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let wake = Arc::new(Notify::new());
     let listen = relay::listen(settings.clone(), wake.clone(), shutdown.clone());
     let listener = watchdog.spawn("outbox_listen", listen);
-    let scanner = Scanner::new(redis, publisher.clone(), settings.clone());
+    // The scanner's own connection: it settles refused, uncertain reservations (rare).
+    let settle_pool = crate::pg::connect_pool(&settings.pg, 1).await?;
+    let scanner = Scanner::new(redis, settle_pool, publisher.clone(), settings.clone());
     let relay = Relay::new(pool, publisher, settings.clone());
     let poll = Duration::from_millis(sc.scanner_poll_ms);
     let scan_loop = watchdog.spawn("resend", scan_loop(scanner, poll, shutdown.clone()));

@@ -2,8 +2,10 @@
 //! reservations from each activity's pending index (Lua, a bounded batch, an owner and a
 //! lease), re-sends ORDER_CREATE_REQUESTED with the **same message_id**, and marks the outcome:
 //! CONFIRMED → MQ_SENT; UNKNOWN → rescheduled with exponential backoff and jitter (stock
-//! kept); DEFINITE_FAILURE → MQ_FAILED and released once. A dead scanner's leases expire and
-//! another scanner takes the work over.
+//! kept); DEFINITE_FAILURE → retried while the reservation is valid, then settled from
+//! PostgreSQL, never released on the broker's word alone: an earlier copy may be stored
+//! (docs/ARCHITECTURE.md#uncertain-sends). A dead scanner's leases expire and another scanner
+//! takes the work over.
 
 use std::sync::Arc;
 
@@ -13,11 +15,13 @@ use tracing::{error, info, warn};
 
 use crate::config::{Names, Settings};
 use crate::domain::event::ReservationFacts;
+use crate::domain::Decision;
 use crate::domain::{OrderCreateRequested, TraceContext};
 use crate::mq::{order_create_message, Publisher, SendOutcome};
+use crate::pg::order_tx::{withdraw, Inbound, TxNames};
 use crate::pg::outbox::backoff_ms;
 use crate::redis::reservation::ReservationHash;
-use crate::redis::RedisStore;
+use crate::redis::{RedisStore, Release};
 
 /// What one scanner pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +30,8 @@ pub struct ScanStats {
     pub confirmed: usize,
     pub unknown: usize,
     pub failed: usize,
+    /// Refused re-sends past validity and grace, settled from PostgreSQL.
+    pub settled: usize,
     /// Activities taken off the work list in this pass (ended, nothing pending).
     pub retired: usize,
 }
@@ -33,6 +39,9 @@ pub struct ScanStats {
 /// The reservation re-send scanner.
 pub struct Scanner {
     redis: RedisStore,
+    /// Where an uncertain reservation is settled: the order-create group's inbox.
+    pool: deadpool_postgres::Pool,
+    tx_names: TxNames,
     publisher: Arc<dyn Publisher>,
     settings: Arc<Settings>,
     names: Names,
@@ -73,10 +82,17 @@ pub fn event_from_reservation(
 }
 
 impl Scanner {
-    pub fn new(redis: RedisStore, publisher: Arc<dyn Publisher>, settings: Arc<Settings>) -> Self {
+    pub fn new(
+        redis: RedisStore,
+        pool: deadpool_postgres::Pool,
+        publisher: Arc<dyn Publisher>,
+        settings: Arc<Settings>,
+    ) -> Self {
         Self {
             names: settings.names(),
+            tx_names: TxNames::order_create(&settings),
             redis,
+            pool,
             publisher,
             settings,
             owner: owner_id("scanner"),
@@ -127,6 +143,7 @@ impl Scanner {
                 match *outcome {
                     "confirmed" => stats.confirmed += 1,
                     "unknown" => stats.unknown += 1,
+                    "settled" => stats.settled += 1,
                     _ => stats.failed += 1,
                 }
             }
@@ -166,6 +183,59 @@ impl Scanner {
             .map(|_| ())
     }
 
+    /// Settles a reservation whose re-send was refused after its validity and grace. The
+    /// consumer's own transaction withdraws the message (`pg::order_tx::withdraw`): rejected,
+    /// with its compensation, and its inbox row fences any copy still in the broker (a later
+    /// delivery is a duplicate). If a copy reached the consumer first, the inbox says so and
+    /// that decision stands (its order, or its rejection's compensation). Returns the verdict:
+    /// `fenced` (the unit released here, once, through the compensation script) or `consumed`.
+    async fn settle(
+        &self,
+        activity_id: i64,
+        rid: &str,
+        event: &OrderCreateRequested,
+        now_ms: i64,
+    ) -> anyhow::Result<&'static str> {
+        let item = Inbound {
+            event: Ok(event.clone()),
+            raw_body: event.encode(),
+            properties: serde_json::json!({ "message_id": event.message_id, "settled_by": self.owner }),
+            property_message_id: Some(event.message_id.clone()),
+            broker_msg_id: String::new(),
+            delivery_attempt: 0,
+        };
+        let mut client = self.pool.get().await?;
+        let decisions = withdraw(
+            &mut client,
+            &self.tx_names,
+            std::slice::from_ref(&item),
+            Utc::now(),
+        )
+        .await?;
+        let (verdict, mq_status) = match decisions.first() {
+            Some(Decision::Rejected(_)) => ("fenced", "MQ_FENCED"),
+            _ => ("consumed", "MQ_SENT"),
+        };
+        if verdict == "fenced" {
+            self.redis
+                .release_many(
+                    &[Release {
+                        activity_id,
+                        sku_id: event.sku_id,
+                        reservation_id: rid,
+                        reason: "SEND_FENCED",
+                    }],
+                    now_ms,
+                )
+                .await?;
+        }
+        self.redis
+            .settle(activity_id, rid, &event.message_id, mq_status, now_ms)
+            .await?;
+        metrics::counter!("reservation_settled_total", "verdict" => verdict).increment(1);
+        Ok(verdict)
+    }
+
     async fn resend(
         &self,
         activity_id: i64,
@@ -202,10 +272,11 @@ impl Scanner {
             // The buyer of a reservation the scanner re-sends was answered 202: a refusal does
             // not release it while it is valid. Right after a broker restart, a refusal such as
             // "topic route not found" is only the name server catching up; it is retried with
-            // backoff like an unknown outcome. Once the reservation has expired the consumer
-            // would reject it anyway, and the unit goes back.
+            // backoff like an unknown outcome.
             SendOutcome::DefiniteFailure { error }
-                if now_ms < event.reservation_valid_until.timestamp_millis() =>
+                if now_ms
+                    < event.reservation_valid_until.timestamp_millis()
+                        + self.settings.scan.settle_grace_ms as i64 =>
             {
                 metrics::counter!("reservation_resend_refused_total").increment(1);
                 warn!(reservation_id = %rid, message_id = %event.message_id, order_id = %event.order_id,
@@ -214,21 +285,31 @@ impl Scanner {
                 self.resend_later(activity_id, &rid, &event.message_id, attempt, now_ms, error)
                     .await
             }
+            // Refused after the reservation's validity: this copy is not stored, but an earlier
+            // one may be, so PostgreSQL decides.
             SendOutcome::DefiniteFailure { error } => {
-                error!(reservation_id = %rid, message_id = %event.message_id, order_id = %event.order_id,
-                       send_attempt = attempt, send_outcome = "DEFINITE_FAILURE", error = %error,
-                       "re-send refused by the broker after the reservation expired; reservation released");
-                self.redis
-                    .mark_failed(
-                        activity_id,
-                        event.sku_id,
-                        &rid,
-                        &event.message_id,
-                        error,
-                        now_ms,
-                    )
-                    .await
-                    .map(|_| ())
+                match self.settle(activity_id, &rid, &event, now_ms).await {
+                    Ok(verdict) => {
+                        warn!(reservation_id = %rid, message_id = %event.message_id, order_id = %event.order_id,
+                              request_id = %event.request_id, send_attempt = attempt,
+                              send_outcome = "DEFINITE_FAILURE", error = %error, verdict,
+                              "re-send refused after the reservation expired; settled from PostgreSQL");
+                        return ("settled", rid);
+                    }
+                    Err(e) => {
+                        warn!(reservation_id = %rid, message_id = %event.message_id, error = %e,
+                              "could not settle a refused reservation from PostgreSQL; retried later");
+                        self.resend_later(
+                            activity_id,
+                            &rid,
+                            &event.message_id,
+                            attempt,
+                            now_ms,
+                            error,
+                        )
+                        .await
+                    }
+                }
             }
         };
         if let Err(e) = result {
