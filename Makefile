@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help services-up services-down build demo bench limits test test-faults chaos soak soak-small test-unit fmt clippy lint ci
+.PHONY: help services-up services-down build demo bench limits test test-faults chaos soak soak-small send-timeouts test-unit fmt clippy lint ci
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -38,6 +38,9 @@ soak-small: ## make soak in one minute on the debug build (too short to judge me
 	cargo build --workspace --features failpoints --quiet
 	SECKILL_BIN=target/debug/seckill SOAK_DURATION_SECS=45 SOAK_RATE=100 SOAK_PAY_WINDOW_SECS=10 \
 	  SOAK_SAMPLE_SECS=5 SOAK_MAX_RSS_SLOPE_MIB_PER_MIN=1000 scripts/soak.sh
+
+send-timeouts: ## UNKNOWN rate of a send against its timeout and client retries, and the broker profiles' cost (restarts the broker)
+	scripts/send-timeouts.sh
 
 test-faults: services-up ## Faults that disturb the shared services (broker kill, PostgreSQL restart), one at a time
 	SECKILL_ENV=test cargo test --features failpoints --test sale_faults -- --ignored --test-threads=1

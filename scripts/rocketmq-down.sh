@@ -3,6 +3,8 @@
 # SIGTERM, then SIGKILL after a bound. Idempotent: missing or stale pid files are fine.
 # Data (store, offsets) stays in SECKILL_MQ_DATA_DIR.
 #
+# `--broker-only` leaves the name server running (to restart the broker with another profile).
+#
 # Environment: SECKILL_RUN_DIR (~/.cache/seckill/run), SECKILL_MQ_STOP_TIMEOUT (15 s).
 set -euo pipefail
 
@@ -42,5 +44,9 @@ stop() {
   log "$what stopped (pid $pid)"
 }
 
+# The replicated profile's slave first: it follows its master.
+stop "broker slave" "$RUN_DIR/broker-slave.pid" rocketmq-broker-rust
 stop broker "$RUN_DIR/broker.pid" rocketmq-broker-rust
-stop "name server" "$RUN_DIR/namesrv.pid" rocketmq-namesrv-rust
+if [[ "${1:-}" != --broker-only ]]; then
+  stop "name server" "$RUN_DIR/namesrv.pid" rocketmq-namesrv-rust
+fi

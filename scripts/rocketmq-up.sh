@@ -14,9 +14,12 @@
 #   SECKILL_MQ_PROFILE     the broker's durability profile     (development)
 #                             development: ASYNC_FLUSH, a lone ASYNC_MASTER (the fastest);
 #                             production:  SYNC_FLUSH, so a confirmed send is on disk before the
-#                             answer (see config/rocketmq/broker.toml and BENCHMARKS.md for its
-#                             measured cost). A broker already running keeps its profile: stop it
-#                             first (scripts/rocketmq-down.sh) to change it.
+#                             answer;
+#                             replicated:  SYNC_FLUSH and SYNC_MASTER, with a slave of the same
+#                             binary (127.0.0.1:10931, HA 10932, health 19931, store
+#                             <data>/store-slave): a confirmed send is on both stores.
+#                             Costs measured in BENCHMARKS.md. A broker already running keeps its
+#                             profile: stop it first (scripts/rocketmq-down.sh) to change it.
 set -euo pipefail
 
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -80,15 +83,39 @@ pid_alive() {
 
 PROFILE="${SECKILL_MQ_PROFILE:-development}"
 case "$PROFILE" in
-  development) FLUSH_DISK_TYPE=ASYNC_FLUSH ;;
-  production) FLUSH_DISK_TYPE=SYNC_FLUSH ;;
-  *) echo "rocketmq-up: ERROR: SECKILL_MQ_PROFILE must be development or production, not '$PROFILE'" >&2; exit 2 ;;
+  development) FLUSH_DISK_TYPE=ASYNC_FLUSH BROKER_ROLE=ASYNC_MASTER ;;
+  production) FLUSH_DISK_TYPE=SYNC_FLUSH BROKER_ROLE=ASYNC_MASTER ;;
+  replicated) FLUSH_DISK_TYPE=SYNC_FLUSH BROKER_ROLE=SYNC_MASTER ;;
+  *)
+    echo "rocketmq-up: ERROR: SECKILL_MQ_PROFILE must be development, production or replicated, not '$PROFILE'" >&2
+    exit 2
+    ;;
 esac
+SLAVE_PORT=10931
+SLAVE_HEALTH="127.0.0.1:19931"
 
 render() {
   # Fills the data directory and the profile into a config template; '|' cannot occur in a
   # path we build.
-  sed -e "s|@DATA_DIR@|$DATA_DIR|g" -e "s|@FLUSH_DISK_TYPE@|$FLUSH_DISK_TYPE|g" "$1" >"$2"
+  sed -e "s|@DATA_DIR@|$DATA_DIR|g" -e "s|@FLUSH_DISK_TYPE@|$FLUSH_DISK_TYPE|g" \
+    -e "s|@BROKER_ROLE@|$BROKER_ROLE|g" "$1" >"$2"
+}
+
+# The replicated profile's slave: the same template, brokerId 1, role SLAVE (in both sections:
+# the broker only starts its replica manager when its own config says so), its own ports and
+# store, and the master's HA address (learning it from the name server does not connect).
+render_slave() {
+  sed -e "s|@DATA_DIR@/store|$DATA_DIR/store-slave|g" -e "s|@DATA_DIR@|$DATA_DIR|g" \
+    -e "s|@FLUSH_DISK_TYPE@|$FLUSH_DISK_TYPE|g" -e "s|@BROKER_ROLE@|SLAVE|g" \
+    -e "s|^listenPort = $BROKER_PORT|listenPort = $SLAVE_PORT|" \
+    -e 's|^brokerId = 0|brokerId = 1|' \
+    -e 's|^haListenPort = 10912|haListenPort = 10932\nhaMasterAddress = "127.0.0.1:10912"|' \
+    "$1" >"$2"
+}
+
+slave_ready() {
+  [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://$SLAVE_HEALTH/readyz" || true)" == 200 ]] &&
+    port_open "$SLAVE_PORT"
 }
 
 start_detached() {
@@ -209,4 +236,23 @@ else
     --log-filter "$LOG_FILTER"
   wait_until "broker" "$RUN_DIR/logs/broker.log" "$RUN_DIR/broker.pid" rocketmq-broker-rust broker_ready
   log "broker ready (pid $(cat "$RUN_DIR/broker.pid"), health http://$BROKER_HEALTH/readyz)"
+fi
+
+# ---- the replicated profile's slave ----
+if [[ "$PROFILE" == replicated ]]; then
+  if slave_ready; then
+    log "broker slave already ready on 127.0.0.1:$SLAVE_PORT"
+  else
+    stop_stale "$RUN_DIR/broker-slave.pid" rocketmq-broker-rust
+    mkdir -p "$DATA_DIR/store-slave"
+    render_slave "$REPO_DIR/config/rocketmq/broker.toml" "$RUN_DIR/conf/broker-slave.toml"
+    log "starting broker slave (log $RUN_DIR/logs/broker-slave.log, store $DATA_DIR/store-slave)"
+    start_detached "$RUN_DIR/broker-slave.pid" "$RUN_DIR/logs/broker-slave.log" \
+      env ROCKETMQ_HEALTH_BIND_ADDR="$SLAVE_HEALTH" "$BROKER_BIN" \
+      -c "$RUN_DIR/conf/broker-slave.toml" -n "127.0.0.1:$NAMESRV_PORT" \
+      --log-filter "$LOG_FILTER"
+    wait_until "broker slave" "$RUN_DIR/logs/broker-slave.log" "$RUN_DIR/broker-slave.pid" \
+      rocketmq-broker-rust slave_ready
+    log "broker slave ready (pid $(cat "$RUN_DIR/broker-slave.pid"))"
+  fi
 fi
