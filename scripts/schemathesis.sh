@@ -176,17 +176,20 @@ log "api ready on $base (pid $api_pid), consume ready (pid $consume_pid, metrics
 
 # Fail-closed admission opens once the consumer has caught up with the order queue (it starts
 # from the first offset the first time its group exists on this broker).
+# The lag is the consume role's reading (the API only uses its own for admission).
 open=""
 for _ in $(seq 1 150); do
   m="$(curl -fsS -m 2 "$base/metrics" 2>/dev/null || true)"
+  c="$(curl -fsS -m 2 "http://127.0.0.1:$consume_port/metrics" 2>/dev/null || true)"
   if ! grep -qE '^admission_paused 1' <<<"$m" &&
-    grep -qE '^mq_consumer_lag_messages\{topic="order_create"\} 0$' <<<"$m"; then
+    grep -qE '^mq_consumer_lag_messages\{topic="order_create"\} 0$' <<<"$c"; then
     open=1; break
   fi
   sleep 0.2
 done
 if [[ -z "$open" ]]; then
-  grep -E '^(admission_paused|mq_consumer_lag)' <<<"$m" || true
+  grep -E '^admission_paused' <<<"$m" || true
+  grep -E '^mq_consumer_lag' <<<"$c" || true
   detail="reason=admission_closed"; exit 1
 fi
 log "admission open, order queue drained"
