@@ -19,6 +19,7 @@
 # The last line is machine-readable:
 #   RATIOS order_vs_pgbench_single=… order_batch1_vs_pgbench_single=… order_vs_pgbench_batch=…
 #          accept_batched_vs_unbatched=… soldout_vs_direct_pg=… (sold-out answers/s)
+#          soldout_memory_vs_redis=… (the same, with the API's sold-out memory on and off)
 #          sale_vs_direct_pg=… sale_p99_ms=… direct_pg_sale_p99_ms=… within_3s_pct=…
 #          trust_on_vs_off=… violations=…
 # Knobs: BENCH_QUICK=1 (smaller runs, for a smoke test), BENCH_CONCURRENCY (default 64),
@@ -236,6 +237,13 @@ done
 log "send-path backlog: $n of $i_accepted reservations recorded"
 A_BATCHED="$(accept_run accept-batched 0 "$(activity "$API_REQ")")"
 A_SINGLE="$(accept_run accept-unbatched 1 "$(activity "$API_REQ")")"
+# Sold-out answers: every one from Redis (the API's memory of sold-out SKUs off), then with it
+# on (the default: after the first SOLD_OUT the instance answers by itself).
+SECKILL__API__SOLD_OUT_POLL_MS=0 start api api
+wait_ready http://127.0.0.1:28080/readyz
+log "sold-out SKU, every answer from Redis"
+SOLDOUT_REDIS="$(api_bench sold-out-redis "$(activity 0)" 1 1 "$API_REQ" "$API_REQ")"
+stop api
 start api api
 wait_ready http://127.0.0.1:28080/readyz
 log "sold-out SKU"
@@ -290,7 +298,7 @@ violations=0
 for line in "$RELAY" "$I_BATCHED" "$I_SINGLE" "$T_OFF" "$T_ON" "$T_OFF2" "$T_ON2" "$BASE_SOLDOUT" "$BASE_BUY" "$BASE_SALE"; do
   [[ "$line" == *" OK "* ]] || violations=$((violations + 1))
 done
-for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT" "$SALE" "$MANY" "$DUPS" "$OPEN"; do
+for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT_REDIS" "$SOLDOUT" "$SALE" "$MANY" "$DUPS" "$OPEN"; do
   v="$(field "$line" violations)"
   violations=$((violations + ${v:-1}))
   [[ "$line" == *" OK "* ]] || violations=$((violations + 1))
@@ -302,7 +310,7 @@ done
   echo "$BROKER1"
   echo "$BROKER32"
   echo "== pipeline =="
-  for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$RELAY" "$I_BATCHED" "$I_SINGLE" "$T_OFF" "$T_ON" "$T_OFF2" "$T_ON2" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT" "$SALE" "$MANY" "$DUPS" "$OPEN"; do
+  for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$RELAY" "$I_BATCHED" "$I_SINGLE" "$T_OFF" "$T_ON" "$T_OFF2" "$T_ON2" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT_REDIS" "$SOLDOUT" "$SALE" "$MANY" "$DUPS" "$OPEN"; do
     echo "$line"
   done
   echo "== ratios =="
@@ -319,6 +327,6 @@ done
   echo "the sale, answers/s $(field "$SALE" req_per_s) (p99 $(field "$SALE" api_p99_ms) ms) vs direct PostgreSQL over HTTP $(field "$BASE_SALE" req_per_s) (p99 $(field "$BASE_SALE" api_p99_ms) ms)"
   echo "accepted/s $(field "$A_BATCHED" accepted_per_s) vs direct PostgreSQL purchases over HTTP $(field "$BASE_BUY" accepted_per_s) and pgbench $(field "$LIMITS" direct_pg_buy_per_s)"
 } | tee "$RUN_DIR/summary.txt"
-RATIOS="RATIOS order_vs_pgbench_single=$(ratio "$orders_ps" "$single_tps") order_batch1_vs_pgbench_single=$(ratio "$(field "$B_SINGLE" orders_per_s)" "$single_tps") order_vs_pgbench_batch=$(ratio "$orders_ps" "$batch_ops") accept_batched_vs_unbatched=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$A_SINGLE" accepted_per_s)") soldout_vs_direct_pg=$(ratio "$(field "$SOLDOUT" sold_out_per_s)" "$(field "$BASE_SOLDOUT" sold_out_per_s)") soldout_vs_pgbench_direct=$(ratio "$(field "$SOLDOUT" sold_out_per_s)" "$soldout_pg") accept_vs_direct_pg_buy=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$BASE_BUY" accepted_per_s)") sale_vs_direct_pg=$(ratio "$(field "$SALE" req_per_s)" "$(field "$BASE_SALE" req_per_s)") sale_p99_ms=$(field "$SALE" api_p99_ms) direct_pg_sale_p99_ms=$(field "$BASE_SALE" api_p99_ms) within_3s_pct=$(field "$SALE" within_3s_pct) workers64_vs_budget=$(ratio "$(field "$B_WIDE" orders_per_s)" "$orders_ps") relay_vs_broker_single=$(ratio "$(field "$RELAY" events_per_s)" "$(field "$BROKER1" msgs_per_s)") send_path_batched_vs_unbatched=$(ratio "$(field "$I_BATCHED" accepted_per_s)" "$(field "$I_SINGLE" accepted_per_s)") trust_on_vs_off=$(ratio "$(( $(field "$T_ON" accepted_per_s) + $(field "$T_ON2" accepted_per_s) ))" "$(( $(field "$T_OFF" accepted_per_s) + $(field "$T_OFF2" accepted_per_s) ))") violations=$violations"
+RATIOS="RATIOS order_vs_pgbench_single=$(ratio "$orders_ps" "$single_tps") order_batch1_vs_pgbench_single=$(ratio "$(field "$B_SINGLE" orders_per_s)" "$single_tps") order_vs_pgbench_batch=$(ratio "$orders_ps" "$batch_ops") accept_batched_vs_unbatched=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$A_SINGLE" accepted_per_s)") soldout_vs_direct_pg=$(ratio "$(field "$SOLDOUT" sold_out_per_s)" "$(field "$BASE_SOLDOUT" sold_out_per_s)") soldout_vs_pgbench_direct=$(ratio "$(field "$SOLDOUT" sold_out_per_s)" "$soldout_pg") soldout_memory_vs_redis=$(ratio "$(field "$SOLDOUT" sold_out_per_s)" "$(field "$SOLDOUT_REDIS" sold_out_per_s)") accept_vs_direct_pg_buy=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$BASE_BUY" accepted_per_s)") sale_vs_direct_pg=$(ratio "$(field "$SALE" req_per_s)" "$(field "$BASE_SALE" req_per_s)") sale_p99_ms=$(field "$SALE" api_p99_ms) direct_pg_sale_p99_ms=$(field "$BASE_SALE" api_p99_ms) within_3s_pct=$(field "$SALE" within_3s_pct) workers64_vs_budget=$(ratio "$(field "$B_WIDE" orders_per_s)" "$orders_ps") relay_vs_broker_single=$(ratio "$(field "$RELAY" events_per_s)" "$(field "$BROKER1" msgs_per_s)") send_path_batched_vs_unbatched=$(ratio "$(field "$I_BATCHED" accepted_per_s)" "$(field "$I_SINGLE" accepted_per_s)") trust_on_vs_off=$(ratio "$(( $(field "$T_ON" accepted_per_s) + $(field "$T_ON2" accepted_per_s) ))" "$(( $(field "$T_OFF" accepted_per_s) + $(field "$T_OFF2" accepted_per_s) ))") violations=$violations"
 echo "$RATIOS"
 [[ "$violations" == 0 ]]

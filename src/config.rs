@@ -146,6 +146,9 @@ pub struct ApiSettings {
     pub fail_closed_share: f64,
     /// How often the admission check runs.
     pub admission_check_ms: u64,
+    /// How often an API instance re-reads the SKUs it answers SOLD_OUT from memory: a released
+    /// unit is refused for at most this long (0: every request goes to Redis).
+    pub sold_out_poll_ms: u64,
     /// After a fail-closed pause ends, admission ramps from 10 % of new reservations to all
     /// over this many seconds (0: all at once).
     pub resume_ramp_secs: u64,
@@ -653,6 +656,12 @@ impl Settings {
         }
         if self.api.lag_unreadable_probes == 0 {
             return Err(invalid("api.lag_unreadable_probes", "must be at least 1"));
+        }
+        if self.api.sold_out_poll_ms > 10_000 {
+            return Err(invalid(
+                "api.sold_out_poll_ms",
+                "must be at most 10000 (a free unit is refused that long)",
+            ));
         }
         if self.api.resume_ramp_secs > 3600 {
             return Err(invalid("api.resume_ramp_secs", "must be at most 3600"));

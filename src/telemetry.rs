@@ -181,6 +181,14 @@ fn describe() {
         "Scanner re-sends the broker refused while the reservation was still valid: retried, not released"
     );
     describe_counter!(
+        "reservation_sold_out_from_memory_total",
+        "Requests for a SKU known sold out answered SOLD_OUT without Redis (not from its winners)"
+    );
+    describe_gauge!(
+        "sold_out_flags",
+        "SKUs this API instance answers SOLD_OUT from memory"
+    );
+    describe_counter!(
         "reservation_settled_total",
         "Reservations whose re-send was refused after validity + grace, settled from PostgreSQL, by verdict (fenced: released once; consumed: a copy reached the consumer)"
     );

@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{eventually, TestEnv};
+use common::{eventually, reserve_as as reserve, TestEnv};
 use reqwest::StatusCode;
 use seckill::mq::{OutMessage, Publisher};
 use seckill::roles::api::{build_state, serve, ApiState};
@@ -77,26 +77,6 @@ async fn start(env: &TestEnv, publisher: Arc<dyn Publisher>, with_consumer: bool
         stop,
         consumer,
     }
-}
-
-async fn reserve(
-    base: &str,
-    activity: i64,
-    sku: i64,
-    user: i64,
-    request_id: &str,
-) -> (StatusCode, Value) {
-    let r = reqwest::Client::new()
-        .post(format!(
-            "{base}/v1/activities/{activity}/skus/{sku}/reservations"
-        ))
-        .header("authorization", common::bearer(user))
-        .json(&json!({"user_id": user, "request_id": request_id, "quantity": 1}))
-        .send()
-        .await
-        .unwrap();
-    let status = r.status();
-    (status, r.json().await.unwrap_or(Value::Null))
 }
 
 /// A GET as buyer 1.

@@ -178,6 +178,16 @@ pub enum WarmResult {
     StockInUse,
 }
 
+/// One SKU as an API instance answering SOLD_OUT from memory sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SoldOutView {
+    pub remaining: i64,
+    /// Reservations ever made of the SKU (never decremented).
+    pub taken: i64,
+    /// The buyers holding a reservation, when `taken` was not the one asked with.
+    pub winners: Option<Vec<i64>>,
+}
+
 /// One reservation to give back (the compensation path).
 #[derive(Debug, Clone, Copy)]
 pub struct Release<'a> {
@@ -200,6 +210,7 @@ struct Scripts {
     schedule_resend: Script,
     mark_failed: Script,
     settle: Script,
+    sold_out_view: Script,
     warm: Script,
     release: Script,
     claim: Script,
@@ -233,6 +244,7 @@ impl RedisStore {
                 schedule_resend: Script::new(include_str!("lua/schedule_resend.lua")),
                 mark_failed: Script::new(include_str!("lua/mark_failed.lua")),
                 settle: Script::new(include_str!("lua/settle.lua")),
+                sold_out_view: Script::new(include_str!("lua/sold_out_view.lua")),
                 warm: Script::new(include_str!("lua/warm.lua")),
                 release: Script::new(include_str!("lua/release.lua")),
                 claim: Script::new(include_str!("lua/claim.lua")),
@@ -441,6 +453,35 @@ impl RedisStore {
             .arg(now_ms)
             .invoke_async(&mut *conn)
             .await?)
+    }
+
+    /// One SKU's remaining stock and `taken` counter, and its winners unless `known_taken` is
+    /// current (or stock is back), in one call (`sold_out_view.lua`).
+    pub async fn sold_out_view(
+        &self,
+        activity_id: i64,
+        sku_id: i64,
+        known_taken: Option<i64>,
+    ) -> anyhow::Result<SoldOutView> {
+        let mut conn = self.pool.get().await?;
+        let v: Vec<i64> = self
+            .scripts
+            .sold_out_view
+            .key(self.keys.sku(activity_id, sku_id))
+            .key(self.keys.buyers(activity_id, sku_id))
+            .arg(known_taken.unwrap_or(-1))
+            .invoke_async(&mut *conn)
+            .await?;
+        let (remaining, taken) = (
+            v.first().copied().unwrap_or(0),
+            v.get(1).copied().unwrap_or(0),
+        );
+        let fresh = remaining <= 0 && Some(taken) != known_taken;
+        Ok(SoldOutView {
+            remaining,
+            taken,
+            winners: fresh.then(|| v.get(2..).unwrap_or_default().to_vec()),
+        })
     }
 
     /// Writes the activity window and one SKU's stock.

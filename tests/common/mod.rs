@@ -503,6 +503,28 @@ pub async fn start_api(settings: Settings) -> Api {
     }
 }
 
+/// `POST /v1/activities/{activity}/skus/{sku}/reservations` as buyer `user` (its development
+/// token), with `request_id`: the status and the JSON body.
+pub async fn reserve_as(
+    base: &str,
+    activity: i64,
+    sku: i64,
+    user: i64,
+    request_id: &str,
+) -> (reqwest::StatusCode, serde_json::Value) {
+    let r = reqwest::Client::new()
+        .post(format!(
+            "{base}/v1/activities/{activity}/skus/{sku}/reservations"
+        ))
+        .header("authorization", bearer(user))
+        .json(&serde_json::json!({"user_id": user, "request_id": request_id, "quantity": 1}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or(serde_json::Value::Null))
+}
+
 /// The test configuration's development secrets, loaded once.
 fn test_settings() -> &'static Settings {
     static SETTINGS: std::sync::OnceLock<Settings> = std::sync::OnceLock::new();

@@ -73,6 +73,9 @@ if holder then return {'ALREADY_PURCHASED', holder} end
 if tonumber(remaining) <= 0 then return {'SOLD_OUT'} end
 
 redis.call('HINCRBY', KEYS[2], 'remaining', -1)
+-- Every reservation ever made, never given back: an API instance answering SOLD_OUT from memory
+-- sees a unit released and taken again between two of its polls (sold_out_view.lua).
+redis.call('HINCRBY', KEYS[2], 'taken', 1)
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
 redis.call('HSET', KEYS[4], reqfield, ARGV[4])
 local valid_until = now + tonumber(meta[3])

@@ -22,10 +22,12 @@ pub mod limits;
 mod payments;
 mod queries;
 mod reserve;
+mod sold_out;
 
 pub use admission::Admission;
 pub use error::ApiError;
 pub use reserve::reservation_event;
+pub use sold_out::SoldOut;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,6 +65,8 @@ pub struct ApiState {
     pub ready: Readiness,
     /// Fail-closed admission, updated by the background checker.
     pub admission: Arc<Admission>,
+    /// SKUs known sold out: answered from memory (docs/ARCHITECTURE.md#sold-out-from-memory).
+    pub sold_out: Arc<SoldOut>,
     /// Where the checker reads the order-create lag (`None`: pending age only).
     pub lag: Option<LagSource>,
     /// Verifies buyer tokens; `None` when `auth.buyers = "body"` (development only).
@@ -208,6 +212,7 @@ pub async fn build_state(
         admission: Arc::new(admission::Admission::with_ramp(Duration::from_secs(
             settings.api.resume_ramp_secs,
         ))),
+        sold_out: Default::default(),
         settings,
         redis,
         pg,
@@ -255,6 +260,17 @@ pub async fn serve_with_admin(
             stopping.clone(),
         ),
     );
+    if api.sold_out_poll_ms > 0 {
+        watchdog.spawn(
+            "sold-out poller",
+            sold_out::run_poller(
+                state.sold_out.clone(),
+                state.redis.clone(),
+                Duration::from_millis(api.sold_out_poll_ms),
+                stopping.clone(),
+            ),
+        );
+    }
     if let Some(admin_listener) = admin_listener {
         let app = admin::router(state.clone());
         let serving = crate::http::serve(

@@ -106,6 +106,12 @@ async fn reserve_inner(
         (None, Some(body)) => body,
         (None, None) => return Err(ApiError::invalid(ValidationError::Missing("user_id"))),
     };
+    // A SKU known sold out is answered from memory, unless the buyer is one of its winners
+    // (docs/ARCHITECTURE.md#sold-out-from-memory).
+    if api.sold_out_poll_ms > 0 && s.sold_out.answers(activity_id, sku_id, user_id) {
+        metrics::counter!("reservation_sold_out_from_memory_total").increment(1);
+        return Err(ApiError::from(ReserveResult::SoldOut));
+    }
     // Taken once the body is in: a client that stalls mid-body holds a connection (bounded by
     // the listener's limits), never one of the permits real buyers need.
     let _permit = s.inflight.clone().try_acquire_owned().map_err(|_| {
@@ -155,6 +161,12 @@ async fn reserve_inner(
             metrics::counter!("rate_limited_total", "by" => if by == "ip" { "ip" } else { "u" })
                 .increment(1);
             return Err(ApiError::from(ReserveResult::RateLimited { by, retry_ms }));
+        }
+        ReserveResult::SoldOut => {
+            if api.sold_out_poll_ms > 0 {
+                s.sold_out.note(activity_id, sku_id);
+            }
+            return Err(ApiError::from(ReserveResult::SoldOut));
         }
         refused => return Err(ApiError::from(refused)),
     };
