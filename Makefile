@@ -36,7 +36,7 @@ soak: ## A long sale at a steady rate with payments and timeouts, sampled every 
 
 soak-small: ## make soak in one minute on the debug build (too short to judge memory growth)
 	cargo build --workspace --features failpoints --quiet
-	SECKILL_BIN=target/debug/seckill SOAK_DURATION_SECS=45 SOAK_RATE=100 SOAK_PAY_WINDOW_SECS=10 \
+	SECKILL_BIN=target/debug/seckill SOAK_DURATION_SECS=45 SOAK_RATE=50 SOAK_PAY_WINDOW_SECS=20 \
 	  SOAK_SAMPLE_SECS=5 SOAK_MAX_RSS_SLOPE_MIB_PER_MIN=1000 scripts/soak.sh
 
 send-timeouts: ## UNKNOWN rate of a send against its timeout and client retries, and the broker profiles' cost (restarts the broker)
