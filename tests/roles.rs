@@ -107,6 +107,13 @@ async fn roles_serve_metrics_and_a_consumer_stopped_mid_load_loses_and_doubles_n
             "pg_pool_wait_seconds",
             "worker_budget",
             "mq_consumer_ready{topic=\"order_create\"}",
+            // Every group's backlog, its retry topic counted, and the live reservation->order
+            // SLO with 3 s as a bucket boundary.
+            "mq_consumer_lag_seconds{topic=\"order_create\"}",
+            "mq_consumer_lag_seconds{topic=\"compensate\"}",
+            "mq_consumer_lag_seconds{topic=\"order_event\"}",
+            "mq_consumer_retry_lag_messages{topic=\"order_create\"}",
+            "order_reservation_to_order_seconds_bucket{le=\"3\"}",
         ],
     )
     .await;
