@@ -20,6 +20,7 @@
 #   RATIOS order_vs_pgbench_single=… order_batch1_vs_pgbench_single=… order_vs_pgbench_batch=…
 #          accept_batched_vs_unbatched=… soldout_vs_direct_pg=… (sold-out answers/s)
 #          soldout_memory_vs_redis=… (the same, with the API's sold-out memory on and off)
+#          sale_p99_vs_direct_pg=… sale_vs_front_door=… (the sale against the front door alone)
 #          sale_vs_direct_pg=… sale_p99_ms=… direct_pg_sale_p99_ms=… within_3s_pct=…
 #          trust_on_vs_off=… violations=…
 # Knobs: BENCH_QUICK=1 (smaller runs, for a smoke test), BENCH_CONCURRENCY (default 64),
@@ -251,6 +252,20 @@ SOLDOUT_A="$(activity 0)"
 SOLDOUT="$(api_bench sold-out "$SOLDOUT_A" 1 1 "$API_REQ" "$API_REQ")"
 log "the sale: $SALE_REQ requests by $SALE_BUYERS buyers for $SALE_STOCK units"
 SALE="$(api_bench hot-sku "$(activity "$SALE_STOCK")" 1 1 "$SALE_REQ" "$SALE_BUYERS")"
+# The ceiling: the same sale through the front door alone (the consumer stopped, so the API,
+# Redis and the broker have the cores), then the consumer turns its backlog into orders before
+# the next scenario.
+log "the same sale, the front door alone (the consumer stopped)"
+stop consume
+FRONT_A="$(activity "$SALE_STOCK")"
+SALE_FRONT="$(api_bench hot-sku-front-door "$FRONT_A" 1 1 "$SALE_REQ" "$SALE_BUYERS" --load-only)"
+consume
+for _ in $(seq 1 900); do
+  n="$(psql -h 127.0.0.1 -U postgres -Atc \
+    "SELECT count(*) FROM seckill_bench.reservations WHERE activity_id = $FRONT_A")"
+  ((n >= $(field "$SALE_FRONT" accepted))) && break
+  sleep 0.2
+done
 log "many SKUs"
 MANY="$(api_bench many-skus "$(activity $((SALE_STOCK / 10)) 20)" 1 20 "$((API_REQ / 2))" "$((API_REQ / 2))")"
 log "duplicate-heavy traffic"
@@ -295,7 +310,7 @@ batch_ops="$(field "$LIMITS" pgbench_batch_orders_per_s)"
 soldout_pg="$(field "$LIMITS" direct_pg_soldout_per_s)"
 orders_ps="$(field "$B_BATCH" orders_per_s)"
 violations=0
-for line in "$RELAY" "$I_BATCHED" "$I_SINGLE" "$T_OFF" "$T_ON" "$T_OFF2" "$T_ON2" "$BASE_SOLDOUT" "$BASE_BUY" "$BASE_SALE"; do
+for line in "$RELAY" "$I_BATCHED" "$I_SINGLE" "$T_OFF" "$T_ON" "$T_OFF2" "$T_ON2" "$SALE_FRONT" "$BASE_SOLDOUT" "$BASE_BUY" "$BASE_SALE"; do
   [[ "$line" == *" OK "* ]] || violations=$((violations + 1))
 done
 for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT_REDIS" "$SOLDOUT" "$SALE" "$MANY" "$DUPS" "$OPEN"; do
@@ -310,7 +325,7 @@ done
   echo "$BROKER1"
   echo "$BROKER32"
   echo "== pipeline =="
-  for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$RELAY" "$I_BATCHED" "$I_SINGLE" "$T_OFF" "$T_ON" "$T_OFF2" "$T_ON2" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT_REDIS" "$SOLDOUT" "$SALE" "$MANY" "$DUPS" "$OPEN"; do
+  for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$RELAY" "$I_BATCHED" "$I_SINGLE" "$T_OFF" "$T_ON" "$T_OFF2" "$T_ON2" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT_REDIS" "$SOLDOUT" "$SALE" "$SALE_FRONT" "$MANY" "$DUPS" "$OPEN"; do
     echo "$line"
   done
   echo "== ratios =="
@@ -327,6 +342,6 @@ done
   echo "the sale, answers/s $(field "$SALE" req_per_s) (p99 $(field "$SALE" api_p99_ms) ms) vs direct PostgreSQL over HTTP $(field "$BASE_SALE" req_per_s) (p99 $(field "$BASE_SALE" api_p99_ms) ms)"
   echo "accepted/s $(field "$A_BATCHED" accepted_per_s) vs direct PostgreSQL purchases over HTTP $(field "$BASE_BUY" accepted_per_s) and pgbench $(field "$LIMITS" direct_pg_buy_per_s)"
 } | tee "$RUN_DIR/summary.txt"
-RATIOS="RATIOS order_vs_pgbench_single=$(ratio "$orders_ps" "$single_tps") order_batch1_vs_pgbench_single=$(ratio "$(field "$B_SINGLE" orders_per_s)" "$single_tps") order_vs_pgbench_batch=$(ratio "$orders_ps" "$batch_ops") accept_batched_vs_unbatched=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$A_SINGLE" accepted_per_s)") soldout_vs_direct_pg=$(ratio "$(field "$SOLDOUT" sold_out_per_s)" "$(field "$BASE_SOLDOUT" sold_out_per_s)") soldout_vs_pgbench_direct=$(ratio "$(field "$SOLDOUT" sold_out_per_s)" "$soldout_pg") soldout_memory_vs_redis=$(ratio "$(field "$SOLDOUT" sold_out_per_s)" "$(field "$SOLDOUT_REDIS" sold_out_per_s)") accept_vs_direct_pg_buy=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$BASE_BUY" accepted_per_s)") sale_vs_direct_pg=$(ratio "$(field "$SALE" req_per_s)" "$(field "$BASE_SALE" req_per_s)") sale_p99_ms=$(field "$SALE" api_p99_ms) direct_pg_sale_p99_ms=$(field "$BASE_SALE" api_p99_ms) within_3s_pct=$(field "$SALE" within_3s_pct) workers64_vs_budget=$(ratio "$(field "$B_WIDE" orders_per_s)" "$orders_ps") relay_vs_broker_single=$(ratio "$(field "$RELAY" events_per_s)" "$(field "$BROKER1" msgs_per_s)") send_path_batched_vs_unbatched=$(ratio "$(field "$I_BATCHED" accepted_per_s)" "$(field "$I_SINGLE" accepted_per_s)") trust_on_vs_off=$(ratio "$(( $(field "$T_ON" accepted_per_s) + $(field "$T_ON2" accepted_per_s) ))" "$(( $(field "$T_OFF" accepted_per_s) + $(field "$T_OFF2" accepted_per_s) ))") violations=$violations"
+RATIOS="RATIOS order_vs_pgbench_single=$(ratio "$orders_ps" "$single_tps") order_batch1_vs_pgbench_single=$(ratio "$(field "$B_SINGLE" orders_per_s)" "$single_tps") order_vs_pgbench_batch=$(ratio "$orders_ps" "$batch_ops") accept_batched_vs_unbatched=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$A_SINGLE" accepted_per_s)") soldout_vs_direct_pg=$(ratio "$(field "$SOLDOUT" sold_out_per_s)" "$(field "$BASE_SOLDOUT" sold_out_per_s)") soldout_vs_pgbench_direct=$(ratio "$(field "$SOLDOUT" sold_out_per_s)" "$soldout_pg") soldout_memory_vs_redis=$(ratio "$(field "$SOLDOUT" sold_out_per_s)" "$(field "$SOLDOUT_REDIS" sold_out_per_s)") accept_vs_direct_pg_buy=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$BASE_BUY" accepted_per_s)") sale_vs_direct_pg=$(ratio "$(field "$SALE" req_per_s)" "$(field "$BASE_SALE" req_per_s)") sale_p99_vs_direct_pg=$(ratio "$(field "$SALE" api_p99_ms)" "$(field "$BASE_SALE" api_p99_ms)") sale_vs_front_door=$(ratio "$(field "$SALE" req_per_s)" "$(field "$SALE_FRONT" req_per_s)") sale_p99_ms=$(field "$SALE" api_p99_ms) direct_pg_sale_p99_ms=$(field "$BASE_SALE" api_p99_ms) within_3s_pct=$(field "$SALE" within_3s_pct) workers64_vs_budget=$(ratio "$(field "$B_WIDE" orders_per_s)" "$orders_ps") relay_vs_broker_single=$(ratio "$(field "$RELAY" events_per_s)" "$(field "$BROKER1" msgs_per_s)") send_path_batched_vs_unbatched=$(ratio "$(field "$I_BATCHED" accepted_per_s)" "$(field "$I_SINGLE" accepted_per_s)") trust_on_vs_off=$(ratio "$(( $(field "$T_ON" accepted_per_s) + $(field "$T_ON2" accepted_per_s) ))" "$(( $(field "$T_OFF" accepted_per_s) + $(field "$T_OFF2" accepted_per_s) ))") violations=$violations"
 echo "$RATIOS"
 [[ "$violations" == 0 ]]
