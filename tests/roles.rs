@@ -125,3 +125,34 @@ async fn roles_serve_metrics_and_a_consumer_stopped_mid_load_loses_and_doubles_n
     assert_eq!(report.figures.valid_orders, 150);
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn timeout_cancel_exports_its_groups_backlog_with_the_retry_topic() {
+    let env = TestEnv::new(true).await;
+    let port = free_port();
+    let mut timeout_cancel = spawn(
+        &env,
+        &["timeout-cancel"],
+        "",
+        &[(
+            "SECKILL__TIMEOUT__METRICS_LISTEN",
+            format!("127.0.0.1:{port}"),
+        )],
+    );
+    let metrics = format!("http://127.0.0.1:{port}/metrics");
+    wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
+    eventually(20, "the order_timeout backlog on /metrics", || {
+        let metrics = metrics.clone();
+        async move {
+            let text = match reqwest::get(&metrics).await {
+                Ok(r) => r.text().await.unwrap_or_default(),
+                Err(_) => return false,
+            };
+            text.contains("mq_consumer_lag_seconds{topic=\"order_timeout\"} 0")
+                && text.contains("mq_consumer_retry_lag_messages{topic=\"order_timeout\"} 0")
+        }
+    })
+    .await;
+    assert!(timeout_cancel.terminate(30).await.success());
+    env.cleanup().await;
+}
