@@ -85,6 +85,13 @@ impl Command {
 pub enum TopicsCommand {
     /// Create every topic of the pipeline with its queue count (idempotent).
     Create,
+    /// Delete every topic of this environment (its retry and dead-letter topics too) and the
+    /// messages in them: for a scratch environment a test, bench or soak run left behind.
+    Delete {
+        /// The environment's name again (`env`), to confirm.
+        #[arg(long)]
+        confirm: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]

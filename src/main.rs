@@ -33,6 +33,9 @@ fn main() -> std::process::ExitCode {
             Command::Topics {
                 command: TopicsCommand::Create,
             } => roles::ops::topics::run(settings).await.map(|_| true),
+            Command::Topics {
+                command: TopicsCommand::Delete { confirm },
+            } => roles::ops::topics::delete(settings, &confirm).await,
             Command::Activity {
                 command: ActivityCommand::Create(args),
             } => roles::ops::activity::create(&settings, &args)

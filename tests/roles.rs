@@ -156,3 +156,50 @@ async fn timeout_cancel_exports_its_groups_backlog_with_the_retry_topic() {
     assert!(timeout_cancel.terminate(30).await.success());
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_scratch_environments_topics_are_deleted_only_when_confirmed() {
+    let env = TestEnv::new(true).await;
+    let topic = env.settings.names().order_create_topic;
+    let probe = |id: &str| seckill::mq::OutMessage {
+        topic: topic.clone(),
+        tag: "PROBE".into(),
+        properties: vec![("message_id".into(), id.into())],
+        body: b"{}".to_vec(),
+        ..Default::default()
+    };
+    let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
+    let sent = publisher.send(probe("before"), 3000).await;
+    assert!(
+        matches!(sent, seckill::mq::SendOutcome::Confirmed { .. }),
+        "{sent:?}"
+    );
+    let refused = common::cli(&env, &["topics", "delete", "--confirm", "SOMETHING_ELSE"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--confirm"));
+    let out = common::cli(&env, &["topics", "delete", "--confirm", &env.settings.env]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!("topic {topic}: deleted")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("%RETRY%"), "{stdout}");
+    // Gone from the broker and the name server: a new producer's send has nowhere to go.
+    let after = seckill::mq::connect_publisher(&env.settings).await.unwrap();
+    eventually(15, "no route to the deleted topic", || {
+        let (after, msg) = (after.clone(), probe("after"));
+        async move {
+            matches!(
+                after.send(msg, 3000).await,
+                seckill::mq::SendOutcome::DefiniteFailure { .. }
+            )
+        }
+    })
+    .await;
+    env.cleanup().await;
+}

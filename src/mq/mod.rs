@@ -240,6 +240,12 @@ pub async fn start_order_create_consumer(
     .await
 }
 
+/// Deletes `topics` from the configured cluster's brokers and the name server.
+pub async fn delete_topics(settings: &Settings, topics: &[String]) -> anyhow::Result<()> {
+    let rt = runtime()?;
+    rocketmq::delete_topics(&rt, &settings.mq.name_server, &settings.mq.cluster, topics).await
+}
+
 /// Creates `(topic, queues)` on the configured broker (idempotent).
 pub async fn create_topics(settings: &Settings, topics: &[(String, u32)]) -> anyhow::Result<()> {
     let rt = runtime()?;

@@ -259,6 +259,33 @@ pub async fn create_topics(
     result
 }
 
+/// Deletes each topic from every broker of `cluster` and from the name server (what is
+/// stored in them is gone). A topic that does not exist is not an error.
+pub async fn delete_topics(
+    runtime: &MqRuntime,
+    name_srv: &str,
+    cluster: &str,
+    topics: &[String],
+) -> anyhow::Result<()> {
+    let admin = start_admin(runtime, name_srv).await?;
+    let mut result = Ok(());
+    for topic in topics {
+        if let Err(e) = admin
+            .delete_topic(
+                CheetahString::from(topic.clone()),
+                CheetahString::from(cluster.to_owned()),
+            )
+            .await
+        {
+            result = Err(anyhow!("deleting topic {topic}: {e}"));
+            break;
+        }
+    }
+    let mut admin = admin;
+    admin.shutdown().await;
+    result
+}
+
 async fn create_topics_with(
     admin: &DefaultMQAdminExt,
     broker_addr: Option<&str>,

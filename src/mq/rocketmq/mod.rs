@@ -26,7 +26,7 @@ mod consumer;
 mod producer;
 mod runtime;
 
-pub use admin::{combine_lag, create_topics, Lag, LagProbe, QueueLagFacts};
+pub use admin::{combine_lag, create_topics, delete_topics, Lag, LagProbe, QueueLagFacts};
 pub use classify::{classify_send_error, ErrorFacts, SendErrorClass};
 pub use consumer::{start_push_consumer, ConsumeFrom, ConsumerHandle, ConsumerOptions};
 pub use producer::{shard_index, ProducerOptions, RocketProducer};

@@ -1,6 +1,7 @@
 //! `seckill topics create`: creates the pipeline's topics with their queue counts on the
 //! broker (idempotent). A consumer started before its topic exists waits ~18 s for its first
-//! message, so set-up creates them explicitly.
+//! message, so set-up creates them explicitly. `seckill topics delete --confirm <env>` removes a
+//! scratch environment's topics.
 
 use tracing::info;
 
@@ -34,4 +35,37 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         println!("topic {topic}: {queues} queues");
     }
     Ok(())
+}
+
+/// Every topic of this environment: the plan's, and the consumer groups' retry topics.
+pub fn environment_topics(settings: &Settings) -> Vec<String> {
+    let n = settings.names();
+    let mut topics: Vec<String> = topic_plan(settings).into_iter().map(|(t, _)| t).collect();
+    for (group, _) in n.dead_letter_sources() {
+        topics.push(crate::mq::lag::retry_topic(&group));
+    }
+    topics
+}
+
+/// `seckill topics delete --confirm <env>`: refuses unless `confirm` repeats the environment's
+/// name, and never deletes `PROD`'s.
+pub async fn delete(settings: Settings, confirm: &str) -> anyhow::Result<bool> {
+    if confirm != settings.env {
+        eprintln!(
+            "refused: --confirm must repeat this environment's name ({})",
+            settings.env
+        );
+        return Ok(false);
+    }
+    if settings.env == "PROD" {
+        eprintln!("refused: the PROD environment's topics are never deleted by this command");
+        return Ok(false);
+    }
+    let topics = environment_topics(&settings);
+    crate::mq::delete_topics(&settings, &topics).await?;
+    for topic in &topics {
+        info!(%topic, "topic deleted");
+        println!("topic {topic}: deleted");
+    }
+    Ok(true)
 }
