@@ -706,36 +706,26 @@ impl Settings {
         if self.consumer.batch_size == 0 || self.consumer.batch_size > 32 {
             return Err(invalid("consumer.batch_size", "must be in 1..=32"));
         }
-        for (key, workers) in [
-            (
-                "consumer.compensate_workers",
-                self.consumer.compensate_workers,
-            ),
-            (
-                "consumer.projection_workers",
-                self.consumer.projection_workers,
-            ),
-            (
-                "consumer.dlq_intake_workers",
-                self.consumer.dlq_intake_workers,
-            ),
-        ] {
-            if workers == 0 || workers > 64 {
-                return Err(invalid(key, "must be in 1..=64"));
-            }
-        }
-        for (key, batch) in [
+        // The other groups' listener calls in flight (at most 64) and messages per call (at most
+        // the client's 32).
+        let c = &self.consumer;
+        for (key, value, max) in [
+            ("consumer.compensate_workers", c.compensate_workers, 64),
+            ("consumer.projection_workers", c.projection_workers, 64),
+            ("consumer.dlq_intake_workers", c.dlq_intake_workers, 64),
             (
                 "consumer.compensate_batch_size",
-                self.consumer.compensate_batch_size,
+                c.compensate_batch_size,
+                32,
             ),
             (
                 "consumer.projection_batch_size",
-                self.consumer.projection_batch_size,
+                c.projection_batch_size,
+                32,
             ),
         ] {
-            if batch == 0 || batch > 32 {
-                return Err(invalid(key, "must be in 1..=32"));
+            if value == 0 || value > max {
+                return Err(invalid(key, format!("must be in 1..={max}")));
             }
         }
         if self.consumer.tx_latency_target_ms == 0 {

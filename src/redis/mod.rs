@@ -209,7 +209,6 @@ struct Scripts {
     mark_sent: Script,
     schedule_resend: Script,
     mark_failed: Script,
-    settle: Script,
     sold_out_view: Script,
     warm: Script,
     release: Script,
@@ -243,7 +242,6 @@ impl RedisStore {
                 mark_sent: Script::new(include_str!("lua/mark_sent.lua")),
                 schedule_resend: Script::new(include_str!("lua/schedule_resend.lua")),
                 mark_failed: Script::new(include_str!("lua/mark_failed.lua")),
-                settle: Script::new(include_str!("lua/settle.lua")),
                 sold_out_view: Script::new(include_str!("lua/sold_out_view.lua")),
                 warm: Script::new(include_str!("lua/warm.lua")),
                 release: Script::new(include_str!("lua/release.lua")),
@@ -362,19 +360,39 @@ impl RedisStore {
         broker_msg_id: &str,
         now_ms: i64,
     ) -> anyhow::Result<String> {
+        let now = now_ms.to_string();
+        self.leave_pending(
+            activity_id,
+            reservation_id,
+            message_id,
+            "MQ_SENT",
+            &[("broker_msg_id", broker_msg_id), ("sent_at", &now)],
+        )
+        .await
+    }
+
+    /// `MQ_PENDING` → `mq_status` with `fields` recorded, out of both pending indexes
+    /// (`mark_sent.lua`, a compare-and-set on `message_id`).
+    async fn leave_pending(
+        &self,
+        activity_id: i64,
+        reservation_id: &str,
+        message_id: &str,
+        mq_status: &str,
+        fields: &[(&str, &str)],
+    ) -> anyhow::Result<String> {
         let mut conn = self.pool.get().await?;
-        Ok(self
-            .scripts
-            .mark_sent
-            .key(self.keys.reservation(activity_id, reservation_id))
+        let mut call = self.scripts.mark_sent.prepare_invoke();
+        call.key(self.keys.reservation(activity_id, reservation_id))
             .key(self.keys.pending(activity_id))
             .key(self.keys.pending_since(activity_id))
             .arg(message_id)
             .arg(reservation_id)
-            .arg(broker_msg_id)
-            .arg(now_ms)
-            .invoke_async(&mut *conn)
-            .await?)
+            .arg(mq_status);
+        for (field, value) in fields {
+            call.arg(*field).arg(*value);
+        }
+        Ok(call.invoke_async(&mut *conn).await?)
     }
 
     /// UNKNOWN → stays MQ_PENDING, re-send scheduled; never gives stock back.
@@ -440,19 +458,15 @@ impl RedisStore {
         mq_status: &str,
         now_ms: i64,
     ) -> anyhow::Result<String> {
-        let mut conn = self.pool.get().await?;
-        Ok(self
-            .scripts
-            .settle
-            .key(self.keys.reservation(activity_id, reservation_id))
-            .key(self.keys.pending(activity_id))
-            .key(self.keys.pending_since(activity_id))
-            .arg(message_id)
-            .arg(reservation_id)
-            .arg(mq_status)
-            .arg(now_ms)
-            .invoke_async(&mut *conn)
-            .await?)
+        let now = now_ms.to_string();
+        self.leave_pending(
+            activity_id,
+            reservation_id,
+            message_id,
+            mq_status,
+            &[("settled_at", &now)],
+        )
+        .await
     }
 
     /// One SKU's remaining stock and `taken` counter, and its winners unless `known_taken` is

@@ -1,11 +1,14 @@
--- CONFIRMED: MQ_PENDING -> MQ_SENT (compare-and-set on message_id), leave the pending index.
+-- A reservation leaves MQ_PENDING (compare-and-set on message_id) and both pending indexes:
+-- CONFIRMED -> MQ_SENT with the broker's id and the send time; or, settled from PostgreSQL
+-- (docs/ARCHITECTURE.md#uncertain-sends), MQ_SENT (a copy reached the consumer) or MQ_FENCED
+-- (none did, none ever will) with the settle time. The unit is not touched here.
 -- KEYS: 1 reservation, 2 pending index, 3 pending-since index
--- ARGV: 1 message_id, 2 reservation_id, 3 broker message id, 4 now_ms
+-- ARGV: 1 message_id, 2 reservation_id, 3 the new mq_status, 4.. field/value pairs to record
 local h = redis.call('HMGET', KEYS[1], 'message_id', 'mq_status')
 if not h[1] then return 'MISSING' end
 if h[1] ~= ARGV[1] then return 'MISMATCH' end
 if h[2] ~= 'MQ_PENDING' then return h[2] end
-redis.call('HSET', KEYS[1], 'mq_status', 'MQ_SENT', 'broker_msg_id', ARGV[3], 'sent_at', ARGV[4])
+redis.call('HSET', KEYS[1], 'mq_status', ARGV[3], unpack(ARGV, 4))
 redis.call('ZREM', KEYS[2], ARGV[2])
 redis.call('ZREM', KEYS[3], ARGV[2])
 return 'OK'
