@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help services-up services-down build demo bench limits test test-faults chaos soak soak-small send-timeouts test-unit fmt clippy lint ci
+.PHONY: help services-up services-down build demo bench bench-sale limits test test-faults chaos soak soak-small send-timeouts test-unit fmt clippy lint ci
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -21,6 +21,9 @@ demo: ## Services, migrate, a flash sale with a burst of buyers, invariants; las
 
 bench: ## Limits of this machine + the pipeline's figures; last line RATIOS ... (BENCHMARKS.md)
 	scripts/bench.sh
+
+bench-sale: ## Only the bench's sale: whole pipeline, front door alone, direct PostgreSQL; last line SALE_RATIOS ...
+	BENCH_ONLY=sale scripts/bench.sh
 
 limits: services-up ## Only the naive limits (pgbench, redis-benchmark, direct PostgreSQL); last line LIMITS ...
 	scripts/limits.sh

@@ -24,7 +24,8 @@
 #          sale_vs_direct_pg=… sale_p99_ms=… direct_pg_sale_p99_ms=… within_3s_pct=…
 #          trust_on_vs_off=… violations=…
 # Knobs: BENCH_QUICK=1 (smaller runs, for a smoke test), BENCH_CONCURRENCY (default 64),
-# LIMITS_SECONDS (default 10).
+# LIMITS_SECONDS (default 10), BENCH_ONLY=sale (only the sale's three runs: make bench-sale),
+# BENCH_WAITING_NICE (default 0: the nice level of consume, scan and timeout-cancel).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -60,22 +61,16 @@ BENCH="$root/target/release/seckill-bench"
 "$BIN" migrate >&2
 "$BIN" topics create >&2
 
-# --- 1. limits -------------------------------------------------------------------------------
-log "limits (pgbench, redis-benchmark, direct PostgreSQL), ${LIMITS_SECONDS}s each"
-DIRECT_PG_CLIENTS="$CONC" scripts/limits.sh | tee "$RUN_DIR/limits.out" >&2
-LIMITS="$(grep '^LIMITS ' "$RUN_DIR/limits.out" | tail -1)"
-[[ -n "$LIMITS" ]] || { echo "RATIOS FAILED reason=no_limits"; exit 1; }
-log "broker raw send rate"
-BROKER1="$("$BENCH" broker --batch 1 --senders 16 --seconds 5 | tail -1)"
-BROKER32="$("$BENCH" broker --batch 32 --senders 4 --seconds 5 | tail -1)"
-log "$BROKER1"
-log "$BROKER32"
-
 # --- roles -----------------------------------------------------------------------------------
 declare -A PID=()
 start_with() { # binary, name, args...
-  local bin="$1" name="$2"; shift 2
-  "$bin" "$@" >"$RUN_DIR/$name.log" 2>&1 &
+  local bin="$1" name="$2" pre=(); shift 2
+  # BENCH_WAITING_NICE=N: the roles whose work can wait (orders, relay, cancels) run at nice N,
+  # as deploy/systemd's units weigh them against the API.
+  case "$name" in
+    consume | scan | timeout-cancel) pre=(nice -n "${BENCH_WAITING_NICE:-0}") ;;
+  esac
+  "${pre[@]}" "$bin" "$@" >"$RUN_DIR/$name.log" 2>&1 &
   PID[$name]=$!
 }
 start() { start_with "$BIN" "$@"; } # name, args...
@@ -158,6 +153,77 @@ api_bench() { # label activity sku skus requests buyers [extra bench args...]
   log "$line"
   echo "$line"
 }
+
+# The sale (section 4) through the whole pipeline, then through the front door alone (the
+# consumer stopped, so the API, Redis and the broker have the cores: the ceiling); the consumer
+# then turns that backlog into orders. Needs api, consume and scan running. Sets SALE, SALE_FRONT.
+sale_pair() {
+  log "the sale: $SALE_REQ requests by $SALE_BUYERS buyers for $SALE_STOCK units"
+  SALE="$(api_bench hot-sku "$(activity "$SALE_STOCK")" 1 1 "$SALE_REQ" "$SALE_BUYERS")"
+  log "the same sale, the front door alone (the consumer stopped)"
+  stop consume
+  local a n; a="$(activity "$SALE_STOCK")"
+  SALE_FRONT="$(api_bench hot-sku-front-door "$a" 1 1 "$SALE_REQ" "$SALE_BUYERS" --load-only)"
+  consume
+  for _ in $(seq 1 900); do
+    n="$(psql -h 127.0.0.1 -U postgres -Atc \
+      "SELECT count(*) FROM seckill_bench.reservations WHERE activity_id = $a")"
+    ((n >= $(field "$SALE_FRONT" accepted))) && break
+    sleep 0.2
+  done
+}
+# The same sale answered by the direct-PostgreSQL server (section 5 starts it on port 28090
+# with stock for activity $BASE_SALE_A): the comparison a team choosing the design makes (same
+# requests, buyers, stock, concurrency and request mix). Sets BASE_SALE.
+baseline_sale() {
+  log "baseline: the sale, $SALE_REQ requests by $SALE_BUYERS buyers for $SALE_STOCK units"
+  BASE_SALE="$("$BENCH" load --api http://127.0.0.1:28090 --activity-id "$BASE_SALE_A" --sku-id 1 \
+    --requests "$SALE_REQ" --buyers "$SALE_BUYERS" --concurrency "$CONC" --load-only \
+    --stock "$SALE_STOCK" --scenario baseline-sale | tail -1)"
+  log "$BASE_SALE"
+}
+sale_ratios() { # the sale's figures, as in RATIOS
+  echo "sale_vs_direct_pg=$(ratio "$(field "$SALE" req_per_s)" "$(field "$BASE_SALE" req_per_s)") sale_p99_vs_direct_pg=$(ratio "$(field "$SALE" api_p99_ms)" "$(field "$BASE_SALE" api_p99_ms)") sale_vs_front_door=$(ratio "$(field "$SALE" req_per_s)" "$(field "$SALE_FRONT" req_per_s)") sale_p99_ms=$(field "$SALE" api_p99_ms) direct_pg_sale_p99_ms=$(field "$BASE_SALE" api_p99_ms) within_3s_pct=$(field "$SALE" within_3s_pct)"
+}
+
+# BENCH_ONLY=sale (make bench-sale): the sale's three runs alone, minutes instead of the whole
+# bench; last line SALE_RATIOS ... violations=N.
+if [[ "${BENCH_ONLY:-}" == sale ]]; then
+  consume
+  start scan scan
+  wait_ready http://127.0.0.1:29102/readyz
+  start api api
+  wait_ready http://127.0.0.1:28080/readyz
+  sale_pair
+  # The order roles' own view of the run (transactions, batch sizes, the SLO histogram).
+  curl -fsS http://127.0.0.1:29101/metrics >"$RUN_DIR/consume-sale.metrics" 2>/dev/null || true
+  stop_all
+  BASE_SALE_A="$(date +%s)"
+  start_with "$BENCH" baseline baseline-api --pool 16 --stock "$BASE_SALE_A:1:$SALE_STOCK"
+  wait_ready http://127.0.0.1:28090/readyz
+  baseline_sale
+  stop_all
+  trap - EXIT
+  redis_clean
+  violations=0
+  for line in "$SALE" "$SALE_FRONT" "$BASE_SALE"; do
+    [[ "$line" == *" OK "* ]] || violations=$((violations + 1))
+  done
+  echo "SALE_RATIOS $(sale_ratios) violations=$violations"
+  [[ "$violations" == 0 ]]
+  exit
+fi
+
+# --- 1. limits -------------------------------------------------------------------------------
+log "limits (pgbench, redis-benchmark, direct PostgreSQL), ${LIMITS_SECONDS}s each"
+DIRECT_PG_CLIENTS="$CONC" scripts/limits.sh | tee "$RUN_DIR/limits.out" >&2
+LIMITS="$(grep '^LIMITS ' "$RUN_DIR/limits.out" | tail -1)"
+[[ -n "$LIMITS" ]] || { echo "RATIOS FAILED reason=no_limits"; exit 1; }
+log "broker raw send rate"
+BROKER1="$("$BENCH" broker --batch 1 --senders 16 --seconds 5 | tail -1)"
+BROKER32="$("$BENCH" broker --batch 32 --senders 4 --seconds 5 | tail -1)"
+log "$BROKER1"
+log "$BROKER32"
 
 # --- 2. order consumer on a backlog ----------------------------------------------------------
 log "order consumer on a backlog, one hot SKU"
@@ -250,22 +316,7 @@ wait_ready http://127.0.0.1:28080/readyz
 log "sold-out SKU"
 SOLDOUT_A="$(activity 0)"
 SOLDOUT="$(api_bench sold-out "$SOLDOUT_A" 1 1 "$API_REQ" "$API_REQ")"
-log "the sale: $SALE_REQ requests by $SALE_BUYERS buyers for $SALE_STOCK units"
-SALE="$(api_bench hot-sku "$(activity "$SALE_STOCK")" 1 1 "$SALE_REQ" "$SALE_BUYERS")"
-# The ceiling: the same sale through the front door alone (the consumer stopped, so the API,
-# Redis and the broker have the cores), then the consumer turns its backlog into orders before
-# the next scenario.
-log "the same sale, the front door alone (the consumer stopped)"
-stop consume
-FRONT_A="$(activity "$SALE_STOCK")"
-SALE_FRONT="$(api_bench hot-sku-front-door "$FRONT_A" 1 1 "$SALE_REQ" "$SALE_BUYERS" --load-only)"
-consume
-for _ in $(seq 1 900); do
-  n="$(psql -h 127.0.0.1 -U postgres -Atc \
-    "SELECT count(*) FROM seckill_bench.reservations WHERE activity_id = $FRONT_A")"
-  ((n >= $(field "$SALE_FRONT" accepted))) && break
-  sleep 0.2
-done
+sale_pair
 log "many SKUs"
 MANY="$(api_bench many-skus "$(activity $((SALE_STOCK / 10)) 20)" 1 20 "$((API_REQ / 2))" "$((API_REQ / 2))")"
 log "duplicate-heavy traffic"
@@ -293,13 +344,7 @@ BASE_BUY="$("$BENCH" load --api http://127.0.0.1:28090 --activity-id "$BASE_BUY_
   --requests "$((API_REQ / 3))" --buyers "$((API_REQ / 3))" --concurrency "$CONC" --load-only \
   --stock 2000000000 --dup-request-share 0 --repeat-buyer-share 0 --scenario baseline-buy | tail -1)"
 log "$BASE_BUY"
-# The whole sale of section 4 (same requests, buyers, stock, concurrency and request mix),
-# answered by the direct-PostgreSQL server: the comparison a team choosing the design makes.
-log "baseline: the sale, $SALE_REQ requests by $SALE_BUYERS buyers for $SALE_STOCK units"
-BASE_SALE="$("$BENCH" load --api http://127.0.0.1:28090 --activity-id "$BASE_SALE_A" --sku-id 1 \
-  --requests "$SALE_REQ" --buyers "$SALE_BUYERS" --concurrency "$CONC" --load-only \
-  --stock "$SALE_STOCK" --scenario baseline-sale | tail -1)"
-log "$BASE_SALE"
+baseline_sale
 stop_all
 trap - EXIT
 redis_clean
@@ -342,6 +387,6 @@ done
   echo "the sale, answers/s $(field "$SALE" req_per_s) (p99 $(field "$SALE" api_p99_ms) ms) vs direct PostgreSQL over HTTP $(field "$BASE_SALE" req_per_s) (p99 $(field "$BASE_SALE" api_p99_ms) ms)"
   echo "accepted/s $(field "$A_BATCHED" accepted_per_s) vs direct PostgreSQL purchases over HTTP $(field "$BASE_BUY" accepted_per_s) and pgbench $(field "$LIMITS" direct_pg_buy_per_s)"
 } | tee "$RUN_DIR/summary.txt"
-RATIOS="RATIOS order_vs_pgbench_single=$(ratio "$orders_ps" "$single_tps") order_batch1_vs_pgbench_single=$(ratio "$(field "$B_SINGLE" orders_per_s)" "$single_tps") order_vs_pgbench_batch=$(ratio "$orders_ps" "$batch_ops") accept_batched_vs_unbatched=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$A_SINGLE" accepted_per_s)") soldout_vs_direct_pg=$(ratio "$(field "$SOLDOUT" sold_out_per_s)" "$(field "$BASE_SOLDOUT" sold_out_per_s)") soldout_vs_pgbench_direct=$(ratio "$(field "$SOLDOUT" sold_out_per_s)" "$soldout_pg") soldout_memory_vs_redis=$(ratio "$(field "$SOLDOUT" sold_out_per_s)" "$(field "$SOLDOUT_REDIS" sold_out_per_s)") accept_vs_direct_pg_buy=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$BASE_BUY" accepted_per_s)") sale_vs_direct_pg=$(ratio "$(field "$SALE" req_per_s)" "$(field "$BASE_SALE" req_per_s)") sale_p99_vs_direct_pg=$(ratio "$(field "$SALE" api_p99_ms)" "$(field "$BASE_SALE" api_p99_ms)") sale_vs_front_door=$(ratio "$(field "$SALE" req_per_s)" "$(field "$SALE_FRONT" req_per_s)") sale_p99_ms=$(field "$SALE" api_p99_ms) direct_pg_sale_p99_ms=$(field "$BASE_SALE" api_p99_ms) within_3s_pct=$(field "$SALE" within_3s_pct) workers64_vs_budget=$(ratio "$(field "$B_WIDE" orders_per_s)" "$orders_ps") relay_vs_broker_single=$(ratio "$(field "$RELAY" events_per_s)" "$(field "$BROKER1" msgs_per_s)") send_path_batched_vs_unbatched=$(ratio "$(field "$I_BATCHED" accepted_per_s)" "$(field "$I_SINGLE" accepted_per_s)") trust_on_vs_off=$(ratio "$(( $(field "$T_ON" accepted_per_s) + $(field "$T_ON2" accepted_per_s) ))" "$(( $(field "$T_OFF" accepted_per_s) + $(field "$T_OFF2" accepted_per_s) ))") violations=$violations"
+RATIOS="RATIOS order_vs_pgbench_single=$(ratio "$orders_ps" "$single_tps") order_batch1_vs_pgbench_single=$(ratio "$(field "$B_SINGLE" orders_per_s)" "$single_tps") order_vs_pgbench_batch=$(ratio "$orders_ps" "$batch_ops") accept_batched_vs_unbatched=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$A_SINGLE" accepted_per_s)") soldout_vs_direct_pg=$(ratio "$(field "$SOLDOUT" sold_out_per_s)" "$(field "$BASE_SOLDOUT" sold_out_per_s)") soldout_vs_pgbench_direct=$(ratio "$(field "$SOLDOUT" sold_out_per_s)" "$soldout_pg") soldout_memory_vs_redis=$(ratio "$(field "$SOLDOUT" sold_out_per_s)" "$(field "$SOLDOUT_REDIS" sold_out_per_s)") accept_vs_direct_pg_buy=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$BASE_BUY" accepted_per_s)") $(sale_ratios) workers64_vs_budget=$(ratio "$(field "$B_WIDE" orders_per_s)" "$orders_ps") relay_vs_broker_single=$(ratio "$(field "$RELAY" events_per_s)" "$(field "$BROKER1" msgs_per_s)") send_path_batched_vs_unbatched=$(ratio "$(field "$I_BATCHED" accepted_per_s)" "$(field "$I_SINGLE" accepted_per_s)") trust_on_vs_off=$(ratio "$(( $(field "$T_ON" accepted_per_s) + $(field "$T_ON2" accepted_per_s) ))" "$(( $(field "$T_OFF" accepted_per_s) + $(field "$T_OFF2" accepted_per_s) ))") violations=$violations"
 echo "$RATIOS"
 [[ "$violations" == 0 ]]

@@ -23,10 +23,10 @@ pub struct Cli {
 pub enum Command {
     /// HTTP API: reserve, query; /metrics, /healthz, /readyz.
     Api,
-    /// Order-create consumer group (one PostgreSQL transaction per batch).
+    /// Order-create consumer group (the broker's batches gathered into PostgreSQL transactions).
     Consume {
-        /// Batches taken from the broker at once (default: the worker budget from `pg.*`).
-        /// Transactions at once never exceed the budget, whatever this says.
+        /// Batches taken from the broker at once (default: `consumer.listener_calls`).
+        /// Transactions at once never exceed the worker budget, whatever this says.
         #[arg(long)]
         workers: Option<usize>,
     },

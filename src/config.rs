@@ -228,8 +228,15 @@ pub struct PaymentSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConsumerSettings {
-    /// Messages handed to one listener call (and one PostgreSQL transaction).
+    /// Messages handed to one listener call, and at most per PostgreSQL transaction (calls are
+    /// gathered into shared transactions up to this size).
     pub batch_size: usize,
+    /// Order-create listener calls in flight at once (`consume --workers` overrides it): the
+    /// batches the gathering sees together. Past the worker budget they wait in memory.
+    pub listener_calls: usize,
+    /// How long an order transaction that is not full waits for more calls to join it
+    /// (docs/ARCHITECTURE.md#gathering-batches-across-queues); 0: natural batching only.
+    pub gather_wait_ms: u64,
     /// The adaptive limit of order transactions in flight shrinks when a transaction takes
     /// longer than this (begin to commit)...
     pub tx_latency_target_ms: u64,
@@ -706,10 +713,11 @@ impl Settings {
         if self.consumer.batch_size == 0 || self.consumer.batch_size > 32 {
             return Err(invalid("consumer.batch_size", "must be in 1..=32"));
         }
-        // The other groups' listener calls in flight (at most 64) and messages per call (at most
-        // the client's 32).
+        // Listener calls in flight (order-create at most 128 of the process's 160 slots, the
+        // other groups 64 each) and messages per call (at most the client's 32).
         let c = &self.consumer;
         for (key, value, max) in [
+            ("consumer.listener_calls", c.listener_calls, 128),
             ("consumer.compensate_workers", c.compensate_workers, 64),
             ("consumer.projection_workers", c.projection_workers, 64),
             ("consumer.dlq_intake_workers", c.dlq_intake_workers, 64),
@@ -727,6 +735,10 @@ impl Settings {
             if value == 0 || value > max {
                 return Err(invalid(key, format!("must be in 1..={max}")));
             }
+        }
+        if self.consumer.gather_wait_ms > 1_000 {
+            // The wait comes out of every order's reservation->order time (SLO 3 s).
+            return Err(invalid("consumer.gather_wait_ms", "must be at most 1000"));
         }
         if self.consumer.tx_latency_target_ms == 0 {
             return Err(invalid("consumer.tx_latency_target_ms", "must be positive"));

@@ -36,6 +36,7 @@ pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod domain;
+pub mod gather;
 pub mod http;
 pub mod invariants;
 pub mod limiter;

@@ -472,7 +472,7 @@ async fn many_buyers_at_once_never_deadlock_and_never_oversell() {
 }
 
 #[tokio::test]
-async fn calls_far_past_the_budget_never_run_more_transactions_than_the_budget() {
+async fn calls_far_past_the_budget_are_gathered_and_never_run_more_transactions_than_the_budget() {
     let env = TestEnv::new(false).await;
     env.activity(1, 1, 200).await;
     // A pool much larger than the budget: only the limiter can hold the line.
@@ -498,5 +498,14 @@ async fn calls_far_past_the_budget_never_run_more_transactions_than_the_budget()
         limiter.high_water()
     );
     assert!(limiter.high_water() >= 1 && limiter.limit() <= 2);
+    // The 64 one-message calls were gathered: a few full transactions, not one commit per
+    // order (docs/ARCHITECTURE.md#gathering-batches-across-queues).
+    let transactions = env
+        .count("SELECT count(DISTINCT xact_id) FROM orders")
+        .await;
+    assert!(
+        (2..=4).contains(&transactions),
+        "64 calls of one message took {transactions} transactions"
+    );
     env.cleanup().await;
 }

@@ -10,14 +10,13 @@
 //!
 //! A batch closes when it is full, or when nothing more arrives within `linger` of its first
 //! message; while `max_in_flight` batches are already on the wire, waiting callers simply
-//! accumulate into the next one.
+//! accumulate into the next one (`crate::gather`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, oneshot, Semaphore};
-
 use super::{OutMessage, Publisher, SendOutcome};
+use crate::gather::{Gather, GatherSettings};
 
 /// Sizing of a [`BatchingPublisher`].
 #[derive(Debug, Clone, Copy)]
@@ -34,27 +33,34 @@ struct Pending {
     msg: OutMessage,
     timeout_ms: u64,
     queued_at: Instant,
-    reply: oneshot::Sender<SendOutcome>,
 }
 
 /// A [`Publisher`] that turns concurrent single sends into broker batches.
 pub struct BatchingPublisher {
     inner: Arc<dyn Publisher>,
-    queue: mpsc::Sender<Pending>,
+    gather: Gather<Pending, SendOutcome>,
 }
 
 impl BatchingPublisher {
     /// Starts the batching task on the current Tokio runtime. It ends when the publisher is
     /// dropped, after sending what was queued.
     pub fn start(inner: Arc<dyn Publisher>, opts: BatchingOptions) -> Self {
-        let opts = BatchingOptions {
-            max_batch: opts.max_batch.max(1),
-            max_in_flight: opts.max_in_flight.max(1),
-            ..opts
+        let max_in_flight = opts.max_in_flight.max(1);
+        let settings = GatherSettings {
+            max: opts.max_batch.max(1),
+            wait: opts.linger,
+            queue: opts.max_batch.max(1) * max_in_flight * 4,
         };
-        let (queue, rx) = mpsc::channel(opts.max_batch * opts.max_in_flight * 4);
-        tokio::spawn(gather(Arc::clone(&inner), rx, opts));
-        Self { inner, queue }
+        let sender = Arc::clone(&inner);
+        let gather = Gather::start(
+            settings,
+            move || max_in_flight,
+            move |batch: Vec<Pending>| {
+                let inner = Arc::clone(&sender);
+                async move { flush(inner.as_ref(), batch).await }
+            },
+        );
+        Self { inner, gather }
     }
 }
 
@@ -65,20 +71,17 @@ impl Publisher for BatchingPublisher {
             // The broker batches neither delayed nor ordered messages.
             return self.inner.send(msg, timeout_ms).await;
         }
-        let (reply, answer) = oneshot::channel();
         let pending = Pending {
             msg,
             timeout_ms,
             queued_at: Instant::now(),
-            reply,
         };
-        if let Err(mpsc::error::SendError(p)) = self.queue.send(pending).await {
-            // The batching task is gone (runtime shutting down): send directly.
-            return self.inner.send(p.msg, p.timeout_ms).await;
+        match self.gather.submit(vec![pending]).await {
+            Some(mut outcome) if outcome.len() == 1 => outcome.remove(0),
+            _ => SendOutcome::Unknown {
+                error: "batched send abandoned before the broker answered".into(),
+            },
         }
-        answer.await.unwrap_or_else(|_| SendOutcome::Unknown {
-            error: "batched send abandoned before the broker answered".into(),
-        })
     }
 
     async fn send_batch(&self, msgs: Vec<OutMessage>, timeout_ms: u64) -> Vec<SendOutcome> {
@@ -86,37 +89,9 @@ impl Publisher for BatchingPublisher {
     }
 }
 
-async fn gather(inner: Arc<dyn Publisher>, mut rx: mpsc::Receiver<Pending>, opts: BatchingOptions) {
-    let slots = Arc::new(Semaphore::new(opts.max_in_flight));
-    while let Some(first) = rx.recv().await {
-        // Wait for a free slot first: meanwhile later callers queue up and join this batch.
-        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
-            return;
-        };
-        let mut batch = vec![first];
-        let deadline = tokio::time::Instant::now() + opts.linger;
-        while batch.len() < opts.max_batch {
-            match rx.try_recv() {
-                Ok(p) => batch.push(p),
-                Err(mpsc::error::TryRecvError::Disconnected) => break,
-                Err(mpsc::error::TryRecvError::Empty) => {
-                    match tokio::time::timeout_at(deadline, rx.recv()).await {
-                        Ok(Some(p)) => batch.push(p),
-                        Ok(None) | Err(_) => break,
-                    }
-                }
-            }
-        }
-        let inner = Arc::clone(&inner);
-        tokio::spawn(async move {
-            flush(inner.as_ref(), batch).await;
-            drop(slot);
-        });
-    }
-}
-
-/// Sends one gathered batch and answers each caller with its own outcome.
-async fn flush(inner: &dyn Publisher, batch: Vec<Pending>) {
+/// Sends one gathered batch: one outcome per message, in order (a publisher that answers
+/// with another count makes every caller's outcome unknown).
+async fn flush(inner: &dyn Publisher, batch: Vec<Pending>) -> Vec<SendOutcome> {
     metrics::histogram!("mq_publish_batch_size").record(batch.len() as f64);
     // The tightest caller bound, less the time it already waited in the queue.
     let timeout_ms = batch
@@ -128,26 +103,12 @@ async fn flush(inner: &dyn Publisher, batch: Vec<Pending>) {
         .min()
         .unwrap_or(0)
         .max(1);
-    let (msgs, replies): (Vec<OutMessage>, Vec<oneshot::Sender<SendOutcome>>) =
-        batch.into_iter().map(|p| (p.msg, p.reply)).unzip();
-    let n = msgs.len();
-    let mut outcomes = if n == 1 {
-        let msg = msgs.into_iter().next().expect("one message");
+    let mut msgs: Vec<OutMessage> = batch.into_iter().map(|p| p.msg).collect();
+    if msgs.len() == 1 {
+        let msg = msgs.pop().expect("one message");
         vec![inner.send(msg, timeout_ms).await]
     } else {
         inner.send_batch(msgs, timeout_ms).await
-    };
-    if outcomes.len() != n {
-        // A publisher that broke its contract: nothing is known about any message.
-        outcomes = vec![
-            SendOutcome::Unknown {
-                error: format!("batch of {n} answered with {} outcomes", outcomes.len()),
-            };
-            n
-        ];
-    }
-    for (reply, outcome) in replies.into_iter().zip(outcomes) {
-        let _ = reply.send(outcome);
     }
 }
 

@@ -25,10 +25,11 @@ use crate::telemetry::Readiness;
 
 /// `seckill consume [--workers N]`.
 pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<()> {
-    // `--workers` sets the batches taken from the broker at once; the transactions among them
-    // that run at once stay within the worker budget, under the adaptive limit. Raising
-    // `--workers` past the budget only queues batches in memory, it cannot overload PostgreSQL.
-    let workers = workers.unwrap_or_else(|| settings.worker_budget()).max(1);
+    // `--workers` (default `consumer.listener_calls`) sets the batches taken from the broker at
+    // once; they are gathered into transactions, and the transactions that run at once stay
+    // within the worker budget, under the adaptive limit. Calls past the budget only wait in
+    // memory (and join the next transaction), they cannot overload PostgreSQL.
+    let workers = workers.unwrap_or(settings.consumer.listener_calls).max(1);
     let budget = settings.worker_budget().min(workers);
     metrics::gauge!("worker_budget").set(budget as f64);
     let names = settings.names();

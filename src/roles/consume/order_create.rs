@@ -5,7 +5,8 @@
 //! transactions run at once (the worker budget, docs/ARCHITECTURE.md#worker-budget), under
 //! an adaptive limit, split on failure (`roles::batch_tx`).
 
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use tracing::{debug, info, warn};
@@ -13,55 +14,31 @@ use tracing::{debug, info, warn};
 use crate::config::Settings;
 use crate::domain::Decision;
 use crate::domain::OrderCreateRequested;
+use crate::gather::{Gather, GatherSettings};
 use crate::limiter::AdaptiveLimiter;
 use crate::mq::{BatchHandler, ConsumeDecision, Delivery};
 use crate::pg::errors::TxError;
 use crate::pg::order_tx::{process_batch, Inbound, TxNames};
 use crate::roles::batch_tx::TxSlots;
 
-/// The order-create handler: decode, one transaction per batch, decide ACK or redelivery.
+/// The order-create handler: decode, gather the listener calls' batches into transactions
+/// (docs/ARCHITECTURE.md#gathering-batches-across-queues), decide ACK or redelivery per call.
 pub struct OrderCreateHandler {
+    core: Arc<Core>,
+    /// Each item comes back with its outcome.
+    gather: Gather<Inbound, (Inbound, Result<Decision, TxError>)>,
+    names: TxNames,
+}
+
+/// What one transaction needs; shared with the gathering task.
+struct Core {
     /// PostgreSQL transactions this process runs at once: adaptive, at most the worker budget.
     slots: TxSlots,
     names: TxNames,
     pay_window: chrono::Duration,
 }
 
-impl OrderCreateHandler {
-    pub fn new(pool: deadpool_postgres::Pool, settings: &Settings, budget: usize) -> Self {
-        Self {
-            slots: TxSlots::new(pool, settings, budget, "create"),
-            names: TxNames::order_create(settings),
-            pay_window: chrono::Duration::seconds(settings.consumer.pay_window_secs as i64),
-        }
-    }
-
-    /// The limit on this handler's transactions in flight.
-    pub fn limiter(&self) -> &AdaptiveLimiter {
-        self.slots.limiter()
-    }
-
-    /// Turns broker deliveries into transaction inputs (poison is kept, not dropped).
-    pub fn inbound(d: &Delivery) -> Inbound {
-        Inbound {
-            event: OrderCreateRequested::decode(&d.body),
-            raw_body: d.body.clone(),
-            properties: serde_json::to_value(&d.properties).unwrap_or_default(),
-            property_message_id: d.properties.get("message_id").cloned(),
-            broker_msg_id: d.broker_msg_id.clone(),
-            delivery_attempt: d.reconsume_times,
-        }
-    }
-
-    /// Processes one batch and returns the decisions (or the error that made it roll back).
-    pub async fn process(
-        &self,
-        batch: &[Delivery],
-    ) -> Result<Vec<Decision>, crate::pg::errors::TxError> {
-        let items: Vec<Inbound> = batch.iter().map(Self::inbound).collect();
-        self.process_items(&items).await
-    }
-
+impl Core {
     async fn process_items(&self, items: &[Inbound]) -> Result<Vec<Decision>, TxError> {
         // Injection point: a failure that one message causes (its message_id is the
         // failpoint's argument) fails any transaction that contains it.
@@ -87,6 +64,68 @@ impl OrderCreateHandler {
         self.slots
             .split_on_failure(items.len(), |range| self.process_items(&items[range]))
             .await
+    }
+}
+
+impl OrderCreateHandler {
+    /// Must be called inside a Tokio runtime (it starts the gathering task).
+    pub fn new(pool: deadpool_postgres::Pool, settings: &Settings, budget: usize) -> Self {
+        let core = Arc::new(Core {
+            slots: TxSlots::new(pool, settings, budget, "create"),
+            names: TxNames::order_create(settings),
+            pay_window: chrono::Duration::seconds(settings.consumer.pay_window_secs as i64),
+        });
+        let limit = Arc::clone(&core);
+        let work = Arc::clone(&core);
+        let gather = Gather::start(
+            GatherSettings {
+                max: settings.consumer.batch_size,
+                wait: Duration::from_millis(settings.consumer.gather_wait_ms),
+                // Listener calls are bounded by the client; this only caps a misconfiguration.
+                queue: 1024,
+            },
+            move || limit.slots.limiter().limit(),
+            move |items: Vec<Inbound>| {
+                let core = Arc::clone(&work);
+                async move {
+                    metrics::histogram!("order_tx_batch_size").record(items.len() as f64);
+                    let outcomes = core.decide(&items).await;
+                    items.into_iter().zip(outcomes).collect()
+                }
+            },
+        );
+        Self {
+            names: TxNames::order_create(settings),
+            core,
+            gather,
+        }
+    }
+
+    /// The limit on this handler's transactions in flight.
+    pub fn limiter(&self) -> &AdaptiveLimiter {
+        self.core.slots.limiter()
+    }
+
+    /// Turns broker deliveries into transaction inputs (poison is kept, not dropped).
+    pub fn inbound(d: &Delivery) -> Inbound {
+        Inbound {
+            event: OrderCreateRequested::decode(&d.body),
+            raw_body: d.body.clone(),
+            properties: serde_json::to_value(&d.properties).unwrap_or_default(),
+            property_message_id: d.properties.get("message_id").cloned(),
+            broker_msg_id: d.broker_msg_id.clone(),
+            delivery_attempt: d.reconsume_times,
+        }
+    }
+
+    /// Processes one batch as one transaction of its own (not gathered with other calls) and
+    /// returns the decisions (or the error that made it roll back).
+    pub async fn process(
+        &self,
+        batch: &[Delivery],
+    ) -> Result<Vec<Decision>, crate::pg::errors::TxError> {
+        let items: Vec<Inbound> = batch.iter().map(Self::inbound).collect();
+        self.core.process_items(&items).await
     }
 
     /// Logs one message's outcome with the fields an operator searches by: the business ids,
@@ -182,7 +221,18 @@ impl BatchHandler for OrderCreateHandler {
         metrics::gauge!("mq_consumer_inflight").increment(1.0);
         metrics::histogram!("mq_consume_batch_size").record(batch.len() as f64);
         let items: Vec<Inbound> = batch.iter().map(Self::inbound).collect();
-        let result = self.decide(&items).await;
+        let (items, result): (Vec<Inbound>, Vec<Result<Decision, TxError>>) =
+            match self.gather.submit(items).await {
+                Some(outcomes) => outcomes.into_iter().unzip(),
+                // The transaction's task died: nothing is known, the broker redelivers.
+                None => batch
+                    .iter()
+                    .map(|d| {
+                        let lost = "the gathered transaction ended without an outcome";
+                        (Self::inbound(d), Err(TxError::Transient(lost.into())))
+                    })
+                    .unzip(),
+            };
         metrics::gauge!("mq_consumer_inflight").decrement(1.0);
         metrics::histogram!("mq_consume_process_seconds", "topic" => "order_create")
             .record(started.elapsed().as_secs_f64());
@@ -219,7 +269,7 @@ impl BatchHandler for OrderCreateHandler {
         }
         // Remember why, outside the rolled-back transaction: a message that ends in the DLQ
         // is recorded with the error that killed it.
-        if let Ok(client) = self.slots.pool().get().await {
+        if let Ok(client) = self.core.slots.pool().get().await {
             let failures: Vec<crate::pg::dlq::Failure> = failed
                 .iter()
                 .filter_map(|(d, e)| {
