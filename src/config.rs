@@ -287,6 +287,11 @@ pub struct ScanSettings {
     pub relay_max_attempts: i32,
     /// Fallback poll when no NOTIFY arrives.
     pub relay_poll_ms: u64,
+    /// A timer (CANCEL_IF_UNPAID, due at the order's payment deadline) waits in the outbox
+    /// until this long before it is due, then the relay sends it
+    /// (docs/ARCHITECTURE.md#outbox-relay): a burst's timers leave the broker alone while the
+    /// burst lasts. Written into the outbox row by the order transaction.
+    pub timer_lead_secs: u64,
     pub relay_backoff_base_ms: u64,
     pub relay_backoff_cap_ms: u64,
     /// Sends in flight at once (scanner and relay each).
@@ -784,6 +789,11 @@ impl Settings {
                 "scan.settle_grace_ms",
                 "must be at most 3600000 (an hour): the unit is held that long",
             ));
+        }
+        if sc.timer_lead_secs < 10 {
+            // The broker's timer wheel delivers seconds late (BENCHMARKS.md), and a send may
+            // need a retry: a lead shorter than that would make every timer late.
+            return Err(invalid("scan.timer_lead_secs", "must be at least 10"));
         }
         if sc.relay_batch == 0 || sc.relay_batch > 10_000 {
             return Err(invalid("scan.relay_batch", "must be in 1..=10000"));

@@ -254,6 +254,9 @@ impl Publisher for Switchable {
 async fn dead_outbox_rows_come_back_by_themselves_once_the_broker_answers() {
     let mut env = TestEnv::new(true).await;
     env.settings.scan.relay_max_attempts = 1;
+    // Every row due at once, timers included (they are otherwise held until shortly before
+    // their deadline: tests/outbox_timers.rs).
+    env.settings.scan.timer_lead_secs = 86_400;
     env.activity(1210, 1, 10).await;
     created_orders(&env, 1210, &[1, 2]).await;
     let rows = env.count("SELECT count(*) FROM event_outbox").await;

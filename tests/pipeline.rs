@@ -97,6 +97,38 @@ async fn get_as(user: i64, url: String) -> (StatusCode, Value) {
 }
 
 #[tokio::test]
+async fn every_202_is_recorded_mq_sent_and_found_by_id_before_its_order_exists() {
+    // No consumer: each reservation is answered from its Redis hash, found through the
+    // location key. Both are recorded for the requests whose sends were confirmed together in
+    // one gathered round trip (docs/ARCHITECTURE.md#the-hot-path), before their 202.
+    let env = TestEnv::new(true).await;
+    env.activity(120, 1, 40).await;
+    let publisher = seckill::mq::hot_path_publisher(&env.settings)
+        .await
+        .unwrap();
+    let app = start(&env, publisher, false).await;
+    let answers =
+        futures::future::join_all((1..=32).map(|user| reserve(&app.base, 120, 1, user, "burst")))
+            .await;
+    for (user, (status, body)) in (1..=32).zip(answers) {
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        let rid = body["reservation_id"].as_str().unwrap();
+        let (status, rsv) = get_as(user, format!("{}/v1/reservations/{rid}", app.base)).await;
+        assert_eq!(status, StatusCode::OK, "{rsv}");
+        assert_eq!(
+            (rsv["status"].as_str(), rsv["mq_status"].as_str()),
+            (Some("QUEUED"), Some("MQ_SENT")),
+            "{rsv}"
+        );
+    }
+    let redis = env.redis().await;
+    assert_eq!(redis.pending_count(120).await.unwrap(), 0);
+    assert_eq!(env.count("SELECT count(*) FROM orders").await, 0);
+    app.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
 async fn a_reservation_becomes_one_created_order_visible_through_the_api() {
     let env = TestEnv::new(true).await;
     env.activity(100, 1, 5).await;

@@ -53,7 +53,8 @@ INSERT INTO seckill_limits.stock_ledger (activity_id, sku_id, order_id, delta, r
 SELECT 1, 1, 'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0'), -1, 'ORDER_CREATED'
 FROM generate_series(1, :batch::int) AS g;
 INSERT INTO seckill_limits.event_outbox
-    (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, deliver_at)
+    (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, deliver_at,
+     next_attempt_at)
 SELECT o || '.v1.ORDER_CREATED', 'seckill-order-event', 'ORDER_CREATED', o, o, 1,
        jsonb_build_object(
            'schema_version', 1, 'event_type', 'ORDER_CREATED',
@@ -62,7 +63,7 @@ SELECT o || '.v1.ORDER_CREATED', 'seckill-order-event', 'ORDER_CREATED', o, o, 1
            'status', 'CREATED', 'aggregate_version', 1,
            'expires_at', now() + interval '15 minutes', 'occurred_at', now(),
            'traceparent', '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'),
-       NULL
+       NULL, now()
 FROM (SELECT 'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0') AS o,
              'rsv_' || lpad((:k::bigint * 100 + g)::text, 26, '0') AS r,
              :ub::bigint + g AS u
@@ -74,7 +75,7 @@ SELECT o || '.CANCEL_IF_UNPAID', 'seckill-order-timeout', 'CANCEL_IF_UNPAID', o,
            'event_id', o || '.CANCEL_IF_UNPAID', 'order_id', o, 'activity_id', 1, 'sku_id', 1,
            'expires_at', now() + interval '15 minutes',
            'traceparent', '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'),
-       now() + interval '15 minutes'
+       now() + interval '15 minutes', now() + interval '15 minutes' - interval '60 seconds'
 FROM (SELECT 'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0') AS o
       FROM generate_series(1, :batch::int) AS g) AS t
 ON CONFLICT (event_id) DO NOTHING;

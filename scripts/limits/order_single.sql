@@ -48,7 +48,8 @@ WHERE k.activity_id = 1 AND k.sku_id = 1;
 INSERT INTO seckill_limits.stock_ledger (activity_id, sku_id, order_id, delta, reason)
 VALUES (1, 1, 'ord_' || lpad(:k::text, 26, '0'), -1, 'ORDER_CREATED');
 INSERT INTO seckill_limits.event_outbox
-    (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, deliver_at)
+    (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, deliver_at,
+     next_attempt_at)
 SELECT 'ord_' || lpad(:k::text, 26, '0') || '.v1.ORDER_CREATED', 'seckill-order-event',
        'ORDER_CREATED', 'ord_' || lpad(:k::text, 26, '0'), 'ord_' || lpad(:k::text, 26, '0'), 1,
        jsonb_build_object(
@@ -60,7 +61,7 @@ SELECT 'ord_' || lpad(:k::text, 26, '0') || '.v1.ORDER_CREATED', 'seckill-order-
            'status', 'CREATED', 'aggregate_version', 1,
            'expires_at', now() + interval '15 minutes', 'occurred_at', now(),
            'traceparent', '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'),
-       NULL
+       NULL, now()
 UNION ALL
 SELECT 'ord_' || lpad(:k::text, 26, '0') || '.CANCEL_IF_UNPAID', 'seckill-order-timeout',
        'CANCEL_IF_UNPAID', 'ord_' || lpad(:k::text, 26, '0'), 'ord_' || lpad(:k::text, 26, '0'), NULL,
@@ -70,7 +71,7 @@ SELECT 'ord_' || lpad(:k::text, 26, '0') || '.CANCEL_IF_UNPAID', 'seckill-order-
            'order_id', 'ord_' || lpad(:k::text, 26, '0'), 'activity_id', 1, 'sku_id', 1,
            'expires_at', now() + interval '15 minutes',
            'traceparent', '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'),
-       now() + interval '15 minutes'
+       now() + interval '15 minutes', now() + interval '15 minutes' - interval '60 seconds'
 ON CONFLICT (event_id) DO NOTHING;
 UPDATE seckill_limits.consumer_inbox
    SET status = 'SUCCEEDED', decision = 'CREATED', updated_at = now()

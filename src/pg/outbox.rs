@@ -180,23 +180,46 @@ pub async fn requeue_broker_dead(
         .await
 }
 
-/// `(pending rows, age in seconds of the oldest pending row, dead rows)`.
+/// The outbox's backlog (`Relay::observe`).
+pub struct Backlog {
+    /// Rows due to be sent now (their first send or retry time has come).
+    pub due: i64,
+    /// How long the oldest due row has been due, in seconds: since its creation, or for a
+    /// timer held back, since `timer_lead` before its deliver time.
+    pub oldest_due_age_secs: f64,
+    /// Rows waiting for a later time: timers held until shortly before they are due, and rows
+    /// backing off after a failed send.
+    pub not_yet_due: i64,
+    pub dead: i64,
+}
+
 pub async fn backlog(
     client: &impl GenericClient,
-) -> Result<(i64, f64, i64), tokio_postgres::Error> {
+    timer_lead_secs: f64,
+) -> Result<Backlog, tokio_postgres::Error> {
     let row = client
         .query_one(
             // One subquery per status, so each reads its own partial index
             // (event_outbox_pending, event_outbox_dead): `status IN (...)` over both made the
             // planner scan the whole table, SENT rows included, every second (seen in make soak).
-            "SELECT (SELECT count(*) FROM event_outbox WHERE status = 'PENDING'),
-                    coalesce((SELECT extract(epoch FROM now() - min(created_at))
-                              FROM event_outbox WHERE status = 'PENDING'), 0)::float8,
+            "SELECT (SELECT count(*) FROM event_outbox
+                     WHERE status = 'PENDING' AND next_attempt_at <= now()),
+                    coalesce((SELECT extract(epoch FROM now() - min(greatest(
+                                  created_at, deliver_at - make_interval(secs => $1))))
+                              FROM event_outbox
+                              WHERE status = 'PENDING' AND next_attempt_at <= now()), 0)::float8,
+                    (SELECT count(*) FROM event_outbox
+                     WHERE status = 'PENDING' AND next_attempt_at > now()),
                     (SELECT count(*) FROM event_outbox WHERE status = 'DEAD')",
-            &[],
+            &[&timer_lead_secs],
         )
         .await?;
-    Ok((row.get(0), row.get(1), row.get(2)))
+    Ok(Backlog {
+        due: row.get(0),
+        oldest_due_age_secs: row.get::<_, f64>(1).max(0.0),
+        not_yet_due: row.get(2),
+        dead: row.get(3),
+    })
 }
 
 /// Exponential backoff with ±20 % jitter: `base × 2^(attempt-1)`, capped.

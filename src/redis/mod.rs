@@ -197,6 +197,18 @@ pub struct Release<'a> {
     pub reason: &'a str,
 }
 
+/// A first send the broker confirmed, to record (`RedisStore::mark_sent_many`).
+#[derive(Debug, Clone)]
+pub struct SentMark {
+    pub activity_id: i64,
+    pub reservation_id: String,
+    pub message_id: String,
+    pub broker_msg_id: String,
+    pub sent_at_ms: i64,
+    /// How long the reservation's location key lives.
+    pub location_ttl_secs: u64,
+}
+
 #[derive(Clone)]
 pub struct RedisStore {
     pub pool: pool::Pool,
@@ -382,6 +394,19 @@ impl RedisStore {
         fields: &[(&str, &str)],
     ) -> anyhow::Result<String> {
         let mut conn = self.pool.get().await?;
+        let call =
+            self.leave_pending_call(activity_id, reservation_id, message_id, mq_status, fields);
+        Ok(call.invoke_async(&mut *conn).await?)
+    }
+
+    fn leave_pending_call(
+        &self,
+        activity_id: i64,
+        reservation_id: &str,
+        message_id: &str,
+        mq_status: &str,
+        fields: &[(&str, &str)],
+    ) -> redis::ScriptInvocation<'_> {
         let mut call = self.scripts.mark_sent.prepare_invoke();
         call.key(self.keys.reservation(activity_id, reservation_id))
             .key(self.keys.pending(activity_id))
@@ -392,7 +417,30 @@ impl RedisStore {
         for (field, value) in fields {
             call.arg(*field).arg(*value);
         }
-        Ok(call.invoke_async(&mut *conn).await?)
+        call
+    }
+
+    /// Records first sends the broker confirmed, in one round trip: per reservation, where it
+    /// lives (for lookups by id) and MQ_PENDING → MQ_SENT. Verdicts in order, as `mark_sent`.
+    pub async fn mark_sent_many(&self, marks: &[SentMark]) -> anyhow::Result<Vec<String>> {
+        let mut pipe = redis::pipe();
+        for m in marks {
+            let sent_at = m.sent_at_ms.to_string();
+            pipe.cmd("SET")
+                .arg(self.keys.location(&m.reservation_id))
+                .arg(m.activity_id)
+                .arg("EX")
+                .arg(m.location_ttl_secs)
+                .ignore();
+            pipe.invoke_script(&self.leave_pending_call(
+                m.activity_id,
+                &m.reservation_id,
+                &m.message_id,
+                "MQ_SENT",
+                &[("broker_msg_id", &m.broker_msg_id), ("sent_at", &sent_at)],
+            ));
+        }
+        self.run_pipe(&self.scripts.mark_sent, &pipe).await
     }
 
     /// UNKNOWN → stays MQ_PENDING, re-send scheduled; never gives stock back.
@@ -691,11 +739,24 @@ impl RedisStore {
         if calls.is_empty() {
             return Ok(Vec::new());
         }
-        let mut conn = self.pool.get().await?;
         let mut pipe = redis::pipe();
         for call in calls {
             pipe.invoke_script(call);
         }
+        self.run_pipe(script, &pipe).await
+    }
+
+    /// Sends `pipe` (whose scripts are all `script`) in one round trip; on NOSCRIPT, loads the
+    /// script and sends it again (every command in these pipelines is idempotent).
+    async fn run_pipe<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        pipe: &redis::Pipeline,
+    ) -> anyhow::Result<Vec<T>> {
+        if pipe.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.pool.get().await?;
         match pipe.query_async(&mut *conn).await {
             Ok(answers) => Ok(answers),
             Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {

@@ -55,6 +55,8 @@ pub struct TxNames {
     pub order_event_topic: String,
     pub order_timeout_topic: String,
     pub compensate_topic: String,
+    /// How long before its deadline an order's timer is sent (`scan.timer_lead_secs`).
+    pub timer_lead: Duration,
 }
 
 impl TxNames {
@@ -67,6 +69,7 @@ impl TxNames {
             order_event_topic: n.order_event_topic,
             order_timeout_topic: n.order_timeout_topic,
             compensate_topic: n.compensate_topic,
+            timer_lead: Duration::seconds(settings.scan.timer_lead_secs as i64),
         }
     }
 }
@@ -623,9 +626,12 @@ async fn write_outcomes(
         tx,
         outbox.event_ids.is_empty(),
         "INSERT INTO event_outbox
-           (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, deliver_at)
-         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                              $6::int[], $7::jsonb[], $8::timestamptz[])
+           (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, deliver_at,
+            next_attempt_at)
+         SELECT t.e, t.t, t.g, t.k, t.a, t.v, t.p, t.d, coalesce(t.n, now())
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                     $6::int[], $7::jsonb[], $8::timestamptz[], $9::timestamptz[])
+              AS t(e, t, g, k, a, v, p, d, n)
          ON CONFLICT (event_id) DO NOTHING",
         outbox.params(),
     );

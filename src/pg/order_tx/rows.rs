@@ -148,6 +148,8 @@ pub(super) struct OutboxRows {
     pub(super) versions: Vec<Option<i32>>,
     pub(super) payloads: Vec<serde_json::Value>,
     pub(super) deliver_at: Vec<Option<DateTime<Utc>>>,
+    /// When the relay first sends the row (`None`: at once, the database's `now()`).
+    pub(super) first_send_at: Vec<Option<DateTime<Utc>>>,
 }
 
 impl OutboxRows {
@@ -161,6 +163,7 @@ impl OutboxRows {
         aggregate: Option<(&str, Option<i32>)>,
         payload: serde_json::Value,
         deliver_at: Option<DateTime<Utc>>,
+        first_send_at: Option<DateTime<Utc>>,
     ) {
         self.event_ids.push(event_id);
         self.topics.push(topic.to_string());
@@ -171,6 +174,7 @@ impl OutboxRows {
         self.versions.push(aggregate.and_then(|(_, v)| v));
         self.payloads.push(payload);
         self.deliver_at.push(deliver_at);
+        self.first_send_at.push(first_send_at);
     }
 
     /// A created order's ORDER_CREATED and its CANCEL_ORDER_IF_UNPAID timer (at `expires_at`).
@@ -186,6 +190,7 @@ impl OutboxRows {
             &e.order_id,
             Some((&e.order_id, Some(1))),
             payload(&created),
+            None,
             None,
         );
         let mut cancel = CancelOrderIfUnpaid::new(
@@ -204,6 +209,8 @@ impl OutboxRows {
             Some((&e.order_id, None)),
             payload(&cancel),
             Some(b.expires_at),
+            // Held in the outbox until shortly before it is due (docs/ARCHITECTURE.md#outbox-relay).
+            Some(b.expires_at - b.names.timer_lead),
         );
     }
 
@@ -226,10 +233,11 @@ impl OutboxRows {
             None,
             payload(&release),
             None,
+            None,
         );
     }
 
-    pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 8] {
+    pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 9] {
         [
             &self.event_ids,
             &self.topics,
@@ -239,6 +247,7 @@ impl OutboxRows {
             &self.versions,
             &self.payloads,
             &self.deliver_at,
+            &self.first_send_at,
         ]
     }
 }

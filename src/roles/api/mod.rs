@@ -46,9 +46,10 @@ use tracing::{info, warn};
 
 use crate::auth::buyer::BuyerAuth;
 use crate::config::{BuyerIdentity, Names, Settings};
+use crate::gather::{Gather, GatherSettings};
 use crate::mq::lag::LagSource;
 use crate::mq::Publisher;
-use crate::redis::RedisStore;
+use crate::redis::{RedisStore, SentMark};
 use crate::shutdown::Watchdog;
 use crate::telemetry::{metrics_handle, Readiness};
 
@@ -71,6 +72,41 @@ pub struct ApiState {
     pub lag: Option<LagSource>,
     /// Verifies buyer tokens; `None` when `auth.buyers = "body"` (development only).
     pub auth: Option<Arc<BuyerAuth>>,
+    /// Confirmed sends recorded in Redis, gathered: one pipelined round trip for every request
+    /// whose broker batch was confirmed together (docs/ARCHITECTURE.md#batched-sends).
+    pub sent_marks: Arc<SentMarks>,
+}
+
+/// The gathering of confirmed sends: each request gets its own verdict, or the error's text.
+pub type SentMarks = Gather<SentMark, Result<String, String>>;
+
+/// Confirmed sends recorded in one pipeline per batch, at most `SENT_MARK_BATCH` each and
+/// `SENT_MARK_ROUND_TRIPS` in flight; a batch starts as soon as a slot is free.
+const SENT_MARK_BATCH: usize = 64;
+const SENT_MARK_ROUND_TRIPS: usize = 4;
+
+fn sent_marks(redis: &RedisStore) -> SentMarks {
+    let redis = redis.clone();
+    Gather::start(
+        GatherSettings {
+            max: SENT_MARK_BATCH,
+            wait: Duration::ZERO,
+            queue: 4096,
+        },
+        || SENT_MARK_ROUND_TRIPS,
+        move |marks: Vec<SentMark>| {
+            let redis = redis.clone();
+            async move {
+                match redis.mark_sent_many(&marks).await {
+                    Ok(verdicts) => verdicts.into_iter().map(Ok).collect(),
+                    Err(e) => {
+                        let why = e.to_string();
+                        marks.iter().map(|_| Err(why.clone())).collect()
+                    }
+                }
+            }
+        },
+    )
 }
 
 impl ApiState {
@@ -207,6 +243,7 @@ pub async fn build_state(
     };
     Ok(ApiState {
         auth,
+        sent_marks: Arc::new(sent_marks(&redis)),
         names: Arc::new(settings.names()),
         inflight: Arc::new(Semaphore::new(settings.api.max_inflight)),
         admission: Arc::new(admission::Admission::with_ramp(Duration::from_secs(

@@ -20,7 +20,7 @@ use crate::domain::request::parse_path_id;
 use crate::domain::{Ids, OrderCreateRequested, ReserveRequest, TraceContext, ValidationError};
 use crate::http::PeerAddr;
 use crate::mq::{order_create_message, SendOutcome};
-use crate::redis::{RateLimits, ReservationView, ReserveArgs, ReserveResult};
+use crate::redis::{RateLimits, ReservationView, ReserveArgs, ReserveResult, SentMark};
 
 fn queued_body(v: &ReservationView, duplicate: bool) -> serde_json::Value {
     json!({
@@ -233,16 +233,7 @@ async fn send_and_record(
     let msg = order_create_message(&s.names.order_create_topic, &event);
     let send_timeout = s.settings.mq.send_timeout_ms;
     let send_started = Instant::now();
-    let location_ttl =
-        s.settings.api.reservation_valid_secs + crate::redis::RESERVATION_TTL_MARGIN_SECS;
-    let (outcome, location) = tokio::join!(
-        s.publisher.send(msg, send_timeout),
-        s.redis.set_location(
-            args.reservation.reservation_id,
-            args.reservation.activity_id,
-            location_ttl
-        )
-    );
+    let outcome = s.publisher.send(msg, send_timeout).await;
     let sent = Sent {
         latency: send_started.elapsed(),
         done_ms: Utc::now().timestamp_millis(),
@@ -252,9 +243,10 @@ async fn send_and_record(
         .increment(1);
     metrics::histogram!("mq_publish_latency_seconds", "topic" => "order_create")
         .record(sent.latency.as_secs_f64());
-    if let Err(e) = location {
-        // Only lookups by id need it; the GET falls back to PostgreSQL once the order exists.
-        warn!(reservation_id = %args.reservation.reservation_id, error = %e, "could not record reservation location");
+    if !matches!(outcome, SendOutcome::Confirmed { .. }) {
+        // A confirmed send records the location with MQ_SENT (`record_confirmed`); the rare
+        // other outcomes record it on their own.
+        set_location(s, &args.reservation).await;
     }
     match &outcome {
         SendOutcome::Confirmed { broker_msg_id } => {
@@ -290,6 +282,23 @@ async fn send_and_record(
     }
 }
 
+/// How long a reservation's location key (reservation id → activity) lives.
+fn location_ttl(s: &ApiState) -> u64 {
+    s.settings.api.reservation_valid_secs + crate::redis::RESERVATION_TTL_MARGIN_SECS
+}
+
+/// Records where a reservation lives, for lookups by id. Only they need it: the GET falls
+/// back to PostgreSQL once the order exists.
+async fn set_location(s: &ApiState, r: &ReservationRef<'_>) {
+    if let Err(e) = s
+        .redis
+        .set_location(r.reservation_id, r.activity_id, location_ttl(s))
+        .await
+    {
+        warn!(reservation_id = %r.reservation_id, error = %e, "could not record reservation location");
+    }
+}
+
 /// What the first send of a reservation took, for its log line.
 struct Sent {
     latency: Duration,
@@ -303,17 +312,19 @@ async fn record_confirmed(s: &ApiState, r: &ReservationRef<'_>, broker_msg_id: &
     // Fault-injection point: the broker stored the message, the process dies before recording
     // it (`api-after-send-before-mark=return` aborts like a SIGKILL).
     fail::fail_point!("api-after-send-before-mark", |_| std::process::abort());
-    let cas = s
-        .redis
-        .mark_sent(
-            r.activity_id,
-            r.reservation_id,
-            r.message_id,
-            broker_msg_id,
-            sent.done_ms,
-        )
-        .await;
-    if let Err(e) = &cas {
+    let mark = SentMark {
+        activity_id: r.activity_id,
+        reservation_id: r.reservation_id.to_owned(),
+        message_id: r.message_id.to_owned(),
+        broker_msg_id: broker_msg_id.to_owned(),
+        sent_at_ms: sent.done_ms,
+        location_ttl_secs: location_ttl(s),
+    };
+    let error = match s.sent_marks.submit(vec![mark]).await {
+        Some(mut verdicts) => verdicts.pop().and_then(Result::err),
+        None => Some("the batch that carried it ended without an answer".to_owned()),
+    };
+    if let Some(e) = error {
         warn!(reservation_id = %r.reservation_id, message_id = %r.message_id, error = %e,
               "mark MQ_SENT failed; the scanner will re-send");
     }

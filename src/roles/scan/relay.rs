@@ -213,11 +213,13 @@ impl Relay {
     /// Updates the backlog gauges.
     pub async fn observe(&self) -> anyhow::Result<()> {
         let client = self.pool.get().await?;
-        let (pending, oldest, dead) = outbox::backlog(&**client).await?;
-        metrics::gauge!("outbox_pending").set(pending as f64);
-        metrics::gauge!("outbox_pending_oldest_age_seconds").set(oldest);
-        metrics::gauge!("outbox_dead").set(dead as f64);
-        if dead == 0 {
+        let lead = self.settings.scan.timer_lead_secs as f64;
+        let b = outbox::backlog(&**client, lead).await?;
+        metrics::gauge!("outbox_pending").set(b.due as f64);
+        metrics::gauge!("outbox_pending_oldest_age_seconds").set(b.oldest_due_age_secs);
+        metrics::gauge!("outbox_not_yet_due").set(b.not_yet_due as f64);
+        metrics::gauge!("outbox_dead").set(b.dead as f64);
+        if b.dead == 0 {
             self.dead_seen.store(false, Ordering::Relaxed);
         }
         Ok(())
