@@ -25,7 +25,7 @@
 #          trust_on_vs_off=… violations=…
 # Knobs: BENCH_QUICK=1 (smaller runs, for a smoke test), BENCH_CONCURRENCY (default 64),
 # LIMITS_SECONDS (default 10), BENCH_ONLY=sale (only the sale's three runs: make bench-sale),
-# BENCH_WAITING_NICE (default 0: the nice level of consume, scan and timeout-cancel).
+# BENCH_WAITING_NICE (default 10, as shipped: the nice level of consume, scan and timeout-cancel).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -65,10 +65,10 @@ BENCH="$root/target/release/seckill-bench"
 declare -A PID=()
 start_with() { # binary, name, args...
   local bin="$1" name="$2" pre=(); shift 2
-  # BENCH_WAITING_NICE=N: the roles whose work can wait (orders, relay, cancels) run at nice N,
-  # as deploy/systemd's units weigh them against the API.
+  # The roles whose work can wait (orders, relay, cancels) run at nice BENCH_WAITING_NICE (10),
+  # as deploy/systemd's units weigh them against the API (docs/ARCHITECTURE.md#scheduling-weights).
   case "$name" in
-    consume | scan | timeout-cancel) pre=(nice -n "${BENCH_WAITING_NICE:-0}") ;;
+    consume | scan | timeout-cancel) pre=(nice -n "${BENCH_WAITING_NICE:-10}") ;;
   esac
   "${pre[@]}" "$bin" "$@" >"$RUN_DIR/$name.log" 2>&1 &
   PID[$name]=$!

@@ -48,11 +48,13 @@ trap stop_roles EXIT
 
 "$BIN" api >"$RUN_DIR/api.log" 2>&1 &
 pids+=($!)
-"$BIN" consume ${WORKERS:+--workers "$WORKERS"} >"$RUN_DIR/consume.log" 2>&1 &
+# The roles whose work can wait run at nice 10, as deploy/systemd weighs them
+# (docs/ARCHITECTURE.md#scheduling-weights).
+nice -n 10 "$BIN" consume ${WORKERS:+--workers "$WORKERS"} >"$RUN_DIR/consume.log" 2>&1 &
 pids+=($!)
-"$BIN" scan >"$RUN_DIR/scan.log" 2>&1 &
+nice -n 10 "$BIN" scan >"$RUN_DIR/scan.log" 2>&1 &
 pids+=($!)
-"$BIN" timeout-cancel >"$RUN_DIR/timeout-cancel.log" 2>&1 &
+nice -n 10 "$BIN" timeout-cancel >"$RUN_DIR/timeout-cancel.log" 2>&1 &
 pids+=($!)
 
 ready() { curl -fsS "$1" >/dev/null 2>&1; }
