@@ -122,7 +122,9 @@ backlog() { # label stock messages [consume args...] -> BACKLOG line
   local a; a="$(activity "$stock")"
   stop consume
   "$BENCH" backlog --activity-id "$a" --messages "$n" --fill-only >&2
-  start consume consume "$@"
+  # At nice 0, as pgbench runs: the consumer's own rate against the database's, like for like
+  # (the shipped nice 10 is about sharing the host with the API, which is not running here).
+  BENCH_WAITING_NICE=0 start consume consume "$@"
   local line
   line="$("$BENCH" backlog --activity-id "$a" --messages "$n" --drain-only \
     --summary-prefix "BACKLOG_$label" | tail -1)"
