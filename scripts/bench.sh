@@ -93,7 +93,9 @@ cpu_args() { # the --cpu flags for the processes running now
   local a=()
   for n in "${!PID[@]}"; do a+=(--cpu "$n=${PID[$n]}"); done
   local b; b="$(pgrep -d+ -f rocketmq-broker-rust || true)"; [[ -n "$b" ]] && a+=(--cpu "broker=$b")
-  local p; p="$(pgrep -d+ -x postgres || true)"; [[ -n "$p" ]] && a+=(--cpu "postgres=$p")
+  # PostgreSQL by its postmaster: the bench counts its children too, so backends that pools
+  # open during the run are included.
+  local p; p="$(pgrep -o -x postgres || true)"; [[ -n "$p" ]] && a+=(--cpu "postgres=$p")
   local r; r="$(pgrep -d+ -x redis-server || true)"; [[ -n "$r" ]] && a+=(--cpu "redis=$r")
   printf '%s\n' "${a[@]}"
 }

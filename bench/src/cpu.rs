@@ -1,6 +1,7 @@
-//! CPU used by named processes during the load phase, from `/proc/<pid>/stat`, so a bench
-//! run can say where the machine's two cores went.
+//! CPU used by named processes and their direct children during the load phase, from
+//! `/proc/<pid>/stat`, so a bench run can say where the machine's two cores went.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -41,36 +42,61 @@ pub struct CpuUse {
     pub core_pct: f64,
 }
 
-/// utime + stime of a process in clock ticks, from /proc (None once it is gone).
-fn cpu_ticks(pid: u32) -> Option<u64> {
+/// `(ppid, utime + stime in clock ticks)` of a process, from /proc (None once it is gone).
+fn stat(pid: u32) -> Option<(u32, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may contain spaces: fields start after the last ')'.
     let rest = stat.rsplit_once(')')?.1;
     let f: Vec<&str> = rest.split_whitespace().collect();
     // After ')': state(0) ppid(1) ... utime is field 14 of the line, i.e. index 11 here.
-    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some((f.get(1)?.parse().ok()?, ticks))
+}
+
+#[cfg(test)]
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    stat(pid).map(|(_, ticks)| ticks)
 }
 
 /// Clock ticks per second of /proc times (USER_HZ; 100 on Linux).
 const USER_HZ: f64 = 100.0;
 
-pub fn cpu_snapshot(targets: &[CpuTarget]) -> Vec<Vec<Option<u64>>> {
+/// CPU ticks of each target's processes and their direct children, by pid. Children count
+/// because a server forks workers during a run (PostgreSQL starts a backend per connection,
+/// and pools connect lazily): give the parent's pid (PostgreSQL's postmaster) and every
+/// backend is included, also those that start after the first snapshot.
+pub type CpuSnapshot = Vec<HashMap<u32, u64>>;
+
+pub fn cpu_snapshot(targets: &[CpuTarget]) -> CpuSnapshot {
+    let all: Vec<(u32, u32, u64)> = std::fs::read_dir("/proc")
+        .map(|dir| {
+            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+                .filter_map(|pid| stat(pid).map(|(ppid, ticks)| (pid, ppid, ticks)))
+                .collect()
+        })
+        .unwrap_or_default();
     targets
         .iter()
-        .map(|t| t.pids.iter().map(|p| cpu_ticks(*p)).collect())
+        .map(|t| {
+            all.iter()
+                .filter(|(pid, ppid, _)| t.pids.contains(pid) || t.pids.contains(ppid))
+                .map(|&(pid, _, ticks)| (pid, ticks))
+                .collect()
+        })
         .collect()
 }
 
-pub fn cpu_use(targets: &[CpuTarget], before: &[Vec<Option<u64>>], wall: Duration) -> Vec<CpuUse> {
+/// CPU each target used since `before`: a process that started since counts in full; one that
+/// ended in between is lost (its last ticks are gone with it).
+pub fn cpu_use(targets: &[CpuTarget], before: &CpuSnapshot, wall: Duration) -> Vec<CpuUse> {
+    let after = cpu_snapshot(targets);
     targets
         .iter()
-        .zip(before)
-        .map(|(t, b)| {
-            let ticks: u64 = t
-                .pids
+        .zip(before.iter().zip(&after))
+        .map(|(t, (b, a))| {
+            let ticks: u64 = a
                 .iter()
-                .zip(b)
-                .filter_map(|(p, before)| Some(cpu_ticks(*p)?.saturating_sub((*before)?)))
+                .map(|(pid, now)| now.saturating_sub(b.get(pid).copied().unwrap_or(0)))
                 .sum();
             let secs = ticks as f64 / USER_HZ;
             CpuUse {
@@ -108,5 +134,37 @@ mod tests {
             cpu_ticks(me).unwrap() > before,
             "a busy loop shows up in /proc"
         );
+    }
+
+    #[test]
+    fn a_child_started_after_the_first_snapshot_is_counted_with_its_parent() {
+        let me = std::process::id();
+        let targets = [CpuTarget {
+            name: "me".into(),
+            pids: vec![me],
+        }];
+        let before = cpu_snapshot(&targets);
+        // A child that burns CPU for about half a second, started after the snapshot.
+        let mut child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done")
+            .spawn()
+            .unwrap();
+        let child_pid = child.id();
+        assert!(!before[0].contains_key(&child_pid));
+        // Its ticks show up under the parent's target once it has run a little.
+        let t0 = Instant::now();
+        let seen = loop {
+            let ticks = cpu_snapshot(&targets)[0].get(&child_pid).copied();
+            if ticks.unwrap_or(0) > 0 || t0.elapsed() > Duration::from_secs(10) {
+                break ticks;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let used = cpu_use(&targets, &before, Duration::from_secs(1));
+        child.wait().unwrap();
+        let seen = seen.expect("the child is counted with its parent");
+        assert!(seen > 0);
+        assert!(used[0].cpu_secs >= seen as f64 / USER_HZ, "{used:?}");
     }
 }
