@@ -199,6 +199,20 @@ mod tests {
         (gather, sizes)
     }
 
+    /// Natural batching, one batch in flight, up to 32 items.
+    fn one_batch_at_a_time<F, Fut>(process: F) -> Gather<u32, u32>
+    where
+        F: Fn(Vec<u32>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Vec<u32>> + Send + 'static,
+    {
+        let settings = GatherSettings {
+            max: 32,
+            wait: Duration::ZERO,
+            queue: 16,
+        };
+        Gather::start(settings, || 1, process)
+    }
+
     #[tokio::test]
     async fn callers_queued_behind_a_busy_slot_share_batches_and_get_their_own_outcomes() {
         let (gather, sizes) = recording(32, 0, 1);
@@ -259,21 +273,13 @@ mod tests {
     async fn a_panicking_batch_answers_none_and_frees_its_slot() {
         let batches = Arc::new(AtomicUsize::new(0));
         let n = Arc::clone(&batches);
-        let gather: Gather<u32, u32> = Gather::start(
-            GatherSettings {
-                max: 32,
-                wait: Duration::ZERO,
-                queue: 16,
-            },
-            || 1,
-            move |items: Vec<u32>| {
-                let first = n.fetch_add(1, Ordering::SeqCst) == 0;
-                async move {
-                    assert!(!first, "the first batch dies");
-                    items
-                }
-            },
-        );
+        let gather = one_batch_at_a_time(move |items: Vec<u32>| {
+            let first = n.fetch_add(1, Ordering::SeqCst) == 0;
+            async move {
+                assert!(!first, "the first batch dies");
+                items
+            }
+        });
         assert_eq!(gather.submit(vec![1]).await, None);
         // The slot came back: the next call runs (limit 1).
         assert_eq!(gather.submit(vec![2]).await, Some(vec![2]));
@@ -281,18 +287,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_wrong_count_of_outcomes_is_no_answer_for_anyone() {
-        let gather: Gather<u32, u32> = Gather::start(
-            GatherSettings {
-                max: 32,
-                wait: Duration::ZERO,
-                queue: 16,
-            },
-            || 1,
-            |mut items: Vec<u32>| async move {
-                items.pop();
-                items
-            },
-        );
+        let gather = one_batch_at_a_time(|mut items: Vec<u32>| async move {
+            items.pop();
+            items
+        });
         let (a, b) = tokio::join!(gather.submit(vec![1, 2]), gather.submit(vec![3]));
         assert_eq!((a, b), (None, None));
     }

@@ -373,32 +373,36 @@ impl RedisStore {
         now_ms: i64,
     ) -> anyhow::Result<String> {
         let now = now_ms.to_string();
-        self.leave_pending(
+        let call = self.sent_call(activity_id, reservation_id, message_id, broker_msg_id, &now);
+        self.invoke(call).await
+    }
+
+    /// Runs one script call on a pooled connection.
+    async fn invoke(&self, call: redis::ScriptInvocation<'_>) -> anyhow::Result<String> {
+        let mut conn = self.pool.get().await?;
+        Ok(call.invoke_async(&mut *conn).await?)
+    }
+
+    /// `mark_sent.lua` for a confirmed send: MQ_SENT with the broker's id and the time.
+    fn sent_call<'a>(
+        &'a self,
+        activity_id: i64,
+        reservation_id: &str,
+        message_id: &str,
+        broker_msg_id: &str,
+        sent_at: &str,
+    ) -> redis::ScriptInvocation<'a> {
+        self.leave_pending_call(
             activity_id,
             reservation_id,
             message_id,
             "MQ_SENT",
-            &[("broker_msg_id", broker_msg_id), ("sent_at", &now)],
+            &[("broker_msg_id", broker_msg_id), ("sent_at", sent_at)],
         )
-        .await
     }
 
     /// `MQ_PENDING` → `mq_status` with `fields` recorded, out of both pending indexes
     /// (`mark_sent.lua`, a compare-and-set on `message_id`).
-    async fn leave_pending(
-        &self,
-        activity_id: i64,
-        reservation_id: &str,
-        message_id: &str,
-        mq_status: &str,
-        fields: &[(&str, &str)],
-    ) -> anyhow::Result<String> {
-        let mut conn = self.pool.get().await?;
-        let call =
-            self.leave_pending_call(activity_id, reservation_id, message_id, mq_status, fields);
-        Ok(call.invoke_async(&mut *conn).await?)
-    }
-
     fn leave_pending_call(
         &self,
         activity_id: i64,
@@ -432,12 +436,12 @@ impl RedisStore {
                 .arg("EX")
                 .arg(m.location_ttl_secs)
                 .ignore();
-            pipe.invoke_script(&self.leave_pending_call(
+            pipe.invoke_script(&self.sent_call(
                 m.activity_id,
                 &m.reservation_id,
                 &m.message_id,
-                "MQ_SENT",
-                &[("broker_msg_id", &m.broker_msg_id), ("sent_at", &sent_at)],
+                &m.broker_msg_id,
+                &sent_at,
             ));
         }
         self.run_pipe(&self.scripts.mark_sent, &pipe).await
@@ -507,14 +511,10 @@ impl RedisStore {
         now_ms: i64,
     ) -> anyhow::Result<String> {
         let now = now_ms.to_string();
-        self.leave_pending(
-            activity_id,
-            reservation_id,
-            message_id,
-            mq_status,
-            &[("settled_at", &now)],
-        )
-        .await
+        let fields = [("settled_at", now.as_str())];
+        let call =
+            self.leave_pending_call(activity_id, reservation_id, message_id, mq_status, &fields);
+        self.invoke(call).await
     }
 
     /// One SKU's remaining stock and `taken` counter, and its winners unless `known_taken` is
