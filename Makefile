@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help services-up services-down build demo bench bench-sale limits test test-faults chaos soak soak-small send-timeouts test-unit fmt clippy lint ci
+.PHONY: help services-up services-down build demo demo-cluster bench bench-sale limits test test-faults chaos soak soak-small send-timeouts test-unit fmt clippy lint ci
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -18,6 +18,9 @@ build: ## Build the release binaries (seckill, and seckill-bench for the benchma
 
 demo: ## Services, migrate, a flash sale with a burst of buyers, invariants; last line DEMO OK/FAILED
 	scripts/demo.sh
+
+demo-cluster: ## The demo on Redis Cluster, two brokers and every role many times, with a broker kill and a Redis failover mid-sale; last line DEMO OK/FAILED
+	scripts/demo-cluster.sh
 
 bench: ## Limits of this machine + the pipeline's figures; last line RATIOS ... (BENCHMARKS.md)
 	scripts/bench.sh

@@ -159,12 +159,33 @@ api_bench() { # label activity sku skus requests buyers [extra bench args...]
   echo "$line"
 }
 
+# Where PostgreSQL's time goes during the whole sale, when the server has pg_stat_statements
+# loaded (`shared_preload_libraries`; the bench does not change the server's settings): the
+# statements of the sale's run, by total time, in $RUN_DIR/sale-pg-statements.txt.
+pg_statements() { # reset | save FILE
+  local q=(psql -h 127.0.0.1 -U postgres -v ON_ERROR_STOP=1)
+  [[ "$("${q[@]}" -Atc "SHOW shared_preload_libraries" 2>/dev/null)" == *pg_stat_statements* ]] || return 0
+  "${q[@]}" -qc "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" >/dev/null 2>&1 || return 0
+  if [[ "$1" == reset ]]; then
+    "${q[@]}" -Atc "SELECT pg_stat_statements_reset()" >/dev/null
+  else
+    "${q[@]}" -c "SELECT calls, round(total_exec_time::numeric, 1) AS total_ms,
+        round((total_exec_time / calls)::numeric, 3) AS mean_ms, rows, wal_bytes,
+        left(regexp_replace(query, '\s+', ' ', 'g'), 110) AS query
+      FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 25" >"$2" 2>&1 || true
+  fi
+}
 # The sale (section 4) through the whole pipeline, then through the front door alone (the
 # consumer stopped, so the API, Redis and the broker have the cores: the ceiling); the consumer
 # then turns that backlog into orders. Needs api, consume and scan running. Sets SALE, SALE_FRONT.
 sale_pair() {
   log "the sale: $SALE_REQ requests by $SALE_BUYERS buyers for $SALE_STOCK units"
+  pg_statements reset
   SALE="$(api_bench hot-sku "$(activity "$SALE_STOCK")" 1 1 "$SALE_REQ" "$SALE_BUYERS")"
+  pg_statements save "$RUN_DIR/sale-pg-statements.txt"
+  # The order roles' own view of this run (transactions, batch sizes, the SLO histogram),
+  # before the consumer is stopped for the next one.
+  curl -fsS http://127.0.0.1:29101/metrics >"$RUN_DIR/consume-sale.metrics" 2>/dev/null || true
   log "the same sale, the front door alone (the consumer stopped)"
   stop consume
   local a n; a="$(activity "$SALE_STOCK")"
@@ -200,8 +221,6 @@ if [[ "${BENCH_ONLY:-}" == sale ]]; then
   start api api
   wait_ready http://127.0.0.1:28080/readyz
   sale_pair
-  # The order roles' own view of the run (transactions, batch sizes, the SLO histogram).
-  curl -fsS http://127.0.0.1:29101/metrics >"$RUN_DIR/consume-sale.metrics" 2>/dev/null || true
   stop_all
   BASE_SALE_A="$(date +%s)"
   start_with "$BENCH" baseline baseline-api --pool 16 --stock "$BASE_SALE_A:1:$SALE_STOCK"

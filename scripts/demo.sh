@@ -24,26 +24,13 @@ cargo build --release --quiet -p seckill -p seckill-bench
 BIN="$root/target/release/seckill"
 BENCH="$root/target/release/seckill-bench"
 
-# The tools' own log lines go to setup.log; the terminal keeps what they report.
-setup() {
-  "$BIN" "$@" 2>>"$RUN_DIR/setup.log" && return 0
-  tail -20 "$RUN_DIR/setup.log"; echo "DEMO FAILED reason=setup_$1"; exit 1
-}
+source "$root/scripts/demo-lib.sh"
 : >"$RUN_DIR/setup.log"
 setup migrate
 setup topics create
 ACTIVITY_ID="$(date +%s)"
 setup activity create --activity-id "$ACTIVITY_ID" --name "demo sale" --sku "1:$STOCK:9900" --duration-secs 3600
 
-pids=()
-stop_roles() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do
-    for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -KILL "$pid" 2>/dev/null || true
-  done
-  pids=()
-}
 trap stop_roles EXIT
 
 "$BIN" api >"$RUN_DIR/api.log" 2>&1 &
@@ -57,11 +44,7 @@ pids+=($!)
 nice -n 10 "$BIN" timeout-cancel >"$RUN_DIR/timeout-cancel.log" 2>&1 &
 pids+=($!)
 
-ready() { curl -fsS "$1" >/dev/null 2>&1; }
-for url in http://127.0.0.1:18080/readyz http://127.0.0.1:19101/readyz http://127.0.0.1:19102/readyz http://127.0.0.1:19103/readyz; do
-  for _ in $(seq 1 150); do ready "$url" && break; sleep 0.2; done
-  ready "$url" || { echo "[demo] $url not ready; logs in $RUN_DIR"; tail -20 "$RUN_DIR"/*.log; echo "DEMO FAILED reason=roles_not_ready"; exit 1; }
-done
+wait_ready http://127.0.0.1:18080/readyz http://127.0.0.1:19101/readyz http://127.0.0.1:19102/readyz http://127.0.0.1:19103/readyz
 # The consumer needs a moment to get its queue assignment from the broker.
 sleep 2
 

@@ -4,12 +4,14 @@
 # Data (store, offsets) stays in SECKILL_MQ_DATA_DIR.
 #
 # `--broker-only` leaves the name server running (to restart the broker with another profile).
+# `--second-broker` stops only the second master (SECKILL_MQ_BROKERS=2) and removes its store.
 #
 # Environment: SECKILL_RUN_DIR (~/.cache/seckill/run), SECKILL_MQ_STOP_TIMEOUT (15 s).
 set -euo pipefail
 
 RUN_DIR="${SECKILL_RUN_DIR:-$HOME/.cache/seckill/run}"
 STOP_TIMEOUT="${SECKILL_MQ_STOP_TIMEOUT:-15}"
+DATA_DIR="${SECKILL_MQ_DATA_DIR:-$HOME/.cache/seckill/rocketmq-data}"
 
 log() { echo "rocketmq-down: $*"; }
 
@@ -44,8 +46,14 @@ stop() {
   log "$what stopped (pid $pid)"
 }
 
+if [[ "${1:-}" == --second-broker ]]; then
+  stop "broker b" "$RUN_DIR/broker-b.pid" rocketmq-broker-rust
+  rm -rf "$DATA_DIR/store-b"
+  exit 0
+fi
 # The replicated profile's slave first: it follows its master.
 stop "broker slave" "$RUN_DIR/broker-slave.pid" rocketmq-broker-rust
+stop "broker b" "$RUN_DIR/broker-b.pid" rocketmq-broker-rust
 stop broker "$RUN_DIR/broker.pid" rocketmq-broker-rust
 if [[ "${1:-}" != --broker-only ]]; then
   stop "name server" "$RUN_DIR/namesrv.pid" rocketmq-namesrv-rust

@@ -20,6 +20,11 @@
 #                             <data>/store-slave): a confirmed send is on both stores.
 #                             Costs measured in BENCHMARKS.md. A broker already running keeps its
 #                             profile: stop it first (scripts/rocketmq-down.sh) to change it.
+#   SECKILL_MQ_BROKERS     masters in the cluster              (1)
+#                             2: a second master, seckill-broker-b, on 127.0.0.1:10921 (HA 10922,
+#                             health 19921, store <data>/store-b), same cluster and name server,
+#                             same profile. Topics go on both with
+#                             SECKILL__MQ__BROKER_ADDR=127.0.0.1:10911,127.0.0.1:10921.
 set -euo pipefail
 
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -66,10 +71,12 @@ die() {
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-broker_ready() {
-  [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://$BROKER_HEALTH/readyz" || true)" == 200 ]] &&
-    port_open "$BROKER_PORT"
+# A broker is ready when its health endpoint ($1) says so and its port ($2) accepts.
+ready_at() {
+  [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://$1/readyz" || true)" == 200 ]] &&
+    port_open "$2"
 }
+broker_ready() { ready_at "$BROKER_HEALTH" "$BROKER_PORT"; }
 
 # Alive and really ours (the pid in the file could have been reused).
 pid_alive() {
@@ -93,6 +100,13 @@ case "$PROFILE" in
 esac
 SLAVE_PORT=10931
 SLAVE_HEALTH="127.0.0.1:19931"
+BROKERS="${SECKILL_MQ_BROKERS:-1}"
+[[ "$BROKERS" == 1 || "$BROKERS" == 2 ]] || {
+  echo "rocketmq-up: ERROR: SECKILL_MQ_BROKERS must be 1 or 2, not '$BROKERS'" >&2
+  exit 2
+}
+B_PORT=10921
+B_HEALTH="127.0.0.1:19921"
 
 render() {
   # Fills the data directory and the profile into a config template; '|' cannot occur in a
@@ -113,9 +127,37 @@ render_slave() {
     "$1" >"$2"
 }
 
-slave_ready() {
-  [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://$SLAVE_HEALTH/readyz" || true)" == 200 ]] &&
-    port_open "$SLAVE_PORT"
+# The second master: the same template under another name, with its own ports and store.
+render_b() {
+  sed -e "s|@DATA_DIR@/store|$DATA_DIR/store-b|g" -e "s|@DATA_DIR@|$DATA_DIR|g" \
+    -e "s|@FLUSH_DISK_TYPE@|$FLUSH_DISK_TYPE|g" -e "s|@BROKER_ROLE@|$BROKER_ROLE|g" \
+    -e "s|^listenPort = $BROKER_PORT|listenPort = $B_PORT|" \
+    -e 's|^brokerName = "seckill-broker-a"|brokerName = "seckill-broker-b"|' \
+    -e 's|^haListenPort = 10912|haListenPort = 10922|' \
+    "$1" >"$2"
+}
+
+# start_companion NAME FILE PORT HEALTH RENDER: another broker from the same binary beside the
+# first (the replicated profile's slave, the second master), unless it is ready already. FILE
+# names its pid file, log and config (broker-slave -> store-slave, broker-b -> store-b).
+start_companion() {
+  local name="$1" file="$2" port="$3" health="$4" render_fn="$5"
+  local store="$DATA_DIR/store-${file#broker-}"
+  if ready_at "$health" "$port"; then
+    log "$name already ready on 127.0.0.1:$port"
+    return 0
+  fi
+  stop_stale "$RUN_DIR/$file.pid" rocketmq-broker-rust
+  mkdir -p "$store"
+  "$render_fn" "$REPO_DIR/config/rocketmq/broker.toml" "$RUN_DIR/conf/$file.toml"
+  log "starting $name (log $RUN_DIR/logs/$file.log, store $store)"
+  start_detached "$RUN_DIR/$file.pid" "$RUN_DIR/logs/$file.log" \
+    env ROCKETMQ_HEALTH_BIND_ADDR="$health" "$BROKER_BIN" \
+    -c "$RUN_DIR/conf/$file.toml" -n "127.0.0.1:$NAMESRV_PORT" \
+    --log-filter "$LOG_FILTER"
+  wait_until "$name" "$RUN_DIR/logs/$file.log" "$RUN_DIR/$file.pid" rocketmq-broker-rust \
+    ready_at "$health" "$port"
+  log "$name ready (pid $(cat "$RUN_DIR/$file.pid"), health http://$health/readyz)"
 }
 
 start_detached() {
@@ -222,37 +264,25 @@ else
     log "broker (pid $(cat "$RUN_DIR/broker.pid")) is starting; waiting"
     wait_until "broker" "$RUN_DIR/logs/broker.log" "$RUN_DIR/broker.pid" rocketmq-broker-rust broker_ready
     log "broker ready"
-    exit 0
-  fi
-  if port_open "$BROKER_PORT"; then
+  elif port_open "$BROKER_PORT"; then
     die "port $BROKER_PORT is in use by another process, and http://$BROKER_HEALTH/readyz does not answer 200" \
       "$RUN_DIR/logs/broker.log"
+  else
+    render "$REPO_DIR/config/rocketmq/broker.toml" "$RUN_DIR/conf/broker.toml"
+    log "starting broker, $PROFILE profile ($FLUSH_DISK_TYPE; log $RUN_DIR/logs/broker.log, store $DATA_DIR/store)"
+    start_detached "$RUN_DIR/broker.pid" "$RUN_DIR/logs/broker.log" \
+      env ROCKETMQ_HEALTH_BIND_ADDR="$BROKER_HEALTH" "$BROKER_BIN" \
+      -c "$RUN_DIR/conf/broker.toml" -n "127.0.0.1:$NAMESRV_PORT" \
+      --log-filter "$LOG_FILTER"
+    wait_until "broker" "$RUN_DIR/logs/broker.log" "$RUN_DIR/broker.pid" rocketmq-broker-rust broker_ready
+    log "broker ready (pid $(cat "$RUN_DIR/broker.pid"), health http://$BROKER_HEALTH/readyz)"
   fi
-  render "$REPO_DIR/config/rocketmq/broker.toml" "$RUN_DIR/conf/broker.toml"
-  log "starting broker, $PROFILE profile ($FLUSH_DISK_TYPE; log $RUN_DIR/logs/broker.log, store $DATA_DIR/store)"
-  start_detached "$RUN_DIR/broker.pid" "$RUN_DIR/logs/broker.log" \
-    env ROCKETMQ_HEALTH_BIND_ADDR="$BROKER_HEALTH" "$BROKER_BIN" \
-    -c "$RUN_DIR/conf/broker.toml" -n "127.0.0.1:$NAMESRV_PORT" \
-    --log-filter "$LOG_FILTER"
-  wait_until "broker" "$RUN_DIR/logs/broker.log" "$RUN_DIR/broker.pid" rocketmq-broker-rust broker_ready
-  log "broker ready (pid $(cat "$RUN_DIR/broker.pid"), health http://$BROKER_HEALTH/readyz)"
 fi
 
-# ---- the replicated profile's slave ----
+# ---- the replicated profile's slave, the second master ----
 if [[ "$PROFILE" == replicated ]]; then
-  if slave_ready; then
-    log "broker slave already ready on 127.0.0.1:$SLAVE_PORT"
-  else
-    stop_stale "$RUN_DIR/broker-slave.pid" rocketmq-broker-rust
-    mkdir -p "$DATA_DIR/store-slave"
-    render_slave "$REPO_DIR/config/rocketmq/broker.toml" "$RUN_DIR/conf/broker-slave.toml"
-    log "starting broker slave (log $RUN_DIR/logs/broker-slave.log, store $DATA_DIR/store-slave)"
-    start_detached "$RUN_DIR/broker-slave.pid" "$RUN_DIR/logs/broker-slave.log" \
-      env ROCKETMQ_HEALTH_BIND_ADDR="$SLAVE_HEALTH" "$BROKER_BIN" \
-      -c "$RUN_DIR/conf/broker-slave.toml" -n "127.0.0.1:$NAMESRV_PORT" \
-      --log-filter "$LOG_FILTER"
-    wait_until "broker slave" "$RUN_DIR/logs/broker-slave.log" "$RUN_DIR/broker-slave.pid" \
-      rocketmq-broker-rust slave_ready
-    log "broker slave ready (pid $(cat "$RUN_DIR/broker-slave.pid"))"
-  fi
+  start_companion "broker slave" broker-slave "$SLAVE_PORT" "$SLAVE_HEALTH" render_slave
+fi
+if [[ "$BROKERS" == 2 ]]; then
+  start_companion "broker b" broker-b "$B_PORT" "$B_HEALTH" render_b
 fi

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Makes sure PostgreSQL, Redis and RocketMQ (name server + broker) answer on loopback.
+# Makes sure PostgreSQL, Redis, the Redis Cluster of scripts/redis-cluster-up.sh and RocketMQ
+# (name server + broker) answer on loopback.
 # Idempotent: a service that already answers is left alone. No Docker.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -51,6 +52,9 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   wait_for Redis 15 redis-cli -h 127.0.0.1 -p 6379 ping
 fi
 log "Redis ready on 127.0.0.1:6379"
+
+# --- Redis Cluster (redis.mode = "cluster"; its tests) ------------------------------
+"$here/redis-cluster-up.sh"
 
 # --- RocketMQ --------------------------------------------------------------------
 "$here/rocketmq-up.sh"

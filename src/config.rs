@@ -79,10 +79,22 @@ pub enum PgTls {
     Verify,
 }
 
+/// How the reservation store is deployed (docs/ARCHITECTURE.md#redis-cluster).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RedisMode {
+    /// One server (or a primary with replicas behind one address).
+    Standalone,
+    /// Redis Cluster: `url` lists seed nodes, commands follow the slot map.
+    Cluster,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisSettings {
-    /// `redis://[:password@]host:port`: a secret, never printed.
+    pub mode: RedisMode,
+    /// `redis://[:password@]host:port`; with `mode = "cluster"`, a comma-separated list of
+    /// seed nodes. A secret, never printed.
     pub url: SecretString,
     /// Prefix of every key; tests give each run its own.
     pub key_prefix: String,
@@ -99,11 +111,19 @@ pub struct RedisSettings {
     pub ca_file: String,
 }
 
+impl RedisSettings {
+    /// Each node `url` names (one, or a cluster's seeds), exposed: never print them.
+    pub fn urls(&self) -> Vec<&str> {
+        self.url.expose_secret().split(',').map(str::trim).collect()
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MqSettings {
     pub name_server: String,
-    /// Broker address for topic administration.
+    /// The master brokers topics are created on, `host:port`, comma-separated when the
+    /// cluster has several (docs/ARCHITECTURE.md#two-brokers).
     pub broker_addr: String,
     pub cluster: String,
     /// Bound on one synchronous send; past it the outcome is UNKNOWN (never a release).
@@ -119,6 +139,13 @@ pub struct MqSettings {
     pub send_linger_us: u64,
     /// Broker calls the API has in flight at once.
     pub send_batches_in_flight: usize,
+}
+
+impl MqSettings {
+    /// Each master of `broker_addr`.
+    pub fn broker_addrs(&self) -> impl Iterator<Item = &str> {
+        self.broker_addr.split(',').map(str::trim)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -237,6 +264,11 @@ pub struct ConsumerSettings {
     /// How long an order transaction that is not full waits for more calls to join it
     /// (docs/ARCHITECTURE.md#gathering-batches-across-queues); 0: natural batching only.
     pub gather_wait_ms: u64,
+    /// Peak shaving inside the consumer (docs/ARCHITECTURE.md#pacing-during-a-burst): while the
+    /// first waiting reservation is younger than this, one order transaction runs at a time
+    /// and the backlog waits, leaving the CPU to the roles that answer buyers; past it the
+    /// adaptive limit applies in full. 0: off.
+    pub pace_age_ms: u64,
     /// The adaptive limit of order transactions in flight shrinks when a transaction takes
     /// longer than this (begin to commit)...
     pub tx_latency_target_ms: u64,
@@ -518,11 +550,24 @@ impl Settings {
             return Err(invalid("pg.pool_wait_timeout_ms", "must be positive"));
         }
         let redis_url = self.redis.url.expose_secret();
-        if !redis_url.starts_with("redis://") && !redis_url.starts_with("rediss://") {
+        let urls = self.redis.urls();
+        if urls
+            .iter()
+            .any(|u| !u.starts_with("redis://") && !u.starts_with("rediss://"))
+        {
             return Err(invalid(
                 "redis.url",
                 "must start with redis:// (or rediss:// for TLS)",
             ));
+        }
+        if urls.len() > 1 && self.redis.mode != RedisMode::Cluster {
+            return Err(invalid(
+                "redis.url",
+                "lists several nodes: that is for redis.mode = \"cluster\"",
+            ));
+        }
+        if urls.iter().any(|u| u.starts_with("rediss://")) != urls[0].starts_with("rediss://") {
+            return Err(invalid("redis.url", "mixes redis:// and rediss:// nodes"));
         }
         if !self.redis.ca_file.is_empty() {
             if !redis_url.starts_with("rediss://") {
@@ -613,10 +658,14 @@ impl Settings {
                 "must be host:port with an IP address",
             ));
         }
-        if self.mq.broker_addr.parse::<SocketAddr>().is_err() {
+        if self
+            .mq
+            .broker_addrs()
+            .any(|a| a.parse::<SocketAddr>().is_err())
+        {
             return Err(invalid(
                 "mq.broker_addr",
-                "must be host:port with an IP address",
+                "must be host:port with an IP address (several: comma-separated)",
             ));
         }
         if self.mq.send_timeout_ms == 0 || self.mq.send_timeout_ms > 10_000 {
@@ -744,6 +793,10 @@ impl Settings {
         if self.consumer.gather_wait_ms > 1_000 {
             // The wait comes out of every order's reservation->order time (SLO 3 s).
             return Err(invalid("consumer.gather_wait_ms", "must be at most 1000"));
+        }
+        if self.consumer.pace_age_ms > 2_000 {
+            // Held this long, an order still has the rest of its 3 s SLO to be created.
+            return Err(invalid("consumer.pace_age_ms", "must be at most 2000"));
         }
         if self.consumer.tx_latency_target_ms == 0 {
             return Err(invalid("consumer.tx_latency_target_ms", "must be positive"));

@@ -3,10 +3,12 @@
 //! order consumer, whose listener calls share PostgreSQL transactions
 //! (docs/ARCHITECTURE.md#gathering-batches-across-queues).
 //!
-//! - **Natural batching.** A batch starts as soon as a slot is free (at most `limit()` batches
-//!   in flight; `limit` is read before each one, so it can follow an adaptive limit). While
-//!   every slot is busy, callers queue and the next batch takes them together. A lone caller
-//!   at a quiet moment waits for nothing but `wait`.
+//! - **Natural batching.** A batch starts as soon as a slot is free (at most `limit(head)`
+//!   batches in flight, where `head` is the first waiting caller's items; `limit` is read
+//!   before each batch, whenever a slot frees up and every `recheck` while all are busy, so it
+//!   can follow an adaptive limit or the age of the work waiting). While every slot is busy,
+//!   callers queue and the next batch takes them together. A lone caller at a quiet moment
+//!   waits for nothing but `wait`.
 //! - **Waiting for company** (`wait` > 0): a batch that is not full waits up to `wait` after its
 //!   first caller arrived for more callers. It trades that much latency for fewer, fuller
 //!   round trips, and never delays a full batch.
@@ -33,6 +35,9 @@ pub struct GatherSettings {
     pub wait: Duration,
     /// Submissions that may queue before `submit` itself waits (back-pressure).
     pub queue: usize,
+    /// While every slot is busy, how often `limit` is read again (zero: only when a slot frees
+    /// up). For a limit that grows with time, such as the age of the waiting work.
+    pub recheck: Duration,
 }
 
 /// A gathering task and the way to hand it work.
@@ -47,12 +52,13 @@ struct Submission<I, O> {
 }
 
 impl<I: Send + 'static, O: Send + 'static> Gather<I, O> {
-    /// Starts the gathering task on the current Tokio runtime. `process` runs one batch and
-    /// returns one outcome per item, in order. The task ends once the `Gather` is dropped and
+    /// Starts the gathering task on the current Tokio runtime. `limit` gives the batches that
+    /// may be in flight, from the items of the first caller waiting. `process` runs one batch
+    /// and returns one outcome per item, in order. The task ends once the `Gather` is dropped and
     /// every submission was answered.
     pub fn start<F, Fut>(
         settings: GatherSettings,
-        limit: impl Fn() -> usize + Send + 'static,
+        limit: impl Fn(&[I]) -> usize + Send + 'static,
         process: F,
     ) -> Self
     where
@@ -94,7 +100,7 @@ impl Drop for SlotGuard {
 async fn gather_loop<I, O, F, Fut>(
     mut rx: mpsc::Receiver<Submission<I, O>>,
     settings: GatherSettings,
-    limit: impl Fn() -> usize,
+    limit: impl Fn(&[I]) -> usize,
     process: Arc<F>,
 ) where
     I: Send + 'static,
@@ -116,10 +122,14 @@ async fn gather_loop<I, O, F, Fut>(
         // Wait for a free slot; meanwhile callers queue and join this batch.
         loop {
             let freed = running.1.notified();
-            if running.0.load(Ordering::Acquire) < limit().max(1) {
+            if running.0.load(Ordering::Acquire) < limit(&first.items).max(1) {
                 break;
             }
-            freed.await;
+            if settings.recheck.is_zero() {
+                freed.await;
+            } else {
+                let _ = tokio::time::timeout(settings.recheck, freed).await;
+            }
         }
         let deadline = first.arrived + settings.wait;
         let mut count = first.items.len();
@@ -186,8 +196,9 @@ mod tests {
                 max,
                 wait: Duration::from_millis(wait_ms),
                 queue: 1024,
+                recheck: Duration::ZERO,
             },
-            move || limit,
+            move |_: &[u32]| limit,
             move |items: Vec<u32>| {
                 seen.lock().unwrap().push(items.len());
                 async move {
@@ -209,8 +220,9 @@ mod tests {
             max: 32,
             wait: Duration::ZERO,
             queue: 16,
+            recheck: Duration::ZERO,
         };
-        Gather::start(settings, || 1, process)
+        Gather::start(settings, |_: &[u32]| 1, process)
     }
 
     #[tokio::test]
@@ -267,6 +279,44 @@ mod tests {
         let _ = tokio::join!(gather.submit(vec![1]), late);
         assert_eq!(*sizes.lock().unwrap(), vec![1, 1]);
         assert!(started.elapsed() < Duration::from_millis(200));
+    }
+
+    /// Two one-item calls, each batch taking 1 s, under a limit of 1 that becomes 2 once
+    /// 100 ms have passed; how long both took.
+    async fn under_a_limit_that_grows(recheck_ms: u64) -> Duration {
+        let started = Instant::now();
+        let gather = Gather::start(
+            GatherSettings {
+                max: 1,
+                wait: Duration::ZERO,
+                queue: 16,
+                recheck: Duration::from_millis(recheck_ms),
+            },
+            move |_: &[u32]| {
+                if started.elapsed() >= Duration::from_millis(100) {
+                    2
+                } else {
+                    1
+                }
+            },
+            |items: Vec<u32>| async move {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                items
+            },
+        );
+        let answers = tokio::join!(gather.submit(vec![1]), gather.submit(vec![2]));
+        assert_eq!(answers, (Some(vec![1]), Some(vec![2])));
+        started.elapsed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_limit_that_grows_while_every_slot_is_busy_is_read_again_every_recheck() {
+        // Read every 20 ms: the second batch starts at about 100 ms, beside the first.
+        let both = under_a_limit_that_grows(20).await;
+        assert!(both < Duration::from_millis(1200), "{both:?}");
+        // Read only when a slot frees up: the second waits for the first to end.
+        let both = under_a_limit_that_grows(0).await;
+        assert!(both >= Duration::from_secs(2), "{both:?}");
     }
 
     #[tokio::test]

@@ -275,6 +275,14 @@ fn describe() {
         Unit::Seconds,
         "Order transaction latency (begin to commit), by kind: create (order consumer), cancel (timeout cancel)"
     );
+    describe_gauge!(
+        "order_tx_paced",
+        "1 while pacing holds the order consumer to one transaction (consumer.pace_age_ms)"
+    );
+    describe_counter!(
+        "order_tx_retry_total",
+        "Order transactions rolled back by a transient failure (lost connection, deadlock, timeout) and attempted again in-process, by kind"
+    );
     describe_histogram!(
         "pg_pool_wait_seconds",
         Unit::Seconds,

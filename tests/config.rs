@@ -34,7 +34,20 @@ fn a_bad_value_fails_start_up_naming_the_key() {
             "100",
             "consumer.batch_size",
         ),
+        // Held longer, an order could miss its 3 s reservation->order SLO.
+        (
+            "SECKILL__CONSUMER__PACE_AGE_MS",
+            "2500",
+            "consumer.pace_age_ms",
+        ),
         ("SECKILL__API__LISTEN", "nowhere", "api.listen"),
+        ("SECKILL__REDIS__MODE", "sharded", "redis.mode"),
+        // Several seed nodes are for Redis Cluster only.
+        (
+            "SECKILL__REDIS__URL",
+            "redis://127.0.0.1:7001,redis://127.0.0.1:7002",
+            "redis.url",
+        ),
         (
             "SECKILL__PG__SAFE_CONCURRENCY",
             "many",

@@ -215,7 +215,7 @@ async fn expired_reservation_is_rejected_with_exactly_one_compensation() {
         vec![Decision::DuplicateMessage]
     );
     let mut again = e.clone();
-    again.message_id = seckill::domain::Ids::generate().message_id;
+    again.message_id = seckill::domain::Ids::generate(1).message_id;
     assert_eq!(
         h.process(&[delivery_of(&topic, &again)]).await.unwrap(),
         vec![Decision::DuplicateReservation]
@@ -251,7 +251,7 @@ async fn one_reservation_under_many_message_ids_makes_one_order() {
     let base = event(1, 1, 11, 300);
     let calls = (0..20).map(|_| {
         let mut e = base.clone();
-        e.message_id = seckill::domain::Ids::generate().message_id;
+        e.message_id = seckill::domain::Ids::generate(1).message_id;
         let h = h.clone();
         let d = delivery_of(&topic, &e);
         async move { h.handle(vec![d]).await }

@@ -479,7 +479,7 @@ async fn order_events_are_projected_by_version_so_stale_and_repeated_events_are_
         pool: env.pool(1).await,
         group: names.projection_group.clone(),
     };
-    let ids = Ids::generate();
+    let ids = Ids::generate(1);
     let ev = |version: i32, status: &str| {
         let body = serde_json::json!({
             "event_type": format!("ORDER_{status}"), "order_id": ids.order_id,

@@ -138,7 +138,7 @@ async fn redis_over_tls_reserves_and_an_unknown_ca_is_refused() {
         .warm(1300, 1, now - 1000, now + 600_000, 300_000, 3)
         .await
         .unwrap();
-    let ids = seckill::domain::Ids::generate();
+    let ids = seckill::domain::Ids::generate(1300);
     let r = redis
         .reserve(&seckill::redis::ReserveArgs {
             reservation: seckill::domain::event::ReservationRef {

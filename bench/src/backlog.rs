@@ -105,7 +105,7 @@ async fn reserve_all(
                 let redis = redis.clone();
                 let args = &args;
                 async move {
-                    let ids = Ids::generate();
+                    let ids = Ids::generate(args.activity_id);
                     let request_id = format!("bl-{}", ids.reservation_id);
                     let (trace_id, span_id, traceparent) = new_traceparent();
                     let now_ms = Utc::now().timestamp_millis();

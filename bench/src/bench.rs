@@ -24,7 +24,8 @@ use seckill::redis::RedisStore;
 
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// Base URL of a running `seckill api`.
+    /// Base URL of a running `seckill api`; several, comma-separated, take the requests (and
+    /// the payments) in turn.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     pub api: String,
     #[arg(long)]
@@ -268,18 +269,26 @@ fn latency_histogram() -> anyhow::Result<Histogram<u64>> {
     Ok(Histogram::new_with_bounds(1, 60_000_000, 3)?)
 }
 
+/// The base URLs of `--api` (comma-separated), without a trailing `/`.
+fn api_bases(api: &str) -> Vec<String> {
+    api.split(',')
+        .map(|a| a.trim().trim_end_matches('/').to_string())
+        .filter(|a| !a.is_empty())
+        .collect()
+}
+
 /// `concurrency` buyers, each sending its next request when the previous one is answered.
 async fn closed_loop(
     client: &reqwest::Client,
-    base: &str,
+    bases: &Arc<Vec<String>>,
     plan: &Arc<Vec<Planned>>,
     concurrency: usize,
 ) -> anyhow::Result<(Histogram<u64>, Vec<(usize, Answer)>)> {
     let next = Arc::new(AtomicUsize::new(0));
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..concurrency.min(plan.len()) {
-        let (client, base, plan, next) =
-            (client.clone(), base.to_owned(), plan.clone(), next.clone());
+        let (client, bases, plan, next) =
+            (client.clone(), bases.clone(), plan.clone(), next.clone());
         workers.spawn(async move {
             let mut hist = latency_histogram()?;
             let mut answers = Vec::new();
@@ -287,7 +296,7 @@ async fn closed_loop(
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(p) = plan.get(i) else { break };
                 let t = Instant::now();
-                answers.push((i, one_request(&client, &base, p).await));
+                answers.push((i, one_request(&client, &bases[i % bases.len()], p).await));
                 hist.record((t.elapsed().as_micros() as u64).max(1))?;
             }
             anyhow::Ok((hist, answers))
@@ -308,7 +317,7 @@ async fn closed_loop(
 /// waiting for a free slot is part of it (no coordinated omission).
 async fn open_loop(
     client: &reqwest::Client,
-    base: &str,
+    bases: &Arc<Vec<String>>,
     plan: &Arc<Vec<Planned>>,
     rate: f64,
     max_outstanding: usize,
@@ -320,7 +329,7 @@ async fn open_loop(
         let due = start + Duration::from_secs_f64(i as f64 / rate);
         tokio::time::sleep_until(due).await;
         let slot = Arc::clone(&slots).acquire_owned().await?;
-        let (client, base, plan) = (client.clone(), base.to_owned(), plan.clone());
+        let (client, base, plan) = (client.clone(), bases[i % bases.len()].clone(), plan.clone());
         requests.spawn(async move {
             let answer = one_request(&client, &base, &plan[i]).await;
             drop(slot);
@@ -353,17 +362,19 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
         .pool_max_idle_per_host(args.concurrency)
         .timeout(Duration::from_secs(10))
         .build()?;
-    let base = format!(
-        "{}/v1/activities/{}/skus",
-        args.api.trim_end_matches('/'),
-        args.activity_id
+    let bases: Arc<Vec<String>> = Arc::new(
+        api_bases(&args.api)
+            .iter()
+            .map(|api| format!("{api}/v1/activities/{}/skus", args.activity_id))
+            .collect(),
     );
+    anyhow::ensure!(!bases.is_empty(), "--api names no server");
     let cpu_before = cpu_snapshot(&args.cpu);
     let bench_started_at = chrono::Utc::now();
     let started = Instant::now();
     let (hist, answers) = match args.rate {
-        None => closed_loop(&client, &base, &plan, args.concurrency).await?,
-        Some(rate) => open_loop(&client, &base, &plan, rate, args.concurrency).await?,
+        None => closed_loop(&client, &bases, &plan, args.concurrency).await?,
+        Some(rate) => open_loop(&client, &bases, &plan, rate, args.concurrency).await?,
     };
     let elapsed = started.elapsed();
     let cpu = cpu_use(&args.cpu, &cpu_before, elapsed);
@@ -977,10 +988,11 @@ async fn pay_orders(
         .ok_or_else(|| anyhow::anyhow!("payments.webhook_secrets is empty: cannot pay"))?
         .clone();
     let to_pay = ((orders.len() as f64) * args.pay_share.clamp(0.0, 1.0)).round() as usize;
-    let base = args.api.trim_end_matches('/').to_string();
-    let results: Vec<bool> = futures::stream::iter(orders.into_iter().take(to_pay))
-        .map(|(order_id, amount_cents)| {
-            let (client, base, secret) = (client.clone(), base.clone(), secret.clone());
+    let bases = api_bases(&args.api);
+    let results: Vec<bool> = futures::stream::iter(orders.into_iter().take(to_pay).enumerate())
+        .map(|(k, (order_id, amount_cents))| {
+            let base = bases[k % bases.len()].clone();
+            let (client, secret) = (client.clone(), secret.clone());
             async move { pay_one(&client, &base, &secret, &order_id, amount_cents).await }
         })
         .buffer_unordered(args.concurrency.max(1))
@@ -1181,6 +1193,15 @@ mod tests {
             "about half repeat an earlier request: {}",
             reqs.len()
         );
+    }
+
+    #[test]
+    fn several_apis_are_taken_in_turn_without_trailing_slashes() {
+        assert_eq!(
+            api_bases("http://a:1/, http://b:2"),
+            vec!["http://a:1".to_string(), "http://b:2".to_string()]
+        );
+        assert!(api_bases(" , ").is_empty());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::ids::is_valid_id;
+use super::ids::{is_valid_id, reservation_activity};
 
 pub const SCHEMA_VERSION: i32 = 1;
 pub const EVENT_ORDER_CREATE_REQUESTED: &str = "ORDER_CREATE_REQUESTED";
@@ -154,6 +154,9 @@ impl OrderCreateRequested {
         if !is_valid_id("rsv", &self.reservation_id) {
             return Err("reservation_id is not an rsv_ id".into());
         }
+        if reservation_activity(&self.reservation_id).is_some_and(|a| a != self.activity_id) {
+            return Err("reservation_id names another activity".into());
+        }
         if !is_valid_id("ord", &self.order_id) {
             return Err("order_id is not an ord_ id".into());
         }
@@ -184,7 +187,7 @@ pub(crate) mod tests {
     use crate::domain::Ids;
 
     pub fn sample() -> OrderCreateRequested {
-        let ids = Ids::generate();
+        let ids = Ids::generate(10001);
         let now = Utc::now();
         OrderCreateRequested {
             schema_version: 1,
@@ -241,6 +244,13 @@ pub(crate) mod tests {
                 .unwrap_err()
                 .code(),
             "INVALID_EVENT"
+        );
+        // A reservation id naming one activity on an event for another.
+        let mut e = sample();
+        e.activity_id += 1;
+        assert_eq!(
+            OrderCreateRequested::decode(&e.encode()).unwrap_err(),
+            PoisonReason::InvalidEvent("reservation_id names another activity".into())
         );
     }
 }

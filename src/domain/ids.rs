@@ -8,27 +8,52 @@ use ulid::Ulid;
 pub struct Ids {
     /// Inbox key of the ORDER_CREATE_REQUESTED event (`evt_<ulid>`).
     pub message_id: String,
-    /// The Redis reservation and the message key (`rsv_<ulid>`).
+    /// The Redis reservation and the message key (`rsv_<activity>_<ulid>`): it names its
+    /// activity, so a lookup by id alone finds the reservation's keys (their hash tag) without
+    /// a second key to write and read.
     pub reservation_id: String,
     /// The order the consumer will create (`ord_<ulid>`).
     pub order_id: String,
 }
 
 impl Ids {
-    pub fn generate() -> Self {
+    /// Fresh ids for a reservation in `activity_id`.
+    pub fn generate(activity_id: i64) -> Self {
         Self {
             message_id: format!("evt_{}", Ulid::new()),
-            reservation_id: format!("rsv_{}", Ulid::new()),
+            reservation_id: format!("rsv_{activity_id}_{}", Ulid::new()),
             order_id: format!("ord_{}", Ulid::new()),
         }
     }
 }
 
-/// True for ids this system mints: a known prefix and a 26-character ULID.
+/// True for ids this system mints: a known prefix and a 26-character ULID; a reservation id
+/// also names its activity (`rsv_<activity>_<ulid>`), or is one of the older `rsv_<ulid>`.
 pub fn is_valid_id(prefix: &str, id: &str) -> bool {
-    id.strip_prefix(prefix)
-        .and_then(|rest| rest.strip_prefix('_'))
-        .is_some_and(|ulid| ulid.len() == 26 && Ulid::from_string(ulid).is_ok())
+    let Some(rest) = id.strip_prefix(prefix).and_then(|r| r.strip_prefix('_')) else {
+        return false;
+    };
+    let ulid = match rest.split_once('_') {
+        Some((activity, ulid)) if prefix == "rsv" && activity_number(activity).is_some() => ulid,
+        _ => rest,
+    };
+    ulid.len() == 26 && Ulid::from_string(ulid).is_ok()
+}
+
+/// The activity a reservation id names (`rsv_<activity>_<ulid>`); `None` for an older
+/// `rsv_<ulid>` or anything that is not a reservation id.
+pub fn reservation_activity(reservation_id: &str) -> Option<i64> {
+    if !is_valid_id("rsv", reservation_id) {
+        return None;
+    }
+    let (activity, _) = reservation_id.strip_prefix("rsv_")?.split_once('_')?;
+    activity_number(activity)
+}
+
+/// A positive decimal number with no sign or leading zero, as the ids spell an activity.
+fn activity_number(s: &str) -> Option<i64> {
+    let plain = !s.is_empty() && !s.starts_with('0') && s.bytes().all(|b| b.is_ascii_digit());
+    plain.then(|| s.parse().ok()).flatten()
 }
 
 /// A random W3C `traceparent` for a request that arrived without one.
@@ -62,8 +87,8 @@ mod tests {
 
     #[test]
     fn generated_ids_are_distinct_and_valid() {
-        let a = Ids::generate();
-        let b = Ids::generate();
+        let a = Ids::generate(7);
+        let b = Ids::generate(7);
         assert_ne!(a, b);
         assert!(is_valid_id("evt", &a.message_id));
         assert!(is_valid_id("rsv", &a.reservation_id));
@@ -71,6 +96,29 @@ mod tests {
         assert!(!is_valid_id("ord", &a.reservation_id));
         assert!(!is_valid_id("rsv", "rsv_"));
         assert!(!is_valid_id("rsv", "rsv_../../etc/passwd"));
+    }
+
+    #[test]
+    fn a_reservation_id_names_its_activity() {
+        let id = Ids::generate(982).reservation_id;
+        assert_eq!(reservation_activity(&id), Some(982));
+        // The older form stays valid and names none: its location is looked up instead.
+        let ulid = Ulid::new();
+        assert!(is_valid_id("rsv", &format!("rsv_{ulid}")));
+        assert_eq!(reservation_activity(&format!("rsv_{ulid}")), None);
+        // Only a plain positive number is an activity, and only reservation ids carry one.
+        for bad in [
+            "rsv_-1_",
+            "rsv_01_",
+            "rsv__",
+            "rsv_1x_",
+            "rsv_99999999999999999999_",
+        ] {
+            assert!(!is_valid_id("rsv", &format!("{bad}{ulid}")), "{bad}");
+            assert_eq!(reservation_activity(&format!("{bad}{ulid}")), None, "{bad}");
+        }
+        assert!(!is_valid_id("ord", &format!("ord_7_{ulid}")));
+        assert!(!is_valid_id("rsv", &format!("rsv_7_{ulid}_x")));
     }
 
     #[test]

@@ -50,11 +50,12 @@ impl BatchingPublisher {
             max: opts.max_batch.max(1),
             wait: opts.linger,
             queue: opts.max_batch.max(1) * max_in_flight * 4,
+            recheck: Duration::ZERO,
         };
         let sender = Arc::clone(&inner);
         let gather = Gather::start(
             settings,
-            move || max_in_flight,
+            move |_: &[Pending]| max_in_flight,
             move |batch: Vec<Pending>| {
                 let inner = Arc::clone(&sender);
                 async move { flush(inner.as_ref(), batch).await }

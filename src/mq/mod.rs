@@ -246,13 +246,14 @@ pub async fn delete_topics(settings: &Settings, topics: &[String]) -> anyhow::Re
     rocketmq::delete_topics(&rt, &settings.mq.name_server, &settings.mq.cluster, topics).await
 }
 
-/// Creates `(topic, queues)` on the configured broker (idempotent).
+/// Creates `(topic, queues)` on every configured master (`mq.broker_addr`; idempotent).
 pub async fn create_topics(settings: &Settings, topics: &[(String, u32)]) -> anyhow::Result<()> {
     let rt = runtime()?;
+    let brokers: Vec<&str> = settings.mq.broker_addrs().collect();
     rocketmq::create_topics(
         &rt,
         &settings.mq.name_server,
-        Some(&settings.mq.broker_addr),
+        &brokers,
         &settings.mq.cluster,
         topics,
     )

@@ -1,6 +1,7 @@
 //! Redis: the reservation store of the hot path. Every state change is one Lua script over
-//! keys that share the activity's hash tag (`{prefix:a<id>}`), so the scripts stay atomic
-//! on Redis Cluster too.
+//! keys that share the activity's hash tag (`<prefix>:{a<id>}`), so the scripts stay atomic
+//! on Redis Cluster too, and pipelines are sent one per hash slot there
+//! (docs/ARCHITECTURE.md#redis-cluster).
 
 pub mod pool;
 pub mod reservation;
@@ -33,6 +34,10 @@ impl Keys {
     /// The hash tag every key of an activity carries (`<prefix>:{a<id>}`).
     pub fn tag(&self, activity_id: i64) -> String {
         format!("{}:{{a{}}}", self.prefix, activity_id)
+    }
+    /// The Redis Cluster slot of every key of an activity.
+    pub fn slot(&self, activity_id: i64) -> u16 {
+        pool::slot(&self.tag(activity_id))
     }
     pub fn meta(&self, activity_id: i64) -> String {
         format!("{}:meta", self.tag(activity_id))
@@ -69,12 +74,16 @@ impl Keys {
     pub fn reservation(&self, activity_id: i64, reservation_id: &str) -> String {
         format!("{}{}", self.reservation_prefix(activity_id), reservation_id)
     }
-    /// Buyer-facing order status of one reservation (projection of the order events).
+    /// Buyer-facing order status of one reservation (projection of the order events), under
+    /// the activity's hash tag when the id names it (docs/ARCHITECTURE.md#identifiers).
     pub fn projection(&self, reservation_id: &str) -> String {
-        format!("{}:proj:{}", self.prefix, reservation_id)
+        match crate::domain::ids::reservation_activity(reservation_id) {
+            Some(activity_id) => format!("{}:proj:{}", self.tag(activity_id), reservation_id),
+            None => format!("{}:proj:{}", self.prefix, reservation_id),
+        }
     }
-    /// reservation_id → activity_id, outside the hash tag: lets `GET /v1/reservations/{id}`
-    /// find the reservation without knowing its activity.
+    /// reservation_id → activity_id, outside the hash tag, written by earlier versions for
+    /// reservation ids that did not name their activity (docs/ARCHITECTURE.md#identifiers).
     pub fn location(&self, reservation_id: &str) -> String {
         format!("{}:rsvloc:{}", self.prefix, reservation_id)
     }
@@ -205,14 +214,14 @@ pub struct SentMark {
     pub message_id: String,
     pub broker_msg_id: String,
     pub sent_at_ms: i64,
-    /// How long the reservation's location key lives.
-    pub location_ttl_secs: u64,
 }
 
 #[derive(Clone)]
 pub struct RedisStore {
     pub pool: pool::Pool,
     pub keys: Keys,
+    /// Redis Cluster (`redis.mode`): pipelines go one per hash slot.
+    cluster: bool,
     scripts: std::sync::Arc<Scripts>,
 }
 
@@ -249,6 +258,7 @@ impl RedisStore {
         let store = Self {
             pool,
             keys: Keys::new(&settings.key_prefix),
+            cluster: settings.mode == crate::config::RedisMode::Cluster,
             scripts: std::sync::Arc::new(Scripts {
                 reserve: Script::new(include_str!("lua/reserve.lua")),
                 mark_sent: Script::new(include_str!("lua/mark_sent.lua")),
@@ -269,6 +279,16 @@ impl RedisStore {
             )
         })?;
         Ok(store)
+    }
+
+    /// The slot a pipeline groups an activity's calls by: its keys' hash slot on a cluster,
+    /// 0 on one server (everything in one pipeline, and no hashing on the hot path).
+    fn slot(&self, activity_id: i64) -> u16 {
+        if self.cluster {
+            self.keys.slot(activity_id)
+        } else {
+            0
+        }
     }
 
     pub async fn ping(&self) -> anyhow::Result<()> {
@@ -344,21 +364,9 @@ impl RedisStore {
         })
     }
 
-    /// Records where a reservation lives (for lookups by id only).
-    pub async fn set_location(
-        &self,
-        reservation_id: &str,
-        activity_id: i64,
-        ttl_secs: u64,
-    ) -> anyhow::Result<()> {
-        let mut conn = self.pool.get().await?;
-        let _: () = conn
-            .set_ex(self.keys.location(reservation_id), activity_id, ttl_secs)
-            .await?;
-        Ok(())
-    }
-
-    pub async fn location(&self, reservation_id: &str) -> anyhow::Result<Option<i64>> {
+    /// The activity of an older reservation whose id does not name it (`rsv_<ulid>`), from the
+    /// location key earlier versions wrote beside it; read-only, for lookups by id.
+    pub async fn legacy_location(&self, reservation_id: &str) -> anyhow::Result<Option<i64>> {
         let mut conn = self.pool.get().await?;
         Ok(conn.get(self.keys.location(reservation_id)).await?)
     }
@@ -424,27 +432,25 @@ impl RedisStore {
         call
     }
 
-    /// Records first sends the broker confirmed, in one round trip: per reservation, where it
-    /// lives (for lookups by id) and MQ_PENDING → MQ_SENT. Verdicts in order, as `mark_sent`.
+    /// Records first sends the broker confirmed, MQ_PENDING → MQ_SENT, in one round trip per
+    /// Redis node. Verdicts in order, as `mark_sent`.
     pub async fn mark_sent_many(&self, marks: &[SentMark]) -> anyhow::Result<Vec<String>> {
-        let mut pipe = redis::pipe();
-        for m in marks {
-            let sent_at = m.sent_at_ms.to_string();
-            pipe.cmd("SET")
-                .arg(self.keys.location(&m.reservation_id))
-                .arg(m.activity_id)
-                .arg("EX")
-                .arg(m.location_ttl_secs)
-                .ignore();
-            pipe.invoke_script(&self.sent_call(
-                m.activity_id,
-                &m.reservation_id,
-                &m.message_id,
-                &m.broker_msg_id,
-                &sent_at,
-            ));
-        }
-        self.run_pipe(&self.scripts.mark_sent, &pipe).await
+        let sent_at: Vec<String> = marks.iter().map(|m| m.sent_at_ms.to_string()).collect();
+        let calls: Vec<(u16, redis::ScriptInvocation<'_>)> = marks
+            .iter()
+            .zip(&sent_at)
+            .map(|(m, at)| {
+                let call = self.sent_call(
+                    m.activity_id,
+                    &m.reservation_id,
+                    &m.message_id,
+                    &m.broker_msg_id,
+                    at,
+                );
+                (self.slot(m.activity_id), call)
+            })
+            .collect();
+        self.pipelined(&self.scripts.mark_sent, &calls).await
     }
 
     /// UNKNOWN → stays MQ_PENDING, re-send scheduled; never gives stock back.
@@ -667,11 +673,12 @@ impl RedisStore {
         let mut conn = self.pool.get().await?;
         let prefix = self.keys.reservation_prefix(activity_id);
         let pattern = format!("{prefix}*");
+        let slot = self.keys.slot(activity_id);
         let mut cursor: u64 = 0;
         let mut census = Census::default();
         let sku = sku_id.to_string();
         loop {
-            let (next, keys) = scan_page(&mut *conn, cursor, &pattern).await?;
+            let (next, keys) = conn.scan_page(slot, cursor, &pattern).await?;
             if !keys.is_empty() {
                 let mut pipe = redis::pipe();
                 for key in &keys {
@@ -709,7 +716,7 @@ impl RedisStore {
     ) -> anyhow::Result<Vec<String>> {
         let k = &self.keys;
         let script = &self.scripts.release;
-        let calls: Vec<redis::ScriptInvocation<'_>> = items
+        let calls: Vec<(u16, redis::ScriptInvocation<'_>)> = items
             .iter()
             .map(|r| {
                 let mut call = script.prepare_invoke();
@@ -722,28 +729,48 @@ impl RedisStore {
                     .arg(r.reservation_id)
                     .arg(r.reason)
                     .arg(now_ms);
-                call
+                (self.slot(r.activity_id), call)
             })
             .collect();
         self.pipelined(script, &calls).await
     }
 
-    /// Runs the calls of one script pipelined on one connection: one round trip, answers in
-    /// order. A Redis that lost its script cache (a restart) answers NOSCRIPT: the script is
-    /// loaded and the pipeline sent again; each script here is idempotent per key.
+    /// Runs the calls of one script pipelined, answers in call order: one pipeline per hash slot
+    /// (each call's slot given beside it, see [`RedisStore::slot`]: all 0 on one server, so one
+    /// round trip), sent side by side. A Redis that lost its script cache (a restart, a promoted replica)
+    /// answers NOSCRIPT: the script is loaded and the pipeline sent again; each script here is
+    /// idempotent per key.
     async fn pipelined<T: redis::FromRedisValue>(
         &self,
         script: &Script,
-        calls: &[redis::ScriptInvocation<'_>],
+        calls: &[(u16, redis::ScriptInvocation<'_>)],
     ) -> anyhow::Result<Vec<T>> {
         if calls.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipe = redis::pipe();
-        for call in calls {
-            pipe.invoke_script(call);
+        let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+        for (i, (slot, _)) in calls.iter().enumerate() {
+            by_slot.entry(*slot).or_default().push(i);
         }
-        self.run_pipe(script, &pipe).await
+        let groups: Vec<Vec<usize>> = by_slot.into_values().collect();
+        let answers = futures::future::try_join_all(groups.iter().map(|idx| {
+            let mut pipe = redis::pipe();
+            for &i in idx {
+                pipe.invoke_script(&calls[i].1);
+            }
+            async move { self.run_pipe::<T>(script, &pipe).await }
+        }))
+        .await?;
+        let mut ordered: Vec<Option<T>> = (0..calls.len()).map(|_| None).collect();
+        for (idx, group) in groups.iter().zip(answers) {
+            for (&i, answer) in idx.iter().zip(group) {
+                ordered[i] = Some(answer);
+            }
+        }
+        ordered
+            .into_iter()
+            .map(|a| a.ok_or_else(|| anyhow::anyhow!("a pipelined call got no answer")))
+            .collect()
     }
 
     /// Sends `pipe` (whose scripts are all `script`) in one round trip; on NOSCRIPT, loads the
@@ -823,9 +850,10 @@ impl RedisStore {
         let _: () = conn.srem(self.keys.activities(), activity_id).await?;
         // Every key of the activity shares its hash tag: one node, one pattern.
         let pattern = format!("{}:*", self.keys.tag(activity_id));
+        let slot = self.keys.slot(activity_id);
         let (mut cursor, mut expired) = (0u64, 0u64);
         loop {
-            let (next, keys) = scan_page(&mut *conn, cursor, &pattern).await?;
+            let (next, keys) = conn.scan_page(slot, cursor, &pattern).await?;
             if !keys.is_empty() {
                 let mut pipe = redis::pipe();
                 for key in &keys {
@@ -851,11 +879,13 @@ impl RedisStore {
         now_ms: i64,
     ) -> anyhow::Result<Vec<String>> {
         let script = &self.scripts.project;
-        let calls: Vec<redis::ScriptInvocation<'_>> = events
+        let calls: Vec<(u16, redis::ScriptInvocation<'_>)> = events
             .iter()
             .map(|event| {
+                let key = self.keys.projection(&event.reservation_id);
+                let slot = if self.cluster { pool::slot(&key) } else { 0 };
                 let mut call = script.prepare_invoke();
-                call.key(self.keys.projection(&event.reservation_id))
+                call.key(key)
                     .arg(event.aggregate_version)
                     .arg(&event.status)
                     .arg(&event.order_id)
@@ -863,7 +893,7 @@ impl RedisStore {
                     .arg(ttl_secs)
                     .arg(now_ms)
                     .arg(event.user_id);
-                call
+                (slot, call)
             })
             .collect();
         self.pipelined(script, &calls).await
@@ -918,22 +948,6 @@ impl RedisStore {
         let mut conn = self.pool.get().await?;
         Ok(conn.zcard(self.keys.pending(activity_id)).await?)
     }
-}
-
-/// One page (up to 1,000) of a `SCAN ... MATCH pattern`: the next cursor and the keys.
-async fn scan_page(
-    conn: &mut impl redis::aio::ConnectionLike,
-    cursor: u64,
-    pattern: &str,
-) -> redis::RedisResult<(u64, Vec<String>)> {
-    redis::cmd("SCAN")
-        .arg(cursor)
-        .arg("MATCH")
-        .arg(pattern)
-        .arg("COUNT")
-        .arg(1000)
-        .query_async(conn)
-        .await
 }
 
 #[cfg(test)]

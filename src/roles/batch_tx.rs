@@ -12,7 +12,8 @@
 //!   bad message cannot keep the others from committing.
 //!
 //! Metrics carry `kind` (`create` or `cancel`): `order_tx_latency_seconds`,
-//! `order_tx_timeout_total`, `mq_consume_batch_split_total`.
+//! `order_tx_timeout_total`, `order_tx_retry_total` (a transaction rolled back by a transient
+//! failure and attempted again in-process), `mq_consume_batch_split_total`.
 
 use std::future::Future;
 use std::ops::Range;
@@ -129,6 +130,7 @@ impl TxSlots {
             match attempt().await {
                 Err(TxError::Transient(why)) => match pauses.next() {
                     Some(ms) => {
+                        metrics::counter!("order_tx_retry_total", "kind" => self.kind).increment(1);
                         debug!(kind = self.kind, batch = size, error = %why, pause_ms = ms,
                                "transient failure; retrying the transaction in-process");
                         tokio::time::sleep(Duration::from_millis(*ms)).await;

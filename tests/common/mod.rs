@@ -180,7 +180,7 @@ pub async fn quiescent(env: &TestEnv, activity_id: i64) {
 
 /// A valid ORDER_CREATE_REQUESTED for a buyer, valid for `valid_secs` (negative: already expired).
 pub fn event(activity_id: i64, sku_id: i64, user_id: i64, valid_secs: i64) -> OrderCreateRequested {
-    let ids = Ids::generate();
+    let ids = Ids::generate(activity_id);
     let now = Utc::now();
     let created = if valid_secs > 0 {
         now
@@ -306,6 +306,20 @@ pub fn spawn(env: &TestEnv, args: &[&str], failpoints: &str, extra: &[(&str, Str
 }
 
 /// `seckill consume --workers <workers>` serving /metrics and /readyz on a free port (returned).
+/// `seckill <args>` listening on a free port given by `listen_key` (e.g.
+/// `SECKILL__API__LISTEN`), with `extra` variables; the process and its port.
+pub fn spawn_listening(
+    env: &TestEnv,
+    args: &[&str],
+    listen_key: &str,
+    extra: &[(&str, &str)],
+) -> (Proc, u16) {
+    let port = free_port();
+    let mut vars: Vec<(&str, String)> = vec![(listen_key, format!("127.0.0.1:{port}"))];
+    vars.extend(extra.iter().map(|(k, v)| (*k, (*v).to_string())));
+    (spawn(env, args, "", &vars), port)
+}
+
 pub fn spawn_consume(env: &TestEnv, workers: &str, failpoints: &str) -> (Proc, u16) {
     let port = free_port();
     let p = spawn(
@@ -328,8 +342,41 @@ pub fn command(env: &TestEnv, args: &[&str]) -> std::process::Command {
         .env("SECKILL_ENV", "test")
         .env("SECKILL__ENV", &env.settings.env)
         .env("SECKILL__PG__SCHEMA", &env.settings.pg.schema)
-        .env("SECKILL__REDIS__KEY_PREFIX", &env.settings.redis.key_prefix);
+        .env("SECKILL__REDIS__KEY_PREFIX", &env.settings.redis.key_prefix)
+        .env("SECKILL__REDIS__MODE", redis_mode(&env.settings))
+        .env(
+            "SECKILL__REDIS__URL",
+            secrecy::ExposeSecret::expose_secret(&env.settings.redis.url),
+        );
     cmd
+}
+
+/// `redis.mode` as the configuration spells it.
+fn redis_mode(settings: &Settings) -> &'static str {
+    match settings.redis.mode {
+        seckill::config::RedisMode::Standalone => "standalone",
+        seckill::config::RedisMode::Cluster => "cluster",
+    }
+}
+
+/// The seed nodes of the test Redis Cluster (`scripts/redis-cluster-up.sh`, started by
+/// `make services-up`), or `SECKILL_TEST_REDIS_CLUSTER`.
+pub fn cluster_seeds() -> String {
+    std::env::var("SECKILL_TEST_REDIS_CLUSTER").unwrap_or_else(|_| {
+        "redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003".into()
+    })
+}
+
+impl TestEnv {
+    /// This environment with its Redis on the test cluster instead of the one server.
+    pub fn on_redis_cluster(mut self) -> Self {
+        self.settings.redis.mode = seckill::config::RedisMode::Cluster;
+        self.settings.redis.url = cluster_seeds().into();
+        self.settings
+            .validate()
+            .expect("cluster settings are valid");
+        self
+    }
 }
 
 /// Runs a one-shot command (dlq, reconcile, ...) to completion and returns its output.
@@ -376,7 +423,7 @@ pub async fn reserve_only(
     user_id: i64,
     next_retry_in_ms: i64,
 ) -> Ids {
-    let ids = Ids::generate();
+    let ids = Ids::generate(activity_id);
     let now = Utc::now().timestamp_millis();
     let r = redis
         .reserve(&seckill::redis::ReserveArgs {

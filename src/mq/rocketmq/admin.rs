@@ -243,18 +243,18 @@ fn now_epoch_ms() -> i64 {
 /// How long `create_topics` waits for the name server to serve a new topic's route.
 const ROUTE_WAIT: Duration = Duration::from_secs(15);
 
-/// Creates (or updates to the same settings) each `(topic, queues)` on `broker_addr`, or on
-/// every master of `cluster` when `broker_addr` is `None`, then waits until the name server
-/// returns a route for each. Idempotent.
+/// Creates (or updates to the same settings) each `(topic, queues)` on each of `brokers`, or on
+/// every master of `cluster` when `brokers` is empty, then waits until the name server returns
+/// a route through each of them. Idempotent.
 pub async fn create_topics(
     runtime: &MqRuntime,
     name_srv: &str,
-    broker_addr: Option<&str>,
+    brokers: &[&str],
     cluster: &str,
     topics: &[(String, u32)],
 ) -> anyhow::Result<()> {
     let mut admin = start_admin(runtime, name_srv).await?;
-    let result = create_topics_with(&admin, broker_addr, cluster, topics).await;
+    let result = create_topics_with(&admin, brokers, cluster, topics).await;
     admin.shutdown().await;
     result
 }
@@ -288,13 +288,17 @@ pub async fn delete_topics(
 
 async fn create_topics_with(
     admin: &DefaultMQAdminExt,
-    broker_addr: Option<&str>,
+    brokers: &[&str],
     cluster: &str,
     topics: &[(String, u32)],
 ) -> anyhow::Result<()> {
-    let brokers = match broker_addr {
-        Some(addr) => vec![CheetahString::from(addr.to_owned())],
-        None => cluster_masters(admin, cluster).await?,
+    let brokers = if brokers.is_empty() {
+        cluster_masters(admin, cluster).await?
+    } else {
+        brokers
+            .iter()
+            .map(|a| CheetahString::from((*a).to_owned()))
+            .collect()
     };
     for (topic, queues) in topics {
         if *queues == 0 {
@@ -311,9 +315,10 @@ async fn create_topics_with(
     let deadline = Instant::now() + ROUTE_WAIT;
     for (topic, _) in topics {
         loop {
+            // Routed through every broker it was created on, so the first sends spread.
             let routed = matches!(
                 admin.examine_topic_route_info(CheetahString::from(topic.clone())).await,
-                Ok(Some(route)) if !route.queue_datas.is_empty()
+                Ok(Some(route)) if route.queue_datas.len() >= brokers.len()
             );
             if routed {
                 break;

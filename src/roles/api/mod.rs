@@ -92,8 +92,9 @@ fn sent_marks(redis: &RedisStore) -> SentMarks {
             max: SENT_MARK_BATCH,
             wait: Duration::ZERO,
             queue: 4096,
+            recheck: Duration::ZERO,
         },
-        || SENT_MARK_ROUND_TRIPS,
+        |_: &[SentMark]| SENT_MARK_ROUND_TRIPS,
         move |marks: Vec<SentMark>| {
             let redis = redis.clone();
             async move {

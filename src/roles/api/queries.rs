@@ -72,11 +72,15 @@ pub(super) async fn get_reservation(
     {
         return Ok(answer);
     }
-    let activity_id = s
-        .redis
-        .location(&reservation_id)
-        .await
-        .map_err(|_| ApiError::unavailable("the reservation store"))?;
+    // The id names its activity; an older one (`rsv_<ulid>`) has a location key instead.
+    let activity_id = match crate::domain::ids::reservation_activity(&reservation_id) {
+        Some(a) => Some(a),
+        None => s
+            .redis
+            .legacy_location(&reservation_id)
+            .await
+            .map_err(|_| ApiError::unavailable("the reservation store"))?,
+    };
     let fields = match activity_id {
         Some(a) => s
             .redis

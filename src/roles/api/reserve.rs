@@ -122,7 +122,7 @@ async fn reserve_inner(
         )
     })?;
     // Ids and trace first: every later retry of this reservation reuses them.
-    let ids = Ids::generate();
+    let ids = Ids::generate(activity_id);
     let trace = trace_context(headers);
     let now_ms = Utc::now().timestamp_millis();
     // The scanner must not pick the reservation up while this request is still sending it.
@@ -243,11 +243,6 @@ async fn send_and_record(
         .increment(1);
     metrics::histogram!("mq_publish_latency_seconds", "topic" => "order_create")
         .record(sent.latency.as_secs_f64());
-    if !matches!(outcome, SendOutcome::Confirmed { .. }) {
-        // A confirmed send records the location with MQ_SENT (`record_confirmed`); the rare
-        // other outcomes record it on their own.
-        set_location(s, &args.reservation).await;
-    }
     match &outcome {
         SendOutcome::Confirmed { broker_msg_id } => {
             s.admission.note_sent();
@@ -282,23 +277,6 @@ async fn send_and_record(
     }
 }
 
-/// How long a reservation's location key (reservation id → activity) lives.
-fn location_ttl(s: &ApiState) -> u64 {
-    s.settings.api.reservation_valid_secs + crate::redis::RESERVATION_TTL_MARGIN_SECS
-}
-
-/// Records where a reservation lives, for lookups by id. Only they need it: the GET falls
-/// back to PostgreSQL once the order exists.
-async fn set_location(s: &ApiState, r: &ReservationRef<'_>) {
-    if let Err(e) = s
-        .redis
-        .set_location(r.reservation_id, r.activity_id, location_ttl(s))
-        .await
-    {
-        warn!(reservation_id = %r.reservation_id, error = %e, "could not record reservation location");
-    }
-}
-
 /// What the first send of a reservation took, for its log line.
 struct Sent {
     latency: Duration,
@@ -318,7 +296,6 @@ async fn record_confirmed(s: &ApiState, r: &ReservationRef<'_>, broker_msg_id: &
         message_id: r.message_id.to_owned(),
         broker_msg_id: broker_msg_id.to_owned(),
         sent_at_ms: sent.done_ms,
-        location_ttl_secs: location_ttl(s),
     };
     let error = match s.sent_marks.submit(vec![mark]).await {
         Some(mut verdicts) => verdicts.pop().and_then(Result::err),

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use tracing::{debug, info, warn};
 
 use crate::config::Settings;
@@ -67,6 +67,24 @@ impl Core {
     }
 }
 
+/// While pacing holds, how often the gathering looks again at the age of the waiting work.
+const PACE_RECHECK: Duration = Duration::from_millis(20);
+
+/// Order transactions that may run at once (docs/ARCHITECTURE.md#pacing-during-a-burst): the
+/// adaptive limit, or one while the oldest waiting reservation (`oldest`, by Redis's acceptance
+/// time) is younger than `pace`. Work whose age is unknown (poison) is not held.
+fn paced_limit(
+    adaptive: usize,
+    oldest: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+    pace: chrono::Duration,
+) -> usize {
+    match oldest {
+        Some(created) if now - created < pace => adaptive.min(1),
+        _ => adaptive,
+    }
+}
+
 impl OrderCreateHandler {
     /// Must be called inside a Tokio runtime (it starts the gathering task).
     pub fn new(pool: deadpool_postgres::Pool, settings: &Settings, budget: usize) -> Self {
@@ -77,14 +95,33 @@ impl OrderCreateHandler {
         });
         let limit = Arc::clone(&core);
         let work = Arc::clone(&core);
+        let pace = chrono::Duration::milliseconds(settings.consumer.pace_age_ms as i64);
         let gather = Gather::start(
             GatherSettings {
                 max: settings.consumer.batch_size,
                 wait: Duration::from_millis(settings.consumer.gather_wait_ms),
                 // Listener calls are bounded by the client; this only caps a misconfiguration.
                 queue: 1024,
+                // Pacing opens up as the waiting work ages, not only when a slot frees up.
+                recheck: if pace.is_zero() {
+                    Duration::ZERO
+                } else {
+                    PACE_RECHECK
+                },
             },
-            move || limit.slots.limiter().limit(),
+            move |head: &[Inbound]| {
+                let adaptive = limit.slots.limiter().limit();
+                if pace.is_zero() {
+                    return adaptive;
+                }
+                let oldest = head
+                    .iter()
+                    .filter_map(|i| Some(i.event.as_ref().ok()?.reservation_created_at))
+                    .min();
+                let allowed = paced_limit(adaptive, oldest, Utc::now(), pace);
+                metrics::gauge!("order_tx_paced").set(if allowed < adaptive { 1.0 } else { 0.0 });
+                allowed
+            },
             move |items: Vec<Inbound>| {
                 let core = Arc::clone(&work);
                 async move {
@@ -292,5 +329,27 @@ impl BatchHandler for OrderCreateHandler {
             );
         }
         ConsumeDecision::Retry
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pacing_holds_one_transaction_while_the_oldest_reservation_is_young() {
+        let now = Utc::now();
+        let pace = chrono::Duration::milliseconds(1500);
+        let aged = |ms| Some(now - chrono::Duration::milliseconds(ms));
+        assert_eq!(paced_limit(8, aged(200), now, pace), 1);
+        assert_eq!(paced_limit(8, aged(1499), now, pace), 1);
+        // Old enough: the whole adaptive limit, so the backlog drains within the SLO.
+        assert_eq!(paced_limit(8, aged(1500), now, pace), 8);
+        assert_eq!(paced_limit(8, aged(2900), now, pace), 8);
+        // Poison has no age and is never held; off means off.
+        assert_eq!(paced_limit(8, None, now, pace), 8);
+        assert_eq!(paced_limit(8, aged(10), now, chrono::Duration::zero()), 8);
+        // A reservation stamped ahead of this host's clock is young, not an error.
+        assert_eq!(paced_limit(8, aged(-300), now, pace), 1);
     }
 }

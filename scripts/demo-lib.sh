@@ -1,0 +1,33 @@
+# Shared by scripts/demo.sh and scripts/demo-cluster.sh (sourced, not run). Expects BIN (the
+# seckill binary) and RUN_DIR (where the logs go); keeps the started roles' pids in `pids`.
+
+# setup ARGS...: a one-shot `seckill` command; its log lines go to setup.log, and a failure
+# ends the demo with DEMO FAILED reason=setup_<command>.
+setup() {
+  "$BIN" "$@" 2>>"$RUN_DIR/setup.log" && return 0
+  tail -20 "$RUN_DIR/setup.log"; echo "DEMO FAILED reason=setup_$1"; exit 1
+}
+
+pids=()
+# SIGTERM to every started role, SIGKILL to any still running 30 s later.
+stop_roles() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do
+    for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  pids=()
+}
+
+# wait_ready URL...: each /readyz answers within 30 s, or the demo ends with
+# DEMO FAILED reason=roles_not_ready.
+wait_ready() {
+  local url
+  for url in "$@"; do
+    for _ in $(seq 1 150); do curl -fsS "$url" >/dev/null 2>&1 && break; sleep 0.2; done
+    curl -fsS "$url" >/dev/null 2>&1 || {
+      echo "[demo] $url not ready; logs in $RUN_DIR"; tail -20 "$RUN_DIR"/*.log
+      echo "DEMO FAILED reason=roles_not_ready"; exit 1
+    }
+  done
+}
