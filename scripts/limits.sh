@@ -164,8 +164,8 @@ SELECT 'seckill-limits-consumer', 'evt_old' || lpad(i::text, 23, '0'), 'seckill-
        'rsv_old' || lpad(i::text, 23, '0'), 'ord_old' || lpad(i::text, 23, '0'), 'SUCCEEDED',
        'CREATED', now() - interval '1 day', now() - interval '1 day'
 FROM generate_series(1, ${1:-$INBOX_HISTORY}) AS i;
-UPDATE $SCHEMA.activity_skus SET remaining_stock = total_stock;
-VACUUM ANALYZE $SCHEMA.activity_skus;
+UPDATE $SCHEMA.stock_buckets SET remaining_stock = total_stock;
+VACUUM ANALYZE $SCHEMA.stock_buckets;
 VACUUM ANALYZE $SCHEMA.consumer_inbox;
 VACUUM ANALYZE $SCHEMA.reservations;
 VACUUM ANALYZE $SCHEMA.orders;
@@ -229,7 +229,7 @@ for c in "${SINGLE_CLIENTS[@]}"; do
   single_tps[$c]="$tps"
   sold="$(psql_value "SELECT count(*) FROM $SCHEMA.orders WHERE order_id IN
                         (SELECT order_id FROM $SCHEMA.stock_ledger)")"
-  left="$(psql_value "SELECT total_stock - remaining_stock FROM $SCHEMA.activity_skus")"
+  left="$(psql_value "SELECT total_stock - remaining_stock FROM $SCHEMA.stock_buckets")"
   [[ "$sold" -eq "$left" && "$sold" -gt 0 ]] \
     || die "order_single.sql: $sold orders with a ledger row but $left units taken from stock"
   if gt "$tps" "$single_best"; then single_best="$tps"; single_best_c="$c"; fi
@@ -247,7 +247,7 @@ for c in "${BATCH_CLIENTS[@]}"; do
   batch_orders[$c]="$orders"
   log "    = $(fmt1 "$orders") orders/s"
   sold="$(psql_value "SELECT count(*) FROM $SCHEMA.orders")"
-  left="$(psql_value "SELECT total_stock - remaining_stock FROM $SCHEMA.activity_skus")"
+  left="$(psql_value "SELECT total_stock - remaining_stock FROM $SCHEMA.stock_buckets")"
   outbox="$(psql_value "SELECT count(*) FROM $SCHEMA.event_outbox")"
   [[ "$sold" -eq "$left" && "$outbox" -eq $((2 * sold)) && $((sold % BATCH)) -eq 0 ]] \
     || die "order_batch.sql: $sold orders, $left units taken, $outbox outbox rows"

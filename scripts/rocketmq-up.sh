@@ -216,7 +216,9 @@ wait_until() {
   shift 4
   local deadline=$((SECONDS + START_TIMEOUT))
   until "$@"; do
-    if ! pid_alive "$pidfile" "$name"; then
+    # Asked twice: a process caught in the middle of its exec has an empty cmdline for a
+    # moment (seen once on a loaded machine: a name server declared dead while it listened).
+    if ! pid_alive "$pidfile" "$name" && ! { sleep 0.5; pid_alive "$pidfile" "$name"; }; then
       die "$what exited during start-up" "$logfile"
     fi
     if ((SECONDS >= deadline)); then

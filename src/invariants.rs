@@ -90,7 +90,7 @@ async fn pg_figures(
     };
     let row = pg
         .query_opt(
-            "SELECT total_stock::int8, remaining_stock::int8 FROM activity_skus
+            "SELECT total_stock, remaining_stock FROM sku_stock
              WHERE activity_id = $1 AND sku_id = $2",
             &[&activity_id, &sku_id],
         )
@@ -227,6 +227,31 @@ async fn check_postgresql(
             f.pg_remaining - f.pg_total
         ));
     }
+    // ... and per stock bucket (docs/ARCHITECTURE.md#stock-buckets): each row's units taken and
+    // given back are its own ledger entries, and each valid order's unit is its bucket's.
+    for row in pg
+        .query(
+            "SELECT b.bucket, b.total_stock::int8, b.remaining_stock::int8,
+                    (SELECT coalesce(sum(delta), 0)::int8 FROM stock_ledger l
+                     WHERE l.activity_id = b.activity_id AND l.sku_id = b.sku_id
+                       AND l.bucket = b.bucket),
+                    (SELECT count(*) FROM orders o
+                     WHERE o.activity_id = b.activity_id AND o.sku_id = b.sku_id
+                       AND o.stock_bucket = b.bucket AND o.status <> 'CANCELED')
+             FROM stock_buckets b WHERE b.activity_id = $1 AND b.sku_id = $2
+             ORDER BY b.bucket",
+            &[&activity_id, &sku_id],
+        )
+        .await?
+    {
+        let (bucket, total, remaining, ledger, orders): (i16, i64, i64, i64, i64) =
+            (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+        if ledger != remaining - total || total != remaining + orders {
+            v.push(format!(
+                "bucket {bucket}: total {total}, remaining {remaining}, ledger {ledger}, valid orders {orders}"
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -265,6 +290,30 @@ async fn check_redis(
             "Redis: total {} != remaining {} + live reservations {}",
             f.redis_total, f.redis_remaining, f.redis_reserved
         ));
+    }
+    // Per bucket: its share, plus what moved in, minus what moved out, is what it holds.
+    let buckets = redis.bucket_stock(activity_id, sku_id).await?;
+    if buckets.buckets.len() > 1 {
+        let mut held: std::collections::HashMap<u16, i64> = Default::default();
+        for rid in &census.reserved_ids {
+            *held
+                .entry(crate::domain::ids::reservation_bucket(rid))
+                .or_default() += 1;
+        }
+        for b in &buckets.buckets {
+            let holds = b.remaining + held.get(&b.bucket).copied().unwrap_or(0);
+            if b.total + b.moved_in - b.moved_out != holds {
+                v.push(format!(
+                    "Redis bucket {}: share {} + moved in {} - moved out {} != remaining {} + live reservations {}",
+                    b.bucket,
+                    b.total,
+                    b.moved_in,
+                    b.moved_out,
+                    b.remaining,
+                    holds - b.remaining
+                ));
+            }
+        }
     }
     // ... and between the two: every live Redis reservation is either still in flight, an
     // order, or a rejection whose compensation has not run yet.

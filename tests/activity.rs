@@ -18,6 +18,7 @@ fn args(activity_id: i64, stock: i32, starts_in_secs: i64) -> CreateArgs {
         starts_at: Some(Utc::now() + Duration::seconds(starts_in_secs)),
         duration_secs: 600,
         reservation_valid_secs: Some(120),
+        stock_buckets: 1,
     }
 }
 
@@ -51,5 +52,34 @@ async fn create_is_idempotent_and_refuses_to_change_a_started_activity() {
         50
     );
     assert_eq!(redis.sku_stock(11, 1).await.unwrap(), Some((50, 50)));
+
+    // Split into stock buckets: the same split in PostgreSQL and Redis, fixed once created,
+    // and a stock change before the start re-splits both.
+    let mut split = args(12, 10, 3600);
+    split.stock_buckets = 3;
+    create(&env.settings, &split).await.unwrap();
+    assert_eq!(redis.buckets(12).await.unwrap(), 3);
+    let shares = |rows: &seckill::redis::SkuBuckets| -> Vec<i64> {
+        rows.buckets.iter().map(|b| b.total).collect()
+    };
+    assert_eq!(shares(&redis.bucket_stock(12, 1).await.unwrap()), [4, 3, 3]);
+    assert_eq!(
+        env.count("SELECT count(*) FROM stock_buckets WHERE activity_id = 12")
+            .await,
+        3
+    );
+    split.skus = vec![(1, 20, 500)];
+    create(&env.settings, &split).await.unwrap();
+    assert_eq!(shares(&redis.bucket_stock(12, 1).await.unwrap()), [7, 7, 6]);
+    assert_eq!(
+        env.count(
+            "SELECT total_stock::int8 FROM stock_buckets WHERE activity_id = 12 AND bucket = 2"
+        )
+        .await,
+        6
+    );
+    split.stock_buckets = 2;
+    let err = create(&env.settings, &split).await.unwrap_err();
+    assert!(err.to_string().contains("stock bucket"), "{err:#}");
     env.cleanup().await;
 }

@@ -132,11 +132,11 @@ async fn a_batch_of_cancels_is_one_transaction_where_each_message_keeps_its_own_
     // leaving no inbox row (so that its redelivery is not taken for a duplicate).
     let q = |sql: &'static str| env.count(sql);
     assert_eq!(
-        q("SELECT remaining_stock::int8 FROM activity_skus WHERE sku_id = 1").await,
+        q("SELECT remaining_stock::int8 FROM sku_stock WHERE sku_id = 1").await,
         8
     );
     assert_eq!(
-        q("SELECT remaining_stock::int8 FROM activity_skus WHERE sku_id = 2").await,
+        q("SELECT remaining_stock::int8 FROM sku_stock WHERE sku_id = 2").await,
         10
     );
     assert_eq!(
@@ -197,7 +197,7 @@ async fn a_batch_of_cancels_is_one_transaction_where_each_message_keeps_its_own_
         .count();
     assert_eq!((canceled, duplicates), (1, 8), "{again:?}");
     assert_eq!(
-        q("SELECT remaining_stock::int8 FROM activity_skus WHERE sku_id = 1").await,
+        q("SELECT remaining_stock::int8 FROM sku_stock WHERE sku_id = 1").await,
         9
     );
     assert_eq!(h.handle(batch).await, ConsumeDecision::Ack);
@@ -214,7 +214,7 @@ async fn a_cancel_that_cannot_commit_is_split_out_and_the_others_commit() {
         "UPDATE orders SET expires_at = now() - interval '1 second';
          -- SKU 2's unit already counted back (a damaged row): returning it again would pass
          -- the total, so its cancel cannot commit.
-         UPDATE activity_skus SET remaining_stock = total_stock WHERE sku_id = 2",
+         UPDATE stock_buckets SET remaining_stock = total_stock WHERE sku_id = 2",
     )
     .await;
     let batch: Vec<Delivery> = o
@@ -234,7 +234,7 @@ async fn a_cancel_that_cannot_commit_is_split_out_and_the_others_commit() {
     let err = out[2].as_ref().unwrap_err();
     assert!(err.to_string().contains("past its total stock"), "{err}");
     assert_eq!(
-        env.count("SELECT remaining_stock::int8 FROM activity_skus WHERE sku_id = 1")
+        env.count("SELECT remaining_stock::int8 FROM sku_stock WHERE sku_id = 1")
             .await,
         10
     );
@@ -291,7 +291,7 @@ async fn the_sweep_cancels_orders_whose_timer_is_late_and_the_timer_then_finds_t
     let sweep = h.sweep_once(grace, 32).await.unwrap();
     assert_eq!((sweep.found, sweep.canceled, sweep.full), (2, 2, false));
     assert_eq!(
-        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+        env.count("SELECT remaining_stock::int8 FROM sku_stock")
             .await,
         10 - 4 + 2
     );

@@ -28,7 +28,7 @@ async fn a_message_failing_every_time_is_dead_lettered_recorded_and_discardable(
     let locker_pool = env.pool(1).await;
     let mut locker = locker_pool.get().await.unwrap();
     let lock = locker.transaction().await.unwrap();
-    lock.execute("SELECT 1 FROM activity_skus FOR UPDATE", &[])
+    lock.execute("SELECT 1 FROM stock_buckets FOR UPDATE", &[])
         .await
         .unwrap();
 

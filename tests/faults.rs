@@ -375,7 +375,7 @@ async fn one_message_failing_its_batch_does_not_hold_back_the_others() {
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 5);
     assert_eq!(env.count("SELECT count(*) FROM stock_ledger").await, 5);
     assert_eq!(
-        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+        env.count("SELECT remaining_stock::int8 FROM sku_stock")
             .await,
         5
     );
@@ -483,7 +483,7 @@ async fn consumer_killed_inside_the_transaction_commits_nothing_and_the_redelive
     .await;
     assert_eq!(env.count("SELECT count(*) FROM stock_ledger").await, 1);
     assert_eq!(
-        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+        env.count("SELECT remaining_stock::int8 FROM sku_stock")
             .await,
         4
     );

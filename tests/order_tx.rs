@@ -45,7 +45,7 @@ async fn same_message_delivered_100_times_concurrently_makes_one_order() {
     assert_eq!(env.count("SELECT count(*) FROM consumer_inbox").await, 1);
     assert_eq!(env.count("SELECT count(*) FROM event_outbox").await, 2);
     assert_eq!(
-        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+        env.count("SELECT remaining_stock::int8 FROM sku_stock")
             .await,
         9
     );
@@ -215,7 +215,7 @@ async fn expired_reservation_is_rejected_with_exactly_one_compensation() {
         vec![Decision::DuplicateMessage]
     );
     let mut again = e.clone();
-    again.message_id = seckill::domain::Ids::generate(1).message_id;
+    again.message_id = seckill::domain::Ids::generate(1, 0).message_id;
     assert_eq!(
         h.process(&[delivery_of(&topic, &again)]).await.unwrap(),
         vec![Decision::DuplicateReservation]
@@ -235,7 +235,7 @@ async fn expired_reservation_is_rejected_with_exactly_one_compensation() {
         1
     );
     assert_eq!(
-        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+        env.count("SELECT remaining_stock::int8 FROM sku_stock")
             .await,
         10
     );
@@ -251,7 +251,7 @@ async fn one_reservation_under_many_message_ids_makes_one_order() {
     let base = event(1, 1, 11, 300);
     let calls = (0..20).map(|_| {
         let mut e = base.clone();
-        e.message_id = seckill::domain::Ids::generate(1).message_id;
+        e.message_id = seckill::domain::Ids::generate(1, 0).message_id;
         let h = h.clone();
         let d = delivery_of(&topic, &e);
         async move { h.handle(vec![d]).await }
@@ -264,7 +264,7 @@ async fn one_reservation_under_many_message_ids_makes_one_order() {
         0
     );
     assert_eq!(
-        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+        env.count("SELECT remaining_stock::int8 FROM sku_stock")
             .await,
         9
     );
@@ -294,7 +294,7 @@ async fn one_buyer_with_many_reservations_gets_one_order_and_the_rest_are_compen
         9
     );
     assert_eq!(
-        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+        env.count("SELECT remaining_stock::int8 FROM sku_stock")
             .await,
         9
     );
@@ -321,7 +321,7 @@ async fn a_batch_larger_than_the_stock_left_gets_what_is_left_and_rejects_the_re
     assert_eq!((created, no_stock), (3, 2), "{decisions:?}");
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 3);
     assert_eq!(
-        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+        env.count("SELECT remaining_stock::int8 FROM sku_stock")
             .await,
         0
     );
@@ -364,7 +364,7 @@ async fn a_batch_over_several_skus_takes_each_skus_stock_once() {
         let env = &env;
         async move {
             env.count(&format!(
-                "SELECT remaining_stock::int8 FROM activity_skus WHERE sku_id = {sku}"
+                "SELECT remaining_stock::int8 FROM sku_stock WHERE sku_id = {sku}"
             ))
             .await
         }
@@ -411,7 +411,7 @@ async fn a_transient_failure_rolls_everything_back_and_asks_for_redelivery() {
     let lock_tx = locker.transaction().await.unwrap();
     lock_tx
         .execute(
-            "SELECT 1 FROM activity_skus WHERE activity_id = 1 AND sku_id = 1 FOR UPDATE",
+            "SELECT 1 FROM stock_buckets WHERE activity_id = 1 AND sku_id = 1 FOR UPDATE",
             &[],
         )
         .await
@@ -464,7 +464,7 @@ async fn many_buyers_at_once_never_deadlock_and_never_oversell() {
         30
     );
     assert_eq!(
-        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+        env.count("SELECT remaining_stock::int8 FROM sku_stock")
             .await,
         0
     );

@@ -233,7 +233,7 @@ async fn the_pgbench_order_scripts_run_the_consumers_statements_in_its_order() {
     // row's lock is the last thing the transaction takes, followed only by the commit stamp.
     assert_eq!(
         single[single.len().saturating_sub(3)..],
-        ["UPDATE activity_skus", "INSERT order_commits", "COMMIT"],
+        ["UPDATE stock_buckets", "INSERT order_commits", "COMMIT"],
         "{single:#?}"
     );
     assert_eq!(script_shapes("order_single.sql"), single);

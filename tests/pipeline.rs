@@ -285,7 +285,7 @@ async fn repeats_second_purchases_and_sell_out_are_answered_and_never_oversold()
     common::quiescent(&env, 200).await;
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 3);
     assert_eq!(
-        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+        env.count("SELECT remaining_stock::int8 FROM sku_stock")
             .await,
         0
     );

@@ -331,7 +331,7 @@ async fn an_early_cancel_changes_nothing_and_cancels_after_expiry() {
     ));
     assert_eq!(cancel_one(&h, &d).await, Some(CancelOutcome::Duplicate));
     assert_eq!(
-        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+        env.count("SELECT remaining_stock::int8 FROM sku_stock")
             .await,
         5,
         "unit returned"
@@ -458,7 +458,7 @@ async fn pay_and_cancel_raced_100_times_each_never_both_win() {
         canceled
     );
     assert_eq!(
-        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+        env.count("SELECT remaining_stock::int8 FROM sku_stock")
             .await,
         canceled
     );
@@ -479,7 +479,7 @@ async fn order_events_are_projected_by_version_so_stale_and_repeated_events_are_
         pool: env.pool(1).await,
         group: names.projection_group.clone(),
     };
-    let ids = Ids::generate(1);
+    let ids = Ids::generate(1, 0);
     let ev = |version: i32, status: &str| {
         let body = serde_json::json!({
             "event_type": format!("ORDER_{status}"), "order_id": ids.order_id,
@@ -747,7 +747,7 @@ async fn an_activity_that_ended_long_ago_with_nothing_pending_leaves_the_scanner
         (34, now - 1000),
     ] {
         redis
-            .warm(activity, 1, now - 3 * hour, ends, 60_000, 5)
+            .warm(activity, 1, now - 3 * hour, ends, 60_000, 5, 1)
             .await
             .unwrap();
     }
@@ -805,7 +805,7 @@ async fn an_activity_that_ended_long_ago_with_nothing_pending_leaves_the_scanner
     assert_eq!(live, -1, "a live activity's stock never expires");
     // Warming it again puts it back.
     redis
-        .warm(31, 1, now - 3 * hour, now + hour, 60_000, 5)
+        .warm(31, 1, now - 3 * hour, now + hour, 60_000, 5, 1)
         .await
         .unwrap();
     assert!(redis.activities().await.unwrap().contains(&31));

@@ -36,7 +36,7 @@ async fn stock_taken_between_the_read_and_the_decrement_falls_back_to_the_locked
         let out = std::process::Command::new("psql")
             .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", &url, "-c"])
             .arg(format!(
-                "UPDATE {schema}.activity_skus SET remaining_stock = 2 WHERE activity_id = 1 AND sku_id = 1"
+                "UPDATE {schema}.stock_buckets SET remaining_stock = 2 WHERE activity_id = 1 AND sku_id = 1"
             ))
             .output()
             .expect("psql runs");
@@ -59,7 +59,7 @@ async fn stock_taken_between_the_read_and_the_decrement_falls_back_to_the_locked
     // optimistic attempt (4 created orders) survived the rollback to the savepoint.
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 2);
     assert_eq!(
-        env.count("SELECT remaining_stock::int8 FROM activity_skus")
+        env.count("SELECT remaining_stock::int8 FROM sku_stock")
             .await,
         0
     );

@@ -135,10 +135,10 @@ async fn redis_over_tls_reserves_and_an_unknown_ca_is_refused() {
         .expect("rediss:// with the CA that signed the server");
     let now = chrono::Utc::now().timestamp_millis();
     redis
-        .warm(1300, 1, now - 1000, now + 600_000, 300_000, 3)
+        .warm(1300, 1, now - 1000, now + 600_000, 300_000, 3, 1)
         .await
         .unwrap();
-    let ids = seckill::domain::Ids::generate(1300);
+    let ids = seckill::domain::Ids::generate(1300, 0);
     let r = redis
         .reserve(&seckill::redis::ReserveArgs {
             reservation: seckill::domain::event::ReservationRef {

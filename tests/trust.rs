@@ -234,7 +234,7 @@ async fn forged_expired_wrong_audience_and_unsigned_tokens_are_refused_and_write
     let unknown = format!(
         "{}/v1/reservations/{}",
         api.base,
-        seckill::domain::Ids::generate(1).reservation_id
+        seckill::domain::Ids::generate(1, 0).reservation_id
     );
     let (s_unknown, nobody) = get_with(unknown, &seven).await;
     assert_eq!((s, &theirs), (s_unknown, &nobody));

@@ -53,7 +53,7 @@ async fn expire(env: &TestEnv, redis: &RedisStore, activity_id: i64, reservation
 
 async fn pg_remaining(env: &TestEnv, activity_id: i64) -> i64 {
     env.count(&format!(
-        "SELECT remaining_stock::bigint FROM activity_skus WHERE activity_id = {activity_id} AND sku_id = 1"
+        "SELECT remaining_stock::bigint FROM sku_stock WHERE activity_id = {activity_id} AND sku_id = 1"
     ))
     .await
 }

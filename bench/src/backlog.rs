@@ -105,7 +105,10 @@ async fn reserve_all(
                 let redis = redis.clone();
                 let args = &args;
                 async move {
-                    let ids = Ids::generate(args.activity_id);
+                    // In the buyer's home stock bucket, as the API reserves.
+                    let user = args.first_user + i as i64;
+                    let bucket = redis.home_shard(args.activity_id, user).await?.bucket;
+                    let ids = Ids::generate(args.activity_id, bucket);
                     let request_id = format!("bl-{}", ids.reservation_id);
                     let (trace_id, span_id, traceparent) = new_traceparent();
                     let now_ms = Utc::now().timestamp_millis();
@@ -117,7 +120,7 @@ async fn reserve_all(
                             order_id: &ids.order_id,
                             activity_id: args.activity_id,
                             sku_id: args.sku_id,
-                            user_id: args.first_user + i as i64,
+                            user_id: user,
                         },
                         now_ms,
                         // Not the scanner's to send while this bench sends it.

@@ -34,23 +34,23 @@ ON CONFLICT (reservation_id) DO NOTHING
 RETURNING reservation_id;
 INSERT INTO seckill_limits.orders
     (order_id, reservation_id, activity_id, sku_id, user_id, status, amount_cents,
-     expires_at, reserved_at)
+     expires_at, reserved_at, stock_bucket)
 SELECT 'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0'),
        'rsv_' || lpad((:k::bigint * 100 + g)::text, 26, '0'), 1, 1, :ub::bigint + g,
-       'CREATED', k.price_cents, now() + interval '15 minutes', now() - interval '20 milliseconds'
+       'CREATED', k.price_cents, now() + interval '15 minutes', now() - interval '20 milliseconds', 0
 FROM generate_series(1, :batch::int) AS g
 JOIN seckill_limits.activity_skus k ON k.activity_id = 1 AND k.sku_id = 1
 ON CONFLICT DO NOTHING
 RETURNING order_id;
 \startpipeline
 SAVEPOINT stock;
-SELECT k.activity_id, k.sku_id, k.remaining_stock::int8
-FROM seckill_limits.activity_skus k
-WHERE k.activity_id = 1 AND k.sku_id = 1;
+SELECT k.activity_id, k.sku_id, k.bucket, k.remaining_stock::int8
+FROM seckill_limits.stock_buckets k
+WHERE k.activity_id = 1 AND k.sku_id = 1 AND k.bucket = 0;
 \endpipeline
 \startpipeline
-INSERT INTO seckill_limits.stock_ledger (activity_id, sku_id, order_id, delta, reason)
-SELECT 1, 1, 'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0'), -1, 'ORDER_CREATED'
+INSERT INTO seckill_limits.stock_ledger (activity_id, sku_id, order_id, delta, reason, bucket)
+SELECT 1, 1, 'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0'), -1, 'ORDER_CREATED', 0
 FROM generate_series(1, :batch::int) AS g;
 INSERT INTO seckill_limits.event_outbox
     (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, deliver_at,
@@ -87,9 +87,9 @@ UPDATE seckill_limits.consumer_inbox i
 NOTIFY seckill_limits_outbox;
 \endpipeline
 \startpipeline
-UPDATE seckill_limits.activity_skus
+UPDATE seckill_limits.stock_buckets
    SET remaining_stock = remaining_stock - :batch::int, updated_at = now()
- WHERE activity_id = 1 AND sku_id = 1 AND remaining_stock >= :batch::int
+ WHERE activity_id = 1 AND sku_id = 1 AND bucket = 0 AND remaining_stock >= :batch::int
 RETURNING remaining_stock;
 INSERT INTO seckill_limits.order_commits (xact_id, orders) VALUES (pg_current_xact_id(), :batch::int);
 \endpipeline

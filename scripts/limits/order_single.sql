@@ -31,22 +31,22 @@ ON CONFLICT (reservation_id) DO NOTHING
 RETURNING reservation_id;
 INSERT INTO seckill_limits.orders
     (order_id, reservation_id, activity_id, sku_id, user_id, status, amount_cents,
-     expires_at, reserved_at)
+     expires_at, reserved_at, stock_bucket)
 SELECT 'ord_' || lpad(:k::text, 26, '0'), 'rsv_' || lpad(:k::text, 26, '0'), 1, 1, :uid,
-       'CREATED', k.price_cents, now() + interval '15 minutes', now() - interval '20 milliseconds'
+       'CREATED', k.price_cents, now() + interval '15 minutes', now() - interval '20 milliseconds', 0
 FROM seckill_limits.activity_skus k
 WHERE k.activity_id = 1 AND k.sku_id = 1
 ON CONFLICT DO NOTHING
 RETURNING order_id;
 \startpipeline
 SAVEPOINT stock;
-SELECT k.activity_id, k.sku_id, k.remaining_stock::int8
-FROM seckill_limits.activity_skus k
-WHERE k.activity_id = 1 AND k.sku_id = 1;
+SELECT k.activity_id, k.sku_id, k.bucket, k.remaining_stock::int8
+FROM seckill_limits.stock_buckets k
+WHERE k.activity_id = 1 AND k.sku_id = 1 AND k.bucket = 0;
 \endpipeline
 \startpipeline
-INSERT INTO seckill_limits.stock_ledger (activity_id, sku_id, order_id, delta, reason)
-VALUES (1, 1, 'ord_' || lpad(:k::text, 26, '0'), -1, 'ORDER_CREATED');
+INSERT INTO seckill_limits.stock_ledger (activity_id, sku_id, order_id, delta, reason, bucket)
+VALUES (1, 1, 'ord_' || lpad(:k::text, 26, '0'), -1, 'ORDER_CREATED', 0);
 INSERT INTO seckill_limits.event_outbox
     (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, deliver_at,
      next_attempt_at)
@@ -79,8 +79,8 @@ UPDATE seckill_limits.consumer_inbox
 NOTIFY seckill_limits_outbox;
 \endpipeline
 \startpipeline
-UPDATE seckill_limits.activity_skus SET remaining_stock = remaining_stock - 1, updated_at = now()
- WHERE activity_id = 1 AND sku_id = 1 AND remaining_stock >= 1
+UPDATE seckill_limits.stock_buckets SET remaining_stock = remaining_stock - 1, updated_at = now()
+ WHERE activity_id = 1 AND sku_id = 1 AND bucket = 0 AND remaining_stock >= 1
 RETURNING remaining_stock;
 INSERT INTO seckill_limits.order_commits (xact_id, orders) VALUES (pg_current_xact_id(), 1);
 \endpipeline

@@ -3,7 +3,7 @@
 --
 -- The order-path tables are the project's own, created by its migrations (sql/V*.sql) in this
 -- schema: columns, checks, unique and partial indexes, and the orders -> activity_skus foreign
--- key whose FOR KEY SHARE checks meet the stock update's FOR NO KEY UPDATE on the hot row, so
+-- key (FOR KEY SHARE checks) beside the stock update's FOR NO KEY UPDATE on the hot stock row, so
 -- that order_single.sql and order_batch.sql cost what src/pg/order_tx/mod.rs costs.
 \set ON_ERROR_STOP on
 SET client_min_messages = warning;
@@ -21,13 +21,16 @@ SET search_path = seckill_limits;
 \ir ../../sql/V6__commit_stamp.sql
 \ir ../../sql/V7__retention_marks.sql
 \ir ../../sql/V8__dlq_effects.sql
+\ir ../../sql/V9__stock_buckets.sql
 
 -- The hot row: remaining_stock is INTEGER as in the project, so "huge" is the INTEGER
 -- maximum (2,147,483,647): far more than any run can sell.
 INSERT INTO activities (activity_id, name, starts_at, ends_at, reservation_valid_secs)
 VALUES (1, 'limits', now() - interval '1 hour', now() + interval '1 day', 900);
-INSERT INTO activity_skus (activity_id, sku_id, total_stock, remaining_stock, price_cents)
-VALUES (1, 1, 2147483647, 2147483647, 9900);
+INSERT INTO activity_skus (activity_id, sku_id, total_stock, price_cents)
+VALUES (1, 1, 2147483647, 9900);
+INSERT INTO stock_buckets (activity_id, sku_id, bucket, total_stock, remaining_stock)
+VALUES (1, 1, 0, 2147483647, 2147483647);
 
 -- The naive baseline (direct_buy.sql): one stock row, one orders table, nothing else.
 CREATE TABLE stock (

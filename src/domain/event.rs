@@ -187,7 +187,7 @@ pub(crate) mod tests {
     use crate::domain::Ids;
 
     pub fn sample() -> OrderCreateRequested {
-        let ids = Ids::generate(10001);
+        let ids = Ids::generate(10001, 0);
         let now = Utc::now();
         OrderCreateRequested {
             schema_version: 1,

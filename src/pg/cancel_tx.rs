@@ -50,6 +50,8 @@ struct Canceled {
     facts: OrderRef,
     /// Seconds from its deadline to its cancel.
     late_secs: f64,
+    /// The stock row its unit came from, where it goes back (docs/ARCHITECTURE.md#stock-buckets).
+    stock_bucket: i16,
 }
 
 /// Cancels what can be cancelled among `items`, in one transaction. Returns one outcome per
@@ -175,7 +177,7 @@ async fn cancel_orders(
              WHERE order_id = ANY($1::text[]) AND status IN ('CREATED', 'PAYING')
                AND expires_at <= now()
              RETURNING order_id, version, reservation_id, activity_id, sku_id, user_id,
-                       extract(epoch FROM now() - expires_at)::float8",
+                       extract(epoch FROM now() - expires_at)::float8, stock_bucket",
         )
         .await?;
     let read = tx
@@ -201,6 +203,7 @@ async fn cancel_orders(
                     version: r.get(1),
                     facts,
                     late_secs: r.get(6),
+                    stock_bucket: r.get(7),
                 },
             )
         })
@@ -212,36 +215,38 @@ async fn cancel_orders(
     Ok((canceled, current))
 }
 
-/// Step 3, the units back to the final stock: one conditional increment per SKU, in key order
-/// (two transactions never lock stock rows in opposite orders), pipelined. An increment that
-/// would take a SKU past its total stock fails the transaction: it would mean a unit returned
-/// twice, and nothing of the batch is committed.
+/// Step 3, the units back to the final stock: one conditional increment per stock row (the
+/// bucket each order took its unit from), in key order (two transactions never lock stock
+/// rows in opposite orders), pipelined. An increment that would take a row past its total
+/// stock fails the transaction: it would mean a unit returned twice, and nothing of the batch
+/// is committed.
 async fn give_stock_back(tx: &Tx<'_>, canceled: &[&Canceled]) -> Result<(), TxError> {
-    let mut per_sku: BTreeMap<(i64, i64), i32> = BTreeMap::new();
+    let mut per_row: BTreeMap<(i64, i64, i16), i32> = BTreeMap::new();
     for c in canceled {
-        *per_sku
-            .entry((c.facts.activity_id, c.facts.sku_id))
+        *per_row
+            .entry((c.facts.activity_id, c.facts.sku_id, c.stock_bucket))
             .or_default() += 1;
     }
-    if per_sku.is_empty() {
+    if per_row.is_empty() {
         return Ok(());
     }
     let stmt = tx
         .prepare_cached(
-            "UPDATE activity_skus SET remaining_stock = remaining_stock + $3, updated_at = now()
-             WHERE activity_id = $1 AND sku_id = $2 AND remaining_stock + $3 <= total_stock
+            "UPDATE stock_buckets SET remaining_stock = remaining_stock + $4, updated_at = now()
+             WHERE activity_id = $1 AND sku_id = $2 AND bucket = $3
+               AND remaining_stock + $4 <= total_stock
              RETURNING remaining_stock",
         )
         .await?;
-    let params: Vec<[&(dyn ToSql + Sync); 3]> = per_sku
+    let params: Vec<[&(dyn ToSql + Sync); 4]> = per_row
         .iter()
-        .map(|((a, s), n)| [a as &(dyn ToSql + Sync), s, n])
+        .map(|((a, s, k), n)| [a as &(dyn ToSql + Sync), s, k, n])
         .collect();
     let returned = futures::future::join_all(params.iter().map(|p| tx.query_opt(&stmt, p))).await;
-    for (((a, s), n), r) in per_sku.iter().zip(returned) {
+    for (((a, s, k), n), r) in per_row.iter().zip(returned) {
         if r?.is_none() {
             return Err(TxError::Unknown(format!(
-                "returning {n} unit(s) would take activity {a} SKU {s} past its total stock"
+                "returning {n} unit(s) would take activity {a} SKU {s} bucket {k} past its total stock"
             )));
         }
     }
@@ -260,7 +265,7 @@ async fn write_outcomes(
     early: &[&str],
     canceled: &[&Canceled],
 ) -> Result<(), tokio_postgres::Error> {
-    let mut ledger = (Vec::new(), Vec::new(), Vec::new());
+    let mut ledger = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut tasks = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut outbox = OutboxRows::default();
     let now = Utc::now();
@@ -269,6 +274,7 @@ async fn write_outcomes(
         ledger.0.push(f.activity_id);
         ledger.1.push(f.sku_id);
         ledger.2.push(f.order_id.as_str());
+        ledger.3.push(c.stock_bucket);
         tasks.0.push(compensation_task_id(&f.reservation_id));
         tasks.1.push(f.reservation_id.as_str());
         tasks.2.push(f.activity_id);
@@ -307,10 +313,10 @@ async fn write_outcomes(
     let ledger_rows = exec_unless_empty(
         tx,
         none,
-        "INSERT INTO stock_ledger (activity_id, sku_id, order_id, delta, reason)
-         SELECT t.a, t.s, t.o, 1, 'ORDER_CANCELED'
-         FROM unnest($1::int8[], $2::int8[], $3::text[]) AS t(a, s, o)",
-        [&ledger.0, &ledger.1, &ledger.2],
+        "INSERT INTO stock_ledger (activity_id, sku_id, order_id, delta, reason, bucket)
+         SELECT t.a, t.s, t.o, 1, 'ORDER_CANCELED', t.b
+         FROM unnest($1::int8[], $2::int8[], $3::text[], $4::int2[]) AS t(a, s, o, b)",
+        [&ledger.0, &ledger.1, &ledger.2, &ledger.3],
     );
     let task_rows = exec_unless_empty(
         tx,

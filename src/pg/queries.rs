@@ -16,6 +16,9 @@ pub struct ActivitySpec {
     pub reservation_valid_secs: i32,
     /// (sku_id, total_stock, price_cents)
     pub skus: Vec<(i64, i32, i64)>,
+    /// How many stock buckets each SKU's stock is split into (docs/ARCHITECTURE.md#stock-buckets),
+    /// 1 to 64; fixed once the activity exists.
+    pub stock_buckets: i16,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +32,12 @@ pub enum ActivityError {
     },
     #[error("activity {activity_id}: SKU {sku_id} already has orders; its stock cannot change")]
     StockInUse { activity_id: i64, sku_id: i64 },
+    #[error("activity {activity_id} has {current} stock bucket(s): that cannot change ({requested} asked)")]
+    BucketsFixed {
+        activity_id: i64,
+        current: i16,
+        requested: i16,
+    },
     #[error(transparent)]
     Db(#[from] tokio_postgres::Error),
 }
@@ -43,24 +52,35 @@ pub async fn create_activity(
     let tx = client.transaction().await?;
     let existing = tx
         .query_opt(
-            "SELECT starts_at FROM activities WHERE activity_id = $1 FOR UPDATE",
+            "SELECT starts_at, stock_buckets FROM activities WHERE activity_id = $1 FOR UPDATE",
             &[&spec.activity_id],
         )
         .await?;
+    if let Some(current) = existing.as_ref().map(|row| row.get::<_, i16>(1)) {
+        if current != spec.stock_buckets {
+            return Err(ActivityError::BucketsFixed {
+                activity_id: spec.activity_id,
+                current,
+                requested: spec.stock_buckets,
+            });
+        }
+    }
     let started = existing
         .as_ref()
         .map(|row| row.get::<_, DateTime<Utc>>(0) <= now)
         .unwrap_or(false);
     if existing.is_none() {
         tx.execute(
-            "INSERT INTO activities (activity_id, name, starts_at, ends_at, reservation_valid_secs)
-             VALUES ($1, $2, $3, $4, $5)",
+            "INSERT INTO activities (activity_id, name, starts_at, ends_at, reservation_valid_secs,
+                                     stock_buckets)
+             VALUES ($1, $2, $3, $4, $5, $6)",
             &[
                 &spec.activity_id,
                 &spec.name,
                 &spec.starts_at,
                 &spec.ends_at,
                 &spec.reservation_valid_secs,
+                &spec.stock_buckets,
             ],
         )
         .await?;
@@ -82,7 +102,10 @@ pub async fn create_activity(
     for &(sku_id, total, price) in &spec.skus {
         let cur = tx
             .query_opt(
-                "SELECT total_stock, remaining_stock FROM activity_skus
+                "SELECT k.total_stock,
+                        (SELECT sum(remaining_stock)::int4 FROM stock_buckets b
+                         WHERE b.activity_id = k.activity_id AND b.sku_id = k.sku_id)
+                 FROM activity_skus k
                  WHERE activity_id = $1 AND sku_id = $2 FOR UPDATE",
                 &[&spec.activity_id, &sku_id],
             )
@@ -90,14 +113,16 @@ pub async fn create_activity(
         match cur {
             None => {
                 tx.execute(
-                    "INSERT INTO activity_skus (activity_id, sku_id, total_stock, remaining_stock, price_cents)
-                     VALUES ($1, $2, $3, $3, $4)",
+                    "INSERT INTO activity_skus (activity_id, sku_id, total_stock, price_cents)
+                     VALUES ($1, $2, $3, $4)",
                     &[&spec.activity_id, &sku_id, &total, &price],
                 )
                 .await?;
+                split_stock(&tx, spec, sku_id, total).await?;
             }
             Some(row) => {
-                let (cur_total, cur_remaining): (i32, i32) = (row.get(0), row.get(1));
+                let (cur_total, cur_remaining): (i32, Option<i32>) = (row.get(0), row.get(1));
+                let cur_remaining = cur_remaining.unwrap_or(0);
                 if cur_total == total {
                     continue;
                 }
@@ -116,16 +141,42 @@ pub async fn create_activity(
                     });
                 }
                 tx.execute(
-                    "UPDATE activity_skus SET total_stock = $3, remaining_stock = $3, price_cents = $4,
-                            updated_at = now()
+                    "UPDATE activity_skus SET total_stock = $3, price_cents = $4, updated_at = now()
                      WHERE activity_id = $1 AND sku_id = $2",
                     &[&spec.activity_id, &sku_id, &total, &price],
                 )
                 .await?;
+                tx.execute(
+                    "DELETE FROM stock_buckets WHERE activity_id = $1 AND sku_id = $2",
+                    &[&spec.activity_id, &sku_id],
+                )
+                .await?;
+                split_stock(&tx, spec, sku_id, total).await?;
             }
         }
     }
     tx.commit().await?;
+    Ok(())
+}
+
+/// One stock row per bucket, each with its share of `total` (the split Redis uses too).
+async fn split_stock(
+    tx: &tokio_postgres::Transaction<'_>,
+    spec: &ActivitySpec,
+    sku_id: i64,
+    total: i32,
+) -> Result<(), tokio_postgres::Error> {
+    let k = spec.stock_buckets.max(1) as u16;
+    let buckets: Vec<i16> = (0..k).map(|b| b as i16).collect();
+    let shares: Vec<i32> = (0..k)
+        .map(|b| crate::domain::ids::bucket_share(i64::from(total), b, k) as i32)
+        .collect();
+    tx.execute(
+        "INSERT INTO stock_buckets (activity_id, sku_id, bucket, total_stock, remaining_stock)
+         SELECT $1, $2, b, s, s FROM unnest($3::int2[], $4::int4[]) AS t(b, s)",
+        &[&spec.activity_id, &sku_id, &buckets, &shares],
+    )
+    .await?;
     Ok(())
 }
 
@@ -226,7 +277,8 @@ pub async fn reservation_decision(
 }
 
 /// `(starts_at, ends_at, reservation_valid_secs, [(sku_id, total_stock)])` of an activity.
-pub type ActivityRow = (DateTime<Utc>, DateTime<Utc>, i32, Vec<(i64, i32)>);
+/// `(starts_at, ends_at, reservation_valid_secs, [(sku_id, total_stock)], stock_buckets)`.
+pub type ActivityRow = (DateTime<Utc>, DateTime<Utc>, i32, Vec<(i64, i32)>, i16);
 
 pub async fn activity(
     client: &impl GenericClient,
@@ -234,7 +286,8 @@ pub async fn activity(
 ) -> Result<Option<ActivityRow>, tokio_postgres::Error> {
     let Some(a) = client
         .query_opt(
-            "SELECT starts_at, ends_at, reservation_valid_secs FROM activities WHERE activity_id = $1",
+            "SELECT starts_at, ends_at, reservation_valid_secs, stock_buckets FROM activities
+             WHERE activity_id = $1",
             &[&activity_id],
         )
         .await?
@@ -250,5 +303,5 @@ pub async fn activity(
         .into_iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    Ok(Some((a.get(0), a.get(1), a.get(2), skus)))
+    Ok(Some((a.get(0), a.get(1), a.get(2), skus, a.get(3))))
 }

@@ -3,8 +3,11 @@
 //! on Redis Cluster too, and pipelines are sent one per hash slot there
 //! (docs/ARCHITECTURE.md#redis-cluster).
 
+mod buckets;
 pub mod pool;
 pub mod reservation;
+
+pub use buckets::{BucketStock, OpenTransfer, SkuBuckets};
 
 use std::collections::HashMap;
 
@@ -19,6 +22,39 @@ use crate::domain::event::ReservationRef;
 /// (docs/ARCHITECTURE.md#reservation-validity).
 pub const RESERVATION_TTL_MARGIN_SECS: u64 = 7 * 24 * 3600;
 
+/// Where an activity's keys live: the activity and one of its stock buckets
+/// (docs/ARCHITECTURE.md#stock-buckets). Bucket 0 is the activity's own hash tag
+/// (`{a<id>}`), so an activity whose stock is not split is one shard, as before; bucket k > 0
+/// has its own (`{a<id>.b<k>}`), so the buckets spread over a cluster's primaries. An
+/// activity id alone is its bucket 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Shard {
+    pub activity_id: i64,
+    pub bucket: u16,
+}
+
+impl Shard {
+    pub fn new(activity_id: i64, bucket: u16) -> Self {
+        Self {
+            activity_id,
+            bucket,
+        }
+    }
+    /// The shard a reservation lives in: its activity and the bucket its id names.
+    pub fn of_reservation(activity_id: i64, reservation_id: &str) -> Self {
+        Self::new(
+            activity_id,
+            crate::domain::ids::reservation_bucket(reservation_id),
+        )
+    }
+}
+
+impl From<i64> for Shard {
+    fn from(activity_id: i64) -> Self {
+        Self::new(activity_id, 0)
+    }
+}
+
 /// Key names of one deployment (its prefix).
 #[derive(Debug, Clone)]
 pub struct Keys {
@@ -31,54 +67,89 @@ impl Keys {
             prefix: prefix.to_string(),
         }
     }
-    /// The hash tag every key of an activity carries (`<prefix>:{a<id>}`).
-    pub fn tag(&self, activity_id: i64) -> String {
-        format!("{}:{{a{}}}", self.prefix, activity_id)
+    /// The hash tag every key of a shard carries (`<prefix>:{a<id>}`, `<prefix>:{a<id>.b<k>}`).
+    pub fn tag(&self, shard: impl Into<Shard>) -> String {
+        let s = shard.into();
+        if s.bucket == 0 {
+            format!("{}:{{a{}}}", self.prefix, s.activity_id)
+        } else {
+            format!("{}:{{a{}.b{}}}", self.prefix, s.activity_id, s.bucket)
+        }
     }
-    /// The Redis Cluster slot of every key of an activity.
-    pub fn slot(&self, activity_id: i64) -> u16 {
-        pool::slot(&self.tag(activity_id))
+    /// The Redis Cluster slot of every key of a shard.
+    pub fn slot(&self, shard: impl Into<Shard>) -> u16 {
+        pool::slot(&self.tag(shard))
     }
-    pub fn meta(&self, activity_id: i64) -> String {
-        format!("{}:meta", self.tag(activity_id))
+    pub fn meta(&self, shard: impl Into<Shard>) -> String {
+        format!("{}:meta", self.tag(shard))
     }
-    pub fn sku(&self, activity_id: i64, sku_id: i64) -> String {
-        format!("{}:sku:{}", self.tag(activity_id), sku_id)
+    pub fn sku(&self, shard: impl Into<Shard>, sku_id: i64) -> String {
+        format!("{}:sku:{}", self.tag(shard), sku_id)
     }
-    pub fn buyers(&self, activity_id: i64, sku_id: i64) -> String {
-        format!("{}:buyers:{}", self.tag(activity_id), sku_id)
+    pub fn buyers(&self, shard: impl Into<Shard>, sku_id: i64) -> String {
+        format!("{}:buyers:{}", self.tag(shard), sku_id)
     }
-    pub fn requests(&self, activity_id: i64) -> String {
-        format!("{}:req", self.tag(activity_id))
+    pub fn requests(&self, shard: impl Into<Shard>) -> String {
+        format!("{}:req", self.tag(shard))
     }
-    pub fn pending(&self, activity_id: i64) -> String {
-        format!("{}:pending", self.tag(activity_id))
+    pub fn pending(&self, shard: impl Into<Shard>) -> String {
+        format!("{}:pending", self.tag(shard))
     }
     /// Unconfirmed reservations scored by creation time: its head gives the oldest age.
-    pub fn pending_since(&self, activity_id: i64) -> String {
-        format!("{}:pending_since", self.tag(activity_id))
+    pub fn pending_since(&self, shard: impl Into<Shard>) -> String {
+        format!("{}:pending_since", self.tag(shard))
     }
     /// A caller's rate-limit bucket in an activity (`kind` "u" for a buyer, "ip" for a client
-    /// address), under the activity's hash tag so the reserve script takes its token in the
+    /// address), under the shard's hash tag so the reserve script takes its token in the
     /// same call (docs/ARCHITECTURE.md#abuse-limits).
-    pub fn rate_bucket(&self, activity_id: i64, kind: &str, caller: &str) -> String {
-        format!("{}:rl:{}:{}", self.tag(activity_id), kind, caller)
+    pub fn rate_bucket(&self, shard: impl Into<Shard>, kind: &str, caller: &str) -> String {
+        format!("{}:rl:{}:{}", self.tag(shard), kind, caller)
+    }
+    /// The SKUs warmed into an activity (bucket 0 only): what the rebalancer walks.
+    pub fn skus(&self, activity_id: i64) -> String {
+        format!("{}:skus", self.tag(activity_id))
+    }
+    /// Transfers of a SKU's units out of a bucket: transfer id → "<to> <units> <ms>", kept
+    /// as the trail (docs/ARCHITECTURE.md#moving-leftovers).
+    pub fn transfers_out(&self, shard: impl Into<Shard>, sku_id: i64) -> String {
+        format!("{}:xout:{}", self.tag(shard), sku_id)
+    }
+    /// Transfers out of a bucket not yet known credited (scored by when they were debited).
+    pub fn transfers_open(&self, shard: impl Into<Shard>, sku_id: i64) -> String {
+        format!("{}:xopen:{}", self.tag(shard), sku_id)
+    }
+    /// Transfers of a SKU's units into a bucket: transfer id → "<from> <units> <ms>".
+    pub fn transfers_in(&self, shard: impl Into<Shard>, sku_id: i64) -> String {
+        format!("{}:xin:{}", self.tag(shard), sku_id)
+    }
+    /// One rebalancer at a time per SKU (bucket 0's tag).
+    pub fn rebalance_lease(&self, activity_id: i64, sku_id: i64) -> String {
+        format!("{}:rebalance:{}", self.tag(activity_id), sku_id)
     }
     /// Activities with warmed stock: the scanner's work list (outside any hash tag).
     pub fn activities(&self) -> String {
         format!("{}:activities", self.prefix)
     }
-    pub fn reservation_prefix(&self, activity_id: i64) -> String {
-        format!("{}:rsv:", self.tag(activity_id))
+    pub fn reservation_prefix(&self, shard: impl Into<Shard>) -> String {
+        format!("{}:rsv:", self.tag(shard))
     }
+    /// A reservation's hash, in the shard its id names.
     pub fn reservation(&self, activity_id: i64, reservation_id: &str) -> String {
-        format!("{}{}", self.reservation_prefix(activity_id), reservation_id)
+        format!(
+            "{}{}",
+            self.reservation_prefix(Shard::of_reservation(activity_id, reservation_id)),
+            reservation_id
+        )
     }
     /// Buyer-facing order status of one reservation (projection of the order events), under
-    /// the activity's hash tag when the id names it (docs/ARCHITECTURE.md#identifiers).
+    /// the hash tag of the shard its id names (docs/ARCHITECTURE.md#identifiers).
     pub fn projection(&self, reservation_id: &str) -> String {
-        match crate::domain::ids::reservation_activity(reservation_id) {
-            Some(activity_id) => format!("{}:proj:{}", self.tag(activity_id), reservation_id),
+        match crate::domain::ids::reservation_activity_bucket(reservation_id) {
+            Some((activity_id, bucket)) => format!(
+                "{}:proj:{}",
+                self.tag(Shard::new(activity_id, bucket)),
+                reservation_id
+            ),
             None => format!("{}:proj:{}", self.prefix, reservation_id),
         }
     }
@@ -185,6 +256,10 @@ pub enum WarmResult {
     Unchanged,
     Updated,
     StockInUse,
+    /// The activity was warmed with another number of stock buckets: it cannot change.
+    BucketsFixed {
+        warmed: u16,
+    },
 }
 
 /// One SKU as an API instance answering SOLD_OUT from memory sees it.
@@ -223,6 +298,8 @@ pub struct RedisStore {
     /// Redis Cluster (`redis.mode`): pipelines go one per hash slot.
     cluster: bool,
     scripts: std::sync::Arc<Scripts>,
+    /// Stock buckets per warmed activity, read once from its meta (fixed once warmed).
+    buckets: std::sync::Arc<std::sync::RwLock<HashMap<i64, u16>>>,
 }
 
 struct Scripts {
@@ -236,6 +313,8 @@ struct Scripts {
     claim: Script,
     project: Script,
     set_paused: Script,
+    transfer_out: Script,
+    transfer_in: Script,
 }
 
 fn view(parts: &[String]) -> ReservationView {
@@ -270,7 +349,10 @@ impl RedisStore {
                 claim: Script::new(include_str!("lua/claim.lua")),
                 project: Script::new(include_str!("lua/project.lua")),
                 set_paused: Script::new(include_str!("lua/set_paused.lua")),
+                transfer_out: Script::new(include_str!("lua/transfer_out.lua")),
+                transfer_in: Script::new(include_str!("lua/transfer_in.lua")),
             }),
+            buckets: Default::default(),
         };
         store.ping().await.with_context(|| {
             format!(
@@ -281,14 +363,57 @@ impl RedisStore {
         Ok(store)
     }
 
-    /// The slot a pipeline groups an activity's calls by: its keys' hash slot on a cluster,
+    /// The slot a pipeline groups a shard's calls by: its keys' hash slot on a cluster,
     /// 0 on one server (everything in one pipeline, and no hashing on the hot path).
-    fn slot(&self, activity_id: i64) -> u16 {
+    fn slot(&self, shard: impl Into<Shard>) -> u16 {
         if self.cluster {
-            self.keys.slot(activity_id)
+            self.keys.slot(shard)
         } else {
             0
         }
+    }
+
+    /// How many stock buckets an activity's SKUs are split into (1 when not split, or not
+    /// warmed yet). Read once from bucket 0's meta and kept: warming refuses to change it.
+    pub async fn buckets(&self, activity_id: i64) -> anyhow::Result<u16> {
+        if let Some(k) = self
+            .buckets
+            .read()
+            .ok()
+            .and_then(|m| m.get(&activity_id).copied())
+        {
+            return Ok(k);
+        }
+        let mut conn = self.pool.get().await?;
+        let (starts, k): (Option<String>, Option<u16>) = redis::cmd("HMGET")
+            .arg(self.keys.meta(activity_id))
+            .arg("starts_at_ms")
+            .arg("buckets")
+            .query_async(&mut *conn)
+            .await?;
+        let k = k.unwrap_or(1).max(1);
+        // Only a warmed activity's count is kept: one not warmed yet may be warmed split.
+        if starts.is_some() {
+            if let Ok(mut m) = self.buckets.write() {
+                m.insert(activity_id, k);
+            }
+        }
+        Ok(k)
+    }
+
+    /// Every shard of an activity (one per stock bucket).
+    pub async fn shards(&self, activity_id: i64) -> anyhow::Result<Vec<Shard>> {
+        let k = self.buckets(activity_id).await?;
+        Ok((0..k).map(|b| Shard::new(activity_id, b)).collect())
+    }
+
+    /// The shard a buyer reserves in: their home bucket of the activity.
+    pub async fn home_shard(&self, activity_id: i64, user_id: i64) -> anyhow::Result<Shard> {
+        let k = self.buckets(activity_id).await?;
+        Ok(Shard::new(
+            activity_id,
+            crate::domain::ids::home_bucket(user_id, k),
+        ))
     }
 
     pub async fn ping(&self) -> anyhow::Result<()> {
@@ -300,22 +425,20 @@ impl RedisStore {
     /// The atomic reservation: activity open, request idempotency, one per buyer, stock > 0.
     pub async fn reserve(&self, a: &ReserveArgs<'_>) -> anyhow::Result<ReserveResult> {
         let k = &self.keys;
+        // The bucket the reservation id names (the caller minted it for the buyer's home).
+        let shard = Shard::of_reservation(a.reservation.activity_id, a.reservation.reservation_id);
         let mut conn = self.pool.get().await?;
         let parts: Vec<String> = self
             .scripts
             .reserve
-            .key(k.meta(a.reservation.activity_id))
-            .key(k.sku(a.reservation.activity_id, a.reservation.sku_id))
-            .key(k.buyers(a.reservation.activity_id, a.reservation.sku_id))
-            .key(k.requests(a.reservation.activity_id))
-            .key(k.pending(a.reservation.activity_id))
-            .key(k.pending_since(a.reservation.activity_id))
-            .key(k.rate_bucket(a.reservation.activity_id, "ip", a.limits.client_addr))
-            .key(k.rate_bucket(
-                a.reservation.activity_id,
-                "u",
-                &a.reservation.user_id.to_string(),
-            ))
+            .key(k.meta(shard))
+            .key(k.sku(shard, a.reservation.sku_id))
+            .key(k.buyers(shard, a.reservation.sku_id))
+            .key(k.requests(shard))
+            .key(k.pending(shard))
+            .key(k.pending_since(shard))
+            .key(k.rate_bucket(shard, "ip", a.limits.client_addr))
+            .key(k.rate_bucket(shard, "u", &a.reservation.user_id.to_string()))
             .arg(a.now_ms)
             .arg(a.reservation.user_id)
             .arg(a.reservation.request_id)
@@ -325,7 +448,7 @@ impl RedisStore {
             .arg(a.reservation.sku_id)
             .arg(a.reservation.activity_id)
             .arg(a.next_retry_at_ms)
-            .arg(k.reservation_prefix(a.reservation.activity_id))
+            .arg(k.reservation_prefix(shard))
             .arg(a.traceparent)
             .arg(a.valid_secs + RESERVATION_TTL_MARGIN_SECS)
             .arg(if a.limits.client_addr.is_empty() {
@@ -419,10 +542,11 @@ impl RedisStore {
         mq_status: &str,
         fields: &[(&str, &str)],
     ) -> redis::ScriptInvocation<'_> {
+        let shard = Shard::of_reservation(activity_id, reservation_id);
         let mut call = self.scripts.mark_sent.prepare_invoke();
         call.key(self.keys.reservation(activity_id, reservation_id))
-            .key(self.keys.pending(activity_id))
-            .key(self.keys.pending_since(activity_id))
+            .key(self.keys.pending(shard))
+            .key(self.keys.pending_since(shard))
             .arg(message_id)
             .arg(reservation_id)
             .arg(mq_status);
@@ -447,7 +571,8 @@ impl RedisStore {
                     &m.broker_msg_id,
                     at,
                 );
-                (self.slot(m.activity_id), call)
+                let shard = Shard::of_reservation(m.activity_id, &m.reservation_id);
+                (self.slot(shard), call)
             })
             .collect();
         self.pipelined(&self.scripts.mark_sent, &calls).await
@@ -462,12 +587,13 @@ impl RedisStore {
         next_retry_at_ms: i64,
         error: &str,
     ) -> anyhow::Result<String> {
+        let shard = Shard::of_reservation(activity_id, reservation_id);
         let mut conn = self.pool.get().await?;
         Ok(self
             .scripts
             .schedule_resend
             .key(self.keys.reservation(activity_id, reservation_id))
-            .key(self.keys.pending(activity_id))
+            .key(self.keys.pending(shard))
             .arg(message_id)
             .arg(reservation_id)
             .arg(next_retry_at_ms)
@@ -488,16 +614,17 @@ impl RedisStore {
         now_ms: i64,
     ) -> anyhow::Result<String> {
         let k = &self.keys;
+        let shard = Shard::of_reservation(activity_id, reservation_id);
         let mut conn = self.pool.get().await?;
         Ok(self
             .scripts
             .mark_failed
             .key(k.reservation(activity_id, reservation_id))
-            .key(k.pending(activity_id))
-            .key(k.sku(activity_id, sku_id))
-            .key(k.buyers(activity_id, sku_id))
-            .key(k.requests(activity_id))
-            .key(k.pending_since(activity_id))
+            .key(k.pending(shard))
+            .key(k.sku(shard, sku_id))
+            .key(k.buyers(shard, sku_id))
+            .key(k.requests(shard))
+            .key(k.pending_since(shard))
             .arg(message_id)
             .arg(reservation_id)
             .arg(error)
@@ -527,7 +654,7 @@ impl RedisStore {
     /// current (or stock is back), in one call (`sold_out_view.lua`).
     pub async fn sold_out_view(
         &self,
-        activity_id: i64,
+        shard: Shard,
         sku_id: i64,
         known_taken: Option<i64>,
     ) -> anyhow::Result<SoldOutView> {
@@ -535,8 +662,8 @@ impl RedisStore {
         let v: Vec<i64> = self
             .scripts
             .sold_out_view
-            .key(self.keys.sku(activity_id, sku_id))
-            .key(self.keys.buyers(activity_id, sku_id))
+            .key(self.keys.sku(shard, sku_id))
+            .key(self.keys.buyers(shard, sku_id))
             .arg(known_taken.unwrap_or(-1))
             .invoke_async(&mut *conn)
             .await?;
@@ -552,7 +679,11 @@ impl RedisStore {
         })
     }
 
-    /// Writes the activity window and one SKU's stock.
+    /// Writes the activity window and one SKU's stock, split into `buckets` stock buckets
+    /// (docs/ARCHITECTURE.md#stock-buckets). The split cannot change once warmed
+    /// ([`WarmResult::BucketsFixed`]), nor the stock once any bucket holds reservations or
+    /// moved units ([`WarmResult::StockInUse`]: checked for every bucket before any is written).
+    #[allow(clippy::too_many_arguments)]
     pub async fn warm(
         &self,
         activity_id: i64,
@@ -561,30 +692,80 @@ impl RedisStore {
         ends_at_ms: i64,
         valid_ms: i64,
         total: i32,
+        buckets: u16,
     ) -> anyhow::Result<WarmResult> {
+        let buckets = buckets.max(1);
         let mut conn = self.pool.get().await?;
-        let _: () = conn.sadd(self.keys.activities(), activity_id).await?;
-        let code: String = self
-            .scripts
-            .warm
-            .key(self.keys.meta(activity_id))
-            .key(self.keys.sku(activity_id, sku_id))
-            .key(self.keys.buyers(activity_id, sku_id))
-            .key(self.keys.requests(activity_id))
-            .key(self.keys.pending(activity_id))
-            .key(self.keys.pending_since(activity_id))
-            .arg(starts_at_ms)
-            .arg(ends_at_ms)
-            .arg(valid_ms)
-            .arg(total)
-            .invoke_async(&mut *conn)
+        let (starts, known): (Option<String>, Option<u16>) = redis::cmd("HMGET")
+            .arg(self.keys.meta(activity_id))
+            .arg("starts_at_ms")
+            .arg("buckets")
+            .query_async(&mut *conn)
             .await?;
-        Ok(match code.as_str() {
-            "CREATED" => WarmResult::Created,
-            "UNCHANGED" => WarmResult::Unchanged,
-            "UPDATED" => WarmResult::Updated,
-            "STOCK_IN_USE" => WarmResult::StockInUse,
-            other => anyhow::bail!("warm script returned an unknown code {other:?}"),
+        if starts.is_some() && known.unwrap_or(1) != buckets {
+            return Ok(WarmResult::BucketsFixed {
+                warmed: known.unwrap_or(1),
+            });
+        }
+        let shares: Vec<i64> = (0..buckets)
+            .map(|b| crate::domain::ids::bucket_share(i64::from(total), b, buckets))
+            .collect();
+        if buckets > 1 {
+            // Every bucket first: a change refused in one must not be half written.
+            for (b, share) in shares.iter().enumerate() {
+                let (t, r, moved): (Option<i64>, Option<i64>, Option<i64>) = redis::cmd("HMGET")
+                    .arg(self.keys.sku(Shard::new(activity_id, b as u16), sku_id))
+                    .arg("total")
+                    .arg("remaining")
+                    .arg("moved_out")
+                    .query_async(&mut *conn)
+                    .await?;
+                if t.is_some_and(|t| t != *share) && (t != r || moved.unwrap_or(0) != 0) {
+                    return Ok(WarmResult::StockInUse);
+                }
+            }
+        }
+        let _: () = conn.sadd(self.keys.activities(), activity_id).await?;
+        let _: () = conn.sadd(self.keys.skus(activity_id), sku_id).await?;
+        let _: () = conn.persist(self.keys.skus(activity_id)).await?;
+        let mut results = Vec::with_capacity(shares.len());
+        for (b, share) in shares.iter().enumerate() {
+            let shard = Shard::new(activity_id, b as u16);
+            let code: String = self
+                .scripts
+                .warm
+                .key(self.keys.meta(shard))
+                .key(self.keys.sku(shard, sku_id))
+                .key(self.keys.buyers(shard, sku_id))
+                .key(self.keys.requests(shard))
+                .key(self.keys.pending(shard))
+                .key(self.keys.pending_since(shard))
+                .arg(starts_at_ms)
+                .arg(ends_at_ms)
+                .arg(valid_ms)
+                .arg(share)
+                .arg(buckets)
+                .invoke_async(&mut *conn)
+                .await?;
+            results.push(match code.as_str() {
+                "CREATED" => WarmResult::Created,
+                "UNCHANGED" => WarmResult::Unchanged,
+                "UPDATED" => WarmResult::Updated,
+                "STOCK_IN_USE" => WarmResult::StockInUse,
+                other => anyhow::bail!("warm script returned an unknown code {other:?}"),
+            });
+        }
+        if let Ok(mut m) = self.buckets.write() {
+            m.insert(activity_id, buckets);
+        }
+        Ok(if results.contains(&WarmResult::StockInUse) {
+            WarmResult::StockInUse
+        } else if results.iter().all(|r| *r == WarmResult::Created) {
+            WarmResult::Created
+        } else if results.iter().all(|r| *r == WarmResult::Unchanged) {
+            WarmResult::Unchanged
+        } else {
+            WarmResult::Updated
         })
     }
 
@@ -608,20 +789,26 @@ impl RedisStore {
         sku_id: Option<i64>,
         reason: Option<&str>,
     ) -> anyhow::Result<bool> {
-        let key = match sku_id {
-            Some(sku) => self.keys.sku(activity_id, sku),
-            None => self.keys.meta(activity_id),
-        };
-        let mut conn = self.pool.get().await?;
-        let found: i64 = self
-            .scripts
-            .set_paused
-            .key(key)
-            .arg(if reason.is_some() { "1" } else { "0" })
-            .arg(reason.unwrap_or(""))
-            .invoke_async(&mut *conn)
-            .await?;
-        Ok(found == 1)
+        // Every bucket carries its own copy of the activity's meta and the SKU's pause: the
+        // reserve script reads the buyer's bucket only. Bucket 0 says whether it exists.
+        let mut found_first = false;
+        for shard in self.shards(activity_id).await? {
+            let key = match sku_id {
+                Some(sku) => self.keys.sku(shard, sku),
+                None => self.keys.meta(shard),
+            };
+            let mut conn = self.pool.get().await?;
+            let found: i64 = self
+                .scripts
+                .set_paused
+                .key(key)
+                .arg(if reason.is_some() { "1" } else { "0" })
+                .arg(reason.unwrap_or(""))
+                .invoke_async(&mut *conn)
+                .await?;
+            found_first |= shard.bucket == 0 && found == 1;
+        }
+        Ok(found_first)
     }
 
     /// The operator's pause of an activity (`None`) or SKU: its reason when paused.
@@ -644,23 +831,19 @@ impl RedisStore {
         Ok((paused.as_deref() == Some("1")).then(|| reason.unwrap_or_default()))
     }
 
-    /// `(total, remaining)` of one SKU in Redis.
+    /// `(total, remaining)` of one SKU in Redis, over all its buckets: `remaining` counts
+    /// every unit no reservation holds, those on their way between two buckets included
+    /// ([`RedisStore::bucket_stock`] has them apart).
     pub async fn sku_stock(
         &self,
         activity_id: i64,
         sku_id: i64,
     ) -> anyhow::Result<Option<(i64, i64)>> {
-        let mut conn = self.pool.get().await?;
-        let v: (Option<i64>, Option<i64>) = redis::cmd("HMGET")
-            .arg(self.keys.sku(activity_id, sku_id))
-            .arg("total")
-            .arg("remaining")
-            .query_async(&mut *conn)
-            .await?;
-        Ok(match v {
-            (Some(t), Some(r)) => Some((t, r)),
-            _ => None,
-        })
+        let stock = self.bucket_stock(activity_id, sku_id).await?;
+        if stock.buckets.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some((stock.total(), stock.remaining() + stock.in_transit)))
     }
 
     /// Census of one SKU's reservation hashes (bounded SCAN over the activity's keys):
@@ -670,12 +853,25 @@ impl RedisStore {
         activity_id: i64,
         sku_id: i64,
     ) -> anyhow::Result<Census> {
-        let mut conn = self.pool.get().await?;
-        let prefix = self.keys.reservation_prefix(activity_id);
-        let pattern = format!("{prefix}*");
-        let slot = self.keys.slot(activity_id);
-        let mut cursor: u64 = 0;
         let mut census = Census::default();
+        for shard in self.shards(activity_id).await? {
+            self.shard_census(shard, sku_id, &mut census).await?;
+        }
+        Ok(census)
+    }
+
+    /// The census of one shard's reservation hashes, added to `census`.
+    async fn shard_census(
+        &self,
+        shard: Shard,
+        sku_id: i64,
+        census: &mut Census,
+    ) -> anyhow::Result<()> {
+        let mut conn = self.pool.get().await?;
+        let prefix = self.keys.reservation_prefix(shard);
+        let pattern = format!("{prefix}*");
+        let slot = self.keys.slot(shard);
+        let mut cursor: u64 = 0;
         let sku = sku_id.to_string();
         loop {
             let (next, keys) = conn.scan_page(slot, cursor, &pattern).await?;
@@ -704,7 +900,7 @@ impl RedisStore {
                 break;
             }
         }
-        Ok(census)
+        Ok(())
     }
 
     /// Compensation: releases each reservation once, in one round trip (the release script
@@ -719,17 +915,19 @@ impl RedisStore {
         let calls: Vec<(u16, redis::ScriptInvocation<'_>)> = items
             .iter()
             .map(|r| {
+                // The unit goes back to the bucket the reservation took it from.
+                let shard = Shard::of_reservation(r.activity_id, r.reservation_id);
                 let mut call = script.prepare_invoke();
                 call.key(k.reservation(r.activity_id, r.reservation_id))
-                    .key(k.sku(r.activity_id, r.sku_id))
-                    .key(k.buyers(r.activity_id, r.sku_id))
-                    .key(k.requests(r.activity_id))
-                    .key(k.pending(r.activity_id))
-                    .key(k.pending_since(r.activity_id))
+                    .key(k.sku(shard, r.sku_id))
+                    .key(k.buyers(shard, r.sku_id))
+                    .key(k.requests(shard))
+                    .key(k.pending(shard))
+                    .key(k.pending_since(shard))
                     .arg(r.reservation_id)
                     .arg(r.reason)
                     .arg(now_ms);
-                (self.slot(r.activity_id), call)
+                (self.slot(shard), call)
             })
             .collect();
         self.pipelined(script, &calls).await
@@ -794,28 +992,29 @@ impl RedisStore {
         }
     }
 
-    /// Leases up to `batch` due reservations of one activity to `owner` for `lease_ms`.
+    /// Leases up to `batch` due reservations of one shard to `owner` for `lease_ms`.
     pub async fn claim_due(
         &self,
-        activity_id: i64,
+        shard: impl Into<Shard>,
         now_ms: i64,
         batch: usize,
         owner: &str,
         lease_ms: u64,
     ) -> anyhow::Result<Claimed> {
         let k = &self.keys;
+        let shard = shard.into();
         let mut conn = self.pool.get().await?;
         let raw: Vec<redis::Value> = self
             .scripts
             .claim
-            .key(k.pending(activity_id))
-            .key(k.pending_since(activity_id))
-            .key(k.meta(activity_id))
+            .key(k.pending(shard))
+            .key(k.pending_since(shard))
+            .key(k.meta(shard))
             .arg(now_ms)
             .arg(batch)
             .arg(owner)
             .arg(lease_ms)
-            .arg(k.reservation_prefix(activity_id))
+            .arg(k.reservation_prefix(shard))
             .arg(RETIRE_AFTER_END_MS)
             .invoke_async(&mut *conn)
             .await?;
@@ -846,11 +1045,22 @@ impl RedisStore {
     /// puts it back on the list (and the stock key back without expiry). Returns the keys given
     /// an expiry.
     pub async fn retire_activity(&self, activity_id: i64, keep_secs: u64) -> anyhow::Result<u64> {
+        let shards = self.shards(activity_id).await?;
         let mut conn = self.pool.get().await?;
         let _: () = conn.srem(self.keys.activities(), activity_id).await?;
-        // Every key of the activity shares its hash tag: one node, one pattern.
-        let pattern = format!("{}:*", self.keys.tag(activity_id));
-        let slot = self.keys.slot(activity_id);
+        let mut expired = 0;
+        for shard in shards {
+            expired += self.expire_shard(shard, keep_secs).await?;
+        }
+        Ok(expired)
+    }
+
+    /// Gives every key of one shard without an expiry one of `keep_secs` (its hash tag: one
+    /// node, one pattern).
+    async fn expire_shard(&self, shard: Shard, keep_secs: u64) -> anyhow::Result<u64> {
+        let mut conn = self.pool.get().await?;
+        let pattern = format!("{}:*", self.keys.tag(shard));
+        let slot = self.keys.slot(shard);
         let (mut cursor, mut expired) = (0u64, 0u64);
         loop {
             let (next, keys) = conn.scan_page(slot, cursor, &pattern).await?;
@@ -914,16 +1124,25 @@ impl RedisStore {
         Ok(conn.smembers(self.keys.activities()).await?)
     }
 
-    /// `(count, oldest creation ms)` of the unconfirmed reservations of one activity.
+    /// `(count, oldest creation ms)` of the unconfirmed reservations of one activity, over
+    /// its buckets.
     pub async fn pending_stats(&self, activity_id: i64) -> anyhow::Result<(i64, Option<i64>)> {
         let mut conn = self.pool.get().await?;
-        let key = self.keys.pending_since(activity_id);
-        let (count, head): (i64, Vec<(String, f64)>) = redis::pipe()
-            .zcard(&key)
-            .zrange_withscores(&key, 0, 0)
-            .query_async(&mut *conn)
-            .await?;
-        Ok((count, head.first().map(|(_, s)| *s as i64)))
+        let (mut total, mut oldest) = (0, None::<i64>);
+        for shard in self.shards(activity_id).await? {
+            let key = self.keys.pending_since(shard);
+            let (count, head): (i64, Vec<(String, f64)>) = redis::pipe()
+                .zcard(&key)
+                .zrange_withscores(&key, 0, 0)
+                .query_async(&mut *conn)
+                .await?;
+            total += count;
+            if let Some((_, at)) = head.first() {
+                let at = *at as i64;
+                oldest = Some(oldest.map_or(at, |o| o.min(at)));
+            }
+        }
+        Ok((total, oldest))
     }
 
     /// The reservation a buyer's request made in the activity, if Redis has it (the request
@@ -934,19 +1153,22 @@ impl RedisStore {
         user_id: i64,
         request_id: &str,
     ) -> anyhow::Result<Option<String>> {
+        let shard = self.home_shard(activity_id, user_id).await?;
         let mut conn = self.pool.get().await?;
         Ok(conn
-            .hget(
-                self.keys.requests(activity_id),
-                format!("{user_id}:{request_id}"),
-            )
+            .hget(self.keys.requests(shard), format!("{user_id}:{request_id}"))
             .await?)
     }
 
-    /// Size of the activity's pending (not yet confirmed) index.
+    /// Size of the activity's pending (not yet confirmed) index, over its buckets.
     pub async fn pending_count(&self, activity_id: i64) -> anyhow::Result<i64> {
         let mut conn = self.pool.get().await?;
-        Ok(conn.zcard(self.keys.pending(activity_id)).await?)
+        let mut total = 0;
+        for shard in self.shards(activity_id).await? {
+            let n: i64 = conn.zcard(self.keys.pending(shard)).await?;
+            total += n;
+        }
+        Ok(total)
     }
 }
 

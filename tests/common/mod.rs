@@ -67,6 +67,11 @@ impl TestEnv {
 
     /// An open activity with these `(sku_id, stock)`, in PostgreSQL and warmed into Redis.
     pub async fn activity_skus(&self, activity_id: i64, skus: &[(i64, i32)]) {
+        self.activity_in_buckets(activity_id, skus, 1).await
+    }
+
+    /// An open activity whose SKUs' stock is split into `buckets` stock buckets.
+    pub async fn activity_in_buckets(&self, activity_id: i64, skus: &[(i64, i32)], buckets: i16) {
         let now = Utc::now();
         let spec = ActivitySpec {
             activity_id,
@@ -75,6 +80,7 @@ impl TestEnv {
             ends_at: now + chrono::Duration::hours(1),
             reservation_valid_secs: self.settings.api.reservation_valid_secs as i32,
             skus: skus.iter().map(|&(sku, stock)| (sku, stock, 100)).collect(),
+            stock_buckets: buckets,
         };
         let pool = self.pool(1).await;
         let mut client = pool.get().await.unwrap();
@@ -90,6 +96,7 @@ impl TestEnv {
                     spec.ends_at.timestamp_millis(),
                     i64::from(spec.reservation_valid_secs) * 1000,
                     stock,
+                    buckets as u16,
                 )
                 .await
                 .expect("warm");
@@ -180,7 +187,7 @@ pub async fn quiescent(env: &TestEnv, activity_id: i64) {
 
 /// A valid ORDER_CREATE_REQUESTED for a buyer, valid for `valid_secs` (negative: already expired).
 pub fn event(activity_id: i64, sku_id: i64, user_id: i64, valid_secs: i64) -> OrderCreateRequested {
-    let ids = Ids::generate(activity_id);
+    let ids = Ids::generate(activity_id, 0);
     let now = Utc::now();
     let created = if valid_secs > 0 {
         now
@@ -423,7 +430,8 @@ pub async fn reserve_only(
     user_id: i64,
     next_retry_in_ms: i64,
 ) -> Ids {
-    let ids = Ids::generate(activity_id);
+    let bucket = redis.home_shard(activity_id, user_id).await.unwrap().bucket;
+    let ids = Ids::generate(activity_id, bucket);
     let now = Utc::now().timestamp_millis();
     let r = redis
         .reserve(&seckill::redis::ReserveArgs {

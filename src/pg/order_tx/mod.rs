@@ -27,9 +27,15 @@ use crate::domain::{Decision, OrderCreateRequested, RejectReason};
 
 mod rows;
 use rows::{
-    InboxOutcomes, LedgerRows, OrderRows, OutboxRows, QuarantineRows, RejectionRows,
+    home_bucket, InboxOutcomes, LedgerRows, OrderRows, OutboxRows, QuarantineRows, RejectionRows,
     ReservationRows,
 };
+
+/// One stock row: activity, SKU, bucket (docs/ARCHITECTURE.md#stock-buckets).
+type StockKey = (i64, i64, i16);
+
+/// A SKU's orders by their home bucket.
+type BucketGroups<'a> = Vec<(i16, &'a [usize])>;
 
 /// One message handed to the transaction.
 #[derive(Debug, Clone)]
@@ -201,10 +207,10 @@ async fn steps(
     let owned = claim_inbox(tx, b).await?;
     let (eligible, mut rejected) = record_reservations(tx, b, &owned).await?;
     let inserted = insert_orders(tx, b, &eligible, &mut rejected).await?;
-    let per_sku = group_by_sku(b, &eligible, &inserted);
-    let created = match take_stock_optimistically(tx, b, &owned, &per_sku, &rejected).await? {
+    let per_row = group_by_sku(b, &eligible, &inserted);
+    let created = match take_stock_optimistically(tx, b, &owned, &per_row, &rejected).await? {
         Some(created) => created,
-        None => take_stock_locked(tx, b, &owned, &per_sku, &mut rejected).await?,
+        None => take_stock_locked(tx, b, &owned, &per_row, &mut rejected).await?,
     };
     Ok((created, rejected))
 }
@@ -368,10 +374,10 @@ async fn insert_orders(
             .prepare_cached(
                 "INSERT INTO orders
                    (order_id, reservation_id, activity_id, sku_id, user_id, status, amount_cents,
-                    expires_at, reserved_at)
-                 SELECT t.o, t.r, t.a, t.s, t.u, 'CREATED', k.price_cents, $6, t.ra
+                    expires_at, reserved_at, stock_bucket)
+                 SELECT t.o, t.r, t.a, t.s, t.u, 'CREATED', k.price_cents, $6, t.ra, t.b
                  FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[],
-                             $7::timestamptz[]) AS t(o, r, a, s, u, ra)
+                             $7::timestamptz[], $8::int2[]) AS t(o, r, a, s, u, ra, b)
                  JOIN activity_skus k ON k.activity_id = t.a AND k.sku_id = t.s
                  ON CONFLICT DO NOTHING
                  RETURNING order_id",
@@ -415,85 +421,91 @@ async fn insert_orders(
     Ok(inserted)
 }
 
-/// The inserted orders by activity SKU, in key order (the order stock rows are locked in).
+/// The inserted orders by stock row (activity, SKU, the reservation's bucket), in key order
+/// (the order stock rows are locked in).
 fn group_by_sku(
     b: &Batch<'_>,
     eligible: &[usize],
     inserted: &HashSet<String>,
-) -> BTreeMap<(i64, i64), Vec<usize>> {
-    let mut per_sku: BTreeMap<(i64, i64), Vec<usize>> = BTreeMap::new();
+) -> BTreeMap<StockKey, Vec<usize>> {
+    let mut per_row: BTreeMap<StockKey, Vec<usize>> = BTreeMap::new();
     for &i in eligible {
-        if inserted.contains(&b.ev(i).order_id) {
-            per_sku
-                .entry((b.ev(i).activity_id, b.ev(i).sku_id))
+        let e = b.ev(i);
+        if inserted.contains(&e.order_id) {
+            per_row
+                .entry((e.activity_id, e.sku_id, home_bucket(e)))
                 .or_default()
                 .push(i);
         }
     }
-    per_sku
+    per_row
 }
 
-/// Step 5, optimistic: when an unlocked read shows enough stock for every SKU of the batch,
-/// write every outcome as if all were granted, then decrement each SKU conditionally
-/// (`remaining_stock >= wanted`, re-checked by PostgreSQL on the latest row version), in key
-/// order. The hot row's lock is what serialises the sale, so it is taken last and held for
-/// the decrement and the commit only. `None` when it does not apply or a SKU fell short
-/// meanwhile (rolled back to the savepoint): the locked path decides.
+/// Step 5, optimistic: when an unlocked read shows enough stock in every stock row of the
+/// batch (each order's home bucket), write every outcome as if all were granted, then
+/// decrement each row conditionally (`remaining_stock >= wanted`, re-checked by PostgreSQL on
+/// the latest row version), in key order. The hot row's lock is what serialises the sale, so
+/// it is taken last and held for the decrement and the commit only; with stock buckets, K
+/// such rows let K transactions of one SKU commit side by side. `None` when it does not apply
+/// or a row fell short meanwhile (rolled back to the savepoint): the locked path decides.
 async fn take_stock_optimistically(
     tx: &Tx<'_>,
     b: &Batch<'_>,
     owned: &[usize],
-    per_sku: &BTreeMap<(i64, i64), Vec<usize>>,
+    per_row: &BTreeMap<StockKey, Vec<usize>>,
     rejected: &[(usize, RejectReason)],
 ) -> Result<Option<Vec<usize>>, tokio_postgres::Error> {
-    if per_sku.is_empty() {
+    if per_row.is_empty() {
         return Ok(None);
     }
-    let a: Vec<i64> = per_sku.keys().map(|k| k.0).collect();
-    let s: Vec<i64> = per_sku.keys().map(|k| k.1).collect();
+    let a: Vec<i64> = per_row.keys().map(|k| k.0).collect();
+    let s: Vec<i64> = per_row.keys().map(|k| k.1).collect();
+    let k: Vec<i16> = per_row.keys().map(|k| k.2).collect();
     let peek = tx
         .prepare_cached(
-            "SELECT k.activity_id, k.sku_id, k.remaining_stock::int8
-             FROM unnest($1::int8[], $2::int8[]) AS t(a, s)
-             JOIN activity_skus k ON k.activity_id = t.a AND k.sku_id = t.s",
+            "SELECT k.activity_id, k.sku_id, k.bucket, k.remaining_stock::int8
+             FROM unnest($1::int8[], $2::int8[], $3::int2[]) AS t(a, s, b)
+             JOIN stock_buckets k ON k.activity_id = t.a AND k.sku_id = t.s AND k.bucket = t.b",
         )
         .await?;
-    let peek_params: [&(dyn ToSql + Sync); 2] = [&a, &s];
+    let peek_params: [&(dyn ToSql + Sync); 3] = [&a, &s, &k];
     let (sp, rows) = futures::join!(
         tx.batch_execute("SAVEPOINT stock"),
         tx.query(&peek, &peek_params)
     );
     sp?;
-    let left: HashMap<(i64, i64), i64> = rows?
+    let left: HashMap<StockKey, i64> = rows?
         .into_iter()
-        .map(|r| ((r.get(0), r.get(1)), r.get(2)))
+        .map(|r| ((r.get(0), r.get(1), r.get(2)), r.get(3)))
         .collect();
-    let enough = per_sku
+    let enough = per_row
         .iter()
         .all(|(k, idxs)| left.get(k).copied().unwrap_or(0) >= idxs.len() as i64);
     if !enough {
         return Ok(None);
     }
-    let all: Vec<usize> = per_sku.values().flatten().copied().collect();
+    let all: Vec<usize> = per_row.values().flatten().copied().collect();
     // Fault-injection point: another transaction may take the stock between the read above
     // and the decrement below (tests/stock_fallback.rs takes it here), so the decrement
     // misses and the savepoint fallback decides.
     fail::fail_point!("order-tx-after-stock-peek");
-    write_outcomes(tx, b, owned, &all, rejected).await?;
+    write_outcomes(tx, b, owned, &all, &HashMap::new(), rejected).await?;
     let take = tx
         .prepare_cached(
-            "UPDATE activity_skus SET remaining_stock = remaining_stock - $3, updated_at = now()
-             WHERE activity_id = $1 AND sku_id = $2 AND remaining_stock >= $3
+            "UPDATE stock_buckets SET remaining_stock = remaining_stock - $4, updated_at = now()
+             WHERE activity_id = $1 AND sku_id = $2 AND bucket = $3 AND remaining_stock >= $4
              RETURNING remaining_stock",
         )
         .await?;
-    // One statement per SKU, pipelined: PostgreSQL runs them in key order (so two batches
-    // never lock the same rows in opposite orders), in one round trip.
-    let wants: Vec<i32> = per_sku.values().map(|idxs| idxs.len() as i32).collect();
-    let params: Vec<[&(dyn ToSql + Sync); 3]> = per_sku
+    // One statement per stock row, pipelined: PostgreSQL runs them in key order (so two
+    // batches never lock the same rows in opposite orders), in one round trip.
+    let wants: Vec<i32> = per_row.values().map(|idxs| idxs.len() as i32).collect();
+    let params: Vec<[&(dyn ToSql + Sync); 4]> = per_row
         .keys()
         .zip(&wants)
-        .map(|((activity_id, sku_id), want)| [activity_id as &(dyn ToSql + Sync), sku_id, want])
+        .map(|((activity_id, sku_id, bucket), want)| {
+            [activity_id as &(dyn ToSql + Sync), sku_id, bucket, want]
+        })
         .collect();
     let takes = params.iter().map(|p| tx.query_opt(&take, p));
     // The commit stamp follows the decrements in the same round trip; if one misses, the
@@ -515,50 +527,94 @@ async fn take_stock_optimistically(
     Ok(None)
 }
 
-/// Step 5, locked: one conditional decrement per SKU, in key order (no deadlocks between
-/// batches), granting at most what is left. Surplus orders are removed and rejected NO_STOCK.
-/// The row lock is FOR NO KEY UPDATE: the orders' foreign-key checks hold FOR KEY SHARE on
-/// the same row, and FOR UPDATE would deadlock two transactions. Returns the created indexes.
+/// Step 5, locked: per SKU, in key order (no deadlocks between batches), every stock row of
+/// the SKU is locked in bucket order; each order takes its unit from its home bucket first,
+/// then from the other buckets in bucket order (a bucket Redis moved leftovers into may sell
+/// more units than its own row holds: docs/ARCHITECTURE.md#moving-leftovers), granting at
+/// most what is left. Surplus orders are removed and rejected NO_STOCK. The row lock is FOR NO
+/// KEY UPDATE, like the decrement's (the orders' foreign-key checks hold FOR KEY SHARE on
+/// the SKU's row). Returns the created indexes.
 async fn take_stock_locked(
     tx: &Tx<'_>,
     b: &Batch<'_>,
     owned: &[usize],
-    per_sku: &BTreeMap<(i64, i64), Vec<usize>>,
+    per_row: &BTreeMap<StockKey, Vec<usize>>,
     rejected: &mut Vec<(usize, RejectReason)>,
 ) -> Result<Vec<usize>, tokio_postgres::Error> {
+    let mut per_sku: BTreeMap<(i64, i64), BucketGroups<'_>> = BTreeMap::new();
+    for ((activity_id, sku_id, bucket), idxs) in per_row {
+        per_sku
+            .entry((*activity_id, *sku_id))
+            .or_default()
+            .push((*bucket, idxs.as_slice()));
+    }
+    let lock = tx
+        .prepare_cached(
+            "SELECT bucket, remaining_stock FROM stock_buckets
+             WHERE activity_id = $1 AND sku_id = $2 ORDER BY bucket FOR NO KEY UPDATE",
+        )
+        .await?;
+    let take = tx
+        .prepare_cached(
+            "UPDATE stock_buckets SET remaining_stock = remaining_stock - $4, updated_at = now()
+             WHERE activity_id = $1 AND sku_id = $2 AND bucket = $3",
+        )
+        .await?;
     let mut created: Vec<usize> = Vec::new();
     let mut surplus: Vec<String> = Vec::new();
-    for ((activity_id, sku_id), idxs) in per_sku {
-        let stmt = tx
-            .prepare_cached(
-                "WITH cur AS (
-                    SELECT activity_id, sku_id, remaining_stock FROM activity_skus
-                    WHERE activity_id = $1 AND sku_id = $2 FOR NO KEY UPDATE)
-                 UPDATE activity_skus s
-                    SET remaining_stock = cur.remaining_stock - LEAST(cur.remaining_stock, $3),
-                        updated_at = now()
-                 FROM cur WHERE s.activity_id = cur.activity_id AND s.sku_id = cur.sku_id
-                 RETURNING LEAST(cur.remaining_stock, $3)",
-            )
-            .await?;
-        let want = idxs.len() as i32;
-        let granted: i32 = tx
-            .query_opt(&stmt, &[activity_id, sku_id, &want])
+    // Orders whose unit came from another bucket than their home one.
+    let mut moved: HashMap<usize, i16> = HashMap::new();
+    for ((activity_id, sku_id), groups) in &per_sku {
+        let mut left: BTreeMap<i16, i32> = tx
+            .query(&lock, &[activity_id, sku_id])
             .await?
-            .map(|row| row.get(0))
-            .unwrap_or(0);
-        let granted = granted.clamp(0, want) as usize;
-        if granted < idxs.len() {
-            metrics::counter!("inventory_condition_update_miss_total")
-                .increment((idxs.len() - granted) as u64);
-        }
-        for (n, &i) in idxs.iter().enumerate() {
-            if n < granted {
-                created.push(i);
-            } else {
-                surplus.push(b.ev(i).order_id.clone());
-                rejected.push((i, RejectReason::NoStock));
+            .into_iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let before = left.clone();
+        let mut want_total = 0usize;
+        let mut granted_total = 0usize;
+        for (home, idxs) in groups {
+            want_total += idxs.len();
+            for &i in idxs.iter() {
+                let from = if left.get(home).is_some_and(|&n| n > 0) {
+                    Some(*home)
+                } else {
+                    left.iter().find(|(_, &n)| n > 0).map(|(&k, _)| k)
+                };
+                match from {
+                    Some(k) => {
+                        *left.get_mut(&k).expect("a locked row") -= 1;
+                        if k != *home {
+                            moved.insert(i, k);
+                        }
+                        created.push(i);
+                        granted_total += 1;
+                    }
+                    None => {
+                        surplus.push(b.ev(i).order_id.clone());
+                        rejected.push((i, RejectReason::NoStock));
+                    }
+                }
             }
+        }
+        if granted_total < want_total {
+            metrics::counter!("inventory_condition_update_miss_total")
+                .increment((want_total - granted_total) as u64);
+        }
+        let takes: Vec<(i16, i32)> = left
+            .iter()
+            .filter_map(|(k, n)| {
+                let was = before[k];
+                (was != *n).then_some((*k, was - n))
+            })
+            .collect();
+        let params: Vec<[&(dyn ToSql + Sync); 4]> = takes
+            .iter()
+            .map(|(k, n)| [activity_id as &(dyn ToSql + Sync), sku_id, k, n])
+            .collect();
+        for r in futures::future::join_all(params.iter().map(|p| tx.execute(&take, p))).await {
+            r?;
         }
     }
     exec_unless_empty(
@@ -568,7 +624,17 @@ async fn take_stock_locked(
         [&surplus],
     )
     .await?;
-    write_outcomes(tx, b, owned, &created, rejected).await?;
+    let moved_ids: Vec<&str> = moved.keys().map(|&i| b.ev(i).order_id.as_str()).collect();
+    let moved_buckets: Vec<i16> = moved.values().copied().collect();
+    exec_unless_empty(
+        tx,
+        moved.is_empty(),
+        "UPDATE orders o SET stock_bucket = t.b FROM unnest($1::text[], $2::int2[]) AS t(o, b)
+         WHERE o.order_id = t.o",
+        [&moved_ids as &(dyn ToSql + Sync), &moved_buckets],
+    )
+    .await?;
+    write_outcomes(tx, b, owned, &created, &moved, rejected).await?;
     if !created.is_empty() {
         stamp_commit(tx, created.len()).await?;
     }
@@ -597,13 +663,14 @@ async fn write_outcomes(
     b: &Batch<'_>,
     owned: &[usize],
     created: &[usize],
+    moved: &HashMap<usize, i16>,
     rejected: &[(usize, RejectReason)],
 ) -> Result<(), tokio_postgres::Error> {
     let mut ledger = LedgerRows::default();
     let mut outbox = OutboxRows::default();
     for &i in created {
         let e = b.ev(i);
-        ledger.push(e);
+        ledger.push(e, moved.get(&i).copied().unwrap_or_else(|| home_bucket(e)));
         outbox.push_created(b, e);
     }
     let mut rejections = RejectionRows::default();
@@ -617,10 +684,15 @@ async fn write_outcomes(
     let ledger = exec_unless_empty(
         tx,
         ledger.order_ids.is_empty(),
-        "INSERT INTO stock_ledger (activity_id, sku_id, order_id, delta, reason)
-         SELECT t.a, t.s, t.o, -1, 'ORDER_CREATED'
-         FROM unnest($1::int8[], $2::int8[], $3::text[]) AS t(a, s, o)",
-        [&ledger.activity_ids, &ledger.sku_ids, &ledger.order_ids],
+        "INSERT INTO stock_ledger (activity_id, sku_id, order_id, delta, reason, bucket)
+         SELECT t.a, t.s, t.o, -1, 'ORDER_CREATED', t.b
+         FROM unnest($1::int8[], $2::int8[], $3::text[], $4::int2[]) AS t(a, s, o, b)",
+        [
+            &ledger.activity_ids as &(dyn ToSql + Sync),
+            &ledger.sku_ids,
+            &ledger.order_ids,
+            &ledger.buckets,
+        ],
     );
     let events = exec_unless_empty(
         tx,

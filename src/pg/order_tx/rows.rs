@@ -93,6 +93,8 @@ pub(super) struct OrderRows {
     pub(super) sku_ids: Vec<i64>,
     pub(super) user_ids: Vec<i64>,
     pub(super) reserved_at: Vec<DateTime<Utc>>,
+    /// The stock bucket the reservation was taken in (its home: where its unit is looked for).
+    pub(super) buckets: Vec<i16>,
 }
 
 impl OrderRows {
@@ -103,12 +105,13 @@ impl OrderRows {
         self.sku_ids.push(e.sku_id);
         self.user_ids.push(e.user_id);
         self.reserved_at.push(e.reservation_created_at);
+        self.buckets.push(home_bucket(e));
     }
 
     pub(super) fn params<'p>(
         &'p self,
         expires_at: &'p DateTime<Utc>,
-    ) -> [&'p (dyn ToSql + Sync); 7] {
+    ) -> [&'p (dyn ToSql + Sync); 8] {
         [
             &self.order_ids,
             &self.reservation_ids,
@@ -117,8 +120,15 @@ impl OrderRows {
             &self.user_ids,
             expires_at,
             &self.reserved_at,
+            &self.buckets,
         ]
     }
+}
+
+/// The stock bucket an order's unit is taken from first: the one its reservation id names
+/// (docs/ARCHITECTURE.md#stock-buckets).
+pub(super) fn home_bucket(e: &OrderCreateRequested) -> i16 {
+    crate::domain::ids::reservation_bucket(&e.reservation_id) as i16
 }
 
 /// `stock_ledger`: one debit per created order.
@@ -127,13 +137,16 @@ pub(super) struct LedgerRows {
     pub(super) activity_ids: Vec<i64>,
     pub(super) sku_ids: Vec<i64>,
     pub(super) order_ids: Vec<String>,
+    /// The bucket row the unit came from.
+    pub(super) buckets: Vec<i16>,
 }
 
 impl LedgerRows {
-    pub(super) fn push(&mut self, e: &OrderCreateRequested) {
+    pub(super) fn push(&mut self, e: &OrderCreateRequested, bucket: i16) {
         self.order_ids.push(e.order_id.clone());
         self.activity_ids.push(e.activity_id);
         self.sku_ids.push(e.sku_id);
+        self.buckets.push(bucket);
     }
 }
 

@@ -1,4 +1,5 @@
--- Atomic reservation (docs/ARCHITECTURE.md#the-hot-path). All keys share the activity's hash tag.
+-- Atomic reservation (docs/ARCHITECTURE.md#the-hot-path). All keys share the hash tag of the
+-- activity's stock bucket the buyer reserves in (docs/ARCHITECTURE.md#stock-buckets).
 -- KEYS: 1 meta, 2 sku, 3 buyers, 4 requests, 5 pending index (by next retry), 6 pending-since index
 --       (by creation: its head is the oldest unconfirmed reservation), 7 the client address's
 --       rate bucket, 8 the buyer's rate bucket (both within the activity)
@@ -9,7 +10,7 @@
 -- Returns {code, reservation_id, message_id, order_id, mq_status, status, valid_until_ms, created_at_ms}
 local now = tonumber(ARGV[1])
 local meta = redis.call('HMGET', KEYS[1], 'starts_at_ms', 'ends_at_ms', 'valid_ms', 'paused',
-  'paused_reason')
+  'paused_reason', 'buckets')
 if not meta[1] then return {'NOT_FOUND'} end
 
 -- Abuse limits (docs/ARCHITECTURE.md#abuse-limits): a token bucket per client address and per
@@ -70,7 +71,12 @@ if not remaining then return {'NOT_FOUND'} end
 if sku[2] == '1' then return {'PAUSED', sku[3] or ''} end
 local holder = redis.call('HGET', KEYS[3], ARGV[2])
 if holder then return {'ALREADY_PURCHASED', holder} end
-if tonumber(remaining) <= 0 then return {'SOLD_OUT'} end
+if tonumber(remaining) <= 0 then
+  -- A split SKU's bucket counts the buyers it refused: the rebalancer moves leftovers from
+  -- the other buckets to one that refuses (docs/ARCHITECTURE.md#moving-leftovers).
+  if meta[6] and tonumber(meta[6]) > 1 then redis.call('HINCRBY', KEYS[2], 'refused', 1) end
+  return {'SOLD_OUT'}
+end
 
 redis.call('HINCRBY', KEYS[2], 'remaining', -1)
 -- Every reservation ever made, never given back: an API instance answering SOLD_OUT from memory

@@ -106,9 +106,19 @@ async fn reserve_inner(
         (None, Some(body)) => body,
         (None, None) => return Err(ApiError::invalid(ValidationError::Missing("user_id"))),
     };
-    // A SKU known sold out is answered from memory, unless the buyer is one of its winners
-    // (docs/ARCHITECTURE.md#sold-out-from-memory).
-    if api.sold_out_poll_ms > 0 && s.sold_out.answers(activity_id, sku_id, user_id) {
+    // The stock bucket the buyer reserves in (docs/ARCHITECTURE.md#stock-buckets): the
+    // activity's count of buckets is read once per process.
+    let shard = s
+        .redis
+        .home_shard(activity_id, user_id)
+        .await
+        .map_err(|e| {
+            warn!(error = %e, activity_id, user_id, "stock buckets not read");
+            ApiError::unavailable("the reservation store")
+        })?;
+    // A SKU known sold out (in the buyer's bucket) is answered from memory, unless the buyer
+    // is one of its winners (docs/ARCHITECTURE.md#sold-out-from-memory).
+    if api.sold_out_poll_ms > 0 && s.sold_out.answers(shard, sku_id, user_id) {
         metrics::counter!("reservation_sold_out_from_memory_total").increment(1);
         return Err(ApiError::from(ReserveResult::SoldOut));
     }
@@ -122,7 +132,7 @@ async fn reserve_inner(
         )
     })?;
     // Ids and trace first: every later retry of this reservation reuses them.
-    let ids = Ids::generate(activity_id);
+    let ids = Ids::generate(activity_id, shard.bucket);
     let trace = trace_context(headers);
     let now_ms = Utc::now().timestamp_millis();
     // The scanner must not pick the reservation up while this request is still sending it.
@@ -164,7 +174,7 @@ async fn reserve_inner(
         }
         ReserveResult::SoldOut => {
             if api.sold_out_poll_ms > 0 {
-                s.sold_out.note(activity_id, sku_id);
+                s.sold_out.note(shard, sku_id);
             }
             return Err(ApiError::from(ReserveResult::SoldOut));
         }

@@ -8,8 +8,10 @@
 //! A poller asks Redis every `api.sold_out_poll_ms` (100 ms) for each flagged SKU's `remaining`
 //! and `taken`: stock back (a release) clears the flag, so a free unit is refused for at most
 //! one poll; `taken` moved (a unit was released and taken again between two polls) reloads the
-//! winners. Each API instance keeps its own flags; they are per SKU and the keys share the
-//! activity's hash tag, so it works the same on Redis Cluster.
+//! winners. Each API instance keeps its own flags; they are per SKU and stock bucket
+//! (docs/ARCHITECTURE.md#stock-buckets: one bucket sells out before another, and a unit moved
+//! into a bucket is stock back like a release) and the keys share the bucket's hash tag, so it
+//! works the same on Redis Cluster.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
@@ -18,7 +20,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::redis::{RedisStore, SoldOutView};
+use crate::redis::{RedisStore, Shard, SoldOutView};
+
+/// One SKU in one stock bucket.
+type Key = (Shard, i64);
 
 /// One SKU's flag.
 #[derive(Debug)]
@@ -32,29 +37,29 @@ enum Flag {
 /// The SKUs this process knows to be sold out.
 #[derive(Debug, Default)]
 pub struct SoldOut {
-    skus: RwLock<HashMap<(i64, i64), Flag>>,
+    skus: RwLock<HashMap<Key, Flag>>,
 }
 
 impl SoldOut {
     /// Whether this request can be answered SOLD_OUT without Redis: the SKU is known sold out
     /// and the buyer is none of its winners.
-    pub fn answers(&self, activity_id: i64, sku_id: i64, user_id: i64) -> bool {
+    pub fn answers(&self, shard: Shard, sku_id: i64, user_id: i64) -> bool {
         let Ok(skus) = self.skus.read() else {
             return false;
         };
-        matches!(skus.get(&(activity_id, sku_id)),
+        matches!(skus.get(&(shard, sku_id)),
                  Some(Flag::Known { winners, .. }) if !winners.contains(&user_id))
     }
 
     /// Redis answered SOLD_OUT for the SKU: the poller loads its winners at its next pass.
-    pub fn note(&self, activity_id: i64, sku_id: i64) {
+    pub fn note(&self, shard: Shard, sku_id: i64) {
         if let Ok(mut skus) = self.skus.write() {
-            skus.entry((activity_id, sku_id)).or_insert(Flag::Loading);
+            skus.entry((shard, sku_id)).or_insert(Flag::Loading);
         }
     }
 
     /// The flagged SKUs, with the `taken` their winners were loaded at (`None`: not loaded).
-    fn flagged(&self) -> Vec<((i64, i64), Option<i64>)> {
+    fn flagged(&self) -> Vec<(Key, Option<i64>)> {
         self.skus.read().map_or_else(
             |_| Vec::new(),
             |skus| {
@@ -72,14 +77,15 @@ impl SoldOut {
     }
 
     /// Applies what Redis said of one flagged SKU.
-    fn apply(&self, key: (i64, i64), view: SoldOutView) {
+    fn apply(&self, key: Key, view: SoldOutView) {
         let Ok(mut skus) = self.skus.write() else {
             return;
         };
         if view.remaining > 0 {
             skus.remove(&key);
             debug!(
-                activity_id = key.0,
+                activity_id = key.0.activity_id,
+                bucket = key.0.bucket,
                 sku_id = key.1,
                 remaining = view.remaining,
                 "stock is back: sold-out flag cleared"
@@ -114,7 +120,8 @@ pub async fn run_poller(
                 Ok(view) => sold_out.apply(key, view),
                 // Left as it is: while Redis cannot be asked, a request sent to it would fail
                 // as well; the flag is checked again at the next poll.
-                Err(e) => warn!(activity_id = key.0, sku_id = key.1, error = %e,
+                Err(e) => warn!(activity_id = key.0.activity_id, bucket = key.0.bucket,
+                                sku_id = key.1, error = %e,
                                 "sold-out flag not checked"),
             }
         }
@@ -141,32 +148,38 @@ mod tests {
     #[test]
     fn only_known_sold_out_skus_are_answered_and_never_for_a_winner() {
         let s = SoldOut::default();
-        assert!(!s.answers(1, 1, 7), "nothing known");
-        s.note(1, 1);
-        assert!(!s.answers(1, 1, 7), "winners not loaded yet: Redis decides");
-        assert_eq!(s.flagged(), vec![((1, 1), None)]);
-        s.apply((1, 1), view(0, 2, Some(vec![3, 4])));
-        assert!(s.answers(1, 1, 7));
-        assert!(!s.answers(1, 1, 3), "a winner goes to Redis");
-        assert!(!s.answers(1, 2, 7), "another SKU");
-        assert_eq!(s.flagged(), vec![((1, 1), Some(2))]);
+        let a = Shard::from(1);
+        assert!(!s.answers(a, 1, 7), "nothing known");
+        s.note(a, 1);
+        assert!(!s.answers(a, 1, 7), "winners not loaded yet: Redis decides");
+        assert_eq!(s.flagged(), vec![((a, 1), None)]);
+        s.apply((a, 1), view(0, 2, Some(vec![3, 4])));
+        assert!(s.answers(a, 1, 7));
+        assert!(!s.answers(a, 1, 3), "a winner goes to Redis");
+        assert!(!s.answers(a, 2, 7), "another SKU");
+        assert!(
+            !s.answers(Shard::new(1, 1), 1, 7),
+            "another stock bucket of the SKU"
+        );
+        assert_eq!(s.flagged(), vec![((a, 1), Some(2))]);
     }
 
     #[test]
     fn stock_back_clears_the_flag_and_a_moved_counter_reloads_the_winners() {
         let s = SoldOut::default();
-        s.note(1, 1);
-        s.apply((1, 1), view(0, 2, Some(vec![3, 4])));
+        let a = Shard::from(1);
+        s.note(a, 1);
+        s.apply((a, 1), view(0, 2, Some(vec![3, 4])));
         // Taken again between two polls: the new winner is loaded.
-        s.apply((1, 1), view(0, 3, Some(vec![3, 5])));
-        assert!(!s.answers(1, 1, 5));
-        assert!(s.answers(1, 1, 4), "released, no longer a winner");
+        s.apply((a, 1), view(0, 3, Some(vec![3, 5])));
+        assert!(!s.answers(a, 1, 5));
+        assert!(s.answers(a, 1, 4), "released, no longer a winner");
         // Unchanged: no winners sent, the flag stays.
-        s.apply((1, 1), view(0, 3, None));
-        assert!(s.answers(1, 1, 7));
-        s.apply((1, 1), view(1, 3, None));
+        s.apply((a, 1), view(0, 3, None));
+        assert!(s.answers(a, 1, 7));
+        s.apply((a, 1), view(1, 3, None));
         assert!(
-            !s.answers(1, 1, 7),
+            !s.answers(a, 1, 7),
             "a free unit is never refused from memory"
         );
         assert!(s.flagged().is_empty());

@@ -28,6 +28,11 @@ pub struct CreateArgs {
     /// How long a reservation may wait for its order; default: `api.reservation_valid_secs`.
     #[arg(long)]
     pub reservation_valid_secs: Option<i32>,
+    /// Split each SKU's stock into this many buckets (1-64), each its own Redis hash tag and
+    /// its own PostgreSQL stock row, for a SKU hotter than one Redis shard or one row lock
+    /// (docs/ARCHITECTURE.md#stock-buckets). Fixed once the activity exists.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i16).range(1..=64))]
+    pub stock_buckets: i16,
 }
 
 fn parse_sku(s: &str) -> Result<(i64, i32, i64), String> {
@@ -67,12 +72,13 @@ pub async fn create(settings: &Settings, args: &CreateArgs) -> anyhow::Result<()
         ends_at: starts_at + Duration::seconds(args.duration_secs),
         reservation_valid_secs: valid,
         skus: args.skus.clone(),
+        stock_buckets: args.stock_buckets,
     };
     let (mut client, conn) = crate::pg::connect_one(&settings.pg).await?;
     let conn = tokio::spawn(conn);
     queries::create_activity(&mut client, &spec, now).await?;
     // Warm Redis from what PostgreSQL holds (an earlier, started run keeps its values).
-    let (starts, ends, valid_secs, skus) = queries::activity(&client, args.activity_id)
+    let (starts, ends, valid_secs, skus, buckets) = queries::activity(&client, args.activity_id)
         .await?
         .context("activity vanished after create")?;
     drop(client);
@@ -87,6 +93,7 @@ pub async fn create(settings: &Settings, args: &CreateArgs) -> anyhow::Result<()
                 ends.timestamp_millis(),
                 i64::from(valid_secs) * 1000,
                 total,
+                buckets as u16,
             )
             .await?;
         anyhow::ensure!(
@@ -94,9 +101,15 @@ pub async fn create(settings: &Settings, args: &CreateArgs) -> anyhow::Result<()
             "activity {}: Redis already holds reservations for SKU {sku_id}; its stock cannot change",
             args.activity_id
         );
-        info!(activity_id = args.activity_id, sku_id, total, result = ?r, "SKU warmed");
+        if let WarmResult::BucketsFixed { warmed } = r {
+            anyhow::bail!(
+                "activity {}: Redis holds it in {warmed} stock bucket(s), PostgreSQL in {buckets}",
+                args.activity_id
+            );
+        }
+        info!(activity_id = args.activity_id, sku_id, total, buckets, result = ?r, "SKU warmed");
         println!(
-            "activity {} sku {sku_id}: stock {total}, {} .. {} ({:?})",
+            "activity {} sku {sku_id}: stock {total} in {buckets} bucket(s), {} .. {} ({:?})",
             args.activity_id,
             starts.to_rfc3339(),
             ends.to_rfc3339(),

@@ -7,6 +7,7 @@
 //!
 //! Several `scan` processes may run at once: the leases keep them out of each other's way.
 
+pub mod rebalance;
 pub mod relay;
 pub mod resend;
 mod retention;

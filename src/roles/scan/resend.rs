@@ -21,7 +21,7 @@ use crate::mq::{order_create_message, Publisher, SendOutcome};
 use crate::pg::order_tx::{withdraw, Inbound, TxNames};
 use crate::pg::outbox::backoff_ms;
 use crate::redis::reservation::ReservationHash;
-use crate::redis::{RedisStore, Release};
+use crate::redis::{RedisStore, Release, Shard};
 
 /// What one scanner pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +34,9 @@ pub struct ScanStats {
     pub settled: usize,
     /// Activities taken off the work list in this pass (ended, nothing pending).
     pub retired: usize,
+    /// Leftover moves between stock buckets made, and open ones finished.
+    pub moves: usize,
+    pub moves_resumed: usize,
 }
 
 /// The reservation re-send scanner.
@@ -102,22 +105,14 @@ impl Scanner {
     /// One pass over every activity: claim what is due, re-send, record the outcome.
     pub async fn scan_once(&self) -> anyhow::Result<ScanStats> {
         let mut stats = ScanStats::default();
-        let sc = &self.settings.scan;
         let mut pending_total = 0i64;
         let mut oldest_ms: Option<i64> = None;
         for activity_id in self.redis.activities().await? {
-            let now_ms = Utc::now().timestamp_millis();
-            let claimed = self
-                .redis
-                .claim_due(
-                    activity_id,
-                    now_ms,
-                    sc.scanner_batch,
-                    &self.owner,
-                    sc.scanner_lease_ms,
-                )
-                .await?;
-            if claimed.retire {
+            let mut retire = true;
+            for shard in self.redis.shards(activity_id).await? {
+                retire &= self.scan_shard(shard, &mut stats).await?;
+            }
+            if retire {
                 // Ended long ago with nothing pending: no pass needs to look at it again.
                 let keep = u64::from(self.settings.retention.activity_keys_hours) * 3600;
                 let expiring = self.redis.retire_activity(activity_id, keep).await?;
@@ -130,22 +125,13 @@ impl Scanner {
                 );
                 continue;
             }
-            let claims = claimed.reservations;
-            stats.claimed += claims.len();
-            // Fault-injection point: a scanner dies holding its leases.
-            fail::fail_point!("scanner-holding-lease", |_| std::process::abort());
-            let results: Vec<(&'static str, String)> = futures::stream::iter(claims)
-                .map(|fields| self.resend(activity_id, fields))
-                .buffer_unordered(sc.send_concurrency)
-                .collect()
-                .await;
-            for (outcome, _) in &results {
-                match *outcome {
-                    "confirmed" => stats.confirmed += 1,
-                    "unknown" => stats.unknown += 1,
-                    "settled" => stats.settled += 1,
-                    _ => stats.failed += 1,
+            match super::rebalance::rebalance(&self.redis, activity_id, &self.owner).await {
+                Ok(m) => {
+                    stats.moves += m.moves;
+                    stats.moves_resumed += m.resumed;
                 }
+                // Whatever a failed pass left open, the next one finishes first.
+                Err(e) => warn!(activity_id, error = %e, "leftover move failed; resumed next pass"),
             }
             let (count, oldest) = self.redis.pending_stats(activity_id).await?;
             pending_total += count;
@@ -159,6 +145,45 @@ impl Scanner {
             .unwrap_or(0.0);
         metrics::gauge!("reservation_mq_pending_oldest_age_seconds").set(age);
         Ok(stats)
+    }
+
+    /// Claims what is due in one shard (an activity's stock bucket), re-sends it and records
+    /// the outcomes; `true` when the shard has nothing pending and its activity ended long
+    /// ago (it can retire).
+    async fn scan_shard(&self, shard: Shard, stats: &mut ScanStats) -> anyhow::Result<bool> {
+        let sc = &self.settings.scan;
+        let now_ms = Utc::now().timestamp_millis();
+        let claimed = self
+            .redis
+            .claim_due(
+                shard,
+                now_ms,
+                sc.scanner_batch,
+                &self.owner,
+                sc.scanner_lease_ms,
+            )
+            .await?;
+        if claimed.retire {
+            return Ok(true);
+        }
+        let claims = claimed.reservations;
+        stats.claimed += claims.len();
+        // Fault-injection point: a scanner dies holding its leases.
+        fail::fail_point!("scanner-holding-lease", |_| std::process::abort());
+        let results: Vec<(&'static str, String)> = futures::stream::iter(claims)
+            .map(|fields| self.resend(shard.activity_id, fields))
+            .buffer_unordered(sc.send_concurrency)
+            .collect()
+            .await;
+        for (outcome, _) in &results {
+            match *outcome {
+                "confirmed" => stats.confirmed += 1,
+                "unknown" => stats.unknown += 1,
+                "settled" => stats.settled += 1,
+                _ => stats.failed += 1,
+            }
+        }
+        Ok(false)
     }
 
     /// Keeps the reservation `MQ_PENDING` and schedules its next re-send after the backoff of
