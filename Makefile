@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help services-up services-down build demo demo-cluster bench bench-sale limits test test-faults chaos soak soak-small send-timeouts test-unit fmt clippy lint ci
+.PHONY: help services-up services-down build demo demo-cluster bench bench-sale bench-buckets limits test test-faults chaos soak soak-small send-timeouts test-unit fmt clippy lint ci
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -24,6 +24,9 @@ demo-cluster: ## The demo on Redis Cluster, two brokers and every role many time
 
 bench: ## Limits of this machine + the pipeline's figures; last line RATIOS ... (BENCHMARKS.md)
 	scripts/bench.sh
+
+bench-buckets: ## One hot SKU over stock buckets: Redis calls/s and per-primary share (K=1,3,6), orders/s over K=1,4,8 rows; last line BUCKETS ...
+	scripts/bench-buckets.sh
 
 bench-sale: ## Only the bench's sale: whole pipeline, front door alone, direct PostgreSQL; last line SALE_RATIOS ...
 	BENCH_ONLY=sale scripts/bench.sh

@@ -12,6 +12,7 @@ mod bench;
 mod broker;
 mod cpu;
 mod report;
+mod reserve;
 mod soak;
 mod timers;
 
@@ -45,6 +46,9 @@ enum Command {
     Soak(soak::SoakArgs),
     /// How fast and how late the broker delivers timer messages that fall due together.
     Timers(timers::TimersArgs),
+    /// The reservation script's rate for one hot SKU split into stock buckets, and each Redis
+    /// primary's share of the calls.
+    Reserve(reserve::ReserveRunArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -59,6 +63,7 @@ fn main() -> std::process::ExitCode {
             Command::BaselineApi(args) => baseline::run(settings, args).await.map(|_| true),
             Command::Soak(args) => soak::run(settings, args).await,
             Command::Timers(args) => timers::run(settings, args).await,
+            Command::Reserve(args) => reserve::run(settings, args).await,
         }
     })
 }

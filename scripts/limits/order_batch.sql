@@ -14,10 +14,11 @@
 \set ub (permute(:k, 10000000000000) + 1) * 100
 BEGIN;
 INSERT INTO seckill_limits.consumer_inbox
-    (consumer_group, message_id, topic, reservation_id, order_id, status, delivery_attempt)
+    (consumer_group, message_id, topic, reservation_id, order_id, status, delivery_attempt,
+     activity_id)
 SELECT 'seckill-limits-consumer', 'evt_' || lpad((:k::bigint * 100 + g)::text, 26, '0'),
        'seckill-order-create', 'rsv_' || lpad((:k::bigint * 100 + g)::text, 26, '0'),
-       'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0'), 'PROCESSING', 0
+       'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0'), 'PROCESSING', 0, 1
 FROM generate_series(1, :batch::int) AS g
 ON CONFLICT DO NOTHING
 RETURNING message_id;
@@ -30,7 +31,7 @@ SELECT 'rsv_' || lpad((:k::bigint * 100 + g)::text, 26, '0'),
        'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0'), 1, 1, :ub::bigint + g,
        'ORDERED', NULL, now() - interval '20 milliseconds', now() + interval '15 minutes'
 FROM generate_series(1, :batch::int) AS g
-ON CONFLICT (reservation_id) DO NOTHING
+ON CONFLICT (activity_id, reservation_id) DO NOTHING
 RETURNING reservation_id;
 INSERT INTO seckill_limits.orders
     (order_id, reservation_id, activity_id, sku_id, user_id, status, amount_cents,
@@ -54,7 +55,7 @@ SELECT 1, 1, 'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0'), -1, 'ORDER_C
 FROM generate_series(1, :batch::int) AS g;
 INSERT INTO seckill_limits.event_outbox
     (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, deliver_at,
-     next_attempt_at)
+     next_attempt_at, activity_id)
 SELECT o || '.v1.ORDER_CREATED', 'seckill-order-event', 'ORDER_CREATED', o, o, 1,
        jsonb_build_object(
            'schema_version', 1, 'event_type', 'ORDER_CREATED',
@@ -63,7 +64,7 @@ SELECT o || '.v1.ORDER_CREATED', 'seckill-order-event', 'ORDER_CREATED', o, o, 1
            'status', 'CREATED', 'aggregate_version', 1,
            'expires_at', now() + interval '15 minutes', 'occurred_at', now(),
            'traceparent', '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'),
-       NULL, now()
+       NULL, now(), 1
 FROM (SELECT 'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0') AS o,
              'rsv_' || lpad((:k::bigint * 100 + g)::text, 26, '0') AS r,
              :ub::bigint + g AS u
@@ -75,10 +76,10 @@ SELECT o || '.CANCEL_IF_UNPAID', 'seckill-order-timeout', 'CANCEL_IF_UNPAID', o,
            'event_id', o || '.CANCEL_IF_UNPAID', 'order_id', o, 'activity_id', 1, 'sku_id', 1,
            'expires_at', now() + interval '15 minutes',
            'traceparent', '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'),
-       now() + interval '15 minutes', now() + interval '15 minutes' - interval '60 seconds'
+       now() + interval '15 minutes', now() + interval '15 minutes' - interval '60 seconds', 1
 FROM (SELECT 'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0') AS o
       FROM generate_series(1, :batch::int) AS g) AS t
-ON CONFLICT (event_id) DO NOTHING;
+ON CONFLICT (activity_id, event_id) DO NOTHING;
 UPDATE seckill_limits.consumer_inbox i
    SET status = 'SUCCEEDED', decision = 'CREATED', updated_at = now()
  WHERE i.consumer_group = 'seckill-limits-consumer'

@@ -16,9 +16,10 @@
 \set uid permute(:k, 10000000000000) + 1
 BEGIN;
 INSERT INTO seckill_limits.consumer_inbox
-    (consumer_group, message_id, topic, reservation_id, order_id, status, delivery_attempt)
+    (consumer_group, message_id, topic, reservation_id, order_id, status, delivery_attempt,
+     activity_id)
 VALUES ('seckill-limits-consumer', 'evt_' || lpad(:k::text, 26, '0'), 'seckill-order-create',
-        'rsv_' || lpad(:k::text, 26, '0'), 'ord_' || lpad(:k::text, 26, '0'), 'PROCESSING', 0)
+        'rsv_' || lpad(:k::text, 26, '0'), 'ord_' || lpad(:k::text, 26, '0'), 'PROCESSING', 0, 1)
 ON CONFLICT DO NOTHING
 RETURNING message_id;
 INSERT INTO seckill_limits.reservations
@@ -27,7 +28,7 @@ INSERT INTO seckill_limits.reservations
 VALUES ('rsv_' || lpad(:k::text, 26, '0'), 'evt_' || lpad(:k::text, 26, '0'),
         'req_' || lpad(:k::text, 26, '0'), 'ord_' || lpad(:k::text, 26, '0'), 1, 1, :uid,
         'ORDERED', NULL, now() - interval '20 milliseconds', now() + interval '15 minutes')
-ON CONFLICT (reservation_id) DO NOTHING
+ON CONFLICT (activity_id, reservation_id) DO NOTHING
 RETURNING reservation_id;
 INSERT INTO seckill_limits.orders
     (order_id, reservation_id, activity_id, sku_id, user_id, status, amount_cents,
@@ -49,7 +50,7 @@ INSERT INTO seckill_limits.stock_ledger (activity_id, sku_id, order_id, delta, r
 VALUES (1, 1, 'ord_' || lpad(:k::text, 26, '0'), -1, 'ORDER_CREATED', 0);
 INSERT INTO seckill_limits.event_outbox
     (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, deliver_at,
-     next_attempt_at)
+     next_attempt_at, activity_id)
 SELECT 'ord_' || lpad(:k::text, 26, '0') || '.v1.ORDER_CREATED', 'seckill-order-event',
        'ORDER_CREATED', 'ord_' || lpad(:k::text, 26, '0'), 'ord_' || lpad(:k::text, 26, '0'), 1,
        jsonb_build_object(
@@ -61,7 +62,7 @@ SELECT 'ord_' || lpad(:k::text, 26, '0') || '.v1.ORDER_CREATED', 'seckill-order-
            'status', 'CREATED', 'aggregate_version', 1,
            'expires_at', now() + interval '15 minutes', 'occurred_at', now(),
            'traceparent', '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'),
-       NULL, now()
+       NULL, now(), 1
 UNION ALL
 SELECT 'ord_' || lpad(:k::text, 26, '0') || '.CANCEL_IF_UNPAID', 'seckill-order-timeout',
        'CANCEL_IF_UNPAID', 'ord_' || lpad(:k::text, 26, '0'), 'ord_' || lpad(:k::text, 26, '0'), NULL,
@@ -71,8 +72,8 @@ SELECT 'ord_' || lpad(:k::text, 26, '0') || '.CANCEL_IF_UNPAID', 'seckill-order-
            'order_id', 'ord_' || lpad(:k::text, 26, '0'), 'activity_id', 1, 'sku_id', 1,
            'expires_at', now() + interval '15 minutes',
            'traceparent', '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'),
-       now() + interval '15 minutes', now() + interval '15 minutes' - interval '60 seconds'
-ON CONFLICT (event_id) DO NOTHING;
+       now() + interval '15 minutes', now() + interval '15 minutes' - interval '60 seconds', 1
+ON CONFLICT (activity_id, event_id) DO NOTHING;
 UPDATE seckill_limits.consumer_inbox
    SET status = 'SUCCEEDED', decision = 'CREATED', updated_at = now()
  WHERE consumer_group = 'seckill-limits-consumer' AND message_id = 'evt_' || lpad(:k::text, 26, '0');

@@ -128,8 +128,10 @@ async fn claim_inbox(
         .collect();
     let stmt = tx
         .prepare_cached(
-            "INSERT INTO consumer_inbox (consumer_group, message_id, topic, order_id, status)
-             SELECT $1, t.m, $2, t.o, 'PROCESSING' FROM unnest($3::text[], $4::text[]) AS t(m, o)
+            "INSERT INTO consumer_inbox (consumer_group, message_id, topic, order_id, status, activity_id)
+             SELECT $1, t.m, $2, t.o, 'PROCESSING',
+                    coalesce((SELECT o.activity_id FROM orders o WHERE o.order_id = t.o LIMIT 1), 0)
+             FROM unnest($3::text[], $4::text[]) AS t(m, o)
              ON CONFLICT DO NOTHING
              RETURNING message_id",
         )
@@ -331,10 +333,11 @@ async fn write_outcomes(
         tx,
         none,
         "INSERT INTO event_outbox
-           (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload)
-         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                              $6::int[], $7::jsonb[])
-         ON CONFLICT (event_id) DO NOTHING",
+           (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, activity_id)
+         SELECT t.*, coalesce((t.p ->> 'activity_id')::int8, 0)
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                     $6::int[], $7::jsonb[]) AS t(e, t, g, k, a, v, p)
+         ON CONFLICT (activity_id, event_id) DO NOTHING",
         [
             &outbox.event_ids,
             &outbox.topics,

@@ -76,9 +76,12 @@ pub async fn pay(
             paid.amount_cents = Some(r.get(5));
             paid.base.occurred_at = Some(Utc::now());
             tx.execute(
-                "INSERT INTO event_outbox (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload)
-                 VALUES ($1, $2, 'ORDER_PAID', $3, $3, $4, $5) ON CONFLICT (event_id) DO NOTHING",
-                &[&paid.base.event_id, &names.order_event_topic, &p.order_id, &version, &payload(&paid)],
+                "INSERT INTO event_outbox (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload,
+                                           activity_id)
+                 VALUES ($1, $2, 'ORDER_PAID', $3, $3, $4, $5, $6)
+                 ON CONFLICT (activity_id, event_id) DO NOTHING",
+                &[&paid.base.event_id, &names.order_event_topic, &p.order_id, &version, &payload(&paid),
+                  &facts.activity_id],
             )
             .await?;
             tx.batch_execute(&format!("NOTIFY {OUTBOX_CHANNEL}"))
@@ -87,6 +90,22 @@ pub async fn pay(
         }
         None => why_not_paid(&tx, p).await?,
     };
+    // A payment id settles at most one order across every activity: the orders' own unique
+    // key carries the activity (docs/ARCHITECTURE.md#a-distributed-postgresql), this table
+    // does not.
+    if let PayOutcome::Paid { .. } = outcome {
+        let claimed = tx
+            .execute(
+                "INSERT INTO order_payments (payment_id, activity_id, order_id)
+                 SELECT $1, activity_id, order_id FROM orders WHERE order_id = $2
+                 ON CONFLICT (payment_id) DO NOTHING",
+                &[&p.payment_id, &p.order_id],
+            )
+            .await?;
+        if claimed == 0 {
+            return Ok(PayOutcome::PaymentIdReused);
+        }
+    }
     tx.commit().await?;
     Ok(outcome)
 }

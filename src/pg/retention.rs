@@ -105,7 +105,7 @@ pub const BUSY_TABLES: [&str; 6] = [
     "orders",
     "compensation_tasks",
     "reservations",
-    "activity_skus",
+    "stock_buckets",
 ];
 
 /// One pass over every table; returns the rows deleted per table. With `retention.vacuum`,

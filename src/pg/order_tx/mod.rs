@@ -268,9 +268,11 @@ async fn claim_inbox(tx: &Tx<'_>, b: &mut Batch<'_>) -> Result<Vec<usize>, tokio
         let stmt = tx
             .prepare_cached(
                 "INSERT INTO consumer_inbox
-                   (consumer_group, message_id, topic, reservation_id, order_id, status, delivery_attempt)
-                 SELECT $1, t.m, $2, t.r, t.o, 'PROCESSING', t.a
-                 FROM unnest($3::text[], $4::text[], $5::text[], $6::int[]) AS t(m, r, o, a)
+                   (consumer_group, message_id, topic, reservation_id, order_id, status, delivery_attempt,
+                    activity_id)
+                 SELECT $1, t.m, $2, t.r, t.o, 'PROCESSING', t.a, t.act
+                 FROM unnest($3::text[], $4::text[], $5::text[], $6::int[], $7::int8[])
+                      AS t(m, r, o, a, act)
                  ON CONFLICT DO NOTHING
                  RETURNING message_id",
             )
@@ -285,13 +287,15 @@ async fn claim_inbox(tx: &Tx<'_>, b: &mut Batch<'_>) -> Result<Vec<usize>, tokio
             .iter()
             .map(|&i| b.items[i].delivery_attempt)
             .collect();
-        let params: [&(dyn ToSql + Sync); 6] = [
+        let act: Vec<i64> = candidates.iter().map(|&i| b.ev(i).activity_id).collect();
+        let params: [&(dyn ToSql + Sync); 7] = [
             &b.names.consumer_group,
             &b.names.source_topic,
             &m,
             &r,
             &o,
             &a,
+            &act,
         ];
         returned_ids(tx.query(&stmt, &params).await?)
     };
@@ -336,7 +340,7 @@ async fn record_reservations(
                  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[],
                              $7::int8[], $8::text[], $9::timestamptz[], $10::timestamptz[])
                       AS t(r, m, q, o, a, s, u, x, ra, vu)
-                 ON CONFLICT (reservation_id) DO NOTHING
+                 ON CONFLICT (activity_id, reservation_id) DO NOTHING
                  RETURNING reservation_id",
             )
             .await?;
@@ -699,12 +703,13 @@ async fn write_outcomes(
         outbox.event_ids.is_empty(),
         "INSERT INTO event_outbox
            (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, deliver_at,
-            next_attempt_at)
-         SELECT t.e, t.t, t.g, t.k, t.a, t.v, t.p, t.d, coalesce(t.n, now())
+            next_attempt_at, activity_id)
+         SELECT t.e, t.t, t.g, t.k, t.a, t.v, t.p, t.d, coalesce(t.n, now()),
+                coalesce((t.p ->> 'activity_id')::int8, 0)
          FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                      $6::int[], $7::jsonb[], $8::timestamptz[], $9::timestamptz[])
               AS t(e, t, g, k, a, v, p, d, n)
-         ON CONFLICT (event_id) DO NOTHING",
+         ON CONFLICT (activity_id, event_id) DO NOTHING",
         outbox.params(),
     );
     let reject = exec_unless_empty(

@@ -109,8 +109,10 @@ impl Emit {
 async fn emit(client: &impl GenericClient, e: &Emit) -> Result<u64, tokio_postgres::Error> {
     client
         .execute(
-            "INSERT INTO event_outbox (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload)
-             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (event_id) DO NOTHING",
+            "INSERT INTO event_outbox (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload,
+                                       activity_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, coalesce(($7::jsonb ->> 'activity_id')::int8, 0))
+             ON CONFLICT (activity_id, event_id) DO NOTHING",
             &[&e.event_id, &e.topic, &e.tag, &e.key, &e.aggregate_id, &e.version, &e.payload],
         )
         .await
