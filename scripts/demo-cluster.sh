@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # make demo-cluster: the sale of `make demo` on the scaled-out topology, on loopback: the Redis
 # Cluster of scripts/redis-cluster-up.sh (three primaries), two RocketMQ masters, two `api`,
-# three `consume`, two `scan` and two `timeout-cancel`. While reservations are being accepted
-# it SIGKILLs the second broker and fails the activity's Redis primary over to its replica; the
+# three `consume`, two `scan` and two `timeout-cancel`; the SKU's stock split into
+# DEMO_STOCK_BUCKETS (3) stock buckets, spread over the primaries. While reservations are being
+# accepted it SIGKILLs the second broker and fails the primary of the activity's first bucket
+# over to its replica; the
 # sale goes on through both APIs against the one broker left, and the dead one comes back 10 s
 # later (its stored, unconsumed messages wait for it: docs/ARCHITECTURE.md#two-brokers). Half
 # the orders are paid and the rest expire. At the end the second broker is stopped and its
@@ -42,7 +44,8 @@ source "$root/scripts/demo-lib.sh"
 setup migrate
 setup topics create
 ACTIVITY_ID="$(date +%s)"
-setup activity create --activity-id "$ACTIVITY_ID" --name "demo-cluster sale" --sku "1:$STOCK:9900" --duration-secs 3600
+setup activity create --activity-id "$ACTIVITY_ID" --name "demo-cluster sale" --sku "1:$STOCK:9900" \
+  --stock-buckets "${DEMO_STOCK_BUCKETS:-3}" --duration-secs 3600
 
 trap stop_roles EXIT
 

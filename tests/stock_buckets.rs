@@ -171,7 +171,7 @@ async fn a_split_sku_sells_out_to_the_buyers_of_one_bucket_and_a_move_cut_midway
     let mut outs = 0;
     let mut ins = 0;
     for b in 0..3 {
-        let shard = Shard::new(1500, b);
+        let shard = Shard::new(1500, b, 3);
         let o: HashMap<String, String> = deadpool_redis::redis::cmd("HGETALL")
             .arg(redis.keys.transfers_out(shard, 1))
             .query_async(&mut *conn)
@@ -199,7 +199,7 @@ fn activity_over_three_primaries(redis: &RedisStore, from: i64) -> i64 {
     (from..)
         .find(|&a| {
             let p: BTreeSet<u8> = (0..3)
-                .map(|b| primary(redis.keys.slot(Shard::new(a, b))))
+                .map(|b| primary(redis.keys.slot(Shard::new(a, b, 3))))
                 .collect();
             p.len() == 3
         })

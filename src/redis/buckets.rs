@@ -101,11 +101,12 @@ impl RedisStore {
             });
         }
         if shards.len() > 1 {
+            let k = shards.len() as u16;
             for t in self.open_transfers(activity_id, sku_id).await? {
                 let credited: bool = conn
                     .hexists(
                         self.keys
-                            .transfers_in(Shard::new(activity_id, t.to), sku_id),
+                            .transfers_in(Shard::new(activity_id, t.to, k), sku_id),
                         &t.transfer_id,
                     )
                     .await?;
@@ -153,7 +154,7 @@ impl RedisStore {
         now_ms: i64,
     ) -> anyhow::Result<bool> {
         let k = &self.keys;
-        let to = Shard::new(activity_id, t.to);
+        let to = Shard::new(activity_id, t.to, self.buckets(activity_id).await?);
         let mut conn = self.pool.get().await?;
         let credited: i64 = self
             .scripts
@@ -177,7 +178,7 @@ impl RedisStore {
         t: &OpenTransfer,
     ) -> anyhow::Result<()> {
         let mut conn = self.pool.get().await?;
-        let from = Shard::new(activity_id, t.from);
+        let from = Shard::new(activity_id, t.from, self.buckets(activity_id).await?);
         let _: i64 = conn
             .zrem(self.keys.transfers_open(from, sku_id), &t.transfer_id)
             .await?;

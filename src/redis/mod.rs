@@ -22,59 +22,88 @@ use crate::domain::event::ReservationRef;
 /// (docs/ARCHITECTURE.md#reservation-validity).
 pub const RESERVATION_TTL_MARGIN_SECS: u64 = 7 * 24 * 3600;
 
-/// Where an activity's keys live: the activity and one of its stock buckets
+/// Where an activity's keys live: the activity and one of its `buckets` stock buckets
 /// (docs/ARCHITECTURE.md#stock-buckets). Bucket 0 is the activity's own hash tag
 /// (`{a<id>}`), so an activity whose stock is not split is one shard, as before; bucket k > 0
-/// has its own (`{a<id>.b<k>}`), so the buckets spread over a cluster's primaries. An
-/// activity id alone is its bucket 0.
+/// has its own, placed so that the K buckets' slots spread evenly over the slot space (and so
+/// over a cluster's primaries). An activity id alone is its bucket 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Shard {
     pub activity_id: i64,
     pub bucket: u16,
+    /// How many buckets the activity has (where bucket `bucket`'s tag is placed).
+    pub buckets: u16,
 }
 
 impl Shard {
-    pub fn new(activity_id: i64, bucket: u16) -> Self {
+    pub fn new(activity_id: i64, bucket: u16, buckets: u16) -> Self {
         Self {
             activity_id,
             bucket,
+            buckets: buckets.max(1),
         }
-    }
-    /// The shard a reservation lives in: its activity and the bucket its id names.
-    pub fn of_reservation(activity_id: i64, reservation_id: &str) -> Self {
-        Self::new(
-            activity_id,
-            crate::domain::ids::reservation_bucket(reservation_id),
-        )
     }
 }
 
 impl From<i64> for Shard {
     fn from(activity_id: i64) -> Self {
-        Self::new(activity_id, 0)
+        Self::new(activity_id, 0, 1)
     }
+}
+
+/// The hash tag (without braces) of bucket k > 0 of K: its slot in the k-th of K equal slot
+/// ranges counted from the range of bucket 0's slot, so that K buckets take one range each
+/// and spread evenly over primaries that own equal, contiguous slot ranges (as
+/// `redis-cli --cluster create` assigns them). Deterministic: every process finds the same.
+pub fn bucket_tag(s: Shard) -> String {
+    const SLOTS: u32 = 16384;
+    let k = u32::from(s.buckets.max(1));
+    let range = |slot: u16| u32::from(slot) * k / SLOTS;
+    let first = range(pool::slot(&format!("{{a{}}}", s.activity_id)));
+    let want = (first + u32::from(s.bucket)) % k;
+    let plain = format!("a{}.b{}", s.activity_id, s.bucket);
+    if range(pool::slot(&format!("{{{plain}}}"))) == want {
+        return plain;
+    }
+    // About K tries on average; bounded far beyond what any K up to 64 needs.
+    (1..100_000u32)
+        .map(|n| format!("{plain}.{n}"))
+        .find(|t| range(pool::slot(&format!("{{{t}}}"))) == want)
+        .unwrap_or(plain)
 }
 
 /// Key names of one deployment (its prefix).
 #[derive(Debug, Clone)]
 pub struct Keys {
     prefix: String,
+    /// The hash tags of buckets k > 0, once placed (a few crc16 each).
+    placed: std::sync::Arc<std::sync::RwLock<HashMap<Shard, String>>>,
 }
 
 impl Keys {
     pub fn new(prefix: &str) -> Self {
         Self {
             prefix: prefix.to_string(),
+            placed: Default::default(),
         }
     }
-    /// The hash tag every key of a shard carries (`<prefix>:{a<id>}`, `<prefix>:{a<id>.b<k>}`).
+    /// The hash tag every key of a shard carries: `<prefix>:{a<id>}` for bucket 0, and for
+    /// bucket k of K `<prefix>:{a<id>.b<k>}` or `<prefix>:{a<id>.b<k>.<n>}`, with the smallest
+    /// `n` that puts its slot in the k-th of K equal slot ranges counted from bucket 0's
+    /// ([`bucket_tag`]).
     pub fn tag(&self, shard: impl Into<Shard>) -> String {
         let s = shard.into();
         if s.bucket == 0 {
-            format!("{}:{{a{}}}", self.prefix, s.activity_id)
-        } else {
-            format!("{}:{{a{}.b{}}}", self.prefix, s.activity_id, s.bucket)
+            return format!("{}:{{a{}}}", self.prefix, s.activity_id);
         }
+        if let Some(t) = self.placed.read().ok().and_then(|m| m.get(&s).cloned()) {
+            return t;
+        }
+        let t = format!("{}:{{{}}}", self.prefix, bucket_tag(s));
+        if let Ok(mut m) = self.placed.write() {
+            m.insert(s, t.clone());
+        }
+        t
     }
     /// The Redis Cluster slot of every key of a shard.
     pub fn slot(&self, shard: impl Into<Shard>) -> u16 {
@@ -133,23 +162,15 @@ impl Keys {
     pub fn reservation_prefix(&self, shard: impl Into<Shard>) -> String {
         format!("{}:rsv:", self.tag(shard))
     }
-    /// A reservation's hash, in the shard its id names.
-    pub fn reservation(&self, activity_id: i64, reservation_id: &str) -> String {
-        format!(
-            "{}{}",
-            self.reservation_prefix(Shard::of_reservation(activity_id, reservation_id)),
-            reservation_id
-        )
+    /// A reservation's hash, in its shard (the bucket its id names: [`RedisStore::shard_of`]).
+    pub fn reservation(&self, shard: impl Into<Shard>, reservation_id: &str) -> String {
+        format!("{}{}", self.reservation_prefix(shard), reservation_id)
     }
     /// Buyer-facing order status of one reservation (projection of the order events), under
-    /// the hash tag of the shard its id names (docs/ARCHITECTURE.md#identifiers).
+    /// the hash tag of the activity its id names (docs/ARCHITECTURE.md#identifiers).
     pub fn projection(&self, reservation_id: &str) -> String {
-        match crate::domain::ids::reservation_activity_bucket(reservation_id) {
-            Some((activity_id, bucket)) => format!(
-                "{}:proj:{}",
-                self.tag(Shard::new(activity_id, bucket)),
-                reservation_id
-            ),
+        match crate::domain::ids::reservation_activity(reservation_id) {
+            Some(activity_id) => format!("{}:proj:{}", self.tag(activity_id), reservation_id),
             None => format!("{}:proj:{}", self.prefix, reservation_id),
         }
     }
@@ -404,7 +425,21 @@ impl RedisStore {
     /// Every shard of an activity (one per stock bucket).
     pub async fn shards(&self, activity_id: i64) -> anyhow::Result<Vec<Shard>> {
         let k = self.buckets(activity_id).await?;
-        Ok((0..k).map(|b| Shard::new(activity_id, b)).collect())
+        Ok((0..k).map(|b| Shard::new(activity_id, b, k)).collect())
+    }
+
+    /// The shard a reservation lives in: its activity and the bucket its id names.
+    pub async fn shard_of(&self, activity_id: i64, reservation_id: &str) -> anyhow::Result<Shard> {
+        let bucket = crate::domain::ids::reservation_bucket(reservation_id);
+        if bucket == 0 {
+            return Ok(Shard::from(activity_id));
+        }
+        let k = self.buckets(activity_id).await?;
+        anyhow::ensure!(
+            bucket < k,
+            "reservation {reservation_id} names bucket {bucket} of an activity with {k}"
+        );
+        Ok(Shard::new(activity_id, bucket, k))
     }
 
     /// The shard a buyer reserves in: their home bucket of the activity.
@@ -413,6 +448,7 @@ impl RedisStore {
         Ok(Shard::new(
             activity_id,
             crate::domain::ids::home_bucket(user_id, k),
+            k,
         ))
     }
 
@@ -426,7 +462,9 @@ impl RedisStore {
     pub async fn reserve(&self, a: &ReserveArgs<'_>) -> anyhow::Result<ReserveResult> {
         let k = &self.keys;
         // The bucket the reservation id names (the caller minted it for the buyer's home).
-        let shard = Shard::of_reservation(a.reservation.activity_id, a.reservation.reservation_id);
+        let shard = self
+            .shard_of(a.reservation.activity_id, a.reservation.reservation_id)
+            .await?;
         let mut conn = self.pool.get().await?;
         let parts: Vec<String> = self
             .scripts
@@ -504,7 +542,8 @@ impl RedisStore {
         now_ms: i64,
     ) -> anyhow::Result<String> {
         let now = now_ms.to_string();
-        let call = self.sent_call(activity_id, reservation_id, message_id, broker_msg_id, &now);
+        let shard = self.shard_of(activity_id, reservation_id).await?;
+        let call = self.sent_call(shard, reservation_id, message_id, broker_msg_id, &now);
         self.invoke(call).await
     }
 
@@ -517,14 +556,14 @@ impl RedisStore {
     /// `mark_sent.lua` for a confirmed send: MQ_SENT with the broker's id and the time.
     fn sent_call<'a>(
         &'a self,
-        activity_id: i64,
+        shard: Shard,
         reservation_id: &str,
         message_id: &str,
         broker_msg_id: &str,
         sent_at: &str,
     ) -> redis::ScriptInvocation<'a> {
         self.leave_pending_call(
-            activity_id,
+            shard,
             reservation_id,
             message_id,
             "MQ_SENT",
@@ -536,15 +575,14 @@ impl RedisStore {
     /// (`mark_sent.lua`, a compare-and-set on `message_id`).
     fn leave_pending_call(
         &self,
-        activity_id: i64,
+        shard: Shard,
         reservation_id: &str,
         message_id: &str,
         mq_status: &str,
         fields: &[(&str, &str)],
     ) -> redis::ScriptInvocation<'_> {
-        let shard = Shard::of_reservation(activity_id, reservation_id);
         let mut call = self.scripts.mark_sent.prepare_invoke();
-        call.key(self.keys.reservation(activity_id, reservation_id))
+        call.key(self.keys.reservation(shard, reservation_id))
             .key(self.keys.pending(shard))
             .key(self.keys.pending_since(shard))
             .arg(message_id)
@@ -560,18 +598,22 @@ impl RedisStore {
     /// Redis node. Verdicts in order, as `mark_sent`.
     pub async fn mark_sent_many(&self, marks: &[SentMark]) -> anyhow::Result<Vec<String>> {
         let sent_at: Vec<String> = marks.iter().map(|m| m.sent_at_ms.to_string()).collect();
+        let mut shards = Vec::with_capacity(marks.len());
+        for m in marks {
+            shards.push(self.shard_of(m.activity_id, &m.reservation_id).await?);
+        }
         let calls: Vec<(u16, redis::ScriptInvocation<'_>)> = marks
             .iter()
             .zip(&sent_at)
-            .map(|(m, at)| {
+            .zip(&shards)
+            .map(|((m, at), &shard)| {
                 let call = self.sent_call(
-                    m.activity_id,
+                    shard,
                     &m.reservation_id,
                     &m.message_id,
                     &m.broker_msg_id,
                     at,
                 );
-                let shard = Shard::of_reservation(m.activity_id, &m.reservation_id);
                 (self.slot(shard), call)
             })
             .collect();
@@ -587,12 +629,12 @@ impl RedisStore {
         next_retry_at_ms: i64,
         error: &str,
     ) -> anyhow::Result<String> {
-        let shard = Shard::of_reservation(activity_id, reservation_id);
+        let shard = self.shard_of(activity_id, reservation_id).await?;
         let mut conn = self.pool.get().await?;
         Ok(self
             .scripts
             .schedule_resend
-            .key(self.keys.reservation(activity_id, reservation_id))
+            .key(self.keys.reservation(shard, reservation_id))
             .key(self.keys.pending(shard))
             .arg(message_id)
             .arg(reservation_id)
@@ -614,12 +656,12 @@ impl RedisStore {
         now_ms: i64,
     ) -> anyhow::Result<String> {
         let k = &self.keys;
-        let shard = Shard::of_reservation(activity_id, reservation_id);
+        let shard = self.shard_of(activity_id, reservation_id).await?;
         let mut conn = self.pool.get().await?;
         Ok(self
             .scripts
             .mark_failed
-            .key(k.reservation(activity_id, reservation_id))
+            .key(k.reservation(shard, reservation_id))
             .key(k.pending(shard))
             .key(k.sku(shard, sku_id))
             .key(k.buyers(shard, sku_id))
@@ -645,8 +687,8 @@ impl RedisStore {
     ) -> anyhow::Result<String> {
         let now = now_ms.to_string();
         let fields = [("settled_at", now.as_str())];
-        let call =
-            self.leave_pending_call(activity_id, reservation_id, message_id, mq_status, &fields);
+        let shard = self.shard_of(activity_id, reservation_id).await?;
+        let call = self.leave_pending_call(shard, reservation_id, message_id, mq_status, &fields);
         self.invoke(call).await
     }
 
@@ -714,7 +756,10 @@ impl RedisStore {
             // Every bucket first: a change refused in one must not be half written.
             for (b, share) in shares.iter().enumerate() {
                 let (t, r, moved): (Option<i64>, Option<i64>, Option<i64>) = redis::cmd("HMGET")
-                    .arg(self.keys.sku(Shard::new(activity_id, b as u16), sku_id))
+                    .arg(
+                        self.keys
+                            .sku(Shard::new(activity_id, b as u16, buckets), sku_id),
+                    )
                     .arg("total")
                     .arg("remaining")
                     .arg("moved_out")
@@ -730,7 +775,7 @@ impl RedisStore {
         let _: () = conn.persist(self.keys.skus(activity_id)).await?;
         let mut results = Vec::with_capacity(shares.len());
         for (b, share) in shares.iter().enumerate() {
-            let shard = Shard::new(activity_id, b as u16);
+            let shard = Shard::new(activity_id, b as u16, buckets);
             let code: String = self
                 .scripts
                 .warm
@@ -775,9 +820,10 @@ impl RedisStore {
         activity_id: i64,
         reservation_id: &str,
     ) -> anyhow::Result<HashMap<String, String>> {
+        let shard = self.shard_of(activity_id, reservation_id).await?;
         let mut conn = self.pool.get().await?;
         Ok(conn
-            .hgetall(self.keys.reservation(activity_id, reservation_id))
+            .hgetall(self.keys.reservation(shard, reservation_id))
             .await?)
     }
 
@@ -912,13 +958,17 @@ impl RedisStore {
     ) -> anyhow::Result<Vec<String>> {
         let k = &self.keys;
         let script = &self.scripts.release;
+        // The unit goes back to the bucket the reservation took it from.
+        let mut shards = Vec::with_capacity(items.len());
+        for r in items {
+            shards.push(self.shard_of(r.activity_id, r.reservation_id).await?);
+        }
         let calls: Vec<(u16, redis::ScriptInvocation<'_>)> = items
             .iter()
-            .map(|r| {
-                // The unit goes back to the bucket the reservation took it from.
-                let shard = Shard::of_reservation(r.activity_id, r.reservation_id);
+            .zip(&shards)
+            .map(|(r, &shard)| {
                 let mut call = script.prepare_invoke();
-                call.key(k.reservation(r.activity_id, r.reservation_id))
+                call.key(k.reservation(shard, r.reservation_id))
                     .key(k.sku(shard, r.sku_id))
                     .key(k.buyers(shard, r.sku_id))
                     .key(k.requests(shard))
@@ -1175,6 +1225,33 @@ impl RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_buckets_of_an_activity_take_one_slot_range_each() {
+        let keys = Keys::new("p");
+        for k in [2_u16, 3, 4, 6, 8, 64] {
+            for activity in [1_i64, 7, 982, 179_617_307_613] {
+                let ranges: std::collections::BTreeSet<u32> = (0..k)
+                    .map(|b| {
+                        u32::from(keys.slot(Shard::new(activity, b, k))) * u32::from(k) / 16384
+                    })
+                    .collect();
+                assert_eq!(
+                    ranges.len(),
+                    usize::from(k),
+                    "activity {activity}, {k} buckets"
+                );
+            }
+        }
+        // Bucket 0 is the activity's own tag, whatever the count.
+        assert_eq!(keys.tag(Shard::new(7, 0, 6)), "p:{a7}");
+        // The same tag every time (placed once, then remembered).
+        assert_eq!(keys.tag(Shard::new(7, 4, 6)), keys.tag(Shard::new(7, 4, 6)));
+        assert_eq!(
+            Keys::new("p").tag(Shard::new(7, 4, 6)),
+            keys.tag(Shard::new(7, 4, 6))
+        );
+    }
 
     #[test]
     fn keys_of_one_activity_share_a_hash_tag() {

@@ -158,7 +158,7 @@ mod tests {
         assert!(!s.answers(a, 1, 3), "a winner goes to Redis");
         assert!(!s.answers(a, 2, 7), "another SKU");
         assert!(
-            !s.answers(Shard::new(1, 1), 1, 7),
+            !s.answers(Shard::new(1, 1, 2), 1, 7),
             "another stock bucket of the SKU"
         );
         assert_eq!(s.flagged(), vec![((a, 1), Some(2))]);

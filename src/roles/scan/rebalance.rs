@@ -30,7 +30,8 @@ const LEASE_MS: u64 = 2_000;
 /// One rebalance pass over the split SKUs of `activity_id`.
 pub async fn rebalance(redis: &RedisStore, activity_id: i64, owner: &str) -> anyhow::Result<Moved> {
     let mut moved = Moved::default();
-    if redis.buckets(activity_id).await? <= 1 {
+    let k = redis.buckets(activity_id).await?;
+    if k <= 1 {
         return Ok(moved);
     }
     for sku_id in redis.skus(activity_id).await? {
@@ -63,7 +64,7 @@ pub async fn rebalance(redis: &RedisStore, activity_id: i64, owner: &str) -> any
             };
             let want = (buckets[donor].remaining + 1) / 2;
             let transfer_id = format!("xfr_{}", ulid::Ulid::new());
-            let from = Shard::new(activity_id, buckets[donor].bucket);
+            let from = Shard::new(activity_id, buckets[donor].bucket, k);
             let to = buckets[needy].bucket;
             let units = redis
                 .transfer_out(
