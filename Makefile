@@ -34,11 +34,12 @@ bench-sale: ## Only the bench's sale: whole pipeline, front door alone, direct P
 limits: services-up ## Only the naive limits (pgbench, redis-benchmark, direct PostgreSQL); last line LIMITS ...
 	scripts/limits.sh
 
-test: services-up ## The whole test suite against the real services, the operator files, schemathesis, a small soak
+test: services-up ## The whole test suite against the real services, the operator files, schemathesis, a small soak, then the faults on the shared services
 	SECKILL_ENV=test cargo test --workspace --all-targets --features failpoints -- --test-threads=4
 	scripts/check-operator-files.sh
 	scripts/schemathesis.sh
 	$(MAKE) soak-small
+	$(MAKE) test-faults
 
 soak: ## A long sale at a steady rate with payments and timeouts, sampled every 15 s; last line SOAK OK/FAILED
 	scripts/soak.sh
@@ -51,7 +52,7 @@ soak-small: ## make soak in one minute on the debug build (too short to judge me
 send-timeouts: ## UNKNOWN rate of a send against its timeout and client retries, and the broker profiles' cost (restarts the broker)
 	scripts/send-timeouts.sh
 
-test-faults: services-up ## Faults that disturb the shared services (broker kill, PostgreSQL restart), one at a time
+test-faults: services-up ## Faults that disturb the shared services (a broker killed, one of two brokers killed, a Redis primary failed over, PostgreSQL restarted), one at a time; last step of make test
 	SECKILL_ENV=test cargo test --features failpoints --test sale_faults -- --ignored --test-threads=1
 
 chaos: ## A whole sale (intake, backlog, payments, cancellations) under faults by phase: every role, the broker, PostgreSQL and its own AOF Redis; CHAOS_RUN line

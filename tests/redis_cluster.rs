@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use chrono::Utc;
-use common::{eventually, reserve_only, spawn_listening, wait_ready, TestEnv};
+use common::{eventually, reserve_only, TestEnv};
 use futures::StreamExt;
 use seckill::domain::events::OrderEventHeader;
 use seckill::redis::{Keys, Release, SentMark};
@@ -138,18 +138,8 @@ async fn a_sale_over_three_primaries_sells_out_exactly_through_the_roles() {
     for &a in &activities {
         env.activity(a, 1, STOCK).await;
     }
-    let (mut api, api_port) = spawn_listening(&env, &["api"], "SECKILL__API__LISTEN", &[]);
-    let (mut scan, scan_port) =
-        spawn_listening(&env, &["scan"], "SECKILL__SCAN__METRICS_LISTEN", &[]);
-    let (mut consume, consume_port) = spawn_listening(
-        &env,
-        &["consume", "--workers", "2"],
-        "SECKILL__CONSUMER__METRICS_LISTEN",
-        &[],
-    );
-    for port in [api_port, scan_port, consume_port] {
-        wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
-    }
+    let roles = common::SaleRoles::start(&env).await;
+    let api_port = roles.api_port;
     // 100 buyers per activity for 40 units each, 16 at a time, every buyer on all three.
     let base = format!("http://127.0.0.1:{api_port}");
     let requests: Vec<(i64, i64)> = (1..=100)
@@ -210,8 +200,6 @@ async fn a_sale_over_three_primaries_sells_out_exactly_through_the_roles() {
         matches!(r, Ok(r) if r.status() == 200)
     })
     .await;
-    let _ = api.terminate(20).await;
-    let _ = scan.terminate(20).await;
-    let _ = consume.terminate(40).await;
+    roles.stop().await;
     env.cleanup().await;
 }

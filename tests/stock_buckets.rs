@@ -12,9 +12,9 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::Utc;
-use common::{eventually, spawn_listening, wait_ready, TestEnv};
+use common::{eventually, TestEnv};
 use futures::StreamExt;
-use seckill::domain::ids::{home_bucket, reservation_bucket, Ids};
+use seckill::domain::ids::{home_bucket, reservation_bucket};
 use seckill::redis::{RedisStore, ReserveResult, Shard};
 use seckill::roles::scan::rebalance::rebalance;
 
@@ -25,28 +25,9 @@ async fn reserve(
     user_id: i64,
     request_id: &str,
 ) -> ReserveResult {
-    let shard = redis.home_shard(activity_id, user_id).await.unwrap();
-    let ids = Ids::generate(activity_id, shard.bucket);
-    let now = Utc::now().timestamp_millis();
-    redis
-        .reserve(&seckill::redis::ReserveArgs {
-            reservation: seckill::domain::event::ReservationRef {
-                message_id: &ids.message_id,
-                request_id,
-                reservation_id: &ids.reservation_id,
-                order_id: &ids.order_id,
-                activity_id,
-                sku_id: 1,
-                user_id,
-            },
-            now_ms: now,
-            next_retry_at_ms: now + 600_000,
-            traceparent: "",
-            valid_secs: 300,
-            limits: Default::default(),
-        })
+    common::try_reserve(redis, activity_id, user_id, request_id, 600_000)
         .await
-        .unwrap()
+        .1
 }
 
 /// Buyer ids whose home bucket (of `buckets`) is `bucket`.
@@ -217,18 +198,8 @@ async fn a_split_sale_on_the_cluster_sells_out_through_the_roles_however_its_buy
     let mut buyers = buyers_of(0, 3, 1, 45);
     buyers.extend(buyers_of(1, 3, 1, 10));
     buyers.extend(buyers_of(2, 3, 1, 5));
-    let (mut api, api_port) = spawn_listening(&env, &["api"], "SECKILL__API__LISTEN", &[]);
-    let (mut scan, scan_port) =
-        spawn_listening(&env, &["scan"], "SECKILL__SCAN__METRICS_LISTEN", &[]);
-    let (mut consume, consume_port) = spawn_listening(
-        &env,
-        &["consume", "--workers", "2"],
-        "SECKILL__CONSUMER__METRICS_LISTEN",
-        &[],
-    );
-    for port in [api_port, scan_port, consume_port] {
-        wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
-    }
+    let roles = common::SaleRoles::start(&env).await;
+    let api_port = roles.api_port;
     // Refused buyers come back, as buyers of a flash sale do, until every unit is sold (or a
     // bounded number of rounds).
     let base = format!("http://127.0.0.1:{api_port}");
@@ -299,8 +270,6 @@ async fn a_split_sale_on_the_cluster_sells_out_through_the_roles_however_its_buy
         .await,
         0
     );
-    let _ = api.terminate(20).await;
-    let _ = scan.terminate(20).await;
-    let _ = consume.terminate(40).await;
+    roles.stop().await;
     env.cleanup().await;
 }

@@ -242,6 +242,14 @@ async fn forged_expired_wrong_audience_and_unsigned_tokens_are_refused_and_write
         (s, code(&theirs)),
         (StatusCode::NOT_FOUND, Some("RESERVATION_NOT_FOUND"))
     );
+    // An id naming a stock bucket the activity does not have is unknown too, not an error.
+    let no_such_bucket = seckill::domain::Ids::generate(1100, 11).reservation_id;
+    let (s, body) = get_with(
+        format!("{}/v1/reservations/{no_such_bucket}", api.base),
+        &seven,
+    )
+    .await;
+    assert_eq!((s, &body), (s_unknown, &nobody), "{no_such_bucket}");
     let (s, _) = get_with(format!("{}/v1/reservations/{rid}", api.base), "Bearer x").await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
     api.stop.cancel();

@@ -435,11 +435,9 @@ impl RedisStore {
             return Ok(Shard::from(activity_id));
         }
         let k = self.buckets(activity_id).await?;
-        anyhow::ensure!(
-            bucket < k,
-            "reservation {reservation_id} names bucket {bucket} of an activity with {k}"
-        );
-        Ok(Shard::new(activity_id, bucket, k))
+        // An id naming a bucket the activity does not have (a forged or mistyped id) names
+        // keys that do not exist: the reservation is unknown, as for any id never minted.
+        Ok(Shard::new(activity_id, bucket, k.max(bucket + 1)))
     }
 
     /// The shard a buyer reserves in: their home bucket of the activity.

@@ -422,14 +422,53 @@ pub async fn wait_ready(url: String) {
     .await;
 }
 
-/// Reserves in Redis exactly as the API does, without sending (as if the process died
-/// right after the script); the first re-send is due in `next_retry_in_ms`.
-pub async fn reserve_only(
+/// The roles of a sale, each on its own ports and ready: `api`, `scan`, `consume --workers 2`.
+pub struct SaleRoles {
+    pub api: Proc,
+    pub api_port: u16,
+    pub scan: Proc,
+    pub consume: Proc,
+}
+
+impl SaleRoles {
+    pub async fn start(env: &TestEnv) -> Self {
+        let (api, api_port) = spawn_listening(env, &["api"], "SECKILL__API__LISTEN", &[]);
+        let (scan, scan_port) =
+            spawn_listening(env, &["scan"], "SECKILL__SCAN__METRICS_LISTEN", &[]);
+        let (consume, consume_port) = spawn_listening(
+            env,
+            &["consume", "--workers", "2"],
+            "SECKILL__CONSUMER__METRICS_LISTEN",
+            &[],
+        );
+        for port in [api_port, scan_port, consume_port] {
+            wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
+        }
+        Self {
+            api,
+            api_port,
+            scan,
+            consume,
+        }
+    }
+
+    /// SIGTERM to each, the consumer given the longest to drain.
+    pub async fn stop(mut self) {
+        let _ = self.api.terminate(20).await;
+        let _ = self.scan.terminate(20).await;
+        let _ = self.consume.terminate(40).await;
+    }
+}
+
+/// One reservation attempt in Redis exactly as the API makes it (the buyer's home bucket, ids
+/// minted first), without sending; the first re-send is due in `next_retry_in_ms`.
+pub async fn try_reserve(
     redis: &RedisStore,
     activity_id: i64,
     user_id: i64,
+    request_id: &str,
     next_retry_in_ms: i64,
-) -> Ids {
+) -> (Ids, seckill::redis::ReserveResult) {
     let bucket = redis.home_shard(activity_id, user_id).await.unwrap().bucket;
     let ids = Ids::generate(activity_id, bucket);
     let now = Utc::now().timestamp_millis();
@@ -437,7 +476,7 @@ pub async fn reserve_only(
         .reserve(&seckill::redis::ReserveArgs {
             reservation: seckill::domain::event::ReservationRef {
                 message_id: &ids.message_id,
-                request_id: &format!("req-{user_id}"),
+                request_id,
                 reservation_id: &ids.reservation_id,
                 order_id: &ids.order_id,
                 activity_id,
@@ -452,6 +491,19 @@ pub async fn reserve_only(
         })
         .await
         .unwrap();
+    (ids, r)
+}
+
+/// Reserves in Redis exactly as the API does, without sending (as if the process died
+/// right after the script); the first re-send is due in `next_retry_in_ms`.
+pub async fn reserve_only(
+    redis: &RedisStore,
+    activity_id: i64,
+    user_id: i64,
+    next_retry_in_ms: i64,
+) -> Ids {
+    let request_id = format!("req-{user_id}");
+    let (ids, r) = try_reserve(redis, activity_id, user_id, &request_id, next_retry_in_ms).await;
     assert!(
         matches!(r, seckill::redis::ReserveResult::Reserved(_)),
         "{r:?}"
