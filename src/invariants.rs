@@ -264,12 +264,13 @@ async fn check_redis(
 ) -> anyhow::Result<()> {
     let (activity_id, sku_id) = (f.activity_id, f.sku_id);
     // ... within Redis ...
-    match redis.sku_stock(activity_id, sku_id).await? {
-        None => v.push("Redis has no stock for this SKU".to_string()),
-        Some((total, remaining)) => {
-            f.redis_total = total;
-            f.redis_remaining = remaining;
-        }
+    // One read of the SKU's buckets serves the whole-SKU figures and the per-bucket check.
+    let buckets = redis.bucket_stock(activity_id, sku_id).await?;
+    if buckets.buckets.is_empty() {
+        v.push("Redis has no stock for this SKU".to_string());
+    } else {
+        f.redis_total = buckets.total();
+        f.redis_remaining = buckets.remaining() + buckets.in_transit;
     }
     let census = redis.reservation_census(activity_id, sku_id).await?;
     f.redis_reserved = census.reserved_ids.len() as i64;
@@ -292,7 +293,6 @@ async fn check_redis(
         ));
     }
     // Per bucket: its share, plus what moved in, minus what moved out, is what it holds.
-    let buckets = redis.bucket_stock(activity_id, sku_id).await?;
     if buckets.buckets.len() > 1 {
         let mut held: std::collections::HashMap<u16, i64> = Default::default();
         for rid in &census.reserved_ids {

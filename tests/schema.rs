@@ -70,6 +70,21 @@ async fn every_key_of_the_sale_tables_carries_the_activity_and_orders_are_partit
     env.cleanup().await;
 }
 
+/// Two unpaid orders of 100 cents for `user`, `ord_<a>` in activity 1601 and `ord_<b>` in 1602.
+async fn unpaid_orders(client: &tokio_postgres::Client, a: &str, b: &str, user: i64) {
+    client
+        .execute(
+            "INSERT INTO orders (order_id, reservation_id, activity_id, sku_id, user_id, status,
+                                 amount_cents, expires_at, reserved_at)
+             SELECT 'ord_' || x, 'rsv_' || x, act, 1, $3, 'CREATED', 100,
+                    now() + interval '1 hour', now()
+             FROM (VALUES ($1::text, 1601::int8), ($2::text, 1602::int8)) AS t(x, act)",
+            &[&a, &b, &user],
+        )
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn a_payment_id_settles_one_order_across_activities() {
     let env = TestEnv::new(false).await;
@@ -77,15 +92,7 @@ async fn a_payment_id_settles_one_order_across_activities() {
     env.activity(1602, 1, 5).await;
     let pool = env.pool(1).await;
     let mut client = pool.get().await.unwrap();
-    client
-        .batch_execute(
-            "INSERT INTO orders (order_id, reservation_id, activity_id, sku_id, user_id, status,
-                                 amount_cents, expires_at, reserved_at)
-             VALUES ('ord_a', 'rsv_a', 1601, 1, 7, 'CREATED', 100, now() + interval '1 hour', now()),
-                    ('ord_b', 'rsv_b', 1602, 1, 7, 'CREATED', 100, now() + interval '1 hour', now())",
-        )
-        .await
-        .unwrap();
+    unpaid_orders(&client, "a", "b", 7).await;
     let names = seckill::pg::order_state::StateNames {
         order_event_topic: "t-event".into(),
         compensate_topic: "t-compensate".into(),
@@ -122,15 +129,7 @@ async fn a_payment_id_settles_one_order_across_activities() {
     // Two notifications with one payment id racing for orders of two activities: the second
     // cannot see the first's uncommitted payment, and the orders' unique key (per activity)
     // does not stop it; order_payments does, once the first commits.
-    client
-        .batch_execute(
-            "INSERT INTO orders (order_id, reservation_id, activity_id, sku_id, user_id, status,
-                                 amount_cents, expires_at, reserved_at)
-             VALUES ('ord_c', 'rsv_c', 1601, 1, 8, 'CREATED', 100, now() + interval '1 hour', now()),
-                    ('ord_d', 'rsv_d', 1602, 1, 8, 'CREATED', 100, now() + interval '1 hour', now())",
-        )
-        .await
-        .unwrap();
+    unpaid_orders(&client, "c", "d", 8).await;
     let first_pool = env.pool(1).await;
     let mut first = first_pool.get().await.unwrap();
     let tx = first.transaction().await.unwrap();
