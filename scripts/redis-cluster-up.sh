@@ -21,10 +21,14 @@ if ! command -v redis-server >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null
 fi
 
-answers() { redis-cli -h 127.0.0.1 -p "$1" ping >/dev/null 2>&1; }
+# A node answers once PING gets PONG: while it loads its AOF it replies LOADING (and
+# redis-cli still exits 0), and every CLUSTER command fails until the load ends.
+answers() { [[ "$(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null | tr -d '\r')" == PONG ]]; }
+
+running() { redis-cli -h 127.0.0.1 -p "$1" ping >/dev/null 2>&1; }
 
 for port in "${PORTS[@]}"; do
-  if answers "$port"; then
+  if running "$port"; then
     continue
   fi
   mkdir -p "$DIR/$port"
@@ -35,18 +39,27 @@ for port in "${PORTS[@]}"; do
     --cluster-node-timeout 2000 --cluster-announce-ip 127.0.0.1 \
     --appendonly yes --appendfsync everysec --save "" \
     --dir "$DIR/$port" --pidfile "$DIR/$port/redis.pid" --logfile "$DIR/$port/redis.log"
-  for _ in $(seq 1 50); do
+  log "node $port started"
+done
+# Nodes restarted over an existing AOF load it first: wait for every one (bounded).
+for port in "${PORTS[@]}"; do
+  for _ in $(seq 1 600); do
     answers "$port" && break
     sleep 0.1
   done
-  answers "$port" || { log "node $port did not start (see $DIR/$port/redis.log)"; exit 1; }
-  log "node $port started"
+  answers "$port" || { log "node $port is not ready after 60 s (see $DIR/$port/redis.log)"; exit 1; }
 done
 
 state() { redis-cli -h 127.0.0.1 -p "$BASE" cluster info 2>/dev/null | tr -d '\r' | sed -n 's/^cluster_state://p'; }
 known() { redis-cli -h 127.0.0.1 -p "$BASE" cluster info 2>/dev/null | tr -d '\r' | sed -n 's/^cluster_known_nodes://p'; }
 
 if [[ "$(known)" != 6 ]]; then
+  # A node left half-joined (its nodes.conf lost, or a create that stopped midway) holds
+  # state `--cluster create` refuses ("not empty"): this cluster is scratch, start it clean.
+  for port in "${PORTS[@]}"; do
+    redis-cli -h 127.0.0.1 -p "$port" flushall >/dev/null 2>&1 || true
+    redis-cli -h 127.0.0.1 -p "$port" cluster reset hard >/dev/null 2>&1 || true
+  done
   log "forming the cluster (3 primaries, 3 replicas)"
   addrs=()
   for port in "${PORTS[@]}"; do addrs+=("127.0.0.1:$port"); done
@@ -54,7 +67,7 @@ if [[ "$(known)" != 6 ]]; then
     log "forming failed:"; cat "$DIR/create.log"; exit 1
   }
 fi
-for _ in $(seq 1 100); do
+for _ in $(seq 1 300); do
   [[ "$(state)" == ok ]] && break
   sleep 0.1
 done
