@@ -311,6 +311,10 @@ pub struct ScanSettings {
     /// How long after its validity a refused, uncertain reservation waits before it is settled
     /// from PostgreSQL (docs/ARCHITECTURE.md#uncertain-sends).
     pub settle_grace_ms: u64,
+    /// A confirmed send the consumers have not taken this long after the group's progress
+    /// on the brokers that answer is sent again (docs/ARCHITECTURE.md#a-dead-brokers-messages);
+    /// 0: never.
+    pub unconsumed_resend_ms: u64,
     /// Outbox rows one relay claims at a time.
     pub relay_batch: usize,
     /// How long a relay owns the rows it claimed before another may send them again.
@@ -841,6 +845,17 @@ impl Settings {
             return Err(invalid(
                 "scan.settle_grace_ms",
                 "must be at most 3600000 (an hour): the unit is held that long",
+            ));
+        }
+        if sc.unconsumed_resend_ms > 0
+            && (sc.unconsumed_resend_ms < 1_000
+                || sc.unconsumed_resend_ms >= self.api.reservation_valid_secs * 1_000)
+        {
+            // Shorter than a commit would send copies of messages still in a transaction;
+            // longer than the validity, and the reservation expires first.
+            return Err(invalid(
+                "scan.unconsumed_resend_ms",
+                "must be 0 (off), or at least 1000 and below api.reservation_valid_secs",
             ));
         }
         if sc.timer_lead_secs < 10 {

@@ -189,6 +189,18 @@ fn describe() {
         "SKUs this API instance answers SOLD_OUT from memory"
     );
     describe_counter!(
+        "reservation_unconsumed_resend_total",
+        "Confirmed sends the order-create inbox never saw in time (a dead broker may hold them) sent again, same message_id, by outcome"
+    );
+    describe_counter!(
+        "reservation_awaiting_checked_total",
+        "Watched confirmed sends checked against the order-create inbox, by verdict (consumed, resent, settled)"
+    );
+    describe_gauge!(
+        "reservation_awaiting_consumption",
+        "Confirmed sends not yet seen in the order-create inbox (watched by the scanner)"
+    );
+    describe_counter!(
         "reservation_settled_total",
         "Reservations whose re-send was refused after validity + grace, settled from PostgreSQL, by verdict (fenced: released once; consumed: a copy reached the consumer)"
     );

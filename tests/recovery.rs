@@ -817,3 +817,115 @@ async fn an_activity_that_ended_long_ago_with_nothing_pending_leaves_the_scanner
     drop(conn);
     env.cleanup().await;
 }
+
+/// A fixed reading of the order-create group's progress.
+struct Progress(Option<i64>);
+
+#[async_trait::async_trait]
+impl seckill::roles::scan::unconsumed::ProgressReader for Progress {
+    async fn taken_until_ms(&self) -> Option<i64> {
+        self.0
+    }
+}
+
+#[tokio::test]
+async fn a_confirmed_send_the_consumers_never_took_is_sent_again_with_the_same_message_id() {
+    let mut env = TestEnv::new(true).await;
+    env.settings.scan.unconsumed_resend_ms = 1_000;
+    env.activity(11, 1, 50).await;
+    let redis = env.redis().await;
+    let settings = Arc::new(env.settings.clone());
+    let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
+    let handler = Arc::new(OrderCreateHandler::new(env.pool(3).await, &env.settings, 2));
+    let consumer = seckill::mq::start_order_create_consumer(&env.settings, handler, 2)
+        .await
+        .unwrap();
+    let topic = env.settings.names().order_create_topic;
+    // Two reservations the broker confirmed 20 s ago; only the first copy reached the
+    // consumers (the second one's broker died holding it: it was never sent here at all).
+    let sent_at = Utc::now().timestamp_millis() - 20_000;
+    let (taken, stranded) = (
+        reserve_only(&redis, 11, 1, 60_000).await,
+        reserve_only(&redis, 11, 2, 60_000).await,
+    );
+    for ids in [&taken, &stranded] {
+        let verdict = redis
+            .mark_sent(11, &ids.reservation_id, &ids.message_id, "b-1", sent_at)
+            .await
+            .unwrap();
+        assert_eq!(verdict, "OK");
+    }
+    let fields = redis.reservation(11, &taken.reservation_id).await.unwrap();
+    let event = seckill::roles::scan::event_from_reservation(&fields).unwrap();
+    let out = publisher
+        .send(seckill::mq::order_create_message(&topic, &event), 3_000)
+        .await;
+    assert!(
+        matches!(out, seckill::mq::SendOutcome::Confirmed { .. }),
+        "{out:?}"
+    );
+    eventually(30, "the first order", || async {
+        env.count("SELECT count(*) FROM orders").await == 1
+    })
+    .await;
+    let scanner_with = |progress: Option<i64>| {
+        let (redis, publisher, settings) = (redis.clone(), publisher.clone(), settings.clone());
+        let env = &env;
+        async move {
+            Scanner::new(redis, env.pool(1).await, publisher, settings)
+                .with_progress(Arc::new(Progress(progress)))
+        }
+    };
+    // No reading of the group's progress: nothing is sent blind.
+    let blind = scanner_with(None).await;
+    assert_eq!(
+        blind.scan_once().await.unwrap().awaiting,
+        Default::default()
+    );
+    // The group has taken everything only up to before the sends: both may still be in line.
+    let behind = scanner_with(Some(sent_at - 1)).await;
+    assert_eq!(
+        behind.scan_once().await.unwrap().awaiting,
+        Default::default()
+    );
+    // Caught up (whenever asked): the first is in the inbox (watched no more), the second is
+    // sent again.
+    let scanner = scanner_with(Some(i64::MAX)).await;
+    let stats = scanner.scan_once().await.unwrap().awaiting;
+    assert_eq!(
+        (stats.consumed, stats.resent, stats.settled),
+        (1, 1, 0),
+        "{stats:?}"
+    );
+    eventually(30, "the stranded reservation's order", || async {
+        env.count("SELECT count(*) FROM orders").await == 2
+    })
+    .await;
+    let pool = env.pool(1).await;
+    let c = pool.get().await.unwrap();
+    let oid: String = c
+        .query_one(
+            "SELECT order_id FROM consumer_inbox WHERE message_id = $1",
+            &[&stranded.message_id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(oid, stranded.order_id, "the same ids as reserved");
+    // Watched again from its new copy; once that is due, the inbox has it and the watch ends.
+    let last = std::cell::Cell::new(Default::default());
+    eventually(10, "the re-sent one seen consumed", || async {
+        last.set(scanner.scan_once().await.unwrap().awaiting);
+        last.get().consumed == 1
+    })
+    .await;
+    assert_eq!(last.get().resent, 0, "{:?}", last.get());
+    let k = &redis.keys;
+    let mut conn = redis.pool.get().await.unwrap();
+    let watched: i64 = deadpool_redis::redis::AsyncCommands::zcard(&mut *conn, k.awaiting(11))
+        .await
+        .unwrap();
+    assert_eq!(watched, 0, "nothing left to watch");
+    consumer.shutdown().await;
+    env.cleanup().await;
+}

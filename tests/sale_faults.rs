@@ -96,10 +96,15 @@ async fn start_roles(env: &TestEnv, consumers: usize, first_consumers: &str) -> 
         env,
         &["scan"],
         "",
-        &[(
-            "SECKILL__SCAN__METRICS_LISTEN",
-            format!("127.0.0.1:{scan_port}"),
-        )],
+        &[
+            (
+                "SECKILL__SCAN__METRICS_LISTEN",
+                format!("127.0.0.1:{scan_port}"),
+            ),
+            // Confirmed sends a dead broker holds go out again 3 s after the consumers'
+            // progress on the live one (10 s by default).
+            ("SECKILL__SCAN__UNCONSUMED_RESEND_MS", "3000".to_string()),
+        ],
     );
     let consumers: Vec<(Proc, u16)> = (0..consumers)
         .map(|_| start_consumer(env, first_consumers))
@@ -420,7 +425,14 @@ async fn one_of_two_brokers_killed_mid_sale_loses_and_doubles_nothing() {
         .expect("topics on both brokers");
     env.activity(983, 1, STOCK).await;
     let roles = start_roles(&env, 1, THROTTLED).await;
-    let topic = env.settings.names().order_create_topic;
+    let names = env.settings.names();
+    let topic = names.order_create_topic.clone();
+    let probe = seckill::mq::rocketmq::LagProbe::new(
+        &seckill::mq::runtime().unwrap(),
+        &env.settings.mq.name_server,
+    )
+    .await
+    .unwrap();
     let api_port = roles.api_port;
     let unconfirmed = || async move {
         metric(api_port, "mq_publish_total", r#"outcome="unknown""#).await
@@ -431,35 +443,89 @@ async fn one_of_two_brokers_killed_mid_sale_loses_and_doubles_nothing() {
             )
             .await
     };
+    let killed_at = std::cell::Cell::new(None);
+    let consumer = std::cell::RefCell::new(None);
+    let mut roles = roles;
+    let mut first_consumer = roles.consumers.remove(0);
     let accepted = sale_with(&env, 983, api_port, || async {
         assert!(
             stored_on_b(&topic) > 0,
             "the second broker took none of the sale's messages before the kill"
         );
+        // A consumer pulls ahead into its own cache, so a broker dies holding unconsumed
+        // messages only while nobody pulls them: the consumer goes first, and the order
+        // backlog builds on both brokers' queues.
+        sigkill(&mut first_consumer.0);
+        eventually(20, "an order backlog of 30 messages", || async {
+            matches!(probe.lag(&names.order_create_group, &topic).await, Ok(l) if l.messages >= 30)
+        })
+        .await;
         sigkill_server("broker-b.pid");
+        let at = std::time::Instant::now();
+        killed_at.set(Some(at));
+        // A new consumer, which finds only the live broker's queues.
+        let (p, port) = start_consumer(&env, THROTTLED);
+        wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
+        *consumer.borrow_mut() = Some((p, port));
         // The sale goes on against the one broker left; the producer learns to route around
         // the dead one. How long sends keep failing after the kill (sampled every 100 ms).
-        let killed_at = std::time::Instant::now();
         let (mut last, mut last_change) = (unconfirmed().await, Duration::ZERO);
-        while killed_at.elapsed() < Duration::from_secs(8) {
+        while at.elapsed() < Duration::from_secs(8) {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let now = unconfirmed().await;
             if now > last {
-                (last, last_change) = (now, killed_at.elapsed());
+                (last, last_change) = (now, at.elapsed());
             }
         }
         eprintln!(
             "measured: {last} sends unconfirmed in all; the last one {:.1} s after the kill",
             last_change.as_secs_f64()
         );
-        // Its unconsumed messages wait for it: bring it back.
-        assert!(two_brokers_up().success(), "second broker restarted");
     })
     .await;
+    roles.consumers.push(
+        consumer
+            .into_inner()
+            .expect("a consumer started after the kill"),
+    );
     assert!(accepted >= STOCK as usize, "accepted {accepted}");
+    // The second broker stays dead: what it held reaches the consumers as the scanner's
+    // copies through the live one.
+    let report = converged(&env, 983).await;
+    assert!(report.ok(), "{:?}", report.violations);
+    let resent = metric(
+        roles.scan_port,
+        "reservation_unconsumed_resend_total",
+        r#"outcome="confirmed""#,
+    )
+    .await;
+    eprintln!(
+        "measured: every reservation an order {:.1} s after the kill, the second broker still dead; \
+         {resent} confirmed sends it held sent again",
+        killed_at.get().unwrap().elapsed().as_secs_f64()
+    );
+    assert!(
+        resent > 0.0,
+        "the dead broker held no unconsumed order message: the fault did not bite"
+    );
+    // Back: its stranded copies are delivered and the inbox absorbs every one of them.
+    let consumer_port = roles.consumers[0].1;
+    let before = metric(consumer_port, "mq_duplicate_message_total", "").await;
+    assert!(two_brokers_up().success(), "second broker restarted");
+    eventually(
+        120,
+        "the returned broker's copies absorbed as duplicates",
+        || async { metric(consumer_port, "mq_duplicate_message_total", "").await > before },
+    )
+    .await;
+    eprintln!(
+        "evidence: {} duplicates absorbed after the broker came back",
+        metric(consumer_port, "mq_duplicate_message_total", "").await - before
+    );
     let report = converged(&env, 983).await;
     assert!(report.ok(), "{:?}", report.violations);
     finish(roles, env).await;
+    probe.shutdown().await;
     // Back to one broker for the other tests, and the second one's store gone.
     assert!(
         script_with("rocketmq-down.sh", &["--second-broker"], &[]).success(),

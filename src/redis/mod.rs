@@ -128,6 +128,11 @@ impl Keys {
     pub fn pending_since(&self, shard: impl Into<Shard>) -> String {
         format!("{}:pending_since", self.tag(shard))
     }
+    /// Confirmed sends not yet seen taken by the consumers, scored by when their last copy
+    /// was sent (docs/ARCHITECTURE.md#a-dead-brokers-messages).
+    pub fn awaiting(&self, shard: impl Into<Shard>) -> String {
+        format!("{}:awaiting", self.tag(shard))
+    }
     /// A caller's rate-limit bucket in an activity (`kind` "u" for a buyer, "ip" for a client
     /// address), under the shard's hash tag so the reserve script takes its token in the
     /// same call (docs/ARCHITECTURE.md#abuse-limits).
@@ -332,6 +337,7 @@ struct Scripts {
     warm: Script,
     release: Script,
     claim: Script,
+    claim_awaiting: Script,
     project: Script,
     set_paused: Script,
     transfer_out: Script,
@@ -368,6 +374,7 @@ impl RedisStore {
                 warm: Script::new(include_str!("lua/warm.lua")),
                 release: Script::new(include_str!("lua/release.lua")),
                 claim: Script::new(include_str!("lua/claim.lua")),
+                claim_awaiting: Script::new(include_str!("lua/claim_awaiting.lua")),
                 project: Script::new(include_str!("lua/project.lua")),
                 set_paused: Script::new(include_str!("lua/set_paused.lua")),
                 transfer_out: Script::new(include_str!("lua/transfer_out.lua")),
@@ -551,7 +558,8 @@ impl RedisStore {
         Ok(call.invoke_async(&mut *conn).await?)
     }
 
-    /// `mark_sent.lua` for a confirmed send: MQ_SENT with the broker's id and the time.
+    /// `mark_sent.lua` for a confirmed send: MQ_SENT with the broker's id and the time, and
+    /// into the awaiting index until the scanner sees it consumed.
     fn sent_call<'a>(
         &'a self,
         shard: Shard,
@@ -564,28 +572,31 @@ impl RedisStore {
             shard,
             reservation_id,
             message_id,
-            "MQ_SENT",
+            ("MQ_SENT", sent_at),
             &[("broker_msg_id", broker_msg_id), ("sent_at", sent_at)],
         )
     }
 
     /// `MQ_PENDING` → `mq_status` with `fields` recorded, out of both pending indexes
-    /// (`mark_sent.lua`, a compare-and-set on `message_id`).
+    /// (`mark_sent.lua`, a compare-and-set on `message_id`); `status.1` is the score to watch
+    /// it by in the awaiting index (`""`: not watched).
     fn leave_pending_call(
         &self,
         shard: Shard,
         reservation_id: &str,
         message_id: &str,
-        mq_status: &str,
+        status: (&str, &str),
         fields: &[(&str, &str)],
     ) -> redis::ScriptInvocation<'_> {
         let mut call = self.scripts.mark_sent.prepare_invoke();
         call.key(self.keys.reservation(shard, reservation_id))
             .key(self.keys.pending(shard))
             .key(self.keys.pending_since(shard))
+            .key(self.keys.awaiting(shard))
             .arg(message_id)
             .arg(reservation_id)
-            .arg(mq_status);
+            .arg(status.0)
+            .arg(status.1);
         for (field, value) in fields {
             call.arg(*field).arg(*value);
         }
@@ -686,7 +697,9 @@ impl RedisStore {
         let now = now_ms.to_string();
         let fields = [("settled_at", now.as_str())];
         let shard = self.shard_of(activity_id, reservation_id).await?;
-        let call = self.leave_pending_call(shard, reservation_id, message_id, mq_status, &fields);
+        // Settled from PostgreSQL: the inbox already decided, nothing left to watch.
+        let call =
+            self.leave_pending_call(shard, reservation_id, message_id, (mq_status, ""), &fields);
         self.invoke(call).await
     }
 
@@ -1085,6 +1098,72 @@ impl RedisStore {
             reservations,
             retire: false,
         })
+    }
+
+    /// Leases up to `batch` confirmed sends of one shard whose last copy went out before
+    /// `cutoff_ms` and that are not yet seen consumed (`claim_awaiting.lua`). Returns them with
+    /// the size of the awaiting index after the claim.
+    pub async fn claim_awaiting(
+        &self,
+        shard: Shard,
+        cutoff_ms: i64,
+        batch: usize,
+        lease_ms: u64,
+    ) -> anyhow::Result<(u64, Vec<HashMap<String, String>>)> {
+        let k = &self.keys;
+        let mut conn = self.pool.get().await?;
+        let raw: Vec<redis::Value> = self
+            .scripts
+            .claim_awaiting
+            .key(k.awaiting(shard))
+            .arg(cutoff_ms)
+            .arg(batch)
+            .arg(lease_ms)
+            .arg(k.reservation_prefix(shard))
+            .invoke_async(&mut *conn)
+            .await?;
+        let Some((first, rest)) = raw.split_first() else {
+            anyhow::bail!("claim_awaiting.lua answered nothing");
+        };
+        let remaining: u64 = redis::from_redis_value(first)?;
+        let mut claims = Vec::with_capacity(rest.len() / 2);
+        for pair in rest.chunks(2) {
+            if let [_, fields] = pair {
+                claims.push(redis::from_redis_value(fields)?);
+            }
+        }
+        Ok((remaining, claims))
+    }
+
+    /// Watches a reservation again from `sent_at_ms` (a new copy went out); only one still in
+    /// the awaiting index.
+    pub async fn rewatch(
+        &self,
+        shard: Shard,
+        reservation_id: &str,
+        sent_at_ms: i64,
+    ) -> anyhow::Result<()> {
+        let mut conn = self.pool.get().await?;
+        let _: i64 = redis::cmd("ZADD")
+            .arg(self.keys.awaiting(shard))
+            .arg("XX")
+            .arg(sent_at_ms)
+            .arg(reservation_id)
+            .query_async(&mut *conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Stops watching reservations the consumers took (or that were settled).
+    pub async fn unwatch(&self, shard: Shard, reservation_ids: &[String]) -> anyhow::Result<()> {
+        if reservation_ids.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.pool.get().await?;
+        let _: i64 = conn
+            .zrem(self.keys.awaiting(shard), reservation_ids)
+            .await?;
+        Ok(())
     }
 
     /// Takes an activity off the scanner's (and admission's) work list, and gives every key

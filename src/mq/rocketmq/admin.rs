@@ -119,6 +119,57 @@ impl LagProbe {
         result
     }
 
+    /// The time before which `group` has taken every message of `topic` stored on the brokers
+    /// that answer: per queue with a backlog, the store time of the last message it took (the
+    /// next one was stored after it); now when every answering queue is caught up. Brokers
+    /// that do not answer (dead, unreachable) are left out; an error only when none answers.
+    /// Built on the committed offsets, so it trails the consumers by their commit interval.
+    pub async fn taken_until_ms(&self, group: &str, topic: &str) -> anyhow::Result<i64> {
+        let brokers = self.topic_brokers(topic).await?;
+        let group_cs = CheetahString::from(group.to_owned());
+        let topic_cs = CheetahString::from(topic.to_owned());
+        let (mut answered, mut until) = (0usize, now_epoch_ms());
+        let mut errors = Vec::new();
+        for addr in brokers.iter() {
+            match self
+                .admin
+                .examine_consume_stats(
+                    group_cs.clone(),
+                    Some(topic_cs.clone()),
+                    None,
+                    Some(addr.clone()),
+                    Some(LAG_RPC_TIMEOUT_MS),
+                )
+                .await
+            {
+                // A broker that reports no queue of the topic for the group (it does not
+                // know the group, e.g. no consumer ever committed there) says nothing.
+                Ok(stats) if stats.offset_table.is_empty() => {
+                    errors.push(format!("{addr}: no queues of the topic for the group"));
+                }
+                Ok(stats) => {
+                    answered += 1;
+                    for o in stats.offset_table.values() {
+                        if o.get_broker_offset() > o.get_consumer_offset() {
+                            // 0: nothing taken yet on that queue, so nothing is known taken.
+                            until = until.min(o.get_last_timestamp().max(0));
+                        }
+                    }
+                }
+                Err(e) => errors.push(format!("{addr}: {e}")),
+            }
+        }
+        if answered == 0 {
+            // The route may name a broker that moved: look it up again next time.
+            self.lock_brokers().remove(topic);
+            bail!(
+                "no broker answered for {group} on {topic}: {}",
+                errors.join("; ")
+            );
+        }
+        Ok(until)
+    }
+
     /// Stops the admin client.
     pub async fn shutdown(mut self) {
         self.admin.shutdown().await;

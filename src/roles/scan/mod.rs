@@ -2,6 +2,8 @@
 //! retention of settled bookkeeping rows.
 //!
 //! - `resend`: the reservation re-send scanner (Redis → broker);
+//! - `unconsumed`: confirmed sends the consumers never took (a broker that died holding them)
+//!   sent again;
 //! - `relay`: the outbox relay (PostgreSQL → broker), woken by LISTEN/NOTIFY;
 //! - `retention`: deletes settled inbox, outbox and task rows past their retention.
 //!
@@ -11,6 +13,7 @@ pub mod rebalance;
 pub mod relay;
 pub mod resend;
 mod retention;
+pub mod unconsumed;
 
 pub use relay::{outbox_message, Relay};
 pub use resend::{event_from_reservation, ScanStats, Scanner};
@@ -49,7 +52,18 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let listener = watchdog.spawn("outbox_listen", listen);
     // The scanner's own connection: it settles refused, uncertain reservations (rare).
     let settle_pool = crate::pg::connect_pool(&settings.pg, 1).await?;
-    let scanner = Scanner::new(redis, settle_pool, publisher.clone(), settings.clone());
+    let mut scanner = Scanner::new(redis, settle_pool, publisher.clone(), settings.clone());
+    if sc.unconsumed_resend_ms > 0 {
+        let names = settings.names();
+        let probe =
+            crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server)
+                .await?;
+        scanner = scanner.with_progress(Arc::new(unconsumed::BrokerProgress {
+            probe: Arc::new(probe),
+            group: names.order_create_group,
+            topic: names.order_create_topic,
+        }));
+    }
     let relay = Relay::new(pool, publisher, settings.clone());
     let poll = Duration::from_millis(sc.scanner_poll_ms);
     let scan_loop = watchdog.spawn("resend", scan_loop(scanner, poll, shutdown.clone()));

@@ -23,6 +23,8 @@ use crate::pg::outbox::backoff_ms;
 use crate::redis::reservation::ReservationHash;
 use crate::redis::{RedisStore, Release, Shard};
 
+use super::unconsumed::{AwaitingStats, ProgressCache, ProgressReader};
+
 /// What one scanner pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct ScanStats {
@@ -37,19 +39,25 @@ pub struct ScanStats {
     /// Leftover moves between stock buckets made, and open ones finished.
     pub moves: usize,
     pub moves_resumed: usize,
+    /// Confirmed sends checked against the order-create inbox
+    /// (docs/ARCHITECTURE.md#a-dead-brokers-messages).
+    pub awaiting: AwaitingStats,
 }
 
 /// The reservation re-send scanner.
 pub struct Scanner {
-    redis: RedisStore,
+    pub(super) redis: RedisStore,
     /// Where an uncertain reservation is settled: the order-create group's inbox.
-    pool: deadpool_postgres::Pool,
+    pub(super) pool: deadpool_postgres::Pool,
     tx_names: TxNames,
-    publisher: Arc<dyn Publisher>,
-    settings: Arc<Settings>,
-    names: Names,
+    pub(super) publisher: Arc<dyn Publisher>,
+    pub(super) settings: Arc<Settings>,
+    pub(super) names: Names,
     /// Lease owner id: host, pid and a random part, unique per scanner instance.
     owner: String,
+    /// How far the order-create group got; without it confirmed sends are never sent again.
+    pub(super) progress: Option<Arc<dyn ProgressReader>>,
+    pub(super) progress_cache: ProgressCache,
 }
 
 fn owner_id(kind: &str) -> String {
@@ -99,7 +107,16 @@ impl Scanner {
             publisher,
             settings,
             owner: owner_id("scanner"),
+            progress: None,
+            progress_cache: ProgressCache::default(),
         }
+    }
+
+    /// Watches confirmed sends until the consumers took them, reading the group's progress
+    /// from `progress` (docs/ARCHITECTURE.md#a-dead-brokers-messages).
+    pub fn with_progress(mut self, progress: Arc<dyn ProgressReader>) -> Self {
+        self.progress = Some(progress);
+        self
     }
 
     /// One pass over every activity: claim what is due, re-send, record the outcome.
@@ -107,10 +124,26 @@ impl Scanner {
         let mut stats = ScanStats::default();
         let mut pending_total = 0i64;
         let mut oldest_ms: Option<i64> = None;
+        let mut awaiting_total = 0u64;
+        let watching = self.settings.scan.unconsumed_resend_ms > 0;
+        let taken_until = if watching {
+            self.taken_until_ms().await
+        } else {
+            None
+        };
         for activity_id in self.redis.activities().await? {
             let mut retire = true;
             for shard in self.redis.shards(activity_id).await? {
                 retire &= self.scan_shard(shard, &mut stats).await?;
+                if !watching {
+                    continue;
+                }
+                // Without a reading nothing is due (cutoff 0): the claim only counts.
+                let awaiting = self
+                    .check_awaiting(shard, taken_until.unwrap_or(0), &mut stats.awaiting)
+                    .await?;
+                awaiting_total += awaiting;
+                retire &= awaiting == 0;
             }
             if retire {
                 // Ended long ago with nothing pending: no pass needs to look at it again.
@@ -140,6 +173,7 @@ impl Scanner {
             }
         }
         metrics::gauge!("reservation_mq_pending").set(pending_total as f64);
+        metrics::gauge!("reservation_awaiting_consumption").set(awaiting_total as f64);
         let age = oldest_ms
             .map(|o| (Utc::now().timestamp_millis() - o).max(0) as f64 / 1000.0)
             .unwrap_or(0.0);
@@ -214,7 +248,7 @@ impl Scanner {
     /// delivery is a duplicate). If a copy reached the consumer first, the inbox says so and
     /// that decision stands (its order, or its rejection's compensation). Returns the verdict:
     /// `fenced` (the unit released here, once, through the compensation script) or `consumed`.
-    async fn settle(
+    pub(super) async fn settle(
         &self,
         activity_id: i64,
         rid: &str,
