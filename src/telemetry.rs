@@ -193,6 +193,10 @@ fn describe() {
         "Confirmed sends the order-create inbox never saw in time (a dead broker may hold them) sent again, same message_id, by outcome"
     );
     describe_counter!(
+        "outbox_unconsumed_requeue_total",
+        "Confirmed outbox events the consumers never took in time (a dead broker may hold them) put back to be sent again, by tag"
+    );
+    describe_counter!(
         "reservation_awaiting_checked_total",
         "Watched confirmed sends checked against the order-create inbox, by verdict (consumed, resent, settled)"
     );

@@ -929,3 +929,110 @@ async fn a_confirmed_send_the_consumers_never_took_is_sent_again_with_the_same_m
     consumer.shutdown().await;
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_confirmed_release_the_compensation_consumers_never_took_is_sent_again() {
+    let mut env = TestEnv::new(true).await;
+    env.settings.scan.unconsumed_resend_ms = 1_000;
+    env.activity(21, 1, 5).await;
+    let redis = env.redis().await;
+    let settings = Arc::new(env.settings.clone());
+    let names = env.settings.names();
+    let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
+    // An expired reservation: rejected, its release in the outbox.
+    let ids = reserve_only(&redis, 21, 7, 60_000).await;
+    let fields = redis.reservation(21, &ids.reservation_id).await.unwrap();
+    let mut event: OrderCreateRequested =
+        seckill::roles::scan::event_from_reservation(&fields).unwrap();
+    event.reservation_valid_until = Utc::now() - chrono::Duration::seconds(1);
+    event.reservation_created_at = event.reservation_valid_until - chrono::Duration::seconds(300);
+    let order_handler = OrderCreateHandler::new(env.pool(2).await, &env.settings, 1);
+    let d = delivery_of(&names.order_create_topic, &event);
+    assert_eq!(
+        order_handler.process(&[d]).await.unwrap(),
+        vec![Decision::Rejected(RejectReason::Expired)]
+    );
+    // The relay sent it 20 s ago to a broker that died holding it: SENT, never delivered.
+    let pool = env.pool(2).await;
+    let c = pool.get().await.unwrap();
+    let sent = c
+        .execute(
+            "UPDATE event_outbox SET status = 'SENT', sent_at = now() - interval '20 seconds',
+                    broker_msg_id = 'on-a-dead-broker', created_at = now() - interval '20 seconds'
+             WHERE tag = 'RELEASE_RESERVATION'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(sent, 1);
+    c.execute(
+        "UPDATE compensation_tasks SET created_at = now() - interval '20 seconds'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let comp = Arc::new(CompensationHandler {
+        redis: redis.clone(),
+        pool: env.pool(2).await,
+        group: names.compensate_group.clone(),
+    });
+    let consumer = seckill::mq::start_consumer(
+        &env.settings,
+        &names.compensate_group,
+        &names.compensate_topic,
+        comp,
+        2,
+        16,
+    )
+    .await
+    .unwrap();
+    let relay_with = |progress: Option<i64>| {
+        let (publisher, settings) = (publisher.clone(), settings.clone());
+        let env = &env;
+        async move {
+            Relay::new(env.pool(2).await, publisher, settings)
+                .with_release_progress(Arc::new(Progress(progress)))
+        }
+    };
+    // No reading, or a group that has taken nothing since before the send: nothing is due.
+    assert_eq!(
+        relay_with(None).await.requeue_unconsumed().await.unwrap(),
+        0
+    );
+    let behind = Utc::now().timestamp_millis() - 30_000;
+    assert_eq!(
+        relay_with(Some(behind))
+            .await
+            .requeue_unconsumed()
+            .await
+            .unwrap(),
+        0
+    );
+    // Caught up, and the task still PENDING: sent again under the same event id.
+    let relay = relay_with(Some(i64::MAX)).await;
+    assert_eq!(relay.requeue_unconsumed().await.unwrap(), 1);
+    assert_eq!(
+        relay.requeue_unconsumed().await.unwrap(),
+        0,
+        "already back in line"
+    );
+    assert_eq!(relay.relay_once().await.unwrap(), 1);
+    eventually(30, "the unit given back", || async {
+        env.count("SELECT count(*) FROM compensation_tasks WHERE status = 'DONE'")
+            .await
+            == 1
+    })
+    .await;
+    assert_eq!(redis.sku_stock(21, 1).await.unwrap(), Some((5, 5)));
+    // Done: nothing more to send, however old the row.
+    c.execute(
+        "UPDATE event_outbox SET sent_at = now() - interval '20 seconds'",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(relay.requeue_unconsumed().await.unwrap(), 0);
+    drop(c);
+    consumer.shutdown().await;
+    env.cleanup().await;
+}

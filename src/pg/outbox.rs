@@ -94,6 +94,39 @@ pub async fn mark_sent(
         .await
 }
 
+/// Puts back to PENDING, for the relay to send again under the same event id, up to `batch`
+/// RELEASE_RESERVATION rows sent before `cutoff` whose compensation task is still PENDING:
+/// the broker confirmed them but the compensation consumers never took them (its broker may
+/// be dead: docs/ARCHITECTURE.md#a-dead-brokers-messages). Returns their event ids.
+pub async fn requeue_unconsumed_releases(
+    client: &impl GenericClient,
+    cutoff: chrono::DateTime<chrono::Utc>,
+    batch: i64,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "WITH stranded AS (
+                 SELECT o.activity_id, o.event_id
+                 FROM compensation_tasks t
+                 JOIN event_outbox o ON o.activity_id = t.activity_id
+                                    AND o.event_id = t.reservation_id || '.RELEASE_RESERVATION'
+                 WHERE t.status = 'PENDING' AND t.created_at < $1
+                   AND o.status = 'SENT' AND o.sent_at < $1
+                 ORDER BY t.created_at
+                 LIMIT $2
+                 FOR UPDATE OF o SKIP LOCKED)
+             UPDATE event_outbox o
+             SET status = 'PENDING', next_attempt_at = now(),
+                 last_error = 'confirmed but not consumed in time: sent again'
+             FROM stranded s
+             WHERE o.activity_id = s.activity_id AND o.event_id = s.event_id
+             RETURNING o.event_id",
+            &[&cutoff, &batch],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
 /// A send that did not go through: the row's next attempt, or its end.
 #[derive(Debug, Clone)]
 pub struct Failure {

@@ -53,18 +53,26 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     // The scanner's own connection: it settles refused, uncertain reservations (rare).
     let settle_pool = crate::pg::connect_pool(&settings.pg, 1).await?;
     let mut scanner = Scanner::new(redis, settle_pool, publisher.clone(), settings.clone());
+    let mut relay = Relay::new(pool, publisher, settings.clone());
     if sc.unconsumed_resend_ms > 0 {
+        // What a dead broker holds goes out again through the live ones
+        // (docs/ARCHITECTURE.md#a-dead-brokers-messages).
         let names = settings.names();
-        let probe =
+        let probe = Arc::new(
             crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server)
-                .await?;
+                .await?,
+        );
         scanner = scanner.with_progress(Arc::new(unconsumed::BrokerProgress {
-            probe: Arc::new(probe),
+            probe: probe.clone(),
             group: names.order_create_group,
             topic: names.order_create_topic,
         }));
+        relay = relay.with_release_progress(Arc::new(unconsumed::BrokerProgress {
+            probe,
+            group: names.compensate_group,
+            topic: names.compensate_topic,
+        }));
     }
-    let relay = Relay::new(pool, publisher, settings.clone());
     let poll = Duration::from_millis(sc.scanner_poll_ms);
     let scan_loop = watchdog.spawn("resend", scan_loop(scanner, poll, shutdown.clone()));
     let relay_loop = watchdog.spawn("relay", relay_loop(relay, wake, shutdown.clone()));
@@ -134,6 +142,11 @@ async fn relay_loop(relay: Relay, wake: Arc<Notify>, stop: CancellationToken) {
         };
         if last_observe.elapsed() >= Duration::from_secs(1) {
             let _ = relay.observe().await;
+            match relay.requeue_unconsumed().await {
+                Ok(0) => {}
+                Ok(_) => wake.notify_one(),
+                Err(e) => warn!(error = %e, "look for unconsumed releases failed"),
+            }
             last_observe = std::time::Instant::now();
         }
         if claimed == 0 && last_probe.elapsed() >= probe_every {

@@ -18,6 +18,8 @@ use crate::config::Settings;
 use crate::mq::{OutMessage, Publisher, SendOutcome};
 use crate::pg::outbox::{self, backoff_ms, OutboxRow, OUTBOX_CHANNEL};
 
+use super::unconsumed::{Progress, ProgressReader};
+
 /// The outbox relay.
 pub struct Relay {
     pool: deadpool_postgres::Pool,
@@ -26,6 +28,9 @@ pub struct Relay {
     /// Whether DEAD rows may exist (the last count saw some, or a row went DEAD since): the
     /// requeue after a confirmed send runs only then, not on every pass.
     dead_seen: AtomicBool,
+    /// The compensation group's progress: releases it never took are sent again
+    /// (docs/ARCHITECTURE.md#a-dead-brokers-messages); `None`: never.
+    release_progress: Option<Progress>,
 }
 
 /// The broker message for an outbox row: its event id is the `message_id` every consumer
@@ -80,7 +85,45 @@ impl Relay {
             publisher,
             settings,
             dead_seen: AtomicBool::new(true),
+            release_progress: None,
         }
+    }
+
+    /// Sends again the releases the compensation group has not taken
+    /// `scan.unconsumed_resend_ms` after its progress on the brokers that answer.
+    pub fn with_release_progress(mut self, progress: Arc<dyn ProgressReader>) -> Self {
+        self.release_progress = Some(Progress::new(progress));
+        self
+    }
+
+    /// One look for confirmed releases nobody consumed in time; puts them back for the next
+    /// pass. Returns how many.
+    pub async fn requeue_unconsumed(&self) -> anyhow::Result<usize> {
+        let Some(progress) = &self.release_progress else {
+            return Ok(0);
+        };
+        let Some(until) = progress.taken_until_ms().await else {
+            return Ok(0);
+        };
+        let sc = &self.settings.scan;
+        let cutoff = super::unconsumed::cutoff_ms(
+            Utc::now().timestamp_millis(),
+            sc.unconsumed_resend_ms,
+            until,
+        );
+        let Some(cutoff) = chrono::DateTime::from_timestamp_millis(cutoff) else {
+            return Ok(0);
+        };
+        let client = self.pool.get().await?;
+        let ids =
+            outbox::requeue_unconsumed_releases(&**client, cutoff, sc.relay_batch as i64).await?;
+        if !ids.is_empty() {
+            metrics::counter!("outbox_unconsumed_requeue_total", "tag" => "RELEASE_RESERVATION")
+                .increment(ids.len() as u64);
+            warn!(count = ids.len(), first_event_id = %ids[0],
+                  "releases confirmed but not consumed in time (their broker may be down); sent again");
+        }
+        Ok(ids.len())
     }
 
     /// Claims one batch, sends it and records the outcomes. Returns the rows claimed.

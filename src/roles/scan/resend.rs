@@ -23,7 +23,7 @@ use crate::pg::outbox::backoff_ms;
 use crate::redis::reservation::ReservationHash;
 use crate::redis::{RedisStore, Release, Shard};
 
-use super::unconsumed::{AwaitingStats, ProgressCache, ProgressReader};
+use super::unconsumed::{AwaitingStats, Progress, ProgressReader};
 
 /// What one scanner pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -56,8 +56,7 @@ pub struct Scanner {
     /// Lease owner id: host, pid and a random part, unique per scanner instance.
     owner: String,
     /// How far the order-create group got; without it confirmed sends are never sent again.
-    pub(super) progress: Option<Arc<dyn ProgressReader>>,
-    pub(super) progress_cache: ProgressCache,
+    pub(super) progress: Option<Progress>,
 }
 
 fn owner_id(kind: &str) -> String {
@@ -108,14 +107,13 @@ impl Scanner {
             settings,
             owner: owner_id("scanner"),
             progress: None,
-            progress_cache: ProgressCache::default(),
         }
     }
 
     /// Watches confirmed sends until the consumers took them, reading the group's progress
     /// from `progress` (docs/ARCHITECTURE.md#a-dead-brokers-messages).
     pub fn with_progress(mut self, progress: Arc<dyn ProgressReader>) -> Self {
-        self.progress = Some(progress);
+        self.progress = Some(Progress::new(progress));
         self
     }
 

@@ -54,9 +54,34 @@ impl ProgressReader for BrokerProgress {
 /// How long a progress reading is reused within passes.
 const PROGRESS_READ_EVERY: Duration = Duration::from_secs(1);
 
-/// The last progress reading and when it was taken.
-#[derive(Default)]
-pub struct ProgressCache(std::sync::Mutex<Option<(Instant, Option<i64>)>>);
+/// A group's progress, read at most once a second.
+pub struct Progress {
+    reader: Arc<dyn ProgressReader>,
+    last: std::sync::Mutex<Option<(Instant, Option<i64>)>>,
+}
+
+impl Progress {
+    pub fn new(reader: Arc<dyn ProgressReader>) -> Self {
+        Self {
+            reader,
+            last: Default::default(),
+        }
+    }
+
+    /// The last reading if younger than a second, a new one otherwise; `None` when
+    /// unreadable (nothing is sent again blind).
+    pub async fn taken_until_ms(&self) -> Option<i64> {
+        let cached = *self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, until)) = cached {
+            if at.elapsed() < PROGRESS_READ_EVERY {
+                return until;
+            }
+        }
+        let until = self.reader.taken_until_ms().await;
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), until));
+        until
+    }
+}
 
 /// What one check of the awaiting index did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -97,27 +122,9 @@ pub fn cutoff_ms(now_ms: i64, resend_after_ms: u64, taken_until_ms: i64) -> i64 
 }
 
 impl Scanner {
-    /// The group's progress, read at most once a second; `None` when unreadable (or no
-    /// reader: nothing is sent again blind).
+    /// The order-create group's progress; `None` without a reader or a reading.
     pub(super) async fn taken_until_ms(&self) -> Option<i64> {
-        let reader = self.progress.as_ref()?;
-        let cached = *self
-            .progress_cache
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some((at, until)) = cached {
-            if at.elapsed() < PROGRESS_READ_EVERY {
-                return until;
-            }
-        }
-        let until = reader.taken_until_ms().await;
-        *self
-            .progress_cache
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), until));
-        until
+        self.progress.as_ref()?.taken_until_ms().await
     }
 
     /// Checks one shard's confirmed sends that should have been taken by now; returns how many
