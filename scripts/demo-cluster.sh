@@ -6,7 +6,8 @@
 # accepted it SIGKILLs the second broker and fails the primary of the activity's first bucket
 # over to its replica; the
 # sale goes on through both APIs against the one broker left, and the dead one comes back 10 s
-# later (its stored, unconsumed messages wait for it: docs/ARCHITECTURE.md#two-brokers). Half
+# later (what it held and nobody consumed is sent again through the live one meanwhile:
+# docs/ARCHITECTURE.md#a-dead-brokers-messages). Half
 # the orders are paid and the rest expire. At the end the second broker is stopped and its
 # store removed.
 # The last line is machine-readable: DEMO OK ... / DEMO FAILED ...
@@ -24,9 +25,9 @@ export SECKILL__ENV=DEMOCLUSTER
 export SECKILL__REDIS__MODE=cluster
 export SECKILL__REDIS__URL="redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003"
 export SECKILL__MQ__BROKER_ADDR="127.0.0.1:10911,127.0.0.1:10921"
-# Orders whose messages wait on the killed broker are created only once it is back and the
-# consumers see its queues again (about half a minute): a pay window longer than make demo's
-# 10 s, so that the buyers who pay still can.
+# Orders whose messages the killed broker held are created once the scanner sends them again
+# (scan.unconsumed_resend_ms, 5 s): a pay window longer than make demo's 10 s keeps room for
+# the buyers who pay.
 export SECKILL__CONSUMER__PAY_WINDOW_SECS="${DEMO_PAY_WINDOW_SECS:-60}"
 RUN_BASE="${SECKILL_RUN_DIR:-$HOME/.cache/seckill/run}"
 RUN_DIR="$RUN_BASE/demo-cluster"
@@ -107,6 +108,14 @@ set -e
 wait "$faults_pid" || true
 cat "$RUN_DIR/faults.log"
 if [[ "$status" -ne 0 ]]; then tail -5 "$RUN_DIR/bench.log"; fi
+# What the scanners sent again that the dead broker held (docs/ARCHITECTURE.md#a-dead-brokers-messages).
+resent=0 requeued=0
+for port in 19121 19122; do
+  m="$(curl -fsS "http://127.0.0.1:$port/metrics" 2>/dev/null || true)"
+  resent=$(( resent + $(awk '/^reservation_unconsumed_resend_total/ { s += $2 } END { printf "%d", s }' <<<"$m") ))
+  requeued=$(( requeued + $(awk '/^outbox_unconsumed_requeue_total/ { s += $2 } END { printf "%d", s }' <<<"$m") ))
+done
+echo "[demo-cluster] held by the dead broker and sent again: $resent order messages, $requeued releases"
 stop_roles
 trap - EXIT
 # Back to one broker, the second one's store gone (the demo's topics stay on the first).
