@@ -197,6 +197,10 @@ fn describe() {
         "Confirmed outbox events the consumers never took in time (a dead broker may hold them) put back to be sent again, by tag"
     );
     describe_counter!(
+        "redis_cluster_redirect_retry_total",
+        "Pipelines of Redis scripts sent again because the cluster answered a redirection or cluster-down (a failover moving a slot)"
+    );
+    describe_counter!(
         "reservation_awaiting_checked_total",
         "Watched confirmed sends checked against the order-create inbox, by verdict (consumed, resent, settled)"
     );

@@ -317,6 +317,18 @@ pub struct SentMark {
     pub sent_at_ms: i64,
 }
 
+/// How often, and how far apart, a pipeline a failover redirected is sent again (at most
+/// about a second in all: a replica's promotion takes the cluster's node timeout, 2 s on
+/// `scripts/redis-cluster-up.sh`'s nodes, and the slot map follows it).
+const REDIRECT_RETRIES: u32 = 10;
+const REDIRECT_RETRY_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// An error a Redis Cluster answers while a slot changes owner.
+fn redirected(e: &redis::RedisError) -> bool {
+    use redis::ErrorKind::*;
+    matches!(e.kind(), Moved | Ask | TryAgain | ClusterDown | MasterDown)
+}
+
 #[derive(Clone)]
 pub struct RedisStore {
     pub pool: pool::Pool,
@@ -1033,7 +1045,11 @@ impl RedisStore {
     }
 
     /// Sends `pipe` (whose scripts are all `script`) in one round trip; on NOSCRIPT, loads the
-    /// script and sends it again (every command in these pipelines is idempotent).
+    /// script and sends it again (every command in these pipelines is idempotent). On a
+    /// cluster, a pipeline answered with a redirection or a cluster-down error (a failover
+    /// moving its slot: the client follows the new owner once its slot map is refreshed) is
+    /// sent again, every [`REDIRECT_RETRY_WAIT`] for at most [`REDIRECT_RETRIES`] times,
+    /// counted in `redis_cluster_redirect_retry_total`.
     async fn run_pipe<T: redis::FromRedisValue>(
         &self,
         script: &Script,
@@ -1043,13 +1059,25 @@ impl RedisStore {
             return Ok(Vec::new());
         }
         let mut conn = self.pool.get().await?;
-        match pipe.query_async(&mut *conn).await {
-            Ok(answers) => Ok(answers),
-            Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
-                script.prepare_invoke().load_async(&mut *conn).await?;
-                Ok(pipe.query_async(&mut *conn).await?)
+        let mut retries = 0;
+        loop {
+            let err = match pipe.query_async(&mut *conn).await {
+                Ok(answers) => return Ok(answers),
+                Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                    script.prepare_invoke().load_async(&mut *conn).await?;
+                    match pipe.query_async(&mut *conn).await {
+                        Ok(answers) => return Ok(answers),
+                        Err(e) => e,
+                    }
+                }
+                Err(e) => e,
+            };
+            if !(self.cluster && redirected(&err) && retries < REDIRECT_RETRIES) {
+                return Err(err.into());
             }
-            Err(e) => Err(e.into()),
+            retries += 1;
+            metrics::counter!("redis_cluster_redirect_retry_total").increment(1);
+            tokio::time::sleep(REDIRECT_RETRY_WAIT).await;
         }
     }
 
