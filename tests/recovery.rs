@@ -146,6 +146,30 @@ async fn the_scanner_sends_what_the_api_never_sent_with_the_same_message_id() {
     env.cleanup().await;
 }
 
+/// The reservation's message reaches the order consumer after its validity ended: rejected
+/// as expired, its release (compensation task and outbox row) written.
+async fn rejected_as_expired(
+    env: &TestEnv,
+    redis: &seckill::redis::RedisStore,
+    activity_id: i64,
+    ids: &Ids,
+) {
+    let fields = redis
+        .reservation(activity_id, &ids.reservation_id)
+        .await
+        .unwrap();
+    let mut event: OrderCreateRequested =
+        seckill::roles::scan::event_from_reservation(&fields).unwrap();
+    event.reservation_valid_until = Utc::now() - chrono::Duration::seconds(1);
+    event.reservation_created_at = event.reservation_valid_until - chrono::Duration::seconds(300);
+    let order_handler = OrderCreateHandler::new(env.pool(2).await, &env.settings, 1);
+    let d = delivery_of(&env.settings.names().order_create_topic, &event);
+    assert_eq!(
+        order_handler.process(&[d]).await.unwrap(),
+        vec![Decision::Rejected(RejectReason::Expired)]
+    );
+}
+
 #[tokio::test]
 async fn an_expired_backlog_is_compensated_once_through_the_relay_even_when_redelivered() {
     let mut env = TestEnv::new(true).await;
@@ -159,17 +183,7 @@ async fn an_expired_backlog_is_compensated_once_through_the_relay_even_when_rede
     // The reservation's message reaches the consumer after its validity ended.
     let ids = reserve_only(&redis, 20, 7, 60_000).await;
     assert_eq!(redis.sku_stock(20, 1).await.unwrap(), Some((5, 4)));
-    let fields = redis.reservation(20, &ids.reservation_id).await.unwrap();
-    let mut event: OrderCreateRequested =
-        seckill::roles::scan::event_from_reservation(&fields).unwrap();
-    event.reservation_valid_until = Utc::now() - chrono::Duration::seconds(1);
-    event.reservation_created_at = event.reservation_valid_until - chrono::Duration::seconds(300);
-    let order_handler = OrderCreateHandler::new(env.pool(2).await, &env.settings, 1);
-    let d = delivery_of(&names.order_create_topic, &event);
-    assert_eq!(
-        order_handler.process(&[d]).await.unwrap(),
-        vec![Decision::Rejected(RejectReason::Expired)]
-    );
+    rejected_as_expired(&env, &redis, 20, &ids).await;
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 0);
 
     let comp = Arc::new(CompensationHandler {
@@ -941,17 +955,7 @@ async fn a_confirmed_release_the_compensation_consumers_never_took_is_sent_again
     let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
     // An expired reservation: rejected, its release in the outbox.
     let ids = reserve_only(&redis, 21, 7, 60_000).await;
-    let fields = redis.reservation(21, &ids.reservation_id).await.unwrap();
-    let mut event: OrderCreateRequested =
-        seckill::roles::scan::event_from_reservation(&fields).unwrap();
-    event.reservation_valid_until = Utc::now() - chrono::Duration::seconds(1);
-    event.reservation_created_at = event.reservation_valid_until - chrono::Duration::seconds(300);
-    let order_handler = OrderCreateHandler::new(env.pool(2).await, &env.settings, 1);
-    let d = delivery_of(&names.order_create_topic, &event);
-    assert_eq!(
-        order_handler.process(&[d]).await.unwrap(),
-        vec![Decision::Rejected(RejectReason::Expired)]
-    );
+    rejected_as_expired(&env, &redis, 21, &ids).await;
     // The relay sent it 20 s ago to a broker that died holding it: SENT, never delivered.
     let pool = env.pool(2).await;
     let c = pool.get().await.unwrap();

@@ -74,6 +74,17 @@ pub fn combine_lag(queues: &[QueueLagFacts], now_ms: i64) -> anyhow::Result<Lag>
     })
 }
 
+/// One queue's offsets as a broker reports them for a group.
+struct QueueOffsets {
+    queue: MessageQueue,
+    /// The broker's max offset.
+    broker: i64,
+    /// The group's committed offset.
+    consumer: i64,
+    /// Store time of the last message the group took there (0 when none).
+    last_taken_ms: i64,
+}
+
 /// topic → (fetched at, master broker addresses).
 type BrokerCache = HashMap<String, (Instant, Arc<[CheetahString]>)>;
 
@@ -126,34 +137,20 @@ impl LagProbe {
     /// Built on the committed offsets, so it trails the consumers by their commit interval.
     pub async fn taken_until_ms(&self, group: &str, topic: &str) -> anyhow::Result<i64> {
         let brokers = self.topic_brokers(topic).await?;
-        let group_cs = CheetahString::from(group.to_owned());
-        let topic_cs = CheetahString::from(topic.to_owned());
         let (mut answered, mut until) = (0usize, now_epoch_ms());
         let mut errors = Vec::new();
         for addr in brokers.iter() {
-            match self
-                .admin
-                .examine_consume_stats(
-                    group_cs.clone(),
-                    Some(topic_cs.clone()),
-                    None,
-                    Some(addr.clone()),
-                    Some(LAG_RPC_TIMEOUT_MS),
-                )
-                .await
-            {
+            match self.queue_offsets(group, topic, addr).await {
                 // A broker that reports no queue of the topic for the group (it does not
                 // know the group, e.g. no consumer ever committed there) says nothing.
-                Ok(stats) if stats.offset_table.is_empty() => {
+                Ok(queues) if queues.is_empty() => {
                     errors.push(format!("{addr}: no queues of the topic for the group"));
                 }
-                Ok(stats) => {
+                Ok(queues) => {
                     answered += 1;
-                    for o in stats.offset_table.values() {
-                        if o.get_broker_offset() > o.get_consumer_offset() {
-                            // 0: nothing taken yet on that queue, so nothing is known taken.
-                            until = until.min(o.get_last_timestamp().max(0));
-                        }
+                    for q in queues.iter().filter(|q| q.broker > q.consumer) {
+                        // 0: nothing taken yet on that queue, so nothing is known taken.
+                        until = until.min(q.last_taken_ms.max(0));
                     }
                 }
                 Err(e) => errors.push(format!("{addr}: {e}")),
@@ -168,6 +165,37 @@ impl LagProbe {
             );
         }
         Ok(until)
+    }
+
+    /// `group`'s offsets on each queue of `topic` at one broker, bounded by
+    /// [`LAG_RPC_TIMEOUT_MS`].
+    async fn queue_offsets(
+        &self,
+        group: &str,
+        topic: &str,
+        addr: &CheetahString,
+    ) -> anyhow::Result<Vec<QueueOffsets>> {
+        let stats = self
+            .admin
+            .examine_consume_stats(
+                CheetahString::from(group.to_owned()),
+                Some(CheetahString::from(topic.to_owned())),
+                None,
+                Some(addr.clone()),
+                Some(LAG_RPC_TIMEOUT_MS),
+            )
+            .await
+            .map_err(|e| anyhow!("consume stats of {group} on {topic} at {addr}: {e}"))?;
+        Ok(stats
+            .offset_table
+            .into_iter()
+            .map(|(queue, o)| QueueOffsets {
+                queue,
+                broker: o.get_broker_offset(),
+                consumer: o.get_consumer_offset(),
+                last_taken_ms: o.get_last_timestamp(),
+            })
+            .collect())
     }
 
     /// Stops the admin client.
@@ -185,23 +213,8 @@ impl LagProbe {
         let topic_cs = CheetahString::from(topic.to_owned());
         let mut offsets: Vec<(MessageQueue, i64, i64)> = Vec::new();
         for addr in brokers {
-            let stats = self
-                .admin
-                .examine_consume_stats(
-                    group_cs.clone(),
-                    Some(topic_cs.clone()),
-                    None,
-                    Some(addr.clone()),
-                    Some(LAG_RPC_TIMEOUT_MS),
-                )
-                .await
-                .map_err(|e| anyhow!("consume stats of {group} on {topic} at {addr}: {e}"))?;
-            offsets.extend(
-                stats
-                    .offset_table
-                    .into_iter()
-                    .map(|(mq, o)| (mq, o.get_broker_offset(), o.get_consumer_offset())),
-            );
+            let queues = self.queue_offsets(group, topic, addr).await?;
+            offsets.extend(queues.into_iter().map(|q| (q.queue, q.broker, q.consumer)));
         }
         if offsets.is_empty() {
             // The broker skips a topic it does not have, or one the group (online with other
