@@ -170,6 +170,33 @@ async fn rejected_as_expired(
     );
 }
 
+/// The compensation handler, and a consumer of the compensation topic running it.
+async fn compensation_consumer(
+    env: &TestEnv,
+    redis: &seckill::redis::RedisStore,
+) -> (
+    Arc<CompensationHandler>,
+    seckill::mq::rocketmq::ConsumerHandle,
+) {
+    let names = env.settings.names();
+    let comp = Arc::new(CompensationHandler {
+        redis: redis.clone(),
+        pool: env.pool(2).await,
+        group: names.compensate_group.clone(),
+    });
+    let consumer = seckill::mq::start_consumer(
+        &env.settings,
+        &names.compensate_group,
+        &names.compensate_topic,
+        comp.clone(),
+        2,
+        16,
+    )
+    .await
+    .unwrap();
+    (comp, consumer)
+}
+
 #[tokio::test]
 async fn an_expired_backlog_is_compensated_once_through_the_relay_even_when_redelivered() {
     let mut env = TestEnv::new(true).await;
@@ -186,21 +213,7 @@ async fn an_expired_backlog_is_compensated_once_through_the_relay_even_when_rede
     rejected_as_expired(&env, &redis, 20, &ids).await;
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 0);
 
-    let comp = Arc::new(CompensationHandler {
-        redis: redis.clone(),
-        pool: env.pool(2).await,
-        group: names.compensate_group.clone(),
-    });
-    let consumer = seckill::mq::start_consumer(
-        &env.settings,
-        &names.compensate_group,
-        &names.compensate_topic,
-        comp.clone(),
-        2,
-        16,
-    )
-    .await
-    .unwrap();
+    let (comp, consumer) = compensation_consumer(&env, &redis).await;
 
     // A relay sends the compensation event and dies before marking it SENT ...
     let pool = env.pool(2).await;
@@ -951,7 +964,6 @@ async fn a_confirmed_release_the_compensation_consumers_never_took_is_sent_again
     env.activity(21, 1, 5).await;
     let redis = env.redis().await;
     let settings = Arc::new(env.settings.clone());
-    let names = env.settings.names();
     let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
     // An expired reservation: rejected, its release in the outbox.
     let ids = reserve_only(&redis, 21, 7, 60_000).await;
@@ -975,21 +987,7 @@ async fn a_confirmed_release_the_compensation_consumers_never_took_is_sent_again
     )
     .await
     .unwrap();
-    let comp = Arc::new(CompensationHandler {
-        redis: redis.clone(),
-        pool: env.pool(2).await,
-        group: names.compensate_group.clone(),
-    });
-    let consumer = seckill::mq::start_consumer(
-        &env.settings,
-        &names.compensate_group,
-        &names.compensate_topic,
-        comp,
-        2,
-        16,
-    )
-    .await
-    .unwrap();
+    let (_, consumer) = compensation_consumer(&env, &redis).await;
     let relay_with = |progress: Option<i64>| {
         let (publisher, settings) = (publisher.clone(), settings.clone());
         let env = &env;

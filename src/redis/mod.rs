@@ -1163,34 +1163,34 @@ impl RedisStore {
         Ok((remaining, claims))
     }
 
-    /// Watches a reservation again from `sent_at_ms` (a new copy went out); only one still in
-    /// the awaiting index.
-    pub async fn rewatch(
+    /// Ends the watch of reservations the consumers took (or that were settled), and watches
+    /// `resent` ones again from `sent_at_ms` (a new copy went out; only those still in the
+    /// index), in one round trip.
+    pub async fn end_watch(
         &self,
         shard: Shard,
-        reservation_id: &str,
+        done: &[String],
+        resent: &[String],
         sent_at_ms: i64,
     ) -> anyhow::Result<()> {
-        let mut conn = self.pool.get().await?;
-        let _: i64 = redis::cmd("ZADD")
-            .arg(self.keys.awaiting(shard))
-            .arg("XX")
-            .arg(sent_at_ms)
-            .arg(reservation_id)
-            .query_async(&mut *conn)
-            .await?;
-        Ok(())
-    }
-
-    /// Stops watching reservations the consumers took (or that were settled).
-    pub async fn unwatch(&self, shard: Shard, reservation_ids: &[String]) -> anyhow::Result<()> {
-        if reservation_ids.is_empty() {
+        let key = self.keys.awaiting(shard);
+        let mut pipe = redis::pipe();
+        if !done.is_empty() {
+            pipe.cmd("ZREM").arg(&key).arg(done).ignore();
+        }
+        if !resent.is_empty() {
+            let mut zadd = redis::cmd("ZADD");
+            zadd.arg(&key).arg("XX");
+            for rid in resent {
+                zadd.arg(sent_at_ms).arg(rid);
+            }
+            pipe.add_command(zadd).ignore();
+        }
+        if pipe.is_empty() {
             return Ok(());
         }
         let mut conn = self.pool.get().await?;
-        let _: i64 = conn
-            .zrem(self.keys.awaiting(shard), reservation_ids)
-            .await?;
+        let () = pipe.query_async(&mut *conn).await?;
         Ok(())
     }
 

@@ -293,6 +293,22 @@ impl Scanner {
         Ok(verdict)
     }
 
+    /// Sends a copy of a reservation's message (the same message_id) and counts it as a send
+    /// to the order-create topic.
+    pub(super) async fn send_copy(&self, event: &OrderCreateRequested) -> SendOutcome {
+        let msg = order_create_message(&self.names.order_create_topic, event);
+        let outcome = self
+            .publisher
+            .send(msg, self.settings.mq.send_timeout_ms)
+            .await;
+        metrics::counter!("mq_publish_total", "topic" => "order_create", "outcome" => outcome.label())
+            .increment(1);
+        if let SendOutcome::Unknown { .. } = outcome {
+            metrics::counter!("mq_publish_unknown_total", "topic" => "order_create").increment(1);
+        }
+        outcome
+    }
+
     async fn resend(
         &self,
         activity_id: i64,
@@ -304,14 +320,8 @@ impl Scanner {
             return ("invalid", rid);
         };
         let attempt = event.retry_count + 1;
-        let msg = order_create_message(&self.names.order_create_topic, &event);
-        let outcome = self
-            .publisher
-            .send(msg, self.settings.mq.send_timeout_ms)
-            .await;
+        let outcome = self.send_copy(&event).await;
         metrics::counter!("reservation_resend_total", "outcome" => outcome.label()).increment(1);
-        metrics::counter!("mq_publish_total", "topic" => "order_create", "outcome" => outcome.label())
-            .increment(1);
         let now_ms = Utc::now().timestamp_millis();
         let label = outcome.label();
         let result = match &outcome {
@@ -321,8 +331,6 @@ impl Scanner {
                 .await
                 .map(|_| ()),
             SendOutcome::Unknown { error } => {
-                metrics::counter!("mq_publish_unknown_total", "topic" => "order_create")
-                    .increment(1);
                 self.resend_later(activity_id, &rid, &event.message_id, attempt, now_ms, error)
                     .await
             }

@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use futures::StreamExt;
 use tracing::{info, warn};
 
 use crate::mq::rocketmq::LagProbe;
-use crate::mq::{order_create_message, SendOutcome};
 use crate::redis::reservation::ReservationHash;
 use crate::redis::Shard;
 
@@ -163,6 +163,7 @@ impl Scanner {
             .collect();
         drop(client);
         let mut done = Vec::new();
+        let mut to_resend = Vec::new();
         let mut pass = AwaitingStats::default();
         for (r, fields) in parsed {
             let v = verdict(
@@ -177,8 +178,8 @@ impl Scanner {
                     done.push(r.reservation_id);
                 }
                 Verdict::Resend => {
-                    pass.resent += 1;
-                    self.resend_unconsumed(shard, &r, fields).await;
+                    let event = event_from_reservation(fields);
+                    to_resend.push((r, event));
                 }
                 Verdict::Settle => {
                     let Some(event) = event_from_reservation(fields) else {
@@ -202,6 +203,13 @@ impl Scanner {
                 }
             }
         }
+        // The copies go out like the scanner's re-sends, send_concurrency at a time.
+        let resent: Vec<String> = futures::stream::iter(to_resend)
+            .map(|(r, event)| self.resend_unconsumed(r, event))
+            .buffer_unordered(sc.send_concurrency)
+            .collect()
+            .await;
+        pass.resent = resent.len();
         for (verdict, n) in [
             ("consumed", pass.consumed),
             ("resent", pass.resent),
@@ -213,42 +221,29 @@ impl Scanner {
         stats.consumed += pass.consumed;
         stats.resent += pass.resent;
         stats.settled += pass.settled;
-        // Re-sent ones stay watched (scored by their new copy), the rest leave the index.
-        self.redis.unwatch(shard, &done).await?;
+        // Re-sent ones stay watched, scored by their new copy; the rest leave the index.
+        self.redis
+            .end_watch(shard, &done, &resent, Utc::now().timestamp_millis())
+            .await?;
         Ok(remaining)
     }
 
-    /// Sends a confirmed but unconsumed reservation again, same message_id; watched again
-    /// from now, whatever the outcome (an unconfirmed copy may be stored as well).
+    /// Sends a confirmed but unconsumed reservation again, same message_id; it stays watched
+    /// whatever the outcome (an unconfirmed copy may be stored as well). Returns its id.
     async fn resend_unconsumed(
         &self,
-        shard: Shard,
-        r: &ReservationHash,
-        fields: &std::collections::HashMap<String, String>,
-    ) {
-        let Some(event) = event_from_reservation(fields) else {
-            return;
+        r: ReservationHash,
+        event: Option<crate::domain::OrderCreateRequested>,
+    ) -> String {
+        let label = match event {
+            Some(event) => self.send_copy(&event).await.label(),
+            None => "invalid",
         };
-        let msg = order_create_message(&self.names.order_create_topic, &event);
-        let outcome = self
-            .publisher
-            .send(msg, self.settings.mq.send_timeout_ms)
-            .await;
-        metrics::counter!("reservation_unconsumed_resend_total", "outcome" => outcome.label())
-            .increment(1);
-        metrics::counter!("mq_publish_total", "topic" => "order_create", "outcome" => outcome.label())
-            .increment(1);
-        if let SendOutcome::Unknown { .. } = outcome {
-            metrics::counter!("mq_publish_unknown_total", "topic" => "order_create").increment(1);
-        }
-        let now_ms = Utc::now().timestamp_millis();
-        if let Err(e) = self.redis.rewatch(shard, &r.reservation_id, now_ms).await {
-            // The lease runs out and the next pass looks again.
-            warn!(reservation_id = %r.reservation_id, error = %e, "could not watch a re-sent reservation again");
-        }
+        metrics::counter!("reservation_unconsumed_resend_total", "outcome" => label).increment(1);
         info!(reservation_id = %r.reservation_id, message_id = %r.message_id, order_id = %r.order_id,
-              request_id = %r.request_id, send_outcome = outcome.label(),
+              request_id = %r.request_id, send_outcome = label,
               "confirmed send not taken by the consumers in time (its broker may be down); sent again");
+        r.reservation_id
     }
 }
 
