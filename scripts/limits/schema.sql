@@ -24,6 +24,7 @@ SET search_path = seckill_limits;
 \ir ../../sql/V9__stock_buckets.sql
 \ir ../../sql/V10__distribution_keys.sql
 \ir ../../sql/V11__pending_compensations.sql
+\ir ../../sql/V12__transaction_delivery.sql
 
 -- The hot row: remaining_stock is INTEGER as in the project, so "huge" is the INTEGER
 -- maximum (2,147,483,647): far more than any run can sell.
