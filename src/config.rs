@@ -41,6 +41,8 @@ pub struct Settings {
     pub timeout: TimeoutSettings,
     pub retention: RetentionSettings,
     pub telemetry: TelemetrySettings,
+    #[serde(default)]
+    pub events: EventSettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -391,6 +393,76 @@ pub struct TelemetrySettings {
     pub json: bool,
 }
 
+/// How an event PostgreSQL originates reaches the broker (docs/ARCHITECTURE.md#delivering-events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Delivery {
+    /// The event's row is written in the business transaction; the relay sends it.
+    Outbox,
+    /// A RocketMQ transaction message: half message, the business transaction, then commit or
+    /// rollback; the broker asks back (answered from PostgreSQL) when the end does not arrive.
+    Transaction,
+}
+
+impl Delivery {
+    pub fn label(self) -> &'static str {
+        match self {
+            Delivery::Outbox => "outbox",
+            Delivery::Transaction => "transaction",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EventSettings {
+    /// The delivery of every family that does not name its own.
+    pub delivery: Delivery,
+    /// ORDER_PAID, written by the payment notification.
+    pub order_paid: Option<Delivery>,
+    /// ORDER_CANCELED, written by the timeout cancel (outbox only, for now).
+    pub order_canceled: Option<Delivery>,
+    /// The longest a local transaction may run after its half message was stored: past it the
+    /// transaction rolls back itself, which is what lets a check-back answer ROLLBACK. Must
+    /// stay well below the broker's `transactionTimeout` (6000 ms in config/rocketmq).
+    pub transaction_local_timeout_ms: u64,
+    /// Transaction messages in flight at once per process (each holds a client thread while
+    /// its local transaction runs); past it a payment waits for a slot.
+    pub transaction_in_flight: usize,
+    /// Check-backs answered at once per process.
+    pub transaction_check_threads: u32,
+    /// A row still TRANSACTION this long after it was written (its commit never reached the
+    /// broker, and the broker gave up asking) is handed to the relay by `seckill reconcile`.
+    pub transaction_horizon_secs: u64,
+}
+
+impl Default for EventSettings {
+    fn default() -> Self {
+        Self {
+            delivery: Delivery::Outbox,
+            order_paid: None,
+            order_canceled: None,
+            transaction_local_timeout_ms: 2_000,
+            transaction_in_flight: 64,
+            transaction_check_threads: 4,
+            transaction_horizon_secs: 600,
+        }
+    }
+}
+
+impl EventSettings {
+    pub fn order_paid(&self) -> Delivery {
+        self.order_paid.unwrap_or(self.delivery)
+    }
+    pub fn order_canceled(&self) -> Delivery {
+        self.order_canceled.unwrap_or(self.delivery)
+    }
+    /// Whether any family is sent as transaction messages.
+    pub fn uses_transactions(&self) -> bool {
+        self.order_paid() == Delivery::Transaction
+    }
+}
+
 /// Topic and consumer-group names, derived from the environment name (docs/ARCHITECTURE.md#topics-and-groups).
 #[derive(Debug, Clone)]
 pub struct Names {
@@ -405,6 +477,9 @@ pub struct Names {
     /// The group that records dead letters of every other group.
     pub dlq_intake_group: String,
     pub producer_group: String,
+    /// The transaction producers' group: the broker asks any live member about a half
+    /// message, so every API instance joins it.
+    pub transaction_producer_group: String,
 }
 
 impl Names {
@@ -448,6 +523,7 @@ impl Names {
             projection_group: format!("CG_{infix}SECKILL_ORDER_QUERY_PROJECTION_V1"),
             dlq_intake_group: format!("CG_{infix}SECKILL_DLQ_INTAKE_V1"),
             producer_group: format!("PG_{infix}SECKILL_PRODUCER_V1"),
+            transaction_producer_group: format!("PG_{infix}SECKILL_TX_PRODUCER_V1"),
         }
     }
 }
@@ -489,7 +565,47 @@ impl Settings {
         self.validate_mq()?;
         self.validate_api_and_consumer()?;
         self.validate_trust()?;
+        self.validate_events()?;
         self.validate_scan_and_retention()
+    }
+
+    /// `[events]`.
+    fn validate_events(&self) -> Result<(), ConfigError> {
+        let ev = &self.events;
+        if ev.order_canceled() == Delivery::Transaction {
+            return Err(invalid(
+                "events.order_canceled",
+                "only \"outbox\" is supported for ORDER_CANCELED (the batched timeout cancel); \
+                 with events.delivery = \"transaction\" set events.order_canceled = \"outbox\"",
+            ));
+        }
+        if !(100..=4_000).contains(&ev.transaction_local_timeout_ms) {
+            return Err(invalid(
+                "events.transaction_local_timeout_ms",
+                "must be in 100..=4000 (below the broker's 6000 ms transactionTimeout)",
+            ));
+        }
+        if ev.transaction_in_flight == 0 || ev.transaction_in_flight > 1_000 {
+            return Err(invalid(
+                "events.transaction_in_flight",
+                "must be in 1..=1000",
+            ));
+        }
+        if ev.transaction_check_threads == 0 || ev.transaction_check_threads > 64 {
+            return Err(invalid(
+                "events.transaction_check_threads",
+                "must be in 1..=64",
+            ));
+        }
+        // The broker asks for 6 s + 60 checks x 2 s (config/rocketmq/broker.toml) before it
+        // gives up: a shorter horizon would send copies of events it is still deciding.
+        if ev.transaction_horizon_secs < 180 {
+            return Err(invalid(
+                "events.transaction_horizon_secs",
+                "must be at least 180 (the broker is still asking before that)",
+            ));
+        }
+        Ok(())
     }
 
     /// `env`, `[pg]` and `[redis]`.

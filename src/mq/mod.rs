@@ -83,6 +83,57 @@ pub trait Publisher: Send + Sync + 'static {
     async fn send_batch(&self, msgs: Vec<OutMessage>, timeout_ms: u64) -> Vec<SendOutcome>;
 }
 
+/// What the local transaction of a transaction message came to: what the broker is told at
+/// its end, and what a check-back answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalOutcome {
+    /// The business change is committed: deliver the message.
+    Commit,
+    /// The business change provably is not, and never will be: drop the message.
+    Rollback,
+    /// Not known yet (the transaction may still be in flight): the broker asks again.
+    Unknown,
+}
+
+impl LocalOutcome {
+    pub fn label(self) -> &'static str {
+        match self {
+            LocalOutcome::Commit => "commit",
+            LocalOutcome::Rollback => "rollback",
+            LocalOutcome::Unknown => "unknown",
+        }
+    }
+}
+
+/// A half message the broker stored and holds back from consumers until its end arrives
+/// (docs/ARCHITECTURE.md#delivering-events). Dropping it without `end` leaves the decision to
+/// the check-back.
+#[async_trait::async_trait]
+pub trait HalfMessage: Send {
+    /// Tells the broker what the local transaction came to. One way: an end that is lost
+    /// is covered by the check-back. Returns the broker's message id.
+    async fn end(self: Box<Self>, outcome: LocalOutcome) -> String;
+}
+
+/// Sends transaction messages: `begin` stores the half message, the caller runs its local
+/// transaction, then ends the half with its outcome.
+#[async_trait::async_trait]
+pub trait TransactionPublisher: Send + Sync + 'static {
+    /// Stores `msg` as a half message. An error is what the send came to: the half may still
+    /// be stored after an UNKNOWN one (its check-back then answers from the local state).
+    async fn begin(&self, msg: OutMessage) -> Result<Box<dyn HalfMessage>, SendOutcome>;
+
+    /// Stops taking transactions and waits for those in flight to end.
+    async fn shutdown(&self) {}
+}
+
+/// Answers the broker's check-back about a half message whose end did not arrive, from the
+/// local store alone (any process of the producer group may be asked).
+#[async_trait::async_trait]
+pub trait TransactionChecker: Send + Sync + 'static {
+    async fn check(&self, msg: &Delivery) -> LocalOutcome;
+}
+
 /// One message as the consumer sees it.
 #[derive(Debug, Clone, Default)]
 pub struct Delivery {
@@ -143,6 +194,47 @@ pub fn order_create_message(
         body: event.encode(),
         deliver_time_ms: None,
         sharding_key: None,
+    }
+}
+
+/// The broker message for an outbox row: its event id is the `message_id` every consumer
+/// deduplicates on; order events carry their order id as the ordering key.
+pub fn outbox_message(row: &crate::pg::outbox::OutboxRow) -> OutMessage {
+    let mut properties = vec![
+        ("message_id".to_string(), row.event_id.clone()),
+        (
+            "event_type".to_string(),
+            row.payload["event_type"].as_str().unwrap_or("").to_string(),
+        ),
+    ];
+    if let Some(v) = row.aggregate_version {
+        properties.push(("aggregate_version".to_string(), v.to_string()));
+    }
+    if let Some(tp) = row.payload["traceparent"]
+        .as_str()
+        .filter(|t| !t.is_empty())
+    {
+        properties.push(("traceparent".to_string(), tp.to_string()));
+    }
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    OutMessage {
+        topic: row.topic.clone(),
+        tag: row.tag.clone(),
+        keys: vec![row.message_key.clone()],
+        properties,
+        body: serde_json::to_vec(&row.payload).unwrap_or_default(),
+        // Past deliver times are sent as normal messages: the cancel is due now.
+        deliver_time_ms: row
+            .deliver_at
+            .map(|d| d.timestamp_millis())
+            .filter(|&ms| ms > now_ms + 1000),
+        // Events of one order go to one queue, in version order
+        // (docs/ARCHITECTURE.md#event-ordering).
+        sharding_key: if row.topic.ends_with("_SECKILL_ORDER_EVENT_V1") {
+            row.aggregate_id.clone()
+        } else {
+            None
+        },
     }
 }
 

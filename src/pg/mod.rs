@@ -9,6 +9,7 @@ pub mod order_tx;
 pub mod outbox;
 pub mod queries;
 pub mod retention;
+pub mod transaction_events;
 
 use std::time::Duration;
 

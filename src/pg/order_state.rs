@@ -3,12 +3,12 @@
 //! of the same row, so they can never both win; only a transition that really happened writes
 //! its consequences (stock, ledger, events) in the same transaction.
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use deadpool_postgres::Client;
 
 use super::errors::TxError;
 use super::outbox::OUTBOX_CHANNEL;
-use crate::domain::events::{payload, OrderPaid, OrderRef};
+use crate::domain::events::{payload, OrderPaid, OrderRef, TAG_ORDER_PAID};
 use crate::domain::PayOutcome;
 
 /// Topics the state changes publish to.
@@ -28,12 +28,109 @@ pub struct Payment<'a> {
 
 /// The conditional payment of an unpaid, unexpired order, for exactly its amount. A payment
 /// id settles at most one order (a unique index backs the check, so two notifications racing
-/// with one id cannot both win); the same notification again gets the same answer.
+/// with one id cannot both win); the same notification again gets the same answer. Its
+/// ORDER_PAID goes out through the outbox.
 pub async fn pay(
     client: &mut Client,
     p: &Payment<'_>,
     names: &StateNames,
 ) -> Result<PayOutcome, TxError> {
+    match pay_with(client, p, names, PaidRow::Outbox).await? {
+        PayAttempt::Done(outcome) => Ok(outcome),
+        // Only a transaction-message payment is held to a drafted version or a deadline.
+        PayAttempt::Stale | PayAttempt::PastDeadline => {
+            Err(TxError::Unknown("an outbox payment held to a draft".into()))
+        }
+    }
+}
+
+/// An ORDER_PAID drafted before its payment commits, for a transaction message
+/// (docs/ARCHITECTURE.md#delivering-events): the half message carries exactly this event, and
+/// the payment writes exactly it, or nothing.
+#[derive(Debug, Clone)]
+pub struct PaidDraft {
+    pub event: OrderPaid,
+    /// The order's version once paid (its version now + 1).
+    pub version: i32,
+}
+
+impl PaidDraft {
+    /// The event as the outbox row the relay would send: the same message in either mode.
+    pub fn row(&self, names: &StateNames) -> super::outbox::OutboxRow {
+        super::outbox::OutboxRow {
+            event_id: self.event.base.event_id.clone(),
+            topic: names.order_event_topic.clone(),
+            tag: TAG_ORDER_PAID.to_string(),
+            message_key: self.event.base.order.order_id.clone(),
+            aggregate_id: Some(self.event.base.order.order_id.clone()),
+            aggregate_version: Some(self.version),
+            payload: payload(&self.event),
+            deliver_at: None,
+            attempts: 1,
+        }
+    }
+}
+
+/// The ORDER_PAID a payment of this order would write now, if it is payable by `p` (unpaid,
+/// unexpired, exactly its amount); `None` otherwise (the payment then answers why).
+pub async fn draft_paid(client: &Client, p: &Payment<'_>) -> Result<Option<PaidDraft>, TxError> {
+    let Some(r) = client
+        .query_opt(
+            "SELECT version, reservation_id, activity_id, sku_id, user_id, amount_cents
+             FROM orders
+             WHERE order_id = $1 AND status IN ('CREATED', 'PAYING') AND expires_at > now()
+               AND amount_cents = $2",
+            &[&p.order_id, &p.amount_cents],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let version = r.get::<_, i32>(0) + 1;
+    let facts = OrderRef {
+        order_id: p.order_id.to_string(),
+        reservation_id: r.get(1),
+        activity_id: r.get(2),
+        sku_id: r.get(3),
+        user_id: r.get(4),
+    };
+    let mut event = OrderPaid::new(&facts, version, Some(p.payment_id.to_string()));
+    event.amount_cents = Some(r.get(5));
+    event.base.occurred_at = Some(Utc::now());
+    Ok(Some(PaidDraft { event, version }))
+}
+
+/// Where a payment's ORDER_PAID row goes.
+#[derive(Debug, Clone, Copy)]
+pub enum PaidRow<'a> {
+    /// PENDING, with a NOTIFY for the relays.
+    Outbox,
+    /// TRANSACTION, beside the half message already stored with `draft`: written only if the
+    /// order is still at the drafted version, and committed only before `deadline` (read on
+    /// PostgreSQL's clock, as the check-back reads it).
+    Transaction {
+        draft: &'a PaidDraft,
+        deadline: DateTime<Utc>,
+    },
+}
+
+/// What a payment attempt came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PayAttempt {
+    Done(PayOutcome),
+    /// The order moved past the drafted version: nothing written.
+    Stale,
+    /// The deadline passed before the commit: rolled back, nothing written.
+    PastDeadline,
+}
+
+/// [`pay`] with the event row of `row`.
+pub async fn pay_with(
+    client: &mut Client,
+    p: &Payment<'_>,
+    names: &StateNames,
+    row: PaidRow<'_>,
+) -> Result<PayAttempt, TxError> {
     let tx = client.transaction().await?;
     let settled_other = tx
         .query_opt(
@@ -42,9 +139,9 @@ pub async fn pay(
         )
         .await?;
     if settled_other.is_some() {
-        return Ok(PayOutcome::PaymentIdReused);
+        return Ok(PayAttempt::Done(PayOutcome::PaymentIdReused));
     }
-    let row = match tx
+    let updated = match tx
         .query_opt(
             "UPDATE orders SET status = 'PAID', version = version + 1, payment_id = $2, paid_at = now(),
                     updated_at = now()
@@ -58,11 +155,11 @@ pub async fn pay(
         Ok(row) => row,
         // Another order took this payment id between the check and the update.
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
-            return Ok(PayOutcome::PaymentIdReused)
+            return Ok(PayAttempt::Done(PayOutcome::PaymentIdReused))
         }
         Err(e) => return Err(e.into()),
     };
-    let outcome = match row {
+    let outcome = match updated {
         Some(r) => {
             let version: i32 = r.get(0);
             let facts = OrderRef {
@@ -72,20 +169,22 @@ pub async fn pay(
                 sku_id: r.get(3),
                 user_id: r.get(4),
             };
-            let mut paid = OrderPaid::new(&facts, version, Some(p.payment_id.to_string()));
-            paid.amount_cents = Some(r.get(5));
-            paid.base.occurred_at = Some(Utc::now());
-            tx.execute(
-                "INSERT INTO event_outbox (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload,
-                                           activity_id)
-                 VALUES ($1, $2, 'ORDER_PAID', $3, $3, $4, $5, $6)
-                 ON CONFLICT (activity_id, event_id) DO NOTHING",
-                &[&paid.base.event_id, &names.order_event_topic, &p.order_id, &version, &payload(&paid),
-                  &facts.activity_id],
-            )
-            .await?;
-            tx.batch_execute(&format!("NOTIFY {OUTBOX_CHANNEL}"))
-                .await?;
+            match row {
+                PaidRow::Outbox => {
+                    let mut paid = OrderPaid::new(&facts, version, Some(p.payment_id.to_string()));
+                    paid.amount_cents = Some(r.get(5));
+                    paid.base.occurred_at = Some(Utc::now());
+                    insert_paid(&tx, &paid, version, names, "PENDING").await?;
+                    tx.batch_execute(&format!("NOTIFY {OUTBOX_CHANNEL}"))
+                        .await?;
+                }
+                PaidRow::Transaction { draft, .. } => {
+                    if draft.version != version {
+                        return Ok(PayAttempt::Stale);
+                    }
+                    insert_paid(&tx, &draft.event, version, names, "TRANSACTION").await?;
+                }
+            }
             PayOutcome::Paid { version }
         }
         None => why_not_paid(&tx, p).await?,
@@ -103,11 +202,46 @@ pub async fn pay(
             )
             .await?;
         if claimed == 0 {
-            return Ok(PayOutcome::PaymentIdReused);
+            return Ok(PayAttempt::Done(PayOutcome::PaymentIdReused));
+        }
+        // Last before the commit, with the order's row locked since the update: a check-back
+        // that finds no row once it holds that lock, past the deadline, knows this
+        // transaction can no longer commit.
+        if let PaidRow::Transaction { deadline, .. } = row {
+            let in_time: bool = tx
+                .query_one("SELECT clock_timestamp() < $1", &[&deadline])
+                .await?
+                .get(0);
+            if !in_time {
+                return Ok(PayAttempt::PastDeadline);
+            }
         }
     }
     tx.commit().await?;
-    Ok(outcome)
+    Ok(PayAttempt::Done(outcome))
+}
+
+async fn insert_paid(
+    tx: &tokio_postgres::Transaction<'_>,
+    paid: &OrderPaid,
+    version: i32,
+    names: &StateNames,
+    status: &str,
+) -> Result<u64, tokio_postgres::Error> {
+    let delivery = if status == "TRANSACTION" {
+        "transaction"
+    } else {
+        "outbox"
+    };
+    tx.execute(
+        "INSERT INTO event_outbox (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload,
+                                   activity_id, status, delivery)
+         VALUES ($1, $2, 'ORDER_PAID', $3, $3, $4, $5, $6, $7, $8)
+         ON CONFLICT (activity_id, event_id) DO NOTHING",
+        &[&paid.base.event_id, &names.order_event_topic, &paid.base.order.order_id, &version,
+          &payload(paid), &paid.base.order.activity_id, &status, &delivery],
+    )
+    .await
 }
 
 /// Why the conditional payment changed nothing, read in the same transaction.

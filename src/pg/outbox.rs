@@ -224,6 +224,9 @@ pub struct Backlog {
     /// backing off after a failed send.
     pub not_yet_due: i64,
     pub dead: i64,
+    /// Rows of transaction messages whose producer has not marked them sent yet
+    /// (docs/ARCHITECTURE.md#delivering-events): the relay never sends these.
+    pub in_transaction: i64,
 }
 
 pub async fn backlog(
@@ -243,7 +246,8 @@ pub async fn backlog(
                               WHERE status = 'PENDING' AND next_attempt_at <= now()), 0)::float8,
                     (SELECT count(*) FROM event_outbox
                      WHERE status = 'PENDING' AND next_attempt_at > now()),
-                    (SELECT count(*) FROM event_outbox WHERE status = 'DEAD')",
+                    (SELECT count(*) FROM event_outbox WHERE status = 'DEAD'),
+                    (SELECT count(*) FROM event_outbox WHERE status = 'TRANSACTION')",
             &[&timer_lead_secs],
         )
         .await?;
@@ -252,6 +256,7 @@ pub async fn backlog(
         oldest_due_age_secs: row.get::<_, f64>(1).max(0.0),
         not_yet_due: row.get(2),
         dead: row.get(3),
+        in_transaction: row.get(4),
     })
 }
 

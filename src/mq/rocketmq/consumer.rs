@@ -161,7 +161,7 @@ impl MessageListenerConcurrently for BridgeListener {
     }
 }
 
-fn to_delivery(m: &MessageExt) -> Delivery {
+pub(super) fn to_delivery(m: &MessageExt) -> Delivery {
     let properties: HashMap<String, String> = m
         .properties()
         .iter()

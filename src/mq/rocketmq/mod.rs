@@ -12,6 +12,10 @@
 //! - `consumer`: [`start_push_consumer`], a clustering push consumer whose synchronous listener
 //!   hands each batch to a [`super::BatchHandler`] on the caller's Tokio runtime and waits for
 //!   its decision.
+//! - `transaction`: [`RocketTransactionProducer`], the [`super::TransactionPublisher`] over
+//!   `TransactionMQProducer`: the client's synchronous local-transaction callback waits for
+//!   the caller's async transaction, and its check-back callback asks a
+//!   [`super::TransactionChecker`] on the caller's runtime.
 //! - `admin`: [`LagProbe`], a group's backlog on a topic (messages and age of the oldest
 //!   unconsumed message) for lag metrics and fail-closed admission; [`create_topics`],
 //!   idempotent topic creation through the admin API, waiting until the name server serves
@@ -25,12 +29,14 @@ mod classify;
 mod consumer;
 mod producer;
 mod runtime;
+mod transaction;
 
 pub use admin::{combine_lag, create_topics, delete_topics, Lag, LagProbe, QueueLagFacts};
 pub use classify::{classify_send_error, ErrorFacts, SendErrorClass};
 pub use consumer::{start_push_consumer, ConsumeFrom, ConsumerHandle, ConsumerOptions};
 pub use producer::{shard_index, ProducerOptions, RocketProducer};
 pub use runtime::{MqRuntime, MqRuntimeConfig};
+pub use transaction::{RocketTransactionProducer, TransactionOptions};
 
 /// Prefix of the per-group retry topic through which redelivered messages arrive.
 const RETRY_TOPIC_PREFIX: &str = "%RETRY%";

@@ -83,7 +83,7 @@ impl RocketProducer {
 }
 
 /// Builds the client message. Fails (definitely) on a reserved property name.
-fn to_message(msg: OutMessage, with_delay: bool) -> Result<Message, ClientError> {
+pub(super) fn to_message(msg: OutMessage, with_delay: bool) -> Result<Message, ClientError> {
     let mut builder = Message::builder().topic(msg.topic).body(msg.body);
     if !msg.tag.is_empty() {
         builder = builder.tags(msg.tag);

@@ -13,7 +13,9 @@
 //! - `error`: the JSON error every route answers with, and how results map onto it;
 //! - `admin`: the operators' listener (pause, resume, status, outbox requeue), audited;
 //! - `admission`: fail-closed admission, the background check that pauses new reservations;
-//! - `limits`: per-address and per-buyer token buckets (429 RATE_LIMITED).
+//! - `limits`: per-address and per-buyer token buckets (429 RATE_LIMITED);
+//! - `transactions`: the transaction producer of `events.order_paid = "transaction"` and the
+//!   check-back it answers from PostgreSQL.
 
 pub mod admin;
 mod admission;
@@ -23,6 +25,7 @@ mod payments;
 mod queries;
 mod reserve;
 mod sold_out;
+pub mod transactions;
 
 pub use admission::Admission;
 pub use error::ApiError;
@@ -48,7 +51,7 @@ use crate::auth::buyer::BuyerAuth;
 use crate::config::{BuyerIdentity, Names, Settings};
 use crate::gather::{Gather, GatherSettings};
 use crate::mq::lag::LagSource;
-use crate::mq::Publisher;
+use crate::mq::{Publisher, TransactionPublisher};
 use crate::redis::{RedisStore, SentMark};
 use crate::shutdown::Watchdog;
 use crate::telemetry::{metrics_handle, Readiness};
@@ -75,6 +78,9 @@ pub struct ApiState {
     /// Confirmed sends recorded in Redis, gathered: one pipelined round trip for every request
     /// whose broker batch was confirmed together (docs/ARCHITECTURE.md#batched-sends).
     pub sent_marks: Arc<SentMarks>,
+    /// The transaction producer, when ORDER_PAID is sent as transaction messages
+    /// (`events.order_paid = "transaction"`).
+    pub transactions: Option<Arc<dyn TransactionPublisher>>,
 }
 
 /// The gathering of confirmed sends: each request gets its own verdict, or the error's text.
@@ -233,6 +239,7 @@ pub async fn build_state(
 ) -> anyhow::Result<ApiState> {
     let redis = RedisStore::connect(&settings.redis).await?;
     let pg = crate::pg::connect_pool(&settings.pg, settings.pg.api_pool_size).await?;
+    let transactions = transactions::start(&settings, pg.clone()).await?;
     let auth = match settings.auth.buyers {
         BuyerIdentity::Token => Some(Arc::new(BuyerAuth::from_settings(&settings.auth)?)),
         BuyerIdentity::Body => {
@@ -257,6 +264,7 @@ pub async fn build_state(
         publisher,
         ready: Readiness::default(),
         lag: None,
+        transactions,
     })
 }
 
@@ -321,6 +329,7 @@ pub async fn serve_with_admin(
     }
     state.ready.set(true);
     let ready = state.ready.clone();
+    let transactions = state.transactions.clone();
     let limits = state.settings.api.http_limits();
     let app = router(state);
     let server = crate::http::serve(listener, app, limits, stopping.clone());
@@ -335,6 +344,13 @@ pub async fn serve_with_admin(
             grace_secs = grace.as_secs(),
             "shutdown grace elapsed with requests in flight"
         );
+    }
+    if let Some(tx) = &transactions {
+        // The payments still in flight end their halves first; the broker asks back about
+        // any that did not.
+        if tokio::time::timeout(grace, tx.shutdown()).await.is_err() {
+            warn!("transaction producer did not stop within the grace");
+        }
     }
     match watchdog.death() {
         Some(reason) => Err(anyhow::anyhow!(reason)),

@@ -18,10 +18,14 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::error::require_id;
+use super::transactions::DEADLINE_PROPERTY;
 use super::{ApiError, ApiState};
 use crate::auth::signature::{verify, SIGNATURE_HEADER};
 use crate::domain::{PayOutcome, ValidationError};
-use crate::pg::order_state::{pay, Payment, StateNames};
+use crate::mq::{outbox_message, LocalOutcome, TransactionPublisher};
+use crate::pg::errors::TxError;
+use crate::pg::order_state::{draft_paid, pay, pay_with, PaidRow, PayAttempt, Payment, StateNames};
+use crate::pg::transaction_events::mark_sent;
 
 /// The notification body.
 #[derive(Debug, Deserialize)]
@@ -98,10 +102,112 @@ async fn settle(
         payment_id: &n.payment_id,
         amount_cents: n.amount_cents,
     };
-    pay(client, &p, &names).await.map_err(|e| {
+    let unavailable = |e: TxError| {
         warn!(order_id = %n.order_id, payment_id = %n.payment_id, error = %e, "payment transaction failed");
         ApiError::unavailable("the order store")
-    })
+    };
+    if let Some(tx) = &s.transactions {
+        let settled = settle_in_transaction(s, tx.as_ref(), client, &p, &names).await;
+        if let Some(outcome) = settled.map_err(unavailable)? {
+            return Ok(outcome);
+        }
+    }
+    let outcome = pay(client, &p, &names).await.map_err(unavailable)?;
+    if matches!(outcome, PayOutcome::Paid { .. }) {
+        delivered("outbox", "outbox");
+    }
+    Ok(outcome)
+}
+
+/// `event_delivery_total{family, mode, outcome}`: how each ORDER_PAID left.
+fn delivered(mode: &'static str, outcome: &'static str) {
+    metrics::counter!("event_delivery_total", "family" => "order_paid", "mode" => mode,
+        "outcome" => outcome)
+    .increment(1);
+}
+
+/// The payment with its ORDER_PAID as a transaction message
+/// (docs/ARCHITECTURE.md#delivering-events): the event is drafted from the order as it is,
+/// stored as a half message, then the payment writes exactly that event (its row TRANSACTION)
+/// before the deadline the half carries, and the half is ended with what the payment came to.
+/// `None`: the payment goes the outbox way (the order is not payable, so it answers why and
+/// writes nothing; the half could not be stored; the order moved since the draft).
+async fn settle_in_transaction(
+    s: &ApiState,
+    tx: &dyn TransactionPublisher,
+    client: &mut deadpool_postgres::Object,
+    p: &Payment<'_>,
+    names: &StateNames,
+) -> Result<Option<PayOutcome>, TxError> {
+    let Some(draft) = draft_paid(client, p).await? else {
+        return Ok(None);
+    };
+    let timeout =
+        chrono::Duration::milliseconds(s.settings.events.transaction_local_timeout_ms as i64);
+    let deadline = chrono::Utc::now() + timeout;
+    let mut msg = outbox_message(&draft.row(names));
+    // A half message goes to any queue: the order's events keep their order by
+    // aggregate_version, not by queue (docs/ARCHITECTURE.md#event-ordering).
+    msg.sharding_key = None;
+    msg.properties.push((
+        DEADLINE_PROPERTY.to_owned(),
+        deadline.timestamp_millis().to_string(),
+    ));
+    let event_id = draft.event.base.event_id.clone();
+    let half = match tx.begin(msg).await {
+        Ok(half) => half,
+        Err(outcome) => {
+            // An UNKNOWN half may be stored: its check-back finds the outbox's row (same id)
+            // and commits it, a copy the inboxes absorb.
+            warn!(order_id = %p.order_id, %event_id, outcome = outcome.label(), error = ?outcome,
+                "half message not stored; ORDER_PAID goes through the outbox");
+            delivered("transaction", "half_failed");
+            return Ok(None);
+        }
+    };
+    fail::fail_point!("tx-after-half-before-local", |_| std::process::abort());
+    let row = PaidRow::Transaction {
+        draft: &draft,
+        deadline,
+    };
+    let attempt = match pay_with(client, p, names, row).await {
+        Ok(attempt) => attempt,
+        Err(e) => {
+            // The commit may or may not have happened: the check-back reads which.
+            half.end(LocalOutcome::Unknown).await;
+            delivered("transaction", "unknown");
+            return Err(e);
+        }
+    };
+    match attempt {
+        PayAttempt::Done(PayOutcome::Paid { version }) => {
+            fail::fail_point!("tx-after-commit-before-end", |_| std::process::abort());
+            let broker_msg_id = half.end(LocalOutcome::Commit).await;
+            delivered("transaction", "commit");
+            // Left TRANSACTION if this fails: the check-back still answers COMMIT.
+            if let Err(e) = mark_sent(&***client, &event_id, &broker_msg_id).await {
+                warn!(order_id = %p.order_id, %event_id, error = %e, "could not mark the event sent");
+            }
+            Ok(Some(PayOutcome::Paid { version }))
+        }
+        PayAttempt::Done(other) => {
+            half.end(LocalOutcome::Rollback).await;
+            delivered("transaction", "rollback");
+            Ok(Some(other))
+        }
+        PayAttempt::Stale => {
+            half.end(LocalOutcome::Rollback).await;
+            delivered("transaction", "rollback");
+            Ok(None)
+        }
+        PayAttempt::PastDeadline => {
+            half.end(LocalOutcome::Rollback).await;
+            delivered("transaction", "past_deadline");
+            Err(TxError::Transient(
+                "the payment passed its transaction deadline and rolled back".into(),
+            ))
+        }
+    }
 }
 
 fn outcome_label(o: &PayOutcome) -> &'static str {

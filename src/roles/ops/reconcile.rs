@@ -257,6 +257,29 @@ async fn existing_event_ids(
     Ok(present)
 }
 
+/// Events sent as transaction messages whose row is still TRANSACTION past
+/// `events.transaction_horizon_secs`: their producer never marked them, and the broker has
+/// stopped asking about their half by then (it may have delivered it after a check-back, or
+/// dropped it). Handed to the relay, which sends them under the same id.
+async fn past_transaction_horizon(
+    pg: &impl GenericClient,
+    settings: &Settings,
+    now: DateTime<Utc>,
+) -> anyhow::Result<Finding> {
+    let horizon = Duration::seconds(settings.events.transaction_horizon_secs as i64);
+    let ids = crate::pg::transaction_events::requeue_stale(pg, now - horizon, 10_000).await?;
+    let mut f = Finding {
+        kind: "transaction_past_horizon",
+        found: ids.len(),
+        emitted: ids.len() as u64,
+        ..Default::default()
+    };
+    for id in ids {
+        example(&mut f.examples, id);
+    }
+    Ok(f)
+}
+
 /// Expired unpaid orders nobody cancelled: a fresh cancel trigger each (deterministic id).
 async fn expired_not_canceled(
     pg: &impl GenericClient,
@@ -315,6 +338,7 @@ pub async fn reconcile(
     let (created, paid, canceled, released) =
         missing_order_events(pg, &names, start, end, now).await?;
     let expired = expired_not_canceled(pg, &names, start, end, now).await?;
+    let horizon = past_transaction_horizon(pg, settings, now).await?;
 
     // 5-6. Per activity SKU: reservations stuck in Redis and stock that does not add up.
     let mut stuck = Finding {
@@ -376,7 +400,9 @@ pub async fn reconcile(
             );
         }
     }
-    report.findings = vec![created, paid, canceled, released, expired, stuck, stock];
+    report.findings = vec![
+        created, paid, canceled, released, expired, horizon, stuck, stock,
+    ];
     if report.emitted() > 0 {
         pg.batch_execute(&format!("NOTIFY {OUTBOX_CHANNEL}"))
             .await?;

@@ -15,7 +15,8 @@ pub mod resend;
 mod retention;
 pub mod unconsumed;
 
-pub use relay::{outbox_message, Relay};
+pub use crate::mq::outbox_message;
+pub use relay::Relay;
 pub use resend::{event_from_reservation, ScanStats, Scanner};
 
 use std::sync::Arc;

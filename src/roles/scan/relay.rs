@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::config::Settings;
-use crate::mq::{OutMessage, Publisher, SendOutcome};
+use crate::mq::{outbox_message, OutMessage, Publisher, SendOutcome};
 use crate::pg::outbox::{self, backoff_ms, OutboxRow, OUTBOX_CHANNEL};
 
 use super::unconsumed::{Progress, ProgressReader};
@@ -31,47 +31,6 @@ pub struct Relay {
     /// The compensation group's progress: releases it never took are sent again
     /// (docs/ARCHITECTURE.md#a-dead-brokers-messages); `None`: never.
     release_progress: Option<Progress>,
-}
-
-/// The broker message for an outbox row: its event id is the `message_id` every consumer
-/// deduplicates on; order events carry their order id as the ordering key.
-pub fn outbox_message(row: &OutboxRow) -> OutMessage {
-    let mut properties = vec![
-        ("message_id".to_string(), row.event_id.clone()),
-        (
-            "event_type".to_string(),
-            row.payload["event_type"].as_str().unwrap_or("").to_string(),
-        ),
-    ];
-    if let Some(v) = row.aggregate_version {
-        properties.push(("aggregate_version".to_string(), v.to_string()));
-    }
-    if let Some(tp) = row.payload["traceparent"]
-        .as_str()
-        .filter(|t| !t.is_empty())
-    {
-        properties.push(("traceparent".to_string(), tp.to_string()));
-    }
-    let now_ms = Utc::now().timestamp_millis();
-    OutMessage {
-        topic: row.topic.clone(),
-        tag: row.tag.clone(),
-        keys: vec![row.message_key.clone()],
-        properties,
-        body: serde_json::to_vec(&row.payload).unwrap_or_default(),
-        // Past deliver times are sent as normal messages: the cancel is due now.
-        deliver_time_ms: row
-            .deliver_at
-            .map(|d| d.timestamp_millis())
-            .filter(|&ms| ms > now_ms + 1000),
-        // Events of one order go to one queue, in version order
-        // (docs/ARCHITECTURE.md#event-ordering).
-        sharding_key: if row.topic.ends_with("_SECKILL_ORDER_EVENT_V1") {
-            row.aggregate_id.clone()
-        } else {
-            None
-        },
-    }
 }
 
 impl Relay {
@@ -262,6 +221,7 @@ impl Relay {
         metrics::gauge!("outbox_pending_oldest_age_seconds").set(b.oldest_due_age_secs);
         metrics::gauge!("outbox_not_yet_due").set(b.not_yet_due as f64);
         metrics::gauge!("outbox_dead").set(b.dead as f64);
+        metrics::gauge!("outbox_in_transaction").set(b.in_transaction as f64);
         if b.dead == 0 {
             self.dead_seen.store(false, Ordering::Relaxed);
         }
