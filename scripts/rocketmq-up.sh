@@ -199,7 +199,7 @@ stop_stale() {
   local pidfile="$1" name="$2" pid
   pid_alive "$pidfile" "$name" || return 0
   pid="$(cat "$pidfile")"
-  log "$name (pid $pid) is alive but not ready; stopping it first"
+  log "$name (pid $pid): stopping it first"
   kill -CONT "$pid" 2>/dev/null || true
   kill -TERM "$pid" 2>/dev/null || true
   for _ in $(seq 50); do
@@ -258,6 +258,20 @@ else
 fi
 
 # ---- broker ----
+# A broker of ours started from an older config/rocketmq/broker.toml (same profile: the same
+# flushDiskType and brokerRole) is restarted with the current one, so a changed key (the
+# transaction check timing, say) takes effect; one started with another profile is left alone.
+if broker_ready && pid_alive "$RUN_DIR/broker.pid" rocketmq-broker-rust && [[ -f "$RUN_DIR/conf/broker.toml" ]]; then
+  render "$REPO_DIR/config/rocketmq/broker.toml" "$RUN_DIR/conf/broker.toml.next"
+  profile_lines() { grep -E '^(flushDiskType|brokerRole) ' "$1" | sort; }
+  if ! cmp -s "$RUN_DIR/conf/broker.toml.next" "$RUN_DIR/conf/broker.toml" &&
+    [[ "$(profile_lines "$RUN_DIR/conf/broker.toml.next")" == "$(profile_lines "$RUN_DIR/conf/broker.toml")" ]]; then
+    log "broker (pid $(cat "$RUN_DIR/broker.pid")) runs an older config/rocketmq/broker.toml; restarting it"
+    stop_stale "$RUN_DIR/broker.pid" rocketmq-broker-rust
+    for _ in $(seq 50); do port_open "$BROKER_PORT" || break; sleep 0.2; done
+  fi
+  rm -f "$RUN_DIR/conf/broker.toml.next"
+fi
 if broker_ready; then
   log "broker already ready on 127.0.0.1:$BROKER_PORT"
 else

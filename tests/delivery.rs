@@ -493,14 +493,7 @@ async fn a_producer_killed_after_the_half_before_its_transaction_is_rolled_back_
     })
     .await;
     caught_up(&env, &group, &names.order_event_topic).await;
-    for d in collector.paid(&oid) {
-        eprintln!(
-            "DEBUG rollback-test delivery {} {:?} answers {:?}",
-            d.broker_msg_id,
-            d.properties,
-            answers.seen()
-        );
-    }
+    eprintln!("evidence: check-back answers {:?}", answers.seen());
     assert_eq!(collector.paid(&oid).len(), 1);
     healthy.stop.cancel();
     healthy.server.await.unwrap().unwrap();
@@ -566,14 +559,6 @@ async fn killed_after_commit(activity: i64, stall_first: bool) {
     let names = env.settings.names();
     caught_up(&env, &group, &names.order_event_topic).await;
     let paid = collector.paid(&oid);
-    for d in &paid {
-        eprintln!(
-            "DEBUG commit-test delivery {} {:?} answers {:?}",
-            d.broker_msg_id,
-            d.properties,
-            answers.seen()
-        );
-    }
     assert_eq!(paid.len(), 1, "delivered once");
     assert_eq!(paid[0].properties["message_id"], event_id);
     assert!(!answers.seen().contains(&LocalOutcome::Rollback));
