@@ -15,58 +15,17 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{caught_up, created_orders, eventually, free_port, notify_payment, spawn, TestEnv};
+use common::{
+    caught_up, collect_events, created_orders, eventually, free_port, notify_payment, spawn,
+    TestEnv,
+};
 use seckill::config::Delivery as Mode;
 use seckill::domain::events::order_paid_event_id;
-use seckill::mq::rocketmq::{ConsumerHandle, RocketTransactionProducer, TransactionOptions};
-use seckill::mq::{
-    BatchHandler, ConsumeDecision, Delivery, LocalOutcome, TransactionChecker, TransactionPublisher,
-};
+use seckill::mq::rocketmq::{RocketTransactionProducer, TransactionOptions};
+use seckill::mq::{Delivery, LocalOutcome, TransactionChecker, TransactionPublisher};
 use seckill::roles::api::transactions::{PgChecker, DEADLINE_PROPERTY};
 use seckill::roles::scan::Relay;
 use serde_json::json;
-
-/// Every message of the order-event topic, as a consumer gets it.
-#[derive(Default)]
-struct Collector(Mutex<Vec<Delivery>>);
-
-#[async_trait::async_trait]
-impl BatchHandler for Collector {
-    async fn handle(&self, batch: Vec<Delivery>) -> ConsumeDecision {
-        self.0.lock().unwrap().extend(batch);
-        ConsumeDecision::Ack
-    }
-}
-
-impl Collector {
-    /// The ORDER_PAID copies of `order_id` delivered so far.
-    fn paid(&self, order_id: &str) -> Vec<Delivery> {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|d| d.tags == "ORDER_PAID" && d.keys == order_id)
-            .cloned()
-            .collect()
-    }
-}
-
-/// A consumer group of its own on the order-event topic.
-async fn collect(env: &TestEnv) -> (Arc<Collector>, ConsumerHandle, String) {
-    let group = format!("CG_{}_EVENT_COLLECTOR", env.settings.env);
-    let collector = Arc::new(Collector::default());
-    let handle = seckill::mq::start_consumer(
-        &env.settings,
-        &group,
-        &env.settings.names().order_event_topic,
-        collector.clone(),
-        2,
-        16,
-    )
-    .await
-    .unwrap();
-    (collector, handle, group)
-}
 
 /// The properties the pipeline sets (lower case; the broker's own are upper case).
 fn our_properties(d: &Delivery) -> BTreeSet<String> {
@@ -86,7 +45,7 @@ async fn paid_event_in(mode: Mode, activity: i64) -> BTreeSet<String> {
     let orders = created_orders(&env, activity, &[1]).await;
     let oid = orders[0].order_id.clone();
     let names = env.settings.names();
-    let (collector, consumer, group) = collect(&env).await;
+    let (collector, consumer, group) = collect_events(&env).await;
     let api = common::start_api(env.settings.clone()).await;
 
     let (status, body) = notify_payment(&api.base, &oid, "pay-1", 100).await;
@@ -456,7 +415,7 @@ async fn a_producer_killed_after_the_half_before_its_transaction_is_rolled_back_
     let orders = created_orders(&env, 1405, &[1]).await;
     let oid = orders[0].order_id.clone();
     let event_id = order_paid_event_id(&oid, 2);
-    let (collector, consumer, group) = collect(&env).await;
+    let (collector, consumer, group) = collect_events(&env).await;
     let (mut api, port) = api_process(&env, "tx-after-half-before-local=return").await;
     notify_dying(port, &oid).await;
     api.wait_exit(10).await;
@@ -510,7 +469,7 @@ async fn killed_after_commit(activity: i64, stall_first: bool) {
     let orders = created_orders(&env, activity, &[1]).await;
     let oid = orders[0].order_id.clone();
     let event_id = order_paid_event_id(&oid, 2);
-    let (collector, consumer, group) = collect(&env).await;
+    let (collector, consumer, group) = collect_events(&env).await;
     let (mut api, port) = api_process(&env, "tx-after-commit-before-end=return").await;
     notify_dying(port, &oid).await;
     api.wait_exit(10).await;

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{eventually, free_port, spawn, wait_ready, Proc, TestEnv};
+use common::{caught_up, eventually, free_port, spawn, wait_ready, Proc, TestEnv};
 use futures::StreamExt;
 use serde_json::json;
 
@@ -624,4 +624,77 @@ async fn a_redis_primary_failed_over_mid_sale_loses_and_doubles_nothing() {
     eprintln!("evidence: slot {slot} moved from :{primary} to :{now_primary:?} mid-sale");
     assert_eq!(now_primary, Some(replica));
     finish(roles, env).await;
+}
+
+#[tokio::test]
+#[ignore = "kills the shared broker: run by `make test-faults`, one test at a time"]
+async fn the_broker_restarted_between_a_half_message_and_its_commit_delivers_the_event_once() {
+    let env = TestEnv::new(true).await;
+    env.activity(984, 1, 5).await;
+    let orders = common::created_orders(&env, 984, &[1]).await;
+    let oid = orders[0].order_id.clone();
+    let event_id = seckill::domain::events::order_paid_event_id(&oid, 2);
+    let (collector, consumer, group) = common::collect_events(&env).await;
+    // The API in transaction mode holds 4 s between its local commit and the commit message
+    // (its PostgreSQL bound raised to cover it): the broker is killed and restarted then.
+    let api_port = free_port();
+    let mut api = spawn(
+        &env,
+        &["api"],
+        "tx-after-commit-before-end=sleep(4000)",
+        &[
+            ("SECKILL__API__LISTEN", format!("127.0.0.1:{api_port}")),
+            ("SECKILL__EVENTS__ORDER_PAID", "transaction".to_string()),
+            ("SECKILL__PG__STATEMENT_TIMEOUT_MS", "10000".to_string()),
+        ],
+    );
+    wait_ready(format!("http://127.0.0.1:{api_port}/readyz")).await;
+    let paying = {
+        let (base, oid) = (format!("http://127.0.0.1:{api_port}"), oid.clone());
+        tokio::spawn(async move { common::notify_payment(&base, &oid, "pay-1", 100).await })
+    };
+    let in_transaction = format!(
+        "SELECT count(*) FROM event_outbox WHERE event_id = '{event_id}' AND status = 'TRANSACTION'"
+    );
+    eventually(10, "the local transaction committed", || async {
+        env.count(&in_transaction).await == 1
+    })
+    .await;
+    let before = std::fs::read_to_string(run_dir().join("broker.pid")).unwrap();
+    sigkill_server("broker.pid");
+    assert_eq!(
+        env.count(&in_transaction).await,
+        1,
+        "killed before the commit message (the row is marked after it)"
+    );
+    assert!(script("rocketmq-up.sh").success(), "broker restarted");
+    let after = std::fs::read_to_string(run_dir().join("broker.pid")).unwrap();
+    assert_ne!(before, after, "another broker process");
+    let (status, body) = paying.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+
+    // Delivered once: by the commit message if the new broker got it, else by its check-back.
+    eventually(150, "ORDER_PAID delivered", || async {
+        !collector.paid(&oid).is_empty()
+    })
+    .await;
+    caught_up(&env, &group, &env.settings.names().order_event_topic).await;
+    let paid = collector.paid(&oid);
+    assert_eq!(paid.len(), 1, "delivered once");
+    assert_eq!(paid[0].properties["message_id"], event_id);
+    let commits = metric(api_port, "mq_transaction_end_total", r#"outcome="commit""#).await;
+    let checks = metric(api_port, "mq_transaction_check_total", r#"answer="commit""#).await;
+    eprintln!(
+        "evidence: broker pid {} -> {}, ends commit {commits}, check-backs commit {}",
+        before.trim(),
+        after.trim(),
+        checks.abs()
+    );
+    assert_eq!(
+        commits, 1.0,
+        "the API ended the half with a commit after the restart"
+    );
+    let _ = api.terminate(20).await;
+    assert!(consumer.shutdown().await);
+    env.cleanup().await;
 }

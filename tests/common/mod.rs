@@ -720,3 +720,51 @@ pub async fn created_orders(env: &TestEnv, activity_id: i64, users: &[i64]) -> V
     }
     out
 }
+
+/// Every message of the order-event topic, as a consumer gets it.
+#[derive(Default)]
+pub struct Collector(std::sync::Mutex<Vec<Delivery>>);
+
+#[async_trait::async_trait]
+impl seckill::mq::BatchHandler for Collector {
+    async fn handle(&self, batch: Vec<Delivery>) -> seckill::mq::ConsumeDecision {
+        self.0.lock().unwrap().extend(batch);
+        seckill::mq::ConsumeDecision::Ack
+    }
+}
+
+impl Collector {
+    /// The ORDER_PAID copies of `order_id` delivered so far.
+    pub fn paid(&self, order_id: &str) -> Vec<Delivery> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|d| d.tags == "ORDER_PAID" && d.keys == order_id)
+            .cloned()
+            .collect()
+    }
+}
+
+/// A consumer group of its own on the order-event topic.
+pub async fn collect_events(
+    env: &TestEnv,
+) -> (
+    Arc<Collector>,
+    seckill::mq::rocketmq::ConsumerHandle,
+    String,
+) {
+    let group = format!("CG_{}_EVENT_COLLECTOR", env.settings.env);
+    let collector = Arc::new(Collector::default());
+    let handle = seckill::mq::start_consumer(
+        &env.settings,
+        &group,
+        &env.settings.names().order_event_topic,
+        collector.clone(),
+        2,
+        16,
+    )
+    .await
+    .unwrap();
+    (collector, handle, group)
+}
