@@ -11,6 +11,7 @@ mod baseline;
 mod bench;
 mod broker;
 mod cpu;
+mod payments;
 mod report;
 mod reserve;
 mod soak;
@@ -49,6 +50,9 @@ enum Command {
     /// The reservation script's rate for one hot SKU split into stock buckets, and each Redis
     /// primary's share of the calls.
     Reserve(reserve::ReserveRunArgs),
+    /// The payment path's ORDER_PAID through the outbox and as a transaction message, side by
+    /// side: events/s, notification-to-delivery latency, PostgreSQL work per event.
+    Payments(payments::PaymentsArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -64,6 +68,7 @@ fn main() -> std::process::ExitCode {
             Command::Soak(args) => soak::run(settings, args).await,
             Command::Timers(args) => timers::run(settings, args).await,
             Command::Reserve(args) => reserve::run(settings, args).await,
+            Command::Payments(args) => payments::run(settings, args).await,
         }
     })
 }
