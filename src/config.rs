@@ -420,7 +420,8 @@ pub struct EventSettings {
     pub delivery: Delivery,
     /// ORDER_PAID, written by the payment notification.
     pub order_paid: Option<Delivery>,
-    /// ORDER_CANCELED, written by the timeout cancel (outbox only, for now).
+    /// ORDER_CANCELED, written by the timeout cancel (its RELEASE_RESERVATION always goes
+    /// through the outbox).
     pub order_canceled: Option<Delivery>,
     /// The longest a local transaction may run after its half message was stored: past it the
     /// transaction rolls back itself, which is what lets a check-back answer ROLLBACK. Must
@@ -456,10 +457,6 @@ impl EventSettings {
     }
     pub fn order_canceled(&self) -> Delivery {
         self.order_canceled.unwrap_or(self.delivery)
-    }
-    /// Whether any family is sent as transaction messages.
-    pub fn uses_transactions(&self) -> bool {
-        self.order_paid() == Delivery::Transaction
     }
 }
 
@@ -572,13 +569,6 @@ impl Settings {
     /// `[events]`.
     fn validate_events(&self) -> Result<(), ConfigError> {
         let ev = &self.events;
-        if ev.order_canceled() == Delivery::Transaction {
-            return Err(invalid(
-                "events.order_canceled",
-                "only \"outbox\" is supported for ORDER_CANCELED (the batched timeout cancel); \
-                 with events.delivery = \"transaction\" set events.order_canceled = \"outbox\"",
-            ));
-        }
         if !(100..=4_000).contains(&ev.transaction_local_timeout_ms) {
             return Err(invalid(
                 "events.transaction_local_timeout_ms",

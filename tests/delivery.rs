@@ -23,8 +23,8 @@ use seckill::config::Delivery as Mode;
 use seckill::domain::events::order_paid_event_id;
 use seckill::mq::rocketmq::{RocketTransactionProducer, TransactionOptions};
 use seckill::mq::{Delivery, LocalOutcome, TransactionChecker, TransactionPublisher};
-use seckill::roles::api::transactions::{PgChecker, DEADLINE_PROPERTY};
 use seckill::roles::scan::Relay;
+use seckill::roles::transactions::{PgChecker, DEADLINE_PROPERTY};
 use serde_json::json;
 
 /// The properties the pipeline sets (lower case; the broker's own are upper case).
@@ -115,6 +115,92 @@ async fn order_paid_reaches_consumers_the_same_in_both_modes() {
     let transaction = paid_event_in(Mode::Transaction, 1402).await;
     // The transaction message carries its local transaction's deadline besides (for the
     // check-back); nothing a consumer reads differs.
+    let mut expected = outbox.clone();
+    expected.insert(DEADLINE_PROPERTY.to_string());
+    assert_eq!(transaction, expected, "outbox mode carried {outbox:?}");
+}
+
+/// Two expired orders cancelled in one batch of the timeout cancel in `mode`: the
+/// ORDER_CANCELED consumers get, checked against the rows. Returns the properties carried.
+async fn canceled_events_in(mode: Mode, activity: i64) -> BTreeSet<String> {
+    use seckill::roles::timeout_cancel::TimeoutCancelHandler;
+    let mut env = TestEnv::new(true).await;
+    env.settings.events.order_canceled = Some(mode);
+    env.activity(activity, 1, 5).await;
+    let orders = created_orders(&env, activity, &[1, 2]).await;
+    let names = env.settings.names();
+    let (collector, consumer, group) = collect_events(&env).await;
+    let pool = env.pool(3).await;
+    pool.get()
+        .await
+        .unwrap()
+        .execute(
+            "UPDATE orders SET expires_at = now() - interval '1 minute'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut handler = TimeoutCancelHandler::new(pool.clone(), &env.settings, 2);
+    let mut producer = None;
+    if mode == Mode::Transaction {
+        let tx = seckill::roles::transactions::start(&env.settings, pool.clone(), 64)
+            .await
+            .unwrap();
+        producer = Some(tx.clone());
+        handler = handler.with_transactions(tx, 2_000);
+    }
+    let sweep = handler.sweep_once(Duration::ZERO, 32).await.unwrap();
+    assert_eq!((sweep.found, sweep.canceled), (2, 2));
+    let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
+    let relay = Relay::new(env.pool(2).await, publisher, Arc::new(env.settings.clone()));
+    relay.relay_once().await.unwrap();
+
+    let client = pool.get().await.unwrap();
+    let mut carried = BTreeSet::new();
+    for ids in &orders {
+        let oid = &ids.order_id;
+        eventually(30, "ORDER_CANCELED delivered", || async {
+            !collector.tagged("ORDER_CANCELED", oid).is_empty()
+        })
+        .await;
+        caught_up(&env, &group, &names.order_event_topic).await;
+        let got = collector.tagged("ORDER_CANCELED", oid);
+        assert_eq!(got.len(), 1, "{mode:?}: delivered exactly once");
+        let event_id = format!("{oid}.v2.ORDER_CANCELED");
+        let row = client
+            .query_one(
+                "SELECT payload, status, delivery FROM event_outbox WHERE event_id = $1",
+                &[&event_id],
+            )
+            .await
+            .unwrap();
+        let payload: serde_json::Value = row.get(0);
+        assert_eq!(row.get::<_, String>(1), "SENT");
+        assert_eq!(row.get::<_, String>(2), mode.label());
+        assert_eq!(got[0].properties["message_id"], event_id);
+        assert_eq!(got[0].properties["aggregate_version"], "2");
+        let body: serde_json::Value = serde_json::from_slice(&got[0].body).unwrap();
+        assert_eq!(body, payload, "{mode:?}: the payload is the row's");
+        carried = our_properties(&got[0]);
+    }
+    // The releases go through the outbox in both modes.
+    assert_eq!(
+        env.count("SELECT count(*) FROM event_outbox WHERE tag = 'RELEASE_RESERVATION' AND delivery = 'outbox'")
+            .await,
+        2
+    );
+    if let Some(tx) = producer {
+        tx.shutdown().await;
+    }
+    assert!(consumer.shutdown().await);
+    env.cleanup().await;
+    carried
+}
+
+#[tokio::test]
+async fn order_canceled_reaches_consumers_the_same_in_both_modes() {
+    let outbox = canceled_events_in(Mode::Outbox, 1408).await;
+    let transaction = canceled_events_in(Mode::Transaction, 1409).await;
     let mut expected = outbox.clone();
     expected.insert(DEADLINE_PROPERTY.to_string());
     assert_eq!(transaction, expected, "outbox mode carried {outbox:?}");
@@ -535,4 +621,65 @@ async fn a_producer_killed_after_its_commit_before_the_end_is_committed_by_the_c
 #[tokio::test]
 async fn a_check_back_while_postgresql_is_unreachable_answers_unknown_and_is_asked_again() {
     killed_after_commit(1407, true).await;
+}
+
+#[tokio::test]
+async fn a_timeout_cancel_killed_after_its_commit_has_its_batch_committed_by_the_checks() {
+    let env = TestEnv::new(true).await;
+    env.activity(1410, 1, 5).await;
+    let orders = created_orders(&env, 1410, &[1, 2]).await;
+    let pool = env.pool(1).await;
+    pool.get()
+        .await
+        .unwrap()
+        .execute(
+            "UPDATE orders SET expires_at = now() - interval '1 minute'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (collector, consumer, group) = collect_events(&env).await;
+    // The sweep cancels both in one batch, then the process dies before ending the halves.
+    let port = free_port();
+    let mut cancel = spawn(
+        &env,
+        &["timeout-cancel"],
+        "tx-cancel-after-commit-before-end=return",
+        &[
+            (
+                "SECKILL__TIMEOUT__METRICS_LISTEN",
+                format!("127.0.0.1:{port}"),
+            ),
+            ("SECKILL__EVENTS__ORDER_CANCELED", "transaction".to_string()),
+        ],
+    );
+    cancel.wait_exit(60).await;
+    assert_eq!(
+        env.count("SELECT count(*) FROM event_outbox WHERE tag = 'ORDER_CANCELED' AND status = 'TRANSACTION'")
+            .await,
+        2,
+        "both committed, never marked"
+    );
+    let first = format!("{}.v2.ORDER_CANCELED", orders[0].order_id);
+    let (producer, answers) = answering(&env, env.pool(2).await, &first).await;
+    eventually(60, "the broker asked and got COMMIT", || async {
+        answers.seen().contains(&LocalOutcome::Commit)
+    })
+    .await;
+    let names = env.settings.names();
+    for ids in &orders {
+        let oid = &ids.order_id;
+        eventually(60, "ORDER_CANCELED delivered", || async {
+            !collector.tagged("ORDER_CANCELED", oid).is_empty()
+        })
+        .await;
+    }
+    caught_up(&env, &group, &names.order_event_topic).await;
+    for ids in &orders {
+        assert_eq!(collector.tagged("ORDER_CANCELED", &ids.order_id).len(), 1);
+    }
+    eprintln!("evidence: check-back answers {:?}", answers.seen());
+    producer.shutdown().await;
+    assert!(consumer.shutdown().await);
+    env.cleanup().await;
 }

@@ -225,7 +225,11 @@ async fn one_mode(base: &Settings, mode: Mode, args: &PaymentsArgs) -> anyhow::R
         32,
     )
     .await?;
-    let scan = tokio::spawn(seckill::roles::scan::run(s.clone()));
+    let scan_stop = tokio_util::sync::CancellationToken::new();
+    let scan = tokio::spawn(seckill::roles::scan::run_until(
+        s.clone(),
+        scan_stop.clone(),
+    ));
     let settings = Arc::new(s.clone());
     let publisher = seckill::mq::connect_publisher(&s).await?;
     let state = seckill::roles::api::build_state(settings.clone(), publisher).await?;
@@ -352,7 +356,8 @@ async fn one_mode(base: &Settings, mode: Mode, args: &PaymentsArgs) -> anyhow::R
 
     stop.cancel();
     let _ = server.await;
-    scan.abort();
+    scan_stop.cancel();
+    let _ = scan.await;
     consumer.shutdown().await;
     drop(pool);
     admin

@@ -123,6 +123,20 @@ pub trait TransactionPublisher: Send + Sync + 'static {
     /// be stored after an UNKNOWN one (its check-back then answers from the local state).
     async fn begin(&self, msg: OutMessage) -> Result<Box<dyn HalfMessage>, SendOutcome>;
 
+    /// Stores several half messages for one local transaction; one result per message, in
+    /// order. The implementation takes their in-flight slots together, so two batches never
+    /// each hold part of what the other waits for.
+    async fn begin_many(
+        &self,
+        msgs: Vec<OutMessage>,
+    ) -> Vec<Result<Box<dyn HalfMessage>, SendOutcome>> {
+        let mut out = Vec::with_capacity(msgs.len());
+        for msg in msgs {
+            out.push(self.begin(msg).await);
+        }
+        out
+    }
+
     /// Stops taking transactions and waits for those in flight to end.
     async fn shutdown(&self) {}
 }

@@ -23,7 +23,7 @@ use super::exec_unless_empty;
 use super::order_state::StateNames;
 use super::outbox::OUTBOX_CHANNEL;
 use crate::domain::events::{
-    compensation_task_id, payload, OrderCanceled, OrderRef, ReleaseReservation,
+    compensation_task_id, payload, OrderCanceled, OrderRef, ReleaseReservation, TAG_ORDER_CANCELED,
 };
 use crate::domain::CancelOutcome;
 
@@ -54,6 +54,84 @@ struct Canceled {
     stock_bucket: i16,
 }
 
+/// An ORDER_CANCELED drafted before its cancel commits, for a transaction message
+/// (docs/ARCHITECTURE.md#delivering-events): the half carries exactly this event, and the
+/// cancel writes exactly it, or nothing.
+#[derive(Debug, Clone)]
+pub struct CanceledDraft {
+    pub event: OrderCanceled,
+    /// The order's version once cancelled (its version now + 1).
+    pub version: i32,
+}
+
+impl CanceledDraft {
+    /// The event as the outbox row the relay would send: the same message in either mode.
+    pub fn row(&self, names: &StateNames) -> super::outbox::OutboxRow {
+        let order_id = &self.event.base.order.order_id;
+        super::outbox::OutboxRow {
+            event_id: self.event.base.event_id.clone(),
+            topic: names.order_event_topic.clone(),
+            tag: TAG_ORDER_CANCELED.to_string(),
+            message_key: order_id.clone(),
+            aggregate_id: Some(order_id.clone()),
+            aggregate_version: Some(self.version),
+            payload: payload(&self.event),
+            deliver_at: None,
+            attempts: 1,
+        }
+    }
+}
+
+/// The drafts a cancel writes as its transaction messages' rows, and the deadline its commit
+/// must meet (on PostgreSQL's clock, as the check-back reads it).
+#[derive(Debug, Clone)]
+pub struct CancelDrafts {
+    pub by_order: HashMap<String, CanceledDraft>,
+    pub deadline: DateTime<Utc>,
+}
+
+/// The ORDER_CANCELED each of `order_ids` would get if cancelled now: those still unpaid and
+/// expired by the database's clock.
+pub async fn draft_canceled(
+    client: &Client,
+    order_ids: &[&str],
+) -> Result<Vec<CanceledDraft>, TxError> {
+    let rows = client
+        .query(
+            "SELECT order_id, version, reservation_id, activity_id, sku_id, user_id FROM orders
+             WHERE order_id = ANY($1::text[]) AND status IN ('CREATED', 'PAYING')
+               AND expires_at <= now()",
+            &[&order_ids],
+        )
+        .await?;
+    let now = Utc::now();
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let facts = OrderRef {
+                order_id: r.get(0),
+                reservation_id: r.get(2),
+                activity_id: r.get(3),
+                sku_id: r.get(4),
+                user_id: r.get(5),
+            };
+            let version = r.get::<_, i32>(1) + 1;
+            CanceledDraft {
+                event: canceled_event(&facts, version, now),
+                version,
+            }
+        })
+        .collect())
+}
+
+/// ORDER_CANCELED of a timeout cancel.
+fn canceled_event(facts: &OrderRef, version: i32, now: DateTime<Utc>) -> OrderCanceled {
+    let mut ev = OrderCanceled::new(facts, version);
+    ev.reason = Some("PAYMENT_TIMEOUT".to_string());
+    ev.base.occurred_at = Some(now);
+    ev
+}
+
 /// Cancels what can be cancelled among `items`, in one transaction. Returns one outcome per
 /// item, in order. On `Err` nothing was committed (or the commit's result is unknown: the
 /// redelivery finds the inbox rows if it landed).
@@ -62,12 +140,25 @@ pub async fn cancel_batch(
     names: &CancelNames,
     items: &[CancelRequest],
 ) -> Result<Vec<CancelOutcome>, TxError> {
+    Ok(cancel_batch_with(client, names, items, None).await?.0)
+}
+
+/// [`cancel_batch`] writing, for an order cancelled at its drafted version, the drafted
+/// ORDER_CANCELED as a TRANSACTION row (the others' as PENDING rows, as ever), and committing
+/// only before the drafts' deadline. Returns the outcomes and the event ids written
+/// TRANSACTION.
+pub async fn cancel_batch_with(
+    client: &mut Client,
+    names: &CancelNames,
+    items: &[CancelRequest],
+    drafts: Option<&CancelDrafts>,
+) -> Result<(Vec<CancelOutcome>, Vec<String>), TxError> {
     let tx = client.transaction().await?;
     let owned = claim_inbox(&tx, names, items).await?;
     let mut outcomes: Vec<CancelOutcome> = vec![CancelOutcome::Duplicate; items.len()];
     if owned.is_empty() {
         tx.commit().await?;
-        return Ok(outcomes);
+        return Ok((outcomes, Vec::new()));
     }
     let (canceled, current) = cancel_orders(&tx, items, &owned).await?;
     // The first owned message of a cancelled order carries the cancel; any other message for
@@ -96,12 +187,42 @@ pub async fn cancel_batch(
     let mut sorted: Vec<&Canceled> = canceled.values().collect();
     sorted.sort_by(|a, b| a.facts.order_id.cmp(&b.facts.order_id));
     give_stock_back(&tx, &sorted).await?;
-    write_outcomes(&tx, names, items, &owned, &outcomes, &early, &sorted).await?;
+    let written = Written {
+        items,
+        owned: &owned,
+        outcomes: &outcomes,
+        early: &early,
+        canceled: &sorted,
+    };
+    let in_transaction = write_outcomes(&tx, names, &written, drafts).await?;
+    // Last before the commit, with the orders' rows locked since the update: a check-back
+    // that finds no row once it holds such a lock, past the deadline, knows this
+    // transaction can no longer commit.
+    if let (Some(d), false) = (drafts, in_transaction.is_empty()) {
+        let in_time: bool = tx
+            .query_one("SELECT clock_timestamp() < $1", &[&d.deadline])
+            .await?
+            .get(0);
+        if !in_time {
+            return Err(TxError::Transient(
+                "the cancel passed its transaction deadline and rolled back".into(),
+            ));
+        }
+    }
     tx.commit().await?;
     for c in &sorted {
         metrics::histogram!("order_cancel_delay_seconds").record(c.late_secs.max(0.0));
     }
-    Ok(outcomes)
+    Ok((outcomes, in_transaction))
+}
+
+/// What a batch decided, for [`write_outcomes`].
+struct Written<'a> {
+    items: &'a [CancelRequest],
+    owned: &'a [usize],
+    outcomes: &'a [CancelOutcome],
+    early: &'a [&'a str],
+    canceled: &'a [&'a Canceled],
 }
 
 /// Step 1, the inbox: one row per new message id (in-batch duplicates removed first). Returns
@@ -261,12 +382,12 @@ async fn give_stock_back(tx: &Tx<'_>, canceled: &[&Canceled]) -> Result<(), TxEr
 async fn write_outcomes(
     tx: &Tx<'_>,
     names: &CancelNames,
-    items: &[CancelRequest],
-    owned: &[usize],
-    outcomes: &[CancelOutcome],
-    early: &[&str],
-    canceled: &[&Canceled],
-) -> Result<(), tokio_postgres::Error> {
+    w: &Written<'_>,
+    drafts: Option<&CancelDrafts>,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let (items, owned, outcomes, early, canceled) =
+        (w.items, w.owned, w.outcomes, w.early, w.canceled);
+    let mut in_transaction = Vec::new();
     let mut ledger = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut tasks = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut outbox = OutboxRows::default();
@@ -282,17 +403,25 @@ async fn write_outcomes(
         tasks.2.push(f.activity_id);
         tasks.3.push(f.sku_id);
         tasks.4.push(f.user_id);
-        let mut ev = OrderCanceled::new(f, c.version);
-        ev.reason = Some("PAYMENT_TIMEOUT".to_string());
-        ev.base.occurred_at = Some(now);
+        let drafted = drafts
+            .and_then(|d| d.by_order.get(&f.order_id))
+            .filter(|d| d.version == c.version);
+        let (ev, status) = match drafted {
+            Some(d) => {
+                in_transaction.push(d.event.base.event_id.clone());
+                (d.event.clone(), Status::Transaction)
+            }
+            None => (canceled_event(f, c.version, now), Status::Pending),
+        };
         outbox.push(
             ev.base.event_id.clone(),
             &names.state.order_event_topic,
-            "ORDER_CANCELED",
+            TAG_ORDER_CANCELED,
             &f.order_id,
             Some((&f.order_id, c.version)),
             payload(&ev),
         );
+        outbox.status(status);
         let mut release = ReleaseReservation::new(f, "ORDER_CANCELED");
         release.occurred_at = Some(now);
         outbox.push(
@@ -303,6 +432,7 @@ async fn write_outcomes(
             None,
             payload(&release),
         );
+        outbox.status(Status::Pending);
     }
     let (mut settled, mut decisions): (Vec<&str>, Vec<String>) = (Vec::new(), Vec::new());
     for &i in owned {
@@ -333,19 +463,23 @@ async fn write_outcomes(
         tx,
         none,
         "INSERT INTO event_outbox
-           (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, activity_id)
-         SELECT t.*, coalesce((t.p ->> 'activity_id')::int8, 0)
+           (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, activity_id,
+            status, delivery)
+         SELECT t.e, t.t, t.g, t.k, t.a, t.v, t.p, coalesce((t.p ->> 'activity_id')::int8, 0),
+                t.s, t.d
          FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                     $6::int[], $7::jsonb[]) AS t(e, t, g, k, a, v, p)
+                     $6::int[], $7::jsonb[], $8::text[], $9::text[]) AS t(e, t, g, k, a, v, p, s, d)
          ON CONFLICT (activity_id, event_id) DO NOTHING",
         [
-            &outbox.event_ids,
+            &outbox.event_ids as &(dyn ToSql + Sync),
             &outbox.topics,
             &outbox.tags,
             &outbox.keys,
             &outbox.aggregate_ids,
             &outbox.versions,
             &outbox.payloads,
+            &outbox.statuses,
+            &outbox.deliveries,
         ],
     );
     let inbox_rows = exec_unless_empty(
@@ -382,7 +516,16 @@ async fn write_outcomes(
     r4?;
     r5?;
     r6?;
-    Ok(())
+    Ok(in_transaction)
+}
+
+/// How an outbox row starts.
+#[derive(Clone, Copy)]
+enum Status {
+    /// Sent by the relay.
+    Pending,
+    /// Beside its stored half message (docs/ARCHITECTURE.md#delivering-events).
+    Transaction,
 }
 
 /// The outbox rows of the cancelled orders, as columns for one `unnest` insert.
@@ -395,6 +538,8 @@ struct OutboxRows {
     aggregate_ids: Vec<Option<String>>,
     versions: Vec<Option<i32>>,
     payloads: Vec<serde_json::Value>,
+    statuses: Vec<&'static str>,
+    deliveries: Vec<&'static str>,
 }
 
 impl OutboxRows {
@@ -415,5 +560,15 @@ impl OutboxRows {
             .push(aggregate.map(|(id, _)| id.to_string()));
         self.versions.push(aggregate.map(|(_, v)| v));
         self.payloads.push(payload);
+    }
+
+    /// The status of the row pushed last.
+    fn status(&mut self, status: Status) {
+        let (s, d) = match status {
+            Status::Pending => ("PENDING", "outbox"),
+            Status::Transaction => ("TRANSACTION", "transaction"),
+        };
+        self.statuses.push(s);
+        self.deliveries.push(d);
     }
 }

@@ -76,6 +76,26 @@ pub async fn mark_sent(
         .await
 }
 
+/// [`mark_sent`] for many events, `(event_id, broker_msg_id)`, in one statement.
+pub async fn mark_sent_many(
+    client: &impl GenericClient,
+    sent: &[(String, String)],
+) -> Result<u64, tokio_postgres::Error> {
+    if sent.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<&str> = sent.iter().map(|(e, _)| e.as_str()).collect();
+    let broker: Vec<&str> = sent.iter().map(|(_, b)| b.as_str()).collect();
+    client
+        .execute(
+            "UPDATE event_outbox o SET status = 'SENT', sent_at = now(), broker_msg_id = t.b
+             FROM unnest($1::text[], $2::text[]) AS t(e, b)
+             WHERE o.event_id = t.e AND o.status = 'TRANSACTION'",
+            &[&ids, &broker],
+        )
+        .await
+}
+
 /// Hands to the relay (PENDING, due now) up to `limit` rows still TRANSACTION that were
 /// written before `cutoff`: their producer never marked them, and the broker stopped asking
 /// long ago, so nothing else will deliver them. The broker may have delivered them after a

@@ -7,3 +7,4 @@ pub mod consume;
 pub mod ops;
 pub mod scan;
 pub mod timeout_cancel;
+pub mod transactions;

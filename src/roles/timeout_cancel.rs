@@ -7,7 +7,10 @@
 //!
 //! Each delivered batch becomes one transaction (`pg::cancel_tx`), with the order consumer's
 //! discipline (`roles::batch_tx`): at most `Settings::cancel_budget` at once, bounded in time,
-//! retried in-process while transient, split into one per message on failure.
+//! retried in-process while transient, split into one per message on failure. With
+//! `events.order_canceled = "transaction"`, a batch's ORDER_CANCELED events are transaction
+//! messages (docs/ARCHITECTURE.md#delivering-events): drafted, stored as half messages
+//! together, written by the batch's transaction, and ended with its outcome.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,19 +18,26 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use tracing::{debug, info, warn};
 
+use crate::config::Delivery as Mode;
 use crate::config::Settings;
 use crate::domain::events::{sweep_cancel_event_id, CancelOrderIfUnpaid};
 use crate::domain::CancelOutcome;
+use crate::mq::{outbox_message, HalfMessage, LocalOutcome, TransactionPublisher};
 use crate::mq::{BatchHandler, ConsumeDecision, Delivery};
-use crate::pg::cancel_tx::{cancel_batch, CancelNames, CancelRequest};
+use crate::pg::cancel_tx::{
+    cancel_batch, cancel_batch_with, draft_canceled, CancelDrafts, CancelNames, CancelRequest,
+};
 use crate::pg::errors::TxError;
 use crate::pg::order_state::StateNames;
 use crate::roles::batch_tx::TxSlots;
+use crate::roles::transactions::DEADLINE_PROPERTY;
 use crate::telemetry::Readiness;
 
 pub struct TimeoutCancelHandler {
     slots: TxSlots,
     names: CancelNames,
+    /// ORDER_CANCELED as transaction messages, and the local transaction's bound.
+    transactions: Option<(Arc<dyn TransactionPublisher>, chrono::Duration)>,
 }
 
 /// What one sweep did.
@@ -62,7 +72,105 @@ impl TimeoutCancelHandler {
                     compensate_topic: n.compensate_topic,
                 },
             },
+            transactions: None,
         }
+    }
+
+    /// Sends ORDER_CANCELED through `tx` as transaction messages, each batch's local
+    /// transaction bounded by `local_timeout_ms`.
+    pub fn with_transactions(
+        mut self,
+        tx: Arc<dyn TransactionPublisher>,
+        local_timeout_ms: u64,
+    ) -> Self {
+        self.transactions = Some((tx, chrono::Duration::milliseconds(local_timeout_ms as i64)));
+        self
+    }
+
+    /// One batch's transaction, its ORDER_CANCELED events as transaction messages when so
+    /// configured: the events of the orders it would cancel are drafted and stored as half
+    /// messages together; the batch writes the drafted ones that still hold; each half is
+    /// ended with what became of its event. An order whose half was not stored gets its event
+    /// through the outbox.
+    async fn cancel(
+        &self,
+        client: &mut deadpool_postgres::Client,
+        part: &[CancelRequest],
+    ) -> Result<Vec<CancelOutcome>, TxError> {
+        let Some((tx, local_timeout)) = &self.transactions else {
+            return cancel_batch(client, &self.names, part).await;
+        };
+        let mut order_ids: Vec<&str> = part.iter().map(|r| r.order_id.as_str()).collect();
+        order_ids.sort_unstable();
+        order_ids.dedup();
+        let drafted = draft_canceled(client, &order_ids).await?;
+        if drafted.is_empty() {
+            return cancel_batch(client, &self.names, part).await;
+        }
+        let deadline = Utc::now() + *local_timeout;
+        let msgs = drafted
+            .iter()
+            .map(|d| {
+                let mut msg = outbox_message(&d.row(&self.names.state));
+                msg.sharding_key = None;
+                let at = deadline.timestamp_millis().to_string();
+                msg.properties.push((DEADLINE_PROPERTY.to_owned(), at));
+                msg
+            })
+            .collect();
+        let mut halves: Vec<(String, Box<dyn HalfMessage>)> = Vec::new();
+        let mut drafts = CancelDrafts {
+            by_order: Default::default(),
+            deadline,
+        };
+        for (d, begun) in drafted.into_iter().zip(tx.begin_many(msgs).await) {
+            match begun {
+                Ok(half) => {
+                    halves.push((d.event.base.event_id.clone(), half));
+                    drafts
+                        .by_order
+                        .insert(d.event.base.order.order_id.clone(), d);
+                }
+                Err(outcome) => {
+                    warn!(order_id = %d.event.base.order.order_id, outcome = outcome.label(),
+                        error = ?outcome, "half message not stored; ORDER_CANCELED goes through the outbox");
+                    delivered("half_failed", 1);
+                }
+            }
+        }
+        let result = cancel_batch_with(client, &self.names, part, Some(&drafts)).await;
+        let written: std::collections::HashSet<String> = match &result {
+            Ok((_, written)) => written.iter().cloned().collect(),
+            Err(_) => Default::default(),
+        };
+        if result.is_ok() {
+            fail::fail_point!(
+                "tx-cancel-after-commit-before-end",
+                |_| std::process::abort()
+            );
+        }
+        let ends = halves.into_iter().map(|(event_id, half)| {
+            let outcome = match &result {
+                Ok(_) if written.contains(&event_id) => LocalOutcome::Commit,
+                Ok(_) => LocalOutcome::Rollback,
+                // The commit may or may not have happened: the check-back reads which.
+                Err(_) => LocalOutcome::Unknown,
+            };
+            async move { (event_id, outcome, half.end(outcome).await) }
+        });
+        let ended = futures::future::join_all(ends).await;
+        let mut sent = Vec::new();
+        for (event_id, outcome, broker_msg_id) in ended {
+            delivered(outcome.label(), 1);
+            if outcome == LocalOutcome::Commit {
+                sent.push((event_id, broker_msg_id));
+            }
+        }
+        // Left TRANSACTION if this fails: the check-back still answers COMMIT.
+        if let Err(e) = crate::pg::transaction_events::mark_sent_many(&***client, &sent).await {
+            warn!(error = %e, "could not mark the cancel events sent");
+        }
+        result.map(|(outcomes, _)| outcomes)
     }
 
     /// What each message of a batch came to: `Ok(None)` = poison (quarantined); `Err` = the
@@ -108,7 +216,7 @@ impl TimeoutCancelHandler {
             .split_on_failure(requests.len(), |range| {
                 let part = &requests[range];
                 self.slots
-                    .run(async move |client| cancel_batch(client, &self.names, part).await)
+                    .run(async move |client| self.cancel(client, part).await)
             })
             .await;
         for ((i, _), outcome) in due.iter().zip(decided) {
@@ -151,7 +259,7 @@ impl TimeoutCancelHandler {
             self.slots.split_on_failure(chunk.len(), move |range| {
                 let part = &chunk[range];
                 self.slots
-                    .run(async move |client| cancel_batch(client, &self.names, part).await)
+                    .run(async move |client| self.cancel(client, part).await)
             })
         });
         let mut canceled = 0;
@@ -245,11 +353,26 @@ impl BatchHandler for TimeoutCancelHandler {
 const SWEEPS_PER_INTERVAL: usize = 50;
 
 /// `seckill timeout-cancel`.
+/// `event_delivery_total{family="order_canceled", mode="transaction", outcome}`.
+fn delivered(outcome: &'static str, n: u64) {
+    metrics::counter!("event_delivery_total", "family" => "order_canceled",
+        "mode" => "transaction", "outcome" => outcome)
+    .increment(n);
+}
+
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let names = settings.names();
     let budget = settings.cancel_budget();
     let pool = crate::pg::connect_pool(&settings.pg, budget + 1).await?;
-    let handler = Arc::new(TimeoutCancelHandler::new(pool, &settings, budget));
+    let mut handler = TimeoutCancelHandler::new(pool.clone(), &settings, budget);
+    if settings.events.order_canceled() == Mode::Transaction {
+        // Every batch in flight may hold a half per message (a batch takes its halves'
+        // slots together, so batches never wait on each other).
+        let in_flight = budget.max(1) * settings.consumer.batch_size.max(1);
+        let tx = crate::roles::transactions::start(&settings, pool, in_flight).await?;
+        handler = handler.with_transactions(tx, settings.events.transaction_local_timeout_ms);
+    }
+    let handler = Arc::new(handler);
     let sweeper = handler.clone();
     let ready = Readiness::default();
     let shutdown = tokio_util::sync::CancellationToken::new();

@@ -736,11 +736,16 @@ impl seckill::mq::BatchHandler for Collector {
 impl Collector {
     /// The ORDER_PAID copies of `order_id` delivered so far.
     pub fn paid(&self, order_id: &str) -> Vec<Delivery> {
+        self.tagged("ORDER_PAID", order_id)
+    }
+
+    /// The copies of `order_id`'s events tagged `tag` delivered so far.
+    pub fn tagged(&self, tag: &str, order_id: &str) -> Vec<Delivery> {
         self.0
             .lock()
             .unwrap()
             .iter()
-            .filter(|d| d.tags == "ORDER_PAID" && d.keys == order_id)
+            .filter(|d| d.tags == tag && d.keys == order_id)
             .cloned()
             .collect()
     }

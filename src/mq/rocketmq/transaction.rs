@@ -62,6 +62,8 @@ pub struct RocketTransactionProducer {
     // guard, so it waits for the transactions in flight.
     producer: Arc<RwLock<TransactionMQProducer>>,
     in_flight: Arc<Semaphore>,
+    /// `in_flight`'s size.
+    capacity: usize,
     outcome_wait: Duration,
     _slots: SlotReservation,
     _runtime: MqRuntime,
@@ -174,6 +176,7 @@ impl RocketTransactionProducer {
         Ok(Self {
             producer: Arc::new(RwLock::new(producer)),
             in_flight: Arc::new(Semaphore::new(opts.in_flight)),
+            capacity: opts.in_flight,
             outcome_wait: opts.outcome_wait,
             _slots: slots,
             _runtime: runtime.clone(),
@@ -207,14 +210,13 @@ impl HalfMessage for RocketHalf {
     }
 }
 
-#[async_trait::async_trait]
-impl TransactionPublisher for RocketTransactionProducer {
-    async fn begin(&self, msg: OutMessage) -> Result<Box<dyn HalfMessage>, SendOutcome> {
-        let Ok(permit) = Arc::clone(&self.in_flight).acquire_owned().await else {
-            return Err(SendOutcome::DefiniteFailure {
-                error: "the transaction producer is shut down".to_owned(),
-            });
-        };
+impl RocketTransactionProducer {
+    /// Stores `msg` as a half message, holding `permit` until its end.
+    async fn begin_with(
+        &self,
+        msg: OutMessage,
+        permit: OwnedSemaphorePermit,
+    ) -> Result<Box<dyn HalfMessage>, SendOutcome> {
         let message = to_message(msg, false).map_err(|e| outcome_from_error(&e))?;
         let (stored_tx, stored_rx) = oneshot::channel();
         let (outcome_tx, outcome_rx) = std::sync::mpsc::sync_channel(1);
@@ -251,6 +253,49 @@ impl TransactionPublisher for RocketTransactionProducer {
                 error: format!("half message send task: {e}"),
             },
         })
+    }
+}
+
+fn shut_down() -> SendOutcome {
+    SendOutcome::DefiniteFailure {
+        error: "the transaction producer is shut down".to_owned(),
+    }
+}
+
+#[async_trait::async_trait]
+impl TransactionPublisher for RocketTransactionProducer {
+    async fn begin(&self, msg: OutMessage) -> Result<Box<dyn HalfMessage>, SendOutcome> {
+        let Ok(permit) = Arc::clone(&self.in_flight).acquire_owned().await else {
+            return Err(shut_down());
+        };
+        self.begin_with(msg, permit).await
+    }
+
+    async fn begin_many(
+        &self,
+        msgs: Vec<OutMessage>,
+    ) -> Vec<Result<Box<dyn HalfMessage>, SendOutcome>> {
+        // More than the producer may ever hold at once would wait for itself: those go
+        // without a half (their callers send them the outbox way).
+        let n = msgs.len().min(self.capacity);
+        let mut permits = Arc::clone(&self.in_flight)
+            .acquire_many_owned(n as u32)
+            .await
+            .ok();
+        let begun = msgs.into_iter().enumerate().map(|(i, msg)| {
+            let permit = permits
+                .as_mut()
+                .and_then(|p| if i < n { p.split(1) } else { None });
+            async move {
+                match permit {
+                    Some(permit) => self.begin_with(msg, permit).await,
+                    None => Err(SendOutcome::DefiniteFailure {
+                        error: "more half messages than events.transaction_in_flight".to_owned(),
+                    }),
+                }
+            }
+        });
+        futures::future::join_all(begun).await
     }
 
     /// Stops taking transactions, waits for those in flight to end, stops the producer

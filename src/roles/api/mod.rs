@@ -13,9 +13,7 @@
 //! - `error`: the JSON error every route answers with, and how results map onto it;
 //! - `admin`: the operators' listener (pause, resume, status, outbox requeue), audited;
 //! - `admission`: fail-closed admission, the background check that pauses new reservations;
-//! - `limits`: per-address and per-buyer token buckets (429 RATE_LIMITED);
-//! - `transactions`: the transaction producer of `events.order_paid = "transaction"` and the
-//!   check-back it answers from PostgreSQL.
+//! - `limits`: per-address and per-buyer token buckets (429 RATE_LIMITED).
 
 pub mod admin;
 mod admission;
@@ -25,7 +23,6 @@ mod payments;
 mod queries;
 mod reserve;
 mod sold_out;
-pub mod transactions;
 
 pub use admission::Admission;
 pub use error::ApiError;
@@ -48,7 +45,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::auth::buyer::BuyerAuth;
-use crate::config::{BuyerIdentity, Names, Settings};
+use crate::config::{BuyerIdentity, Delivery, Names, Settings};
 use crate::gather::{Gather, GatherSettings};
 use crate::mq::lag::LagSource;
 use crate::mq::{Publisher, TransactionPublisher};
@@ -239,7 +236,12 @@ pub async fn build_state(
 ) -> anyhow::Result<ApiState> {
     let redis = RedisStore::connect(&settings.redis).await?;
     let pg = crate::pg::connect_pool(&settings.pg, settings.pg.api_pool_size).await?;
-    let transactions = transactions::start(&settings, pg.clone()).await?;
+    let transactions = if settings.events.order_paid() == Delivery::Transaction {
+        let in_flight = settings.events.transaction_in_flight;
+        Some(crate::roles::transactions::start(&settings, pg.clone(), in_flight).await?)
+    } else {
+        None
+    };
     let auth = match settings.auth.buyers {
         BuyerIdentity::Token => Some(Arc::new(BuyerAuth::from_settings(&settings.auth)?)),
         BuyerIdentity::Body => {

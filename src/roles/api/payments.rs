@@ -18,7 +18,6 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::error::require_id;
-use super::transactions::DEADLINE_PROPERTY;
 use super::{ApiError, ApiState};
 use crate::auth::signature::{verify, SIGNATURE_HEADER};
 use crate::domain::{PayOutcome, ValidationError};
@@ -26,6 +25,7 @@ use crate::mq::{outbox_message, LocalOutcome, TransactionPublisher};
 use crate::pg::errors::TxError;
 use crate::pg::order_state::{draft_paid, pay, pay_with, PaidRow, PayAttempt, Payment, StateNames};
 use crate::pg::transaction_events::mark_sent;
+use crate::roles::transactions::DEADLINE_PROPERTY;
 
 /// The notification body.
 #[derive(Debug, Deserialize)]

@@ -33,6 +33,11 @@ use crate::telemetry::Readiness;
 
 /// `seckill scan`.
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
+    run_until(settings, CancellationToken::new()).await
+}
+
+/// [`run`], stopping also when `stop` fires (the benchmarks run the role in their process).
+pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::Result<()> {
     let settings = Arc::new(settings);
     let sc = settings.scan.clone();
     let redis = RedisStore::connect(&settings.redis).await?;
@@ -83,7 +88,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let retention_loop = watchdog.spawn("retention", retention);
     ready.set(true);
     info!(owner_metrics = %sc.metrics_listen, "scan started: reservation scanner and outbox relay");
-    let died = watchdog.stop_requested().await;
+    let died = tokio::select! {
+        died = watchdog.stop_requested() => died,
+        _ = stop.cancelled() => None,
+    };
     info!("stopping: finishing the current passes");
     ready.set(false);
     shutdown.cancel();

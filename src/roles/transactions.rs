@@ -1,7 +1,8 @@
-//! The API's transaction messages (docs/ARCHITECTURE.md#delivering-events): with
-//! `events.order_paid = "transaction"` the payment path sends ORDER_PAID as a RocketMQ
-//! transaction message, and every API instance answers the broker's check-backs about any
-//! instance's half messages, from PostgreSQL alone.
+//! Transaction messages of the roles that originate events (docs/ARCHITECTURE.md#delivering-events):
+//! with `events.order_paid = "transaction"` the API sends ORDER_PAID as a RocketMQ transaction
+//! message, with `events.order_canceled = "transaction"` the timeout cancel sends ORDER_CANCELED
+//! so; every such process joins one producer group and answers the broker's check-backs about
+//! any member's half messages, from PostgreSQL alone.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -97,14 +98,13 @@ impl TransactionChecker for PgChecker {
     }
 }
 
-/// The transaction producer, started when a family is delivered by transaction messages.
+/// The process's transaction producer, `in_flight` half messages at once, answering
+/// check-backs from `pool`.
 pub async fn start(
     settings: &Settings,
     pool: deadpool_postgres::Pool,
-) -> anyhow::Result<Option<Arc<dyn TransactionPublisher>>> {
-    if !settings.events.uses_transactions() {
-        return Ok(None);
-    }
+    in_flight: usize,
+) -> anyhow::Result<Arc<dyn TransactionPublisher>> {
     let ev = &settings.events;
     let bound = Duration::from_millis(settings.pg.statement_timeout_ms + 1_000);
     let checker: Arc<dyn TransactionChecker> = Arc::new(PgChecker::new(pool, bound));
@@ -117,11 +117,11 @@ pub async fn start(
         // The payment's own bound (the API's PostgreSQL bound) covers its local transaction;
         // a caller slower than that has answered 503 and the check-back decides.
         outcome_wait: bound + Duration::from_millis(500),
-        in_flight: ev.transaction_in_flight,
+        in_flight,
         check_threads: ev.transaction_check_threads,
         check_timeout: bound + Duration::from_millis(500),
     };
     let rt = crate::mq::runtime()?;
     let producer = RocketTransactionProducer::start(&rt, opts, checker).await?;
-    Ok(Some(Arc::new(producer)))
+    Ok(Arc::new(producer))
 }
