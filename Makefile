@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help services-up services-down build demo demo-cluster bench bench-sale bench-buckets limits test test-faults chaos soak soak-small send-timeouts test-unit fmt clippy lint ci
+.PHONY: help services-up services-down build demo demo-cluster bench bench-sale bench-buckets bench-payments bench-payments-small limits test test-faults chaos soak soak-small send-timeouts test-unit fmt clippy lint ci
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -31,6 +31,14 @@ bench-buckets: ## One hot SKU over stock buckets: Redis calls/s and per-primary 
 bench-sale: ## Only the bench's sale: whole pipeline, front door alone, direct PostgreSQL; last line SALE_RATIOS ...
 	BENCH_ONLY=sale scripts/bench.sh
 
+bench-payments: services-up ## The payment path's ORDER_PAID through the outbox and as transaction messages, side by side; last line PAYMENTS_RATIOS ... (BENCHMARKS.md)
+	cargo build --release --quiet -p seckill-bench
+	SECKILL_ENV=bench target/release/seckill-bench payments --orders 2000 --concurrency 16 --rounds 3
+
+bench-payments-small: ## make bench-payments in seconds on the debug build: it runs and both modes deliver every event (figures meaningless)
+	cargo build --workspace --features failpoints --quiet
+	SECKILL_ENV=bench target/debug/seckill-bench payments --orders 100 --concurrency 8 --rounds 1
+
 limits: services-up ## Only the naive limits (pgbench, redis-benchmark, direct PostgreSQL); last line LIMITS ...
 	scripts/limits.sh
 
@@ -39,6 +47,7 @@ test: services-up ## The whole test suite against the real services, the operato
 	scripts/check-operator-files.sh
 	scripts/schemathesis.sh
 	$(MAKE) soak-small
+	$(MAKE) bench-payments-small
 	$(MAKE) test-faults
 
 soak: ## A long sale at a steady rate with payments and timeouts, sampled every 15 s; last line SOAK OK/FAILED

@@ -120,6 +120,42 @@ async fn order_paid_reaches_consumers_the_same_in_both_modes() {
     assert_eq!(transaction, expected, "outbox mode carried {outbox:?}");
 }
 
+#[tokio::test]
+async fn a_half_message_the_broker_does_not_store_sends_the_event_through_the_outbox() {
+    let mut env = TestEnv::new(false).await;
+    env.activity(1411, 1, 5).await;
+    let orders = created_orders(&env, 1411, &[1]).await;
+    let oid = orders[0].order_id.clone();
+    // No name server there: no half message can be stored.
+    env.settings.events.order_paid = Some(Mode::Transaction);
+    env.settings.mq.name_server = format!("127.0.0.1:{}", free_port());
+    let api = common::start_api(env.settings.clone()).await;
+    let (status, body) = notify_payment(&api.base, &oid, "pay-1", 100).await;
+    assert_eq!(
+        status, 200,
+        "the payment does not wait for the broker: {body}"
+    );
+    let pool = env.pool(1).await;
+    let row = pool
+        .get()
+        .await
+        .unwrap()
+        .query_one(
+            "SELECT status, delivery FROM event_outbox WHERE event_id = $1",
+            &[&order_paid_event_id(&oid, 2)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (row.get::<_, String>(0), row.get::<_, String>(1)),
+        ("PENDING".to_string(), "outbox".to_string()),
+        "the relay sends it once the broker is back"
+    );
+    api.stop.cancel();
+    api.server.await.unwrap().unwrap();
+    env.cleanup().await;
+}
+
 /// Two expired orders cancelled in one batch of the timeout cancel in `mode`: the
 /// ORDER_CANCELED consumers get, checked against the rows. Returns the properties carried.
 async fn canceled_events_in(mode: Mode, activity: i64) -> BTreeSet<String> {
