@@ -13,14 +13,17 @@
 //!     creation, compensation, projection, DLQ intake;
 //!   - `roles::scan` — the re-send scanner, the outbox relay, retention;
 //!   - `roles::timeout_cancel` — the conditional cancel of unpaid, expired orders;
+//!   - `roles::transactions` — events as RocketMQ transaction messages: the producer the
+//!     payment and the timeout cancel share, and its check-back answered from PostgreSQL;
 //!   - `roles::ops` — operator tools: `migrate`, `topics`, `activity`, `dlq`, `reconcile`.
 //! - [`domain`] — the vocabulary, free of I/O: ids, the events and their ids, request
 //!   validation, the decisions.
 //! - [`redis`] — the reservation store: one Lua script per state change (`redis/lua/`).
-//! - [`mq`] — the RocketMQ adapter: the `Publisher` / `BatchHandler` traits the roles see,
-//!   batched sends, consumer lag, and the client behind them (`mq::rocketmq`).
+//! - [`mq`] — the RocketMQ adapter: the `Publisher` / `TransactionPublisher` / `BatchHandler`
+//!   traits the roles see, batched sends, consumer lag, and the client behind them
+//!   (`mq::rocketmq`).
 //! - [`pg`] — PostgreSQL: pools and migrations, the order transaction, the order state
-//!   changes, the outbox, dead letters, retention.
+//!   changes, the outbox and the rows of transaction messages, dead letters, retention.
 //! - [`limiter`] — the adaptive limit on order transactions, under the worker budget.
 //! - [`invariants`] — the six invariants, checked by tests, `seckill-bench` and the demo.
 //! - [`http`] — every HTTP listener, with limits against slow clients.

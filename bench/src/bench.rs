@@ -245,7 +245,10 @@ pub(crate) async fn one_request(client: &reqwest::Client, base: &str, p: &Planne
     }
     let resp = req.send().await;
     match resp {
-        Err(_) => Answer::Transport,
+        Err(e) => {
+            tracing::warn!(request_id = %p.request_id, error = %e, "reservation request without answer");
+            Answer::Transport
+        }
         Ok(r) => {
             let status = r.status().as_u16();
             let v: serde_json::Value = r.json().await.unwrap_or_default();
@@ -360,6 +363,10 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     let plan = Arc::new(plan);
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(args.concurrency)
+        // The API closes a keep-alive connection idle for api.header_read_timeout_ms (5 s);
+        // a pooled connection taken just as it does fails the request without an answer.
+        // Dropped well before, it never is.
+        .pool_idle_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(10))
         .build()?;
     let bases: Arc<Vec<String>> = Arc::new(

@@ -7,8 +7,8 @@
 //! order-event topic, and `--concurrency` signed payment notifications at a time pay every
 //! order. Figures: events/s from the first notification to the last ORDER_PAID delivered;
 //! notification→delivery and notification→answer percentiles; PostgreSQL work per event
-//! (transactions, rows written, WAL bytes from `pg_current_wal_lsn` deltas, read after the
-//! statistics' flush interval). The modes alternate over `--rounds`.
+//! (transactions and rows written from `pg_stat_database`, read once idle backends have
+//! reported them; WAL bytes from `pg_current_wal_lsn` deltas up to the last delivery). The modes alternate over `--rounds`.
 //!
 //! `PAYMENTS mode=… orders=… events_per_s=… deliver_p50_ms=… deliver_p99_ms=…
 //! answer_p50_ms=… answer_p99_ms=… xacts_per_event=… rows_per_event=… wal_bytes_per_event=…
@@ -321,13 +321,15 @@ async fn one_mode(base: &Settings, mode: Mode, args: &PaymentsArgs) -> anyhow::R
     let first = arrivals.first.lock().unwrap().clone();
     let last = first.values().max().copied().unwrap_or(started);
     let elapsed = last.duration_since(started).as_secs_f64();
-    // The backends report their counters at most once a second.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let wal_after = pg_counters(&admin).await?.0;
+    // A backend that goes idle reports its counters only after 10 s (PostgreSQL's
+    // PGSTAT_IDLE_INTERVAL): read them once that has passed.
+    tokio::time::sleep(Duration::from_secs(11)).await;
     let after = pg_counters(&admin).await?;
     let wal: f64 = admin
         .query_one(
             "SELECT pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)::float8",
-            &[&after.0, &before.0],
+            &[&wal_after, &before.0],
         )
         .await?
         .get(0);

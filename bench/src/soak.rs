@@ -127,6 +127,10 @@ pub async fn run(settings: Settings, args: SoakArgs) -> anyhow::Result<bool> {
     ];
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(args.concurrency)
+        // The API closes a keep-alive connection idle for api.header_read_timeout_ms (5 s);
+        // a pooled connection taken just as it does fails the request without an answer.
+        // Dropped well before, it never is.
+        .pool_idle_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(10))
         .build()?;
     let base = args.api.trim_end_matches('/').to_string();
