@@ -167,15 +167,7 @@ async fn canceled_events_in(mode: Mode, activity: i64) -> BTreeSet<String> {
     let names = env.settings.names();
     let (collector, consumer, group) = collect_events(&env).await;
     let pool = env.pool(3).await;
-    pool.get()
-        .await
-        .unwrap()
-        .execute(
-            "UPDATE orders SET expires_at = now() - interval '1 minute'",
-            &[],
-        )
-        .await
-        .unwrap();
+    expire_every_order(&pool).await;
     let mut handler = TimeoutCancelHandler::new(pool.clone(), &env.settings, 2);
     let mut producer = None;
     if mode == Mode::Transaction {
@@ -665,15 +657,7 @@ async fn a_timeout_cancel_killed_after_its_commit_has_its_batch_committed_by_the
     env.activity(1410, 1, 5).await;
     let orders = created_orders(&env, 1410, &[1, 2]).await;
     let pool = env.pool(1).await;
-    pool.get()
-        .await
-        .unwrap()
-        .execute(
-            "UPDATE orders SET expires_at = now() - interval '1 minute'",
-            &[],
-        )
-        .await
-        .unwrap();
+    expire_every_order(&pool).await;
     let (collector, consumer, group) = collect_events(&env).await;
     // The sweep cancels both in one batch, then the process dies before ending the halves.
     let port = free_port();
@@ -718,4 +702,17 @@ async fn a_timeout_cancel_killed_after_its_commit_has_its_batch_committed_by_the
     producer.shutdown().await;
     assert!(consumer.shutdown().await);
     env.cleanup().await;
+}
+
+/// Every order of the test past its deadline a minute ago.
+async fn expire_every_order(pool: &deadpool_postgres::Pool) {
+    pool.get()
+        .await
+        .unwrap()
+        .execute(
+            "UPDATE orders SET expires_at = now() - interval '1 minute'",
+            &[],
+        )
+        .await
+        .unwrap();
 }

@@ -108,13 +108,7 @@ pub async fn draft_canceled(
     Ok(rows
         .into_iter()
         .map(|r| {
-            let facts = OrderRef {
-                order_id: r.get(0),
-                reservation_id: r.get(2),
-                activity_id: r.get(3),
-                sku_id: r.get(4),
-                user_id: r.get(5),
-            };
+            let facts = super::order_ref(r.get(0), &r, 2);
             let version = r.get::<_, i32>(1) + 1;
             CanceledDraft {
                 event: canceled_event(&facts, version, now),
@@ -313,13 +307,7 @@ async fn cancel_orders(
     let canceled = updated?
         .into_iter()
         .map(|r| {
-            let facts = OrderRef {
-                order_id: r.get(0),
-                reservation_id: r.get(2),
-                activity_id: r.get(3),
-                sku_id: r.get(4),
-                user_id: r.get(5),
-            };
+            let facts = super::order_ref(r.get(0), &r, 2);
             (
                 facts.order_id.clone(),
                 Canceled {

@@ -211,6 +211,22 @@ pub async fn quarantine(
 
 /// Runs one set-based statement of a transaction (prepared once per connection), unless it has
 /// no rows to write: the order and cancel transactions' building block.
+/// The order facts of `order_id` from `r`: reservation, activity, SKU and user ids in the four
+/// columns from `at`.
+pub(crate) fn order_ref(
+    order_id: String,
+    r: &tokio_postgres::Row,
+    at: usize,
+) -> crate::domain::events::OrderRef {
+    crate::domain::events::OrderRef {
+        order_id,
+        reservation_id: r.get(at),
+        activity_id: r.get(at + 1),
+        sku_id: r.get(at + 2),
+        user_id: r.get(at + 3),
+    }
+}
+
 pub(crate) async fn exec_unless_empty<const N: usize>(
     tx: &deadpool_postgres::Transaction<'_>,
     empty: bool,

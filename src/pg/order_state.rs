@@ -8,7 +8,7 @@ use deadpool_postgres::Client;
 
 use super::errors::TxError;
 use super::outbox::OUTBOX_CHANNEL;
-use crate::domain::events::{payload, OrderPaid, OrderRef, TAG_ORDER_PAID};
+use crate::domain::events::{payload, OrderPaid, TAG_ORDER_PAID};
 use crate::domain::PayOutcome;
 
 /// Topics the state changes publish to.
@@ -87,13 +87,7 @@ pub async fn draft_paid(client: &Client, p: &Payment<'_>) -> Result<Option<PaidD
         return Ok(None);
     };
     let version = r.get::<_, i32>(0) + 1;
-    let facts = OrderRef {
-        order_id: p.order_id.to_string(),
-        reservation_id: r.get(1),
-        activity_id: r.get(2),
-        sku_id: r.get(3),
-        user_id: r.get(4),
-    };
+    let facts = super::order_ref(p.order_id.to_string(), &r, 1);
     let mut event = OrderPaid::new(&facts, version, Some(p.payment_id.to_string()));
     event.amount_cents = Some(r.get(5));
     event.base.occurred_at = Some(Utc::now());
@@ -162,13 +156,7 @@ pub async fn pay_with(
     let outcome = match updated {
         Some(r) => {
             let version: i32 = r.get(0);
-            let facts = OrderRef {
-                order_id: p.order_id.to_string(),
-                reservation_id: r.get(1),
-                activity_id: r.get(2),
-                sku_id: r.get(3),
-                user_id: r.get(4),
-            };
+            let facts = super::order_ref(p.order_id.to_string(), &r, 1);
             match row {
                 PaidRow::Outbox => {
                     let mut paid = OrderPaid::new(&facts, version, Some(p.payment_id.to_string()));

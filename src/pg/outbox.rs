@@ -79,6 +79,16 @@ pub async fn mark_sent(
     client: &impl GenericClient,
     sent: &[(String, String)],
 ) -> Result<u64, tokio_postgres::Error> {
+    mark_sent_from(client, sent, "PENDING").await
+}
+
+/// Marks rows still in status `from` SENT with the broker's id, `(event_id, broker_msg_id)`,
+/// in one statement.
+pub(super) async fn mark_sent_from(
+    client: &impl GenericClient,
+    sent: &[(String, String)],
+    from: &str,
+) -> Result<u64, tokio_postgres::Error> {
     if sent.is_empty() {
         return Ok(0);
     }
@@ -88,8 +98,8 @@ pub async fn mark_sent(
         .execute(
             "UPDATE event_outbox o SET status = 'SENT', sent_at = now(), broker_msg_id = t.b, last_error = NULL
              FROM unnest($1::text[], $2::text[]) AS t(e, b)
-             WHERE o.event_id = t.e AND o.status = 'PENDING'",
-            &[&ids, &broker],
+             WHERE o.event_id = t.e AND o.status = $3",
+            &[&ids, &broker, &from],
         )
         .await
 }

@@ -61,39 +61,13 @@ pub async fn verdict(
     })
 }
 
-/// Marks the event SENT once its half was ended with a commit.
+/// Marks events SENT once their halves were ended with a commit, `(event_id,
+/// broker_msg_id)`, in one statement.
 pub async fn mark_sent(
-    client: &impl GenericClient,
-    event_id: &str,
-    broker_msg_id: &str,
-) -> Result<u64, tokio_postgres::Error> {
-    client
-        .execute(
-            "UPDATE event_outbox SET status = 'SENT', sent_at = now(), broker_msg_id = $2
-             WHERE event_id = $1 AND status = 'TRANSACTION'",
-            &[&event_id, &broker_msg_id],
-        )
-        .await
-}
-
-/// [`mark_sent`] for many events, `(event_id, broker_msg_id)`, in one statement.
-pub async fn mark_sent_many(
     client: &impl GenericClient,
     sent: &[(String, String)],
 ) -> Result<u64, tokio_postgres::Error> {
-    if sent.is_empty() {
-        return Ok(0);
-    }
-    let ids: Vec<&str> = sent.iter().map(|(e, _)| e.as_str()).collect();
-    let broker: Vec<&str> = sent.iter().map(|(_, b)| b.as_str()).collect();
-    client
-        .execute(
-            "UPDATE event_outbox o SET status = 'SENT', sent_at = now(), broker_msg_id = t.b
-             FROM unnest($1::text[], $2::text[]) AS t(e, b)
-             WHERE o.event_id = t.e AND o.status = 'TRANSACTION'",
-            &[&ids, &broker],
-        )
-        .await
+    super::outbox::mark_sent_from(client, sent, "TRANSACTION").await
 }
 
 /// Hands to the relay (PENDING, due now) up to `limit` rows still TRANSACTION that were

@@ -167,7 +167,7 @@ impl TimeoutCancelHandler {
             }
         }
         // Left TRANSACTION if this fails: the check-back still answers COMMIT.
-        if let Err(e) = crate::pg::transaction_events::mark_sent_many(&***client, &sent).await {
+        if let Err(e) = crate::pg::transaction_events::mark_sent(&***client, &sent).await {
             warn!(error = %e, "could not mark the cancel events sent");
         }
         result.map(|(outcomes, _)| outcomes)

@@ -185,7 +185,7 @@ async fn settle_in_transaction(
             let broker_msg_id = half.end(LocalOutcome::Commit).await;
             delivered("transaction", "commit");
             // Left TRANSACTION if this fails: the check-back still answers COMMIT.
-            if let Err(e) = mark_sent(&***client, &event_id, &broker_msg_id).await {
+            if let Err(e) = mark_sent(&***client, &[(event_id.clone(), broker_msg_id)]).await {
                 warn!(order_id = %p.order_id, %event_id, error = %e, "could not mark the event sent");
             }
             Ok(Some(PayOutcome::Paid { version }))
