@@ -350,7 +350,7 @@ async fn the_check_back_answers_from_postgresql_alone() {
 
 #[tokio::test]
 async fn reconcile_finds_a_lost_order_paid_in_transaction_mode_and_frees_a_stranded_one() {
-    use seckill::roles::ops::reconcile::{reconcile, ReconcileArgs};
+    use seckill::roles::ops::reconcile::reconcile;
     let mut env = TestEnv::new(true).await;
     env.settings.events.order_paid = Some(Mode::Transaction);
     env.activity(1404, 1, 5).await;
@@ -379,13 +379,7 @@ async fn reconcile_finds_a_lost_order_paid_in_transaction_mode_and_frees_a_stran
     .await
     .unwrap();
     let redis = env.redis().await;
-    let args = ReconcileArgs {
-        window_hours: 1,
-        grace_secs: 0,
-        json: false,
-        fail_on_drift: true,
-        metrics_file: None,
-    };
+    let args = common::reconcile_now();
     let report = reconcile(&env.settings, &**c, &redis, &args).await.unwrap();
     let found = |k: &str| {
         let f = report.findings.iter().find(|f| f.kind == k).unwrap();

@@ -9,7 +9,7 @@ mod common;
 use chrono::Utc;
 use common::TestEnv;
 use seckill::pg::order_state::{pay, Payment, StateNames};
-use seckill::roles::ops::reconcile::{reconcile, ReconcileArgs};
+use seckill::roles::ops::reconcile::reconcile;
 
 async fn snapshot(
     c: &deadpool_postgres::Object,
@@ -58,13 +58,7 @@ async fn reconcile_emits_exactly_the_missing_events_once_and_changes_no_order() 
     let before = snapshot(&c).await;
     let outbox_before = env.count("SELECT count(*) FROM event_outbox").await;
 
-    let args = ReconcileArgs {
-        window_hours: 1,
-        grace_secs: 0,
-        json: false,
-        fail_on_drift: true,
-        metrics_file: None,
-    };
+    let args = common::reconcile_now();
     let report = reconcile(&env.settings, &**c, &redis, &args).await.unwrap();
     let found = |k: &str| {
         report

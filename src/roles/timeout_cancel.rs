@@ -22,15 +22,15 @@ use crate::config::Delivery as Mode;
 use crate::config::Settings;
 use crate::domain::events::{sweep_cancel_event_id, CancelOrderIfUnpaid};
 use crate::domain::CancelOutcome;
-use crate::mq::{outbox_message, HalfMessage, LocalOutcome, TransactionPublisher};
 use crate::mq::{BatchHandler, ConsumeDecision, Delivery};
+use crate::mq::{HalfMessage, LocalOutcome, TransactionPublisher};
 use crate::pg::cancel_tx::{
     cancel_batch, cancel_batch_with, draft_canceled, CancelDrafts, CancelNames, CancelRequest,
 };
 use crate::pg::errors::TxError;
 use crate::pg::order_state::StateNames;
 use crate::roles::batch_tx::TxSlots;
-use crate::roles::transactions::DEADLINE_PROPERTY;
+use crate::roles::transactions::half_message;
 use crate::telemetry::Readiness;
 
 pub struct TimeoutCancelHandler {
@@ -110,13 +110,7 @@ impl TimeoutCancelHandler {
         let deadline = Utc::now() + *local_timeout;
         let msgs = drafted
             .iter()
-            .map(|d| {
-                let mut msg = outbox_message(&d.row(&self.names.state));
-                msg.sharding_key = None;
-                let at = deadline.timestamp_millis().to_string();
-                msg.properties.push((DEADLINE_PROPERTY.to_owned(), at));
-                msg
-            })
+            .map(|d| half_message(&d.row(&self.names.state), deadline))
             .collect();
         let mut halves: Vec<(String, Box<dyn HalfMessage>)> = Vec::new();
         let mut drafts = CancelDrafts {

@@ -12,12 +12,26 @@ use tracing::warn;
 
 use crate::config::Settings;
 use crate::mq::rocketmq::{RocketTransactionProducer, TransactionOptions};
-use crate::mq::{Delivery, LocalOutcome, TransactionChecker, TransactionPublisher};
+use crate::mq::{
+    outbox_message, Delivery, LocalOutcome, OutMessage, TransactionChecker, TransactionPublisher,
+};
 use crate::pg::transaction_events::{verdict, Verdict};
 
 /// The half message's property carrying the local transaction's deadline (epoch ms): past it
 /// the transaction refuses to commit, and the check-back may answer ROLLBACK.
 pub const DEADLINE_PROPERTY: &str = "tx_deadline_ms";
+
+/// The half message of an event's outbox row: the very message the relay would send for it,
+/// on any queue (a half cannot be keyed; consumers order an order's events by
+/// `aggregate_version`, docs/ARCHITECTURE.md#event-ordering), carrying the local
+/// transaction's `deadline`.
+pub fn half_message(row: &crate::pg::outbox::OutboxRow, deadline: DateTime<Utc>) -> OutMessage {
+    let mut msg = outbox_message(row);
+    msg.sharding_key = None;
+    let at = deadline.timestamp_millis().to_string();
+    msg.properties.push((DEADLINE_PROPERTY.to_owned(), at));
+    msg
+}
 
 /// How long a check-back waits for the order's row lock (a local transaction holding it is
 /// about to end); past it the answer is UNKNOWN and the broker asks again.

@@ -773,3 +773,15 @@ pub async fn collect_events(
     .unwrap();
     (collector, handle, group)
 }
+
+/// `seckill reconcile` over the last hour with no grace, failing on drift: what a test that
+/// just made the drift looks at.
+pub fn reconcile_now() -> seckill::roles::ops::reconcile::ReconcileArgs {
+    seckill::roles::ops::reconcile::ReconcileArgs {
+        window_hours: 1,
+        grace_secs: 0,
+        json: false,
+        fail_on_drift: true,
+        metrics_file: None,
+    }
+}

@@ -21,11 +21,11 @@ use super::error::require_id;
 use super::{ApiError, ApiState};
 use crate::auth::signature::{verify, SIGNATURE_HEADER};
 use crate::domain::{PayOutcome, ValidationError};
-use crate::mq::{outbox_message, LocalOutcome, TransactionPublisher};
+use crate::mq::{LocalOutcome, TransactionPublisher};
 use crate::pg::errors::TxError;
 use crate::pg::order_state::{draft_paid, pay, pay_with, PaidRow, PayAttempt, Payment, StateNames};
 use crate::pg::transaction_events::mark_sent;
-use crate::roles::transactions::DEADLINE_PROPERTY;
+use crate::roles::transactions::half_message;
 
 /// The notification body.
 #[derive(Debug, Deserialize)]
@@ -145,14 +145,7 @@ async fn settle_in_transaction(
     let timeout =
         chrono::Duration::milliseconds(s.settings.events.transaction_local_timeout_ms as i64);
     let deadline = chrono::Utc::now() + timeout;
-    let mut msg = outbox_message(&draft.row(names));
-    // A half message goes to any queue: the order's events keep their order by
-    // aggregate_version, not by queue (docs/ARCHITECTURE.md#event-ordering).
-    msg.sharding_key = None;
-    msg.properties.push((
-        DEADLINE_PROPERTY.to_owned(),
-        deadline.timestamp_millis().to_string(),
-    ));
+    let msg = half_message(&draft.row(names), deadline);
     let event_id = draft.event.base.event_id.clone();
     let half = match tx.begin(msg).await {
         Ok(half) => half,
