@@ -73,7 +73,8 @@ ACTIVITY=$(( $(date +%s) * 10 + 7 ))
 "$BIN" activity create --activity-id "$ACTIVITY" --name chaos --sku "1:$STOCK:9900" --duration-secs 3600 >&2
 SKU_KEY="seckill-chaos:{a$ACTIVITY}:sku:1"
 
-declare -A PID=() PORT=([api]=38080 [consume]=39101 [scan]=39102 [timeout-cancel]=39103)
+# Each role's ops port (/readyz, /metrics); the API's buyers listen on 38080.
+declare -A PID=() PORT=([api]=39100 [consume]=39101 [scan]=39102 [timeout-cancel]=39103)
 declare -a FAULTS=()
 declare -A PHASE_FAULTS=([intake]=0 [backlog]=0 [payment]=0 [cancel]=0)
 start() { # role

@@ -58,8 +58,8 @@ role() {
   pids+=($!)
   ready_urls+=("http://127.0.0.1:$port/readyz")
 }
-role api-1 SECKILL__API__LISTEN 18080 0 api
-role api-2 SECKILL__API__LISTEN 18081 0 api
+SECKILL__API__METRICS_LISTEN=127.0.0.1:19111 role api-1 SECKILL__API__LISTEN 18080 0 api
+SECKILL__API__METRICS_LISTEN=127.0.0.1:19112 role api-2 SECKILL__API__LISTEN 18081 0 api
 # Three consumers and two timeout-cancels share the database's worker budgets.
 for i in 1 2 3; do
   SECKILL__PG__INSTANCES=3 role "consume-$i" SECKILL__CONSUMER__METRICS_LISTEN "1910$i" 10 consume
@@ -76,7 +76,7 @@ sleep 2
 faults() {
   local accepted=0
   for _ in $(seq 1 300); do
-    accepted="$(curl -fsS http://127.0.0.1:18080/metrics 2>/dev/null | awk '/^reservation_total\{result="queued"\}/ { print $2 }')"
+    accepted="$(curl -fsS http://127.0.0.1:19111/metrics 2>/dev/null | awk '/^reservation_total\{result="queued"\}/ { print $2 }')"
     accepted="${accepted:-0}"
     (( ${accepted%.*} >= 50 )) && break
     sleep 0.1

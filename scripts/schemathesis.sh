@@ -129,13 +129,16 @@ consume_port="$(free_port)"
 while [[ "$consume_port" == "$port" ]]; do consume_port="$(free_port)"; done
 admin_port="$(free_port)"
 while [[ "$admin_port" == "$port" || "$admin_port" == "$consume_port" ]]; do admin_port="$(free_port)"; done
+ops_port="$(free_port)"
+while [[ "$ops_port" == "$port" || "$ops_port" == "$consume_port" || "$ops_port" == "$admin_port" ]]; do ops_port="$(free_port)"; done
 export SECKILL_ENV=test
 export SECKILL__ENV=FUZZ
 export SECKILL__PG__SCHEMA="$PG_SCHEMA"
 export SECKILL__REDIS__KEY_PREFIX="$REDIS_PREFIX"
 export SECKILL__API__LISTEN="127.0.0.1:$port"
-export SECKILL__API__ADMIN_TOKEN="fuzz-admin-token"
+export SECKILL__API__ADMIN_TOKEN="fuzz-admin-token-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 export SECKILL__API__ADMIN_LISTEN="127.0.0.1:$admin_port"
+export SECKILL__API__METRICS_LISTEN="127.0.0.1:$ops_port"
 export SECKILL__CONSUMER__METRICS_LISTEN="127.0.0.1:$consume_port"
 export SECKILL__TELEMETRY__LOG_LEVEL="${SECKILL__TELEMETRY__LOG_LEVEL:-info,rocketmq_client_rust=warn,rocketmq_runtime=error,rocketmq_transport=warn,rocketmq_remoting=warn}"
 
@@ -179,7 +182,7 @@ log "api ready on $base (pid $api_pid), consume ready (pid $consume_pid, metrics
 # The lag is the consume role's reading (the API only uses its own for admission).
 open=""
 for _ in $(seq 1 150); do
-  m="$(curl -fsS -m 2 "$base/metrics" 2>/dev/null || true)"
+  m="$(curl -fsS -m 2 "http://127.0.0.1:$ops_port/metrics" 2>/dev/null || true)"
   c="$(curl -fsS -m 2 "http://127.0.0.1:$consume_port/metrics" 2>/dev/null || true)"
   if ! grep -qE '^admission_paused 1' <<<"$m" &&
     grep -qE '^mq_consumer_lag_messages\{topic="order_create"\} 0$' <<<"$c"; then

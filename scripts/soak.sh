@@ -48,7 +48,8 @@ STOCK=$(awk -v r="$RATE" -v d="$DURATION" 'BEGIN { printf "%d", r * d * 1.2 + 10
 "$BIN" activity create --activity-id "$ACTIVITY" --name soak --sku "1:$STOCK:9900" \
   --duration-secs $(( DURATION + PAY_WINDOW + 3600 )) >&2
 
-declare -A PID=() PORT=([api]=27080 [consume]=27101 [scan]=27102 [timeout-cancel]=27103)
+# Each role's ops port (/readyz, /metrics); the API's buyers listen on 27080.
+declare -A PID=() PORT=([api]=27100 [consume]=27101 [scan]=27102 [timeout-cancel]=27103)
 ROLES=(api consume scan timeout-cancel)
 start() { "$BIN" "$1" >>"$LOG_DIR/$1.log" 2>&1 & PID[$1]=$!; }
 wait_ready() {

@@ -17,6 +17,10 @@ pub enum ConfigError {
     Invalid { key: &'static str, reason: String },
 }
 
+/// The shortest admin token accepted: 32 bytes, so guessing it is out of reach even before the
+/// admin listener's throttle (docs/ARCHITECTURE.md#admin-surface).
+pub const MIN_ADMIN_TOKEN_BYTES: usize = 32;
+
 fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         key,
@@ -167,8 +171,15 @@ pub struct ApiSettings {
     /// Where the admin listener (pause, resume, status, outbox requeue) listens: keep it off
     /// the buyers' load balancer (docs/ARCHITECTURE.md#admin-surface).
     pub admin_listen: SocketAddr,
-    /// Seconds to let in-flight requests finish on SIGTERM.
+    /// Where `api` serves /metrics, /healthz, /readyz for operators: the buyers' port serves
+    /// no metrics (docs/ARCHITECTURE.md#security-model).
+    pub metrics_listen: SocketAddr,
+    /// Seconds from SIGTERM to exit at most: the drain delay, then in-flight requests.
     pub shutdown_grace_secs: u64,
+    /// On SIGTERM, `/readyz` turns 503 and the listeners keep serving this long, so a load
+    /// balancer's health check takes the instance out before anything is refused (0: close at
+    /// once, for an instance no balancer sends to).
+    pub drain_delay_ms: u64,
     /// Fail closed (docs/ARCHITECTURE.md#fail-closed-admission): new reservations get 503 SALE_PAUSED while the oldest
     /// unconfirmed reservation (or the order-create lag) is older than this share of the
     /// reservation validity; admission resumes once it is back under half of that.
@@ -188,6 +199,12 @@ pub struct ApiSettings {
     pub header_read_timeout_ms: u64,
     /// A whole request, its body included, is answered within this (408 otherwise).
     pub request_timeout_ms: u64,
+    /// An answer whose write makes no progress this long (a client that never reads) closes
+    /// its connection.
+    pub write_timeout_ms: u64,
+    /// Largest request head (request line and headers); a longer one gets 431 and a closed
+    /// connection. A half-sent head holds at most this much memory.
+    pub max_head_bytes: usize,
     /// Connections served at once; past it the listener waits for one to close.
     pub max_connections: usize,
     /// Reservation requests a buyer may make per second, sustained (0: no limit)...
@@ -206,8 +223,11 @@ impl ApiSettings {
     /// The buyers' listener's limits against slow and hostile clients.
     pub fn http_limits(&self) -> crate::http::Limits {
         crate::http::Limits {
+            name: "buyers",
             header_read_timeout: std::time::Duration::from_millis(self.header_read_timeout_ms),
             request_timeout: std::time::Duration::from_millis(self.request_timeout_ms),
+            write_timeout: std::time::Duration::from_millis(self.write_timeout_ms),
+            max_head_bytes: self.max_head_bytes,
             max_connections: self.max_connections,
         }
     }
@@ -854,6 +874,32 @@ impl Settings {
         }
         if self.api.max_connections == 0 {
             return Err(invalid("api.max_connections", "must be at least 1"));
+        }
+        if self.api.drain_delay_ms >= self.api.shutdown_grace_secs * 1000 {
+            return Err(invalid(
+                "api.drain_delay_ms",
+                "must be shorter than api.shutdown_grace_secs, which bounds the whole shutdown",
+            ));
+        }
+        if self.api.write_timeout_ms == 0 || self.api.write_timeout_ms > 60_000 {
+            return Err(invalid("api.write_timeout_ms", "must be in 1..=60000"));
+        }
+        let head = crate::http::MIN_HEAD_BYTES;
+        if !(head..=65_536).contains(&self.api.max_head_bytes) {
+            return Err(invalid(
+                "api.max_head_bytes",
+                format!("must be in {head}..=65536"),
+            ));
+        }
+        let admin = self.api.admin_token.expose_secret().len();
+        if admin > 0 && admin < MIN_ADMIN_TOKEN_BYTES {
+            return Err(invalid(
+                "api.admin_token",
+                format!(
+                    "must be at least {MIN_ADMIN_TOKEN_BYTES} bytes (e.g. `openssl rand -hex 32`), \
+                     or empty for no admin listener"
+                ),
+            ));
         }
         for (key, rate, burst) in [
             (

@@ -26,7 +26,7 @@
 //!   changes, the outbox and the rows of transaction messages, dead letters, retention.
 //! - [`limiter`] — the adaptive limit on order transactions, under the worker budget.
 //! - [`invariants`] — the six invariants, checked by tests, `seckill-bench` and the demo.
-//! - [`http`] — every HTTP listener, with limits against slow clients.
+//! - [`http`] — every HTTP listener (HTTP/1.1 only), with limits against slow and hostile clients.
 //! - [`shutdown`], [`telemetry`] — graceful shutdown; logs, metrics, `/metrics`, readiness.
 //!
 //! The load generators and the direct-PostgreSQL baseline are not part of the product: they

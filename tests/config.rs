@@ -41,6 +41,14 @@ fn a_bad_value_fails_start_up_naming_the_key() {
             "consumer.pace_age_ms",
         ),
         ("SECKILL__API__LISTEN", "nowhere", "api.listen"),
+        // A guessable admin token: under 32 bytes.
+        (
+            "SECKILL__API__ADMIN_TOKEN",
+            "admin-token-of-31-bytes-0123456",
+            "api.admin_token",
+        ),
+        // A head cap under the HTTP/1 parser's floor.
+        ("SECKILL__API__MAX_HEAD_BYTES", "4096", "api.max_head_bytes"),
         ("SECKILL__REDIS__MODE", "sharded", "redis.mode"),
         // Several seed nodes are for Redis Cluster only.
         (

@@ -16,12 +16,18 @@ use serde_json::json;
 async fn roles_serve_metrics_and_a_consumer_stopped_mid_load_loses_and_doubles_nothing() {
     let env = TestEnv::new(true).await;
     env.activity(700, 1, 150).await;
-    let api_port = free_port();
+    let (api_port, api_ops) = (free_port(), free_port());
     let mut api = spawn(
         &env,
         &["api"],
         "",
-        &[("SECKILL__API__LISTEN", format!("127.0.0.1:{api_port}"))],
+        &[
+            ("SECKILL__API__LISTEN", format!("127.0.0.1:{api_port}")),
+            (
+                "SECKILL__API__METRICS_LISTEN",
+                format!("127.0.0.1:{api_ops}"),
+            ),
+        ],
     );
     // Throttled (batches of 4, each transaction held 200 ms): it cannot keep up with the
     // buyers, so it is stopped with work in flight, not idle.
@@ -82,7 +88,7 @@ async fn roles_serve_metrics_and_a_consumer_stopped_mid_load_loses_and_doubles_n
     }
     assert_eq!(accepted, 150);
     assert_metrics(
-        &format!("http://127.0.0.1:{api_port}/metrics"),
+        &format!("http://127.0.0.1:{api_ops}/metrics"),
         &[
             "mq_publish_total",
             "reservation_total",
@@ -91,6 +97,11 @@ async fn roles_serve_metrics_and_a_consumer_stopped_mid_load_loses_and_doubles_n
         ],
     )
     .await;
+    // The buyers' port serves the buyers, not the operators' figures.
+    let on_buyers_port = reqwest::get(format!("http://127.0.0.1:{api_port}/metrics"))
+        .await
+        .unwrap();
+    assert_eq!(on_buyers_port.status(), reqwest::StatusCode::NOT_FOUND);
 
     // A new consumer finishes the work.
     let (mut consumer, c2_port) = common::spawn_consume(&env, "2", "");

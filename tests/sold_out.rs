@@ -10,9 +10,9 @@ mod common;
 use common::{eventually, reserve_as as reserve, start_api, TestEnv};
 use reqwest::StatusCode;
 
-/// The API's `reservation_sold_out_from_memory_total`.
-async fn from_memory(base: &str) -> u64 {
-    let text = reqwest::get(format!("{base}/metrics"))
+/// The API's `reservation_sold_out_from_memory_total`, from its ops listener.
+async fn from_memory(ops: &str) -> u64 {
+    let text = reqwest::get(format!("{ops}/metrics"))
         .await
         .unwrap()
         .text()
@@ -29,7 +29,7 @@ async fn a_sold_out_sku_is_answered_from_memory_except_for_its_winners_until_a_u
     let env = TestEnv::new(true).await;
     env.activity(1300, 1, 2).await;
     let api = start_api(env.settings.clone()).await;
-    let base = api.base.clone();
+    let (base, ops) = (api.base.clone(), api.ops.clone());
     let (s1, _) = reserve(&base, 1300, 1, 1, "a").await;
     let (s2, won) = reserve(&base, 1300, 1, 2, "b").await;
     assert_eq!((s1, s2), (StatusCode::ACCEPTED, StatusCode::ACCEPTED));
@@ -38,16 +38,16 @@ async fn a_sold_out_sku_is_answered_from_memory_except_for_its_winners_until_a_u
     let mut user = 100;
     eventually(5, "sold out answered from memory", || {
         user += 1;
-        let (base, u) = (base.clone(), user);
+        let (base, ops, u) = (base.clone(), ops.clone(), user);
         async move {
             let (s, b) = reserve(&base, 1300, 1, u, "x").await;
             assert_eq!(s, StatusCode::GONE, "{b}");
             assert_eq!(b["error"]["code"], "SOLD_OUT");
-            from_memory(&base).await > 0
+            from_memory(&ops).await > 0
         }
     })
     .await;
-    let answered = from_memory(&base).await;
+    let answered = from_memory(&ops).await;
 
     // A winner repeating its request still gets its reservation; asking anew, it is told it
     // has one. Both went to Redis.
@@ -59,7 +59,7 @@ async fn a_sold_out_sku_is_answered_from_memory_except_for_its_winners_until_a_u
     );
     let (s, b) = reserve(&base, 1300, 1, 1, "a2").await;
     assert_eq!(b["error"]["code"], "ALREADY_PURCHASED", "{s} {b}");
-    assert_eq!(from_memory(&base).await, answered);
+    assert_eq!(from_memory(&ops).await, answered);
 
     // A unit comes back (buyer 2's reservation released): the next buyer gets it within a poll.
     let redis = env.redis().await;
@@ -85,10 +85,10 @@ async fn a_sold_out_sku_is_answered_from_memory_except_for_its_winners_until_a_u
     // Sold out again, with a new winner: its repeat is not refused from memory.
     eventually(3, "sold out again, from memory", || {
         user += 1;
-        let (base, u) = (base.clone(), user);
+        let (base, ops, u) = (base.clone(), ops.clone(), user);
         async move {
             reserve(&base, 1300, 1, u, "x").await.0 == StatusCode::GONE
-                && from_memory(&base).await > answered
+                && from_memory(&ops).await > answered
         }
     })
     .await;

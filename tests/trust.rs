@@ -397,3 +397,123 @@ async fn only_a_fresh_signed_notification_for_the_exact_amount_pays_an_order_onc
     api.stop.cancel();
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn with_an_issuer_configured_a_token_without_iss_is_refused() {
+    let env = TestEnv::new(true).await;
+    env.activity(1140, 1, 10).await;
+    let mut settings = env.settings.clone();
+    settings.auth.jwks_file = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/buyer-jwks.json")
+        .display()
+        .to_string();
+    settings.auth.issuer = "https://login.shop.example".into();
+    let api = start_api(settings).await;
+    let now = Utc::now().timestamp();
+    let claims = |user: i64| {
+        json!({"sub": user.to_string(), "aud": "seckill", "exp": now + 600, "nbf": now - 1,
+               "iat": now})
+    };
+    // Signed by the shop's own key, every other claim right, no `iss`.
+    let mut no_iss = claims(41);
+    let (s, b) = reserve_with(
+        &api.base,
+        1140,
+        Some(&format!("Bearer {}", with_claims(no_iss.take()))),
+        json!({"request_id": "no-iss", "quantity": 1}),
+    )
+    .await;
+    assert_eq!(
+        (s, code(&b)),
+        (StatusCode::UNAUTHORIZED, Some("UNAUTHENTICATED"))
+    );
+    let mut other = claims(41);
+    other["iss"] = json!("https://evil.example");
+    let (s, _) = reserve_with(
+        &api.base,
+        1140,
+        Some(&format!("Bearer {}", with_claims(other))),
+        json!({"request_id": "evil-iss", "quantity": 1}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let mut right = claims(41);
+    right["iss"] = json!("https://login.shop.example");
+    let (s, b) = reserve_with(
+        &api.base,
+        1140,
+        Some(&format!("Bearer {}", with_claims(right))),
+        json!({"request_id": "right-iss", "quantity": 1}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{b}");
+    assert_eq!(
+        env.count("SELECT count(*) FROM orders").await,
+        0,
+        "nothing but the 202 went on (no consumer runs here)"
+    );
+    api.stop.cancel();
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn another_buyers_reservation_is_looked_up_like_an_unknown_one() {
+    let env = TestEnv::new(false).await;
+    env.activity(1150, 1, 10).await;
+    let ids = created_orders(&env, 1150, &[51]).await.remove(0);
+    // Its projection in Redis names its buyer: the fast answer its owner gets.
+    let redis = env.redis().await;
+    let header = seckill::domain::events::OrderEventHeader {
+        order_id: ids.order_id.clone(),
+        reservation_id: ids.reservation_id.clone(),
+        status: "CREATED".into(),
+        aggregate_version: 1,
+        user_id: 51,
+    };
+    let now = Utc::now().timestamp_millis();
+    assert_eq!(
+        redis.project_many(&[&header], 600, now).await.unwrap(),
+        vec!["APPLIED"]
+    );
+    let api = start_api(env.settings.clone()).await;
+    let theirs = format!("{}/v1/reservations/{}", api.base, ids.reservation_id);
+    // The same activity, another ULID: a well-formed id nobody holds.
+    let rid = &ids.reservation_id;
+    let unknown_id = format!("{}ZZZZZZ", &rid[..rid.len() - 6]);
+    let unknown = format!("{}/v1/reservations/{unknown_id}", api.base);
+    // PostgreSQL cannot answer (its orders table locked): whoever's path goes through it
+    // cannot answer either.
+    let pool = env.pool(1).await;
+    let mut client = pool.get().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE orders IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let (mine, _) = get_with(theirs.clone(), &bearer(51)).await;
+    let (other, other_body) = get_with(theirs.clone(), &bearer(52)).await;
+    let (nobody, nobody_body) = get_with(unknown.clone(), &bearer(52)).await;
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        mine,
+        StatusCode::OK,
+        "the owner is answered from the projection"
+    );
+    // Before, another buyer's id was answered 404 from Redis at once, an unknown one only
+    // after PostgreSQL: the difference told which ids exist.
+    assert_eq!(
+        (other, code(&other_body)),
+        (nobody, code(&nobody_body)),
+        "another buyer's id and an unknown id take the same path"
+    );
+    assert_eq!(other, StatusCode::SERVICE_UNAVAILABLE, "{other_body}");
+    // With PostgreSQL back, both are the same 404.
+    let (other, other_body) = get_with(theirs, &bearer(52)).await;
+    let (nobody, nobody_body) = get_with(unknown, &bearer(52)).await;
+    assert_eq!(
+        (other, code(&other_body)),
+        (StatusCode::NOT_FOUND, Some("RESERVATION_NOT_FOUND"))
+    );
+    assert_eq!((nobody, code(&nobody_body)), (other, code(&other_body)));
+    api.stop.cancel();
+    env.cleanup().await;
+}

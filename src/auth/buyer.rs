@@ -118,10 +118,15 @@ impl BuyerAuth {
         let mut v = Validation::new(alg);
         v.leeway = self.leeway_secs;
         v.validate_nbf = true;
-        v.set_required_spec_claims(&["exp", "nbf", "aud", "sub"]);
         v.set_audience(&[&self.audience]);
-        if let Some(iss) = &self.issuer {
-            v.set_issuer(&[iss]);
+        // A configured issuer is required, not only checked when present: a token of the
+        // shop's key that omits `iss` is refused like one naming another issuer.
+        match &self.issuer {
+            Some(iss) => {
+                v.set_issuer(&[iss]);
+                v.set_required_spec_claims(&["exp", "nbf", "aud", "sub", "iss"]);
+            }
+            None => v.set_required_spec_claims(&["exp", "nbf", "aud", "sub"]),
         }
         let data = jsonwebtoken::decode::<Claims>(token, key, &v).map_err(|e| {
             use jsonwebtoken::errors::ErrorKind;
@@ -286,6 +291,26 @@ mod tests {
         assert_eq!(auth.buyer(&headers), Err(AuthFailure::Missing));
         headers.insert("authorization", format!("bearer {good}").parse().unwrap());
         assert_eq!(auth.buyer(&headers), Ok(42));
+    }
+
+    #[test]
+    fn a_configured_issuer_is_required_not_only_checked() {
+        let secret = "a-development-secret-of-32-bytes!";
+        let mut s = settings(secret);
+        s.issuer = "https://login.shop.example".into();
+        let auth = BuyerAuth::from_settings(&s).unwrap();
+        let key = SecretString::from(secret.to_string());
+        let with = |issuer| {
+            let spec = TokenSpec { issuer, ..spec(60) };
+            mint_dev(&key, &spec).unwrap()
+        };
+        assert_eq!(auth.verify(&with("https://login.shop.example")), Ok(42));
+        assert_eq!(
+            auth.verify(&with("https://other.example")),
+            Err(AuthFailure::Invalid)
+        );
+        // No `iss` at all (an empty issuer leaves the claim out).
+        assert_eq!(auth.verify(&with("")), Err(AuthFailure::Invalid));
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod buyer;
 pub mod signature;
 
 use secrecy::{ExposeSecret, SecretString};
+use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 /// The token of an `Authorization: Bearer <token>` header value (scheme case-insensitive);
@@ -18,15 +19,17 @@ pub fn bearer_token(header: &str) -> Option<&str> {
         .filter(|t| !t.is_empty())
 }
 
-/// Whether `Authorization: Bearer <token>` carries the admin token, compared in constant time.
-/// An empty configured token matches nothing.
+/// Whether `Authorization: Bearer <token>` carries the admin token, compared in constant time
+/// whatever the lengths. An empty configured token matches nothing.
 pub fn admin_token_matches(configured: &SecretString, header: Option<&str>) -> bool {
     let want = configured.expose_secret().as_bytes();
-    let Some(got) = header.and_then(bearer_token) else {
-        return false;
-    };
-    // `ct_eq` takes a time that depends on the lengths only, never on where bytes differ.
-    !want.is_empty() && bool::from(want.ct_eq(got.as_bytes()))
+    let got = header.and_then(bearer_token).unwrap_or_default().as_bytes();
+    // Both sides hashed first: the comparison is then of two 32-byte digests, whose time
+    // depends neither on where the bytes differ nor on the guess's length (comparing the raw
+    // slices stops at once on a length mismatch).
+    let (want_digest, got_digest) = (Sha256::digest(want), Sha256::digest(got));
+    let same = want_digest.as_slice().ct_eq(got_digest.as_slice());
+    !want.is_empty() && bool::from(same)
 }
 
 #[cfg(test)]

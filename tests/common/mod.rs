@@ -291,6 +291,23 @@ impl Proc {
 }
 
 /// A loopback port nobody listens on right now.
+/// Reads until the server closes the connection (or resets it); what it sent, or `None` if the
+/// connection is still open after `secs`.
+pub async fn closed_within(mut s: tokio::net::TcpStream, secs: u64) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, s.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(got),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -582,6 +599,8 @@ pub struct Api {
     pub addr: std::net::SocketAddr,
     /// `http://<addr>`.
     pub base: String,
+    /// `http://<ops addr>`: its /metrics, /healthz, /readyz (`api.metrics_listen`).
+    pub ops: String,
     pub ready: seckill::telemetry::Readiness,
     /// Cancel to stop it (it drains its requests first).
     pub stop: tokio_util::sync::CancellationToken,
@@ -596,14 +615,26 @@ pub async fn start_api(settings: Settings) -> Api {
         .expect("api state");
     let ready = state.ready.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let ops = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let ops_base = format!("http://{}", ops.local_addr().unwrap());
     let stop = tokio_util::sync::CancellationToken::new();
-    let server = tokio::spawn(seckill::roles::api::serve(listener, state, stop.clone()));
+    let listeners = seckill::roles::api::Listeners {
+        buyers: listener,
+        ops: Some(ops),
+        admin: None,
+    };
+    let server = tokio::spawn(seckill::roles::api::serve_listeners(
+        listeners,
+        state,
+        stop.clone(),
+    ));
     let base = format!("http://{addr}");
     wait_ready(format!("{base}/readyz")).await;
     Api {
         addr,
         base,
+        ops: ops_base,
         ready,
         stop,
         server,

@@ -15,44 +15,91 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tracing::{info, warn};
 
+use std::time::Instant;
+
+use super::admin_guard::{AdminGuard, Admission, Verdict};
 use super::{ApiError, ApiState, IdPath};
 use crate::domain::request::parse_path_id;
 use crate::domain::ValidationError;
 use crate::http::PeerAddr;
 use crate::pg::{audit, outbox};
 
+/// What the admin routes' gate holds: the API's state and the failed-login throttle.
+#[derive(Clone)]
+struct Gate {
+    state: ApiState,
+    guard: AdminGuard,
+}
+
 pub fn router(state: ApiState) -> Router {
+    let gate = Gate {
+        state: state.clone(),
+        guard: AdminGuard::default(),
+    };
     Router::new()
         .route("/admin/v1/sales/{activity_id}", get(status))
         .route("/admin/v1/sales/{activity_id}/pause", post(pause))
         .route("/admin/v1/sales/{activity_id}/resume", post(resume))
         .route("/admin/v1/outbox/requeue", post(requeue))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "NOT_FOUND", "no such route") })
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            require_admin,
-        ))
+        .layer(axum::middleware::from_fn_with_state(gate, require_admin))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(state)
 }
 
-/// Refuses any call without the admin token (401, nothing done, nothing logged of it).
-async fn require_admin(State(s): State<ApiState>, req: Request, next: Next) -> Response {
+/// Refuses any call without the admin token (401, nothing done, the token never logged), and
+/// throttles an address that keeps trying (`super::admin_guard`).
+async fn require_admin(State(gate): State<Gate>, req: Request, next: Next) -> Response {
+    let ip = req
+        .extensions()
+        .get::<PeerAddr>()
+        .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |p| p.0.ip());
+    let mut attempt = match gate.guard.admit(ip, Instant::now()) {
+        Admission::Compare(attempt) => attempt,
+        Admission::Busy => return auth_failure("busy", throttled(1)),
+    };
     let header = req
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    if crate::auth::admin_token_matches(&s.settings.api.admin_token, header) {
-        next.run(req).await
-    } else {
-        metrics::counter!("admin_auth_failures_total").increment(1);
-        ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "UNAUTHENTICATED",
-            "the admin token is required (Authorization: Bearer <api.admin_token>)",
-        )
-        .into_response()
+    if crate::auth::admin_token_matches(&gate.state.settings.api.admin_token, header) {
+        gate.guard.succeeded(&attempt);
+        drop(attempt);
+        return next.run(req).await;
     }
+    match gate.guard.failed(&mut attempt, Instant::now()) {
+        Verdict::Refused => auth_failure(
+            "refused",
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "UNAUTHENTICATED",
+                "the admin token is required (Authorization: Bearer <api.admin_token>)",
+            ),
+        ),
+        Verdict::Tarpit(delay) => match gate.guard.tarpit_slot() {
+            Some(slot) => {
+                tokio::time::sleep(delay).await;
+                drop((slot, attempt));
+                auth_failure("tarpit", throttled(delay.as_secs().max(1)))
+            }
+            None => auth_failure("throttled", throttled(1)),
+        },
+    }
+}
+
+/// A failed login's answer, counted by how it was answered.
+fn auth_failure(result: &'static str, e: ApiError) -> Response {
+    metrics::counter!("admin_auth_failures_total", "result" => result).increment(1);
+    e.into_response()
+}
+
+fn throttled(retry_after_secs: u64) -> ApiError {
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "RATE_LIMITED",
+        "too many failed admin logins from this address; retry later, one at a time",
+    )
+    .retry_after(retry_after_secs)
 }
 
 /// Who did it, for the audit row: the admin listener's peer.

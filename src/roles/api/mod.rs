@@ -12,10 +12,12 @@
 //! - `payments`: the payment provider's signed notifications;
 //! - `error`: the JSON error every route answers with, and how results map onto it;
 //! - `admin`: the operators' listener (pause, resume, status, outbox requeue), audited;
+//! - `admin_guard`: the admin listener's throttle of failed logins;
 //! - `admission`: fail-closed admission, the background check that pauses new reservations;
 //! - `limits`: per-address and per-buyer token buckets (429 RATE_LIMITED).
 
 pub mod admin;
+mod admin_guard;
 mod admission;
 mod error;
 pub mod limits;
@@ -40,6 +42,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -156,9 +159,9 @@ impl ApiState {
     }
 }
 
-/// The buyers' router plus `/metrics`, `/healthz`, `/readyz`.
+/// The buyers' router, with a bare `/healthz` and a `/readyz` that says ready or not and
+/// nothing else: the metrics are on the ops listener (`api.metrics_listen`).
 pub fn router(state: ApiState) -> Router {
-    let handle = metrics_handle();
     Router::new()
         .route(
             "/v1/activities/{activity_id}/skus/{sku_id}/reservations",
@@ -170,7 +173,6 @@ pub fn router(state: ApiState) -> Router {
         )
         .route("/v1/orders/{order_id}", get(queries::get_order))
         .route("/v1/payments/notifications", post(payments::notification))
-        .route("/metrics", get(move || async move { handle.render() }))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "NOT_FOUND", "no such route") })
@@ -270,29 +272,52 @@ pub async fn build_state(
     })
 }
 
-/// Serves the buyers' listener until `shutdown` fires (see [`serve_with_admin`]).
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    state: ApiState,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    serve_with_admin(listener, None, state, shutdown).await
+/// The API's listeners: the buyers', and the operators' ones a deployment keeps private.
+pub struct Listeners {
+    pub buyers: TcpListener,
+    /// `/metrics`, `/healthz`, `/readyz` for Prometheus and probes (`api.metrics_listen`).
+    pub ops: Option<TcpListener>,
+    /// The admin routes (`api.admin_listen`), when `api.admin_token` is set.
+    pub admin: Option<TcpListener>,
 }
 
-/// Serves until `shutdown` fires, then stops accepting and drains in-flight requests
-/// (bounded by `api.shutdown_grace_secs`). A background task that dies (the admission check,
-/// the admin listener) stops the server the same way, and the result is an error naming it.
-pub async fn serve_with_admin(
-    listener: tokio::net::TcpListener,
-    admin_listener: Option<tokio::net::TcpListener>,
+/// Serves the buyers' listener alone until `shutdown` fires (see [`serve_listeners`]).
+pub async fn serve(
+    listener: TcpListener,
     state: ApiState,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let grace = Duration::from_secs(state.settings.api.shutdown_grace_secs);
+    let listeners = Listeners {
+        buyers: listener,
+        ops: None,
+        admin: None,
+    };
+    serve_listeners(listeners, state, shutdown).await
+}
+
+/// Serves until `shutdown` fires, then hands off (docs/ARCHITECTURE.md#graceful-shutdown):
+/// `/readyz` turns 503 at once while every listener keeps serving for `api.drain_delay_ms`,
+/// so load balancers stop sending here before anything is refused; then the listeners close
+/// and in-flight requests finish. `api.shutdown_grace_secs` bounds the whole of it. A
+/// background task that dies (the admission check, the admin or ops listener) stops the
+/// server the same way, and the result is an error naming it.
+pub async fn serve_listeners(
+    listeners: Listeners,
+    state: ApiState,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    // The recorder is installed before anything is counted, whether or not an ops listener
+    // serves it (an API embedded in a test or the bench reads it in-process).
+    let metrics = metrics_handle();
     let api = &state.settings.api;
+    let grace = Duration::from_secs(api.shutdown_grace_secs);
+    let drain_delay = Duration::from_millis(api.drain_delay_ms);
     let bound = Duration::from_secs_f64(api.reservation_valid_secs as f64 * api.fail_closed_share);
+    // `stopping`: asked to stop (a signal or a dead task): not ready from then on.
+    // `closing`: the drain delay later: the listeners and background loops end.
     let stopping = shutdown.child_token();
-    let watchdog = Watchdog::new(stopping.clone(), state.ready.clone());
+    let closing = CancellationToken::new();
+    let watchdog = Watchdog::new(closing.clone(), state.ready.clone());
     watchdog.stop_on_death(stopping.clone());
     watchdog.spawn(
         "admission",
@@ -305,7 +330,7 @@ pub async fn serve_with_admin(
                 every: Duration::from_millis(api.admission_check_ms),
                 unreadable_probes: api.lag_unreadable_probes,
             },
-            stopping.clone(),
+            closing.clone(),
         ),
     );
     if api.sold_out_poll_ms > 0 {
@@ -315,42 +340,66 @@ pub async fn serve_with_admin(
                 state.sold_out.clone(),
                 state.redis.clone(),
                 Duration::from_millis(api.sold_out_poll_ms),
-                stopping.clone(),
+                closing.clone(),
             ),
         );
     }
-    if let Some(admin_listener) = admin_listener {
+    if let Some(admin_listener) = listeners.admin {
         let app = admin::router(state.clone());
         let serving = crate::http::serve(
             admin_listener,
             app,
-            crate::http::Limits::OPS,
-            stopping.clone(),
+            crate::http::Limits::ADMIN,
+            closing.clone(),
         );
         watchdog.spawn("admin listener", serving);
+    }
+    if let Some(ops_listener) = listeners.ops {
+        let app = crate::telemetry::ops_router(metrics, state.ready.clone());
+        let serving =
+            crate::http::serve(ops_listener, app, crate::http::Limits::OPS, closing.clone());
+        watchdog.spawn("ops listener", serving);
     }
     state.ready.set(true);
     let ready = state.ready.clone();
     let transactions = state.transactions.clone();
     let limits = state.settings.api.http_limits();
     let app = router(state);
-    let server = crate::http::serve(listener, app, limits, stopping.clone());
+    let server = crate::http::serve(listeners.buyers, app, limits, closing.clone());
     let mut server = std::pin::pin!(server);
     let drained = tokio::select! {
         _ = &mut server => true,
         _ = stopping.cancelled() => false,
     };
     ready.set(false);
-    if !drained && tokio::time::timeout(grace, server).await.is_err() {
-        warn!(
-            grace_secs = grace.as_secs(),
-            "shutdown grace elapsed with requests in flight"
+    let deadline = tokio::time::Instant::now() + grace;
+    if !drained {
+        info!(
+            drain_delay_ms = drain_delay.as_millis() as u64,
+            "not ready: serving on while the load balancers notice"
         );
+        let drained = tokio::select! {
+            _ = &mut server => true,
+            _ = tokio::time::sleep(drain_delay.min(grace)) => false,
+        };
+        closing.cancel();
+        info!("closing the listeners; draining in-flight requests");
+        if !drained && tokio::time::timeout_at(deadline, server).await.is_err() {
+            warn!(
+                grace_secs = grace.as_secs(),
+                "shutdown grace elapsed with requests in flight"
+            );
+        }
     }
+    closing.cancel();
     if let Some(tx) = &transactions {
         // The payments still in flight end their halves first; the broker asks back about
         // any that did not.
-        if tokio::time::timeout(grace, tx.shutdown()).await.is_err() {
+        let at_least = tokio::time::Instant::now() + Duration::from_secs(1);
+        if tokio::time::timeout_at(deadline.max(at_least), tx.shutdown())
+            .await
+            .is_err()
+        {
             warn!("transaction producer did not stop within the grace");
         }
     }
@@ -358,6 +407,28 @@ pub async fn serve_with_admin(
         Some(reason) => Err(anyhow::anyhow!(reason)),
         None => Ok(()),
     }
+}
+
+/// Binds `api.listen`, `api.metrics_listen` and, with a token, `api.admin_listen`; a port
+/// that cannot be bound fails start-up naming its key.
+async fn bind_listeners(api: &crate::config::ApiSettings) -> anyhow::Result<Listeners> {
+    async fn bind(key: &str, addr: std::net::SocketAddr) -> anyhow::Result<TcpListener> {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("{key}: cannot bind {addr}: {e}"))
+    }
+    let admin = if api.admin_token.expose_secret().is_empty() {
+        info!("api.admin_token is empty: no admin listener");
+        None
+    } else {
+        info!(addr = %api.admin_listen, "admin listener");
+        Some(bind("api.admin_listen", api.admin_listen).await?)
+    };
+    Ok(Listeners {
+        buyers: bind("api.listen", api.listen).await?,
+        ops: Some(bind("api.metrics_listen", api.metrics_listen).await?),
+        admin,
+    })
 }
 
 /// `seckill api`.
@@ -374,22 +445,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         group: names.order_create_group,
         topic: names.order_create_topic,
     });
-    let addr = settings.api.listen;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("api.listen: cannot bind {addr}: {e}"))?;
-    info!(%addr, topic = %state.names.order_create_topic, "api listening");
-    let admin_listener = if settings.api.admin_token.expose_secret().is_empty() {
-        info!("api.admin_token is empty: no admin listener");
-        None
-    } else {
-        let admin = settings.api.admin_listen;
-        let l = tokio::net::TcpListener::bind(admin)
-            .await
-            .map_err(|e| anyhow::anyhow!("api.admin_listen: cannot bind {admin}: {e}"))?;
-        info!(addr = %admin, "admin listener");
-        Some(l)
-    };
+    let listeners = bind_listeners(&settings.api).await?;
+    info!(
+        addr = %settings.api.listen, metrics = %settings.api.metrics_listen,
+        topic = %state.names.order_create_topic, "api listening"
+    );
     let shutdown = CancellationToken::new();
     let trigger = shutdown.clone();
     tokio::spawn(async move {
@@ -397,7 +457,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         info!("shutdown signal: draining in-flight requests");
         trigger.cancel();
     });
-    serve_with_admin(listener, admin_listener, state, shutdown).await?;
+    serve_listeners(listeners, state, shutdown).await?;
     info!("api stopped");
     Ok(())
 }

@@ -27,6 +27,11 @@ fn order_not_found() -> ApiError {
     )
 }
 
+/// With token identity (`me` set), whether a thing held by `owner` may be shown.
+fn mine(me: Option<i64>, owner: Option<i64>) -> bool {
+    me.is_none() || owner == me
+}
+
 /// With token identity (`me` set), anything another buyer holds is answered as if it did not
 /// exist (`not_found`), so ids cannot be probed.
 fn owned(
@@ -34,14 +39,17 @@ fn owned(
     owner: Option<i64>,
     not_found: impl FnOnce() -> ApiError,
 ) -> Result<(), ApiError> {
-    match me {
-        Some(buyer) if owner != Some(buyer) => Err(not_found()),
-        _ => Ok(()),
+    if mine(me, owner) {
+        Ok(())
+    } else {
+        Err(not_found())
     }
 }
 
 /// A buyer reads only their own reservation: another buyer's id answers 404, the same as an
-/// unknown one.
+/// unknown one, by the same path. Each store that finds it another buyer's is treated as one
+/// that found nothing and the lookup goes on, so another buyer's id reads the projection,
+/// PostgreSQL and the reservation hash in turn exactly as an unknown id does, and takes as long.
 pub(super) async fn get_reservation(
     State(s): State<ApiState>,
     IdPath(reservation_id): IdPath<String>,
@@ -56,14 +64,15 @@ pub(super) async fn get_reservation(
         if let (Some(status), Some(order_id), Some(owner)) =
             (p.get("status"), p.get("order_id"), p.get("user_id"))
         {
-            owned(me, owner.parse().ok(), reservation_not_found)?;
-            return Ok(Json(json!({
-                "reservation_id": reservation_id,
-                "order_id": order_id,
-                "status": status,
-                "version": p.get("version").and_then(|v| v.parse::<i64>().ok()),
-            }))
-            .into_response());
+            if mine(me, owner.parse().ok()) {
+                return Ok(Json(json!({
+                    "reservation_id": reservation_id,
+                    "order_id": order_id,
+                    "status": status,
+                    "version": p.get("version").and_then(|v| v.parse::<i64>().ok()),
+                }))
+                .into_response());
+            }
         }
     }
     if let Some(answer) = s
@@ -89,11 +98,10 @@ pub(super) async fn get_reservation(
             .map_err(|_| ApiError::unavailable("the reservation store"))?,
         None => Default::default(),
     };
-    if fields.is_empty() {
+    let get = |k: &str| fields.get(k).cloned().unwrap_or_default();
+    if fields.is_empty() || !mine(me, get("user_id").parse().ok()) {
         return Err(reservation_not_found());
     }
-    let get = |k: &str| fields.get(k).cloned().unwrap_or_default();
-    owned(me, get("user_id").parse().ok(), reservation_not_found)?;
     let status = match get("status").as_str() {
         "RESERVED" => "QUEUED",
         "RELEASED" => "RELEASED",
@@ -137,17 +145,22 @@ pub(super) async fn get_order(
     }
 }
 
-/// The reservation as PostgreSQL knows it: its order, or its rejection (`None`: neither yet).
+/// The reservation as PostgreSQL knows it, when it is `me`'s: its order, or its rejection
+/// (`None`: neither yet, or another buyer's). Both reads run whatever the first finds, so
+/// another buyer's reservation costs what an unknown one does.
 async fn from_order_store(
     client: &deadpool_postgres::Object,
     me: Option<i64>,
     reservation_id: &str,
 ) -> Result<Option<Response>, ApiError> {
-    if let Some(order) = queries::order_by_reservation(&***client, reservation_id)
+    let unavailable = |_| ApiError::unavailable("the order store");
+    let order = queries::order_by_reservation(&***client, reservation_id)
         .await
-        .map_err(|_| ApiError::unavailable("the order store"))?
-    {
-        owned(me, Some(order.order.user_id), reservation_not_found)?;
+        .map_err(unavailable)?;
+    let decision = queries::reservation_decision(&***client, reservation_id)
+        .await
+        .map_err(unavailable)?;
+    if let Some(order) = order.filter(|o| mine(me, Some(o.order.user_id))) {
         return Ok(Some(
             Json(json!({
                 "reservation_id": reservation_id,
@@ -160,25 +173,17 @@ async fn from_order_store(
             .into_response(),
         ));
     }
-    if let Some(d) = queries::reservation_decision(&***client, reservation_id)
-        .await
-        .map_err(|_| ApiError::unavailable("the order store"))?
-    {
-        if d.status == "REJECTED" {
-            owned(me, Some(d.user_id), reservation_not_found)?;
-            return Ok(Some(
-                Json(json!({
-                    "reservation_id": d.reservation_id,
-                    "order_id": d.order_id,
-                    "status": "REJECTED",
-                    "reason": d.reject_reason,
-                    "activity_id": d.activity_id,
-                    "sku_id": d.sku_id,
-                    "user_id": d.user_id,
-                }))
-                .into_response(),
-            ));
-        }
-    }
-    Ok(None)
+    let rejected = decision.filter(|d| d.status == "REJECTED" && mine(me, Some(d.user_id)));
+    Ok(rejected.map(|d| {
+        Json(json!({
+            "reservation_id": d.reservation_id,
+            "order_id": d.order_id,
+            "status": "REJECTED",
+            "reason": d.reject_reason,
+            "activity_id": d.activity_id,
+            "sku_id": d.sku_id,
+            "user_id": d.user_id,
+        }))
+        .into_response()
+    }))
 }
