@@ -53,6 +53,12 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
 fi
 log "Redis ready on 127.0.0.1:6379"
 
+# --- HAProxy (the balancer of tests/rolling_restart.rs; deploy/haproxy) -------------------
+if ! command -v haproxy >/dev/null 2>&1; then
+  log "installing HAProxy (apt)"
+  apt_install haproxy
+fi
+
 # --- Redis Cluster (redis.mode = "cluster"; its tests) ------------------------------
 "$here/redis-cluster-up.sh"
 
