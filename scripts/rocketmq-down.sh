@@ -57,4 +57,5 @@ stop "broker b" "$RUN_DIR/broker-b.pid" rocketmq-broker-rust
 stop broker "$RUN_DIR/broker.pid" rocketmq-broker-rust
 if [[ "${1:-}" != --broker-only ]]; then
   stop "name server" "$RUN_DIR/namesrv.pid" rocketmq-namesrv-rust
+  stop "name server b" "$RUN_DIR/namesrv-b.pid" rocketmq-namesrv-rust
 fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Starts a local RocketMQ (name server 127.0.0.1:9876, broker 127.0.0.1:10911) in the
-# background and waits until both are ready. Idempotent: whatever already answers is left
+# Starts a local RocketMQ (name servers 127.0.0.1:9876 and 127.0.0.1:9877, broker
+# 127.0.0.1:10911 registered with both) in the background and waits until all are ready. Idempotent: whatever already answers is left
 # alone. Installs the binaries first if they are missing (~15 min, once).
 #
 # Environment (all optional):
@@ -8,7 +8,8 @@
 #   SECKILL_MQ_DATA_DIR    broker store, name server kv data   (~/.cache/seckill/rocketmq-data)
 #   SECKILL_TOOLS_DIR      install dir of the binaries         (~/.cache/seckill/rocketmq-1.0.0)
 #   SECKILL_MQ_LOG_FILTER  log filter for both servers         (warn)
-#   SECKILL_MQ_NAMESRV_HEALTH_PORT / SECKILL_MQ_BROKER_HEALTH_PORT   (19876 / 19911)
+#   SECKILL_MQ_NAMESRV_HEALTH_PORT / SECKILL_MQ_BROKER_HEALTH_PORT   (19876 / 19911; the
+#                             second name server's health port is 19877)
 #   SECKILL_MQ_START_TIMEOUT  seconds to wait for readiness    (120: a broker recovers its
 #                             store first, which took over 30 s after a 7 GB soak)
 #   SECKILL_MQ_PROFILE     the broker's durability profile     (development)
@@ -34,6 +35,11 @@ RUN_DIR="${SECKILL_RUN_DIR:-$HOME/.cache/seckill/run}"
 DATA_DIR="${SECKILL_MQ_DATA_DIR:-$HOME/.cache/seckill/rocketmq-data}"
 LOG_FILTER="${SECKILL_MQ_LOG_FILTER:-warn}"
 NAMESRV_PORT=9876
+# The second name server: the cluster's routes are on both, and every client and broker is
+# given both (`mq.name_server = "127.0.0.1:9876;127.0.0.1:9877"` reaches either).
+NAMESRV_B_PORT=9877
+NAMESRV_B_HEALTH="127.0.0.1:19877"
+NAMESRV_ADDRS="127.0.0.1:$NAMESRV_PORT;127.0.0.1:$NAMESRV_B_PORT"
 BROKER_PORT=10911
 NAMESRV_HEALTH="127.0.0.1:${SECKILL_MQ_NAMESRV_HEALTH_PORT:-19876}"
 BROKER_HEALTH="127.0.0.1:${SECKILL_MQ_BROKER_HEALTH_PORT:-19911}"
@@ -109,10 +115,15 @@ B_PORT=10921
 B_HEALTH="127.0.0.1:19921"
 
 render() {
-  # Fills the data directory and the profile into a config template; '|' cannot occur in a
-  # path we build.
+  # Fills the data directory, the profile and the name servers into a config template; '|'
+  # cannot occur in a path we build.
   sed -e "s|@DATA_DIR@|$DATA_DIR|g" -e "s|@FLUSH_DISK_TYPE@|$FLUSH_DISK_TYPE|g" \
-    -e "s|@BROKER_ROLE@|$BROKER_ROLE|g" "$1" >"$2"
+    -e "s|@BROKER_ROLE@|$BROKER_ROLE|g" -e "s|@NAMESRV_ADDRS@|$NAMESRV_ADDRS|g" "$1" >"$2"
+}
+
+# The second name server's config: its own kv store.
+render_namesrv_b() {
+  sed -e "s|@DATA_DIR@/namesrv|$DATA_DIR/namesrv-b|g" -e "s|@DATA_DIR@|$DATA_DIR|g" "$1" >"$2"
 }
 
 # The replicated profile's slave: the same template, brokerId 1, role SLAVE (in both sections:
@@ -121,6 +132,7 @@ render() {
 render_slave() {
   sed -e "s|@DATA_DIR@/store|$DATA_DIR/store-slave|g" -e "s|@DATA_DIR@|$DATA_DIR|g" \
     -e "s|@FLUSH_DISK_TYPE@|$FLUSH_DISK_TYPE|g" -e "s|@BROKER_ROLE@|SLAVE|g" \
+    -e "s|@NAMESRV_ADDRS@|$NAMESRV_ADDRS|g" \
     -e "s|^listenPort = $BROKER_PORT|listenPort = $SLAVE_PORT|" \
     -e 's|^brokerId = 0|brokerId = 1|' \
     -e 's|^haListenPort = 10912|haListenPort = 10932\nhaMasterAddress = "127.0.0.1:10912"|' \
@@ -131,6 +143,7 @@ render_slave() {
 render_b() {
   sed -e "s|@DATA_DIR@/store|$DATA_DIR/store-b|g" -e "s|@DATA_DIR@|$DATA_DIR|g" \
     -e "s|@FLUSH_DISK_TYPE@|$FLUSH_DISK_TYPE|g" -e "s|@BROKER_ROLE@|$BROKER_ROLE|g" \
+    -e "s|@NAMESRV_ADDRS@|$NAMESRV_ADDRS|g" \
     -e "s|^listenPort = $BROKER_PORT|listenPort = $B_PORT|" \
     -e 's|^brokerName = "seckill-broker-a"|brokerName = "seckill-broker-b"|' \
     -e 's|^haListenPort = 10912|haListenPort = 10922|' \
@@ -153,7 +166,7 @@ start_companion() {
   log "starting $name (log $RUN_DIR/logs/$file.log, store $store)"
   start_detached "$RUN_DIR/$file.pid" "$RUN_DIR/logs/$file.log" \
     env ROCKETMQ_HEALTH_BIND_ADDR="$health" "$BROKER_BIN" \
-    -c "$RUN_DIR/conf/$file.toml" -n "127.0.0.1:$NAMESRV_PORT" \
+    -c "$RUN_DIR/conf/$file.toml" -n "$NAMESRV_ADDRS" \
     --log-filter "$LOG_FILTER"
   wait_until "$name" "$RUN_DIR/logs/$file.log" "$RUN_DIR/$file.pid" rocketmq-broker-rust \
     ready_at "$health" "$port"
@@ -233,7 +246,8 @@ if [[ ! -x "$NAMESRV_BIN" || ! -x "$BROKER_BIN" ]]; then
   SECKILL_TOOLS_DIR="$TOOLS_DIR" "$REPO_DIR/scripts/install-rocketmq.sh"
 fi
 
-mkdir -p "$RUN_DIR/logs" "$RUN_DIR/conf" "$DATA_DIR/home" "$DATA_DIR/namesrv" "$DATA_DIR/store"
+mkdir -p "$RUN_DIR/logs" "$RUN_DIR/conf" "$DATA_DIR/home" "$DATA_DIR/namesrv" "$DATA_DIR/namesrv-b" \
+  "$DATA_DIR/store"
 # One caller at a time: two concurrent runs must not both start a server.
 exec 9>"$RUN_DIR/.rocketmq-up.lock"
 flock 9
@@ -241,21 +255,27 @@ flock 9
 export ROCKETMQ_HOME="$DATA_DIR/home"
 export ROCKETMQ_SECURITY_PROFILE=development-insecure-loopback
 
-# ---- name server ----
-if port_open "$NAMESRV_PORT"; then
-  log "name server already answers on 127.0.0.1:$NAMESRV_PORT"
-else
-  stop_stale "$RUN_DIR/namesrv.pid" rocketmq-namesrv-rust
-  render "$REPO_DIR/config/rocketmq/namesrv.toml" "$RUN_DIR/conf/namesrv.toml"
-  log "starting name server (log $RUN_DIR/logs/namesrv.log)"
-  start_detached "$RUN_DIR/namesrv.pid" "$RUN_DIR/logs/namesrv.log" \
-    env ROCKETMQ_HEALTH_BIND_ADDR="$NAMESRV_HEALTH" "$NAMESRV_BIN" \
-    -c "$RUN_DIR/conf/namesrv.toml" --bindAddress 127.0.0.1 --listenPort "$NAMESRV_PORT" \
+# ---- name servers ----
+# start_namesrv NAME FILE PORT HEALTH RENDER: one name server, unless it answers already.
+start_namesrv() {
+  local name="$1" file="$2" port="$3" health="$4" render_fn="$5"
+  if port_open "$port"; then
+    log "$name already answers on 127.0.0.1:$port"
+    return 0
+  fi
+  stop_stale "$RUN_DIR/$file.pid" rocketmq-namesrv-rust
+  "$render_fn" "$REPO_DIR/config/rocketmq/namesrv.toml" "$RUN_DIR/conf/$file.toml"
+  log "starting $name (log $RUN_DIR/logs/$file.log)"
+  start_detached "$RUN_DIR/$file.pid" "$RUN_DIR/logs/$file.log" \
+    env ROCKETMQ_HEALTH_BIND_ADDR="$health" "$NAMESRV_BIN" \
+    -c "$RUN_DIR/conf/$file.toml" --bindAddress 127.0.0.1 --listenPort "$port" \
     --log-filter "$LOG_FILTER"
-  wait_until "name server" "$RUN_DIR/logs/namesrv.log" "$RUN_DIR/namesrv.pid" rocketmq-namesrv-rust \
-    port_open "$NAMESRV_PORT"
-  log "name server ready (pid $(cat "$RUN_DIR/namesrv.pid"))"
-fi
+  wait_until "$name" "$RUN_DIR/logs/$file.log" "$RUN_DIR/$file.pid" rocketmq-namesrv-rust \
+    port_open "$port"
+  log "$name ready (pid $(cat "$RUN_DIR/$file.pid"))"
+}
+start_namesrv "name server" namesrv "$NAMESRV_PORT" "$NAMESRV_HEALTH" render
+start_namesrv "name server b" namesrv-b "$NAMESRV_B_PORT" "$NAMESRV_B_HEALTH" render_namesrv_b
 
 # ---- broker ----
 # A broker of ours started from an older config/rocketmq/broker.toml (same profile: the same
@@ -288,7 +308,7 @@ else
     log "starting broker, $PROFILE profile ($FLUSH_DISK_TYPE; log $RUN_DIR/logs/broker.log, store $DATA_DIR/store)"
     start_detached "$RUN_DIR/broker.pid" "$RUN_DIR/logs/broker.log" \
       env ROCKETMQ_HEALTH_BIND_ADDR="$BROKER_HEALTH" "$BROKER_BIN" \
-      -c "$RUN_DIR/conf/broker.toml" -n "127.0.0.1:$NAMESRV_PORT" \
+      -c "$RUN_DIR/conf/broker.toml" -n "$NAMESRV_ADDRS" \
       --log-filter "$LOG_FILTER"
     wait_until "broker" "$RUN_DIR/logs/broker.log" "$RUN_DIR/broker.pid" rocketmq-broker-rust broker_ready
     log "broker ready (pid $(cat "$RUN_DIR/broker.pid"), health http://$BROKER_HEALTH/readyz)"

@@ -127,6 +127,8 @@ impl RedisSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MqSettings {
+    /// The name servers, `host:port` (a name or an address), several separated by `;` as
+    /// RocketMQ writes them (or `,`): the client asks the next when one does not answer.
     pub name_server: String,
     /// The master brokers topics are created on, `host:port`, comma-separated when the
     /// cluster has several (docs/ARCHITECTURE.md#two-brokers).
@@ -152,6 +154,39 @@ impl MqSettings {
     pub fn broker_addrs(&self) -> impl Iterator<Item = &str> {
         self.broker_addr.split(',').map(str::trim)
     }
+
+    /// Each name server of `name_server`.
+    pub fn name_servers(&self) -> impl Iterator<Item = &str> {
+        self.name_server
+            .split([';', ','])
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+    }
+
+    /// The name servers as the RocketMQ client takes them: `a:9876;b:9876`.
+    pub fn name_server_list(&self) -> String {
+        self.name_servers().collect::<Vec<_>>().join(";")
+    }
+}
+
+/// `host:port`, the host an IP address or a DNS name (resolved when connecting).
+fn is_host_port(s: &str) -> bool {
+    if s.parse::<SocketAddr>().is_ok() {
+        return true;
+    }
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return false;
+    };
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    port.parse::<u16>().is_ok_and(|p| p > 0)
+        && host.len() <= 253
+        && host.trim_end_matches('.').split('.').all(label_ok)
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -782,20 +817,17 @@ impl Settings {
 
     /// `[mq]`.
     fn validate_mq(&self) -> Result<(), ConfigError> {
-        if self.mq.name_server.parse::<SocketAddr>().is_err() {
+        let servers: Vec<&str> = self.mq.name_servers().collect();
+        if servers.is_empty() || !servers.iter().all(|s| is_host_port(s)) {
             return Err(invalid(
                 "mq.name_server",
-                "must be host:port with an IP address",
+                "must be host:port (a name or an IP address; several: `a:9876;b:9876`)",
             ));
         }
-        if self
-            .mq
-            .broker_addrs()
-            .any(|a| a.parse::<SocketAddr>().is_err())
-        {
+        if !self.mq.broker_addrs().all(is_host_port) {
             return Err(invalid(
                 "mq.broker_addr",
-                "must be host:port with an IP address (several: comma-separated)",
+                "must be host:port, a name or an IP address (several: comma-separated)",
             ));
         }
         if self.mq.send_timeout_ms == 0 || self.mq.send_timeout_ms > 10_000 {
@@ -1089,6 +1121,36 @@ pub fn worker_budget(safe_concurrency: u32, order_share: f64, instances: u32) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn name_servers_are_names_or_addresses_one_or_several() {
+        assert!(is_host_port("127.0.0.1:9876"));
+        assert!(is_host_port("[::1]:9876"));
+        assert!(is_host_port("namesrv.internal:9876"));
+        assert!(is_host_port("namesrv-a:9876"));
+        for bad in [
+            "namesrv", "namesrv:", ":9876", "a b:9876", "-a:9876", "host:0", "h:99999",
+        ] {
+            assert!(!is_host_port(bad), "{bad}");
+        }
+        let mq = |v: &str| MqSettings {
+            name_server: v.into(),
+            ..test_mq()
+        };
+        assert_eq!(mq("a:9876").name_server_list(), "a:9876");
+        assert_eq!(mq("a:9876; b:9877").name_server_list(), "a:9876;b:9877");
+        assert_eq!(mq("a:9876,b:9877,").name_server_list(), "a:9876;b:9877");
+    }
+
+    fn test_mq() -> MqSettings {
+        Settings::load_from(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("config")
+                .as_path(),
+        )
+        .unwrap()
+        .mq
+    }
 
     #[test]
     fn budget_matches_the_documented_example() {

@@ -21,7 +21,12 @@ fn main() -> std::process::ExitCode {
     } else {
         seckill::telemetry::init_logs_to_stderr
     };
+    let role = cli.command.is_role();
     seckill::cli::run_process("seckill", logs, |settings| async move {
+        if role {
+            seckill::mq::check_name_servers(&settings.mq).await?;
+            seckill::mq::watch_name_servers(&settings.mq);
+        }
         match cli.command {
             Command::Api => roles::api::run(settings).await.map(|_| true),
             Command::Consume { workers } => {

@@ -32,6 +32,8 @@ const BUYERS: i64 = 900;
 struct Roles {
     api: Proc,
     api_port: u16,
+    /// The API's ops port (`/metrics`).
+    api_ops: u16,
     consumers: Vec<(Proc, u16)>,
     scan: Proc,
     scan_port: u16,
@@ -84,13 +86,19 @@ async fn metric(port: u16, name: &str, labels: &str) -> f64 {
 }
 
 async fn start_roles(env: &TestEnv, consumers: usize, first_consumers: &str) -> Roles {
-    let api_port = free_port();
+    let (api_port, api_ops) = (free_port(), free_port());
     let scan_port = free_port();
     let api = spawn(
         env,
         &["api"],
         "",
-        &[("SECKILL__API__LISTEN", format!("127.0.0.1:{api_port}"))],
+        &[
+            ("SECKILL__API__LISTEN", format!("127.0.0.1:{api_port}")),
+            (
+                "SECKILL__API__METRICS_LISTEN",
+                format!("127.0.0.1:{api_ops}"),
+            ),
+        ],
     );
     let scan = spawn(
         env,
@@ -117,6 +125,7 @@ async fn start_roles(env: &TestEnv, consumers: usize, first_consumers: &str) -> 
     Roles {
         api,
         api_port,
+        api_ops,
         consumers,
         scan,
         scan_port,
@@ -304,9 +313,9 @@ async fn the_broker_killed_and_restarted_mid_sale_loses_and_doubles_nothing() {
     assert!(report.ok(), "{:?}", report.violations);
     // It bit: sends the API could not confirm while the broker was down, which the scanner
     // then re-sent and the broker confirmed.
-    let unconfirmed = metric(roles.api_port, "mq_publish_total", r#"outcome="unknown""#).await
+    let unconfirmed = metric(roles.api_ops, "mq_publish_total", r#"outcome="unknown""#).await
         + metric(
-            roles.api_port,
+            roles.api_ops,
             "mq_publish_total",
             r#"outcome="definite_failure""#,
         )
@@ -433,15 +442,10 @@ async fn one_of_two_brokers_killed_mid_sale_loses_and_doubles_nothing() {
     )
     .await
     .unwrap();
-    let api_port = roles.api_port;
+    let (api_port, api_ops) = (roles.api_port, roles.api_ops);
     let unconfirmed = || async move {
-        metric(api_port, "mq_publish_total", r#"outcome="unknown""#).await
-            + metric(
-                api_port,
-                "mq_publish_total",
-                r#"outcome="definite_failure""#,
-            )
-            .await
+        metric(api_ops, "mq_publish_total", r#"outcome="unknown""#).await
+            + metric(api_ops, "mq_publish_total", r#"outcome="definite_failure""#).await
     };
     let killed_at = std::cell::Cell::new(None);
     let consumer = std::cell::RefCell::new(None);
@@ -637,13 +641,17 @@ async fn the_broker_restarted_between_a_half_message_and_its_commit_delivers_the
     let (collector, consumer, group) = common::collect_events(&env).await;
     // The API in transaction mode holds 4 s between its local commit and the commit message
     // (its PostgreSQL bound raised to cover it): the broker is killed and restarted then.
-    let api_port = free_port();
+    let (api_port, api_ops) = (free_port(), free_port());
     let mut api = spawn(
         &env,
         &["api"],
         "tx-after-commit-before-end=sleep(4000)",
         &[
             ("SECKILL__API__LISTEN", format!("127.0.0.1:{api_port}")),
+            (
+                "SECKILL__API__METRICS_LISTEN",
+                format!("127.0.0.1:{api_ops}"),
+            ),
             ("SECKILL__EVENTS__ORDER_PAID", "transaction".to_string()),
             ("SECKILL__PG__STATEMENT_TIMEOUT_MS", "10000".to_string()),
         ],
@@ -682,8 +690,8 @@ async fn the_broker_restarted_between_a_half_message_and_its_commit_delivers_the
     let paid = collector.paid(&oid);
     assert_eq!(paid.len(), 1, "delivered once");
     assert_eq!(paid[0].properties["message_id"], event_id);
-    let commits = metric(api_port, "mq_transaction_end_total", r#"outcome="commit""#).await;
-    let checks = metric(api_port, "mq_transaction_check_total", r#"answer="commit""#).await;
+    let commits = metric(api_ops, "mq_transaction_end_total", r#"outcome="commit""#).await;
+    let checks = metric(api_ops, "mq_transaction_check_total", r#"answer="commit""#).await;
     eprintln!(
         "evidence: broker pid {} -> {}, ends commit {commits}, check-backs commit {}",
         before.trim(),
@@ -696,5 +704,175 @@ async fn the_broker_restarted_between_a_half_message_and_its_commit_delivers_the
     );
     let _ = api.terminate(20).await;
     assert!(consumer.shutdown().await);
+    env.cleanup().await;
+}
+
+/// `seckill consume` given both name servers, throttled like the others.
+fn consumer_of_both(env: &TestEnv) -> (Proc, u16) {
+    let port = free_port();
+    let p = spawn(
+        env,
+        &["consume", "--workers", "2"],
+        THROTTLED,
+        &[
+            (
+                "SECKILL__CONSUMER__METRICS_LISTEN",
+                format!("127.0.0.1:{port}"),
+            ),
+            ("SECKILL__CONSUMER__BATCH_SIZE", "4".to_string()),
+            ("SECKILL__MQ__NAME_SERVER", BOTH_NAME_SERVERS.to_string()),
+        ],
+    );
+    (p, port)
+}
+
+/// Waits until the name server at `addr`, asked alone, routes the order topic to the broker.
+async fn routes_on(addr: &str, env: &TestEnv) {
+    let names = env.settings.names();
+    let probe = seckill::mq::rocketmq::LagProbe::new(&seckill::mq::runtime().unwrap(), addr)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    eventually(60, "the restarted name server routes the topic", || async {
+        probe
+            .lag(&names.order_create_group, &names.order_create_topic)
+            .await
+            .is_ok()
+    })
+    .await;
+    eprintln!(
+        "{addr} routes the topic {:?} after its restart",
+        started.elapsed()
+    );
+    probe.shutdown().await;
+}
+
+/// The two name servers `make services-up` starts, as a shop lists them.
+const BOTH_NAME_SERVERS: &str = "127.0.0.1:9876;127.0.0.1:9877";
+
+#[tokio::test]
+#[ignore = "kills the shared name servers: run by `make test-faults`, one test at a time"]
+async fn each_name_server_killed_in_turn_mid_sale_loses_and_doubles_nothing() {
+    let env = TestEnv::new(true).await;
+    assert!(script("rocketmq-up.sh").success(), "both name servers up");
+    for (activity, stock) in [(985, STOCK), (986, 20), (987, 20)] {
+        env.activity(activity, 1, stock).await;
+    }
+    let both = || ("SECKILL__MQ__NAME_SERVER", BOTH_NAME_SERVERS.to_string());
+    let (api_port, api_ops, scan_port) = (free_port(), free_port(), free_port());
+    let mut api = spawn(
+        &env,
+        &["api"],
+        "",
+        &[
+            ("SECKILL__API__LISTEN", format!("127.0.0.1:{api_port}")),
+            (
+                "SECKILL__API__METRICS_LISTEN",
+                format!("127.0.0.1:{api_ops}"),
+            ),
+            both(),
+        ],
+    );
+    let mut scan = spawn(
+        &env,
+        &["scan"],
+        "",
+        &[
+            (
+                "SECKILL__SCAN__METRICS_LISTEN",
+                format!("127.0.0.1:{scan_port}"),
+            ),
+            both(),
+        ],
+    );
+    let consumer = std::cell::RefCell::new(consumer_of_both(&env));
+    let first_consumer_port = consumer.borrow().1;
+    for port in [api_port, scan_port, first_consumer_port] {
+        wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
+    }
+    let orders = || env.count("SELECT count(*) FROM orders");
+    // While one name server is dead: a new consumer finds its routes on the other alone, and
+    // 20 buyers of another activity, sent by the API meanwhile, each become an order.
+    let one_dead = |dead: &'static str, activity: i64| {
+        let (consumer, env) = (&consumer, &env);
+        async move {
+            sigkill(&mut consumer.borrow_mut().0);
+            let (p, port) = consumer_of_both(env);
+            wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
+            let base = format!("http://127.0.0.1:{api_port}");
+            for user in 1..=20 {
+                let (s, b) = common::reserve_as(&base, activity, 1, user, "one-dead").await;
+                assert_eq!(s, reqwest::StatusCode::ACCEPTED, "{b}");
+            }
+            let created = format!("SELECT count(*) FROM orders WHERE activity_id = {activity}");
+            eventually(60, "orders created with one name server dead", || async {
+                env.count(&created).await == 20
+            })
+            .await;
+            let down = metric(port, "mq_name_server_down_total", dead).await;
+            eprintln!(
+                "{dead} dead: 20 reservations sent and made orders by a consumer started then, \
+                 which counted it down {down} time(s)"
+            );
+            assert!(down >= 1.0, "the new consumer saw {dead} down");
+            *consumer.borrow_mut() = (p, port);
+        }
+    };
+    let accepted = sale_with(&env, 985, api_port, || async {
+        sigkill_server("namesrv.pid");
+        eprintln!(
+            "name server a (9876) SIGKILLed at {} orders",
+            orders().await
+        );
+        one_dead("9876", 986).await;
+        assert!(
+            script("rocketmq-up.sh").success(),
+            "name server a restarted"
+        );
+        // A restarted name server knows no route until the broker registers again (every
+        // 10 s here): the other one is killed only once this one answers for the topic.
+        routes_on("127.0.0.1:9876", &env).await;
+        sigkill_server("namesrv-b.pid");
+        eprintln!(
+            "name server b (9877) SIGKILLed at {} orders",
+            orders().await
+        );
+        one_dead("9877", 987).await;
+        assert!(
+            script("rocketmq-up.sh").success(),
+            "name server b restarted"
+        );
+    })
+    .await;
+    assert!(accepted > 0);
+    let report = converged(&env, 985).await;
+    assert!(report.ok(), "{:?}", report.violations);
+    for activity in [986, 987] {
+        let r = env.invariants(activity, 1).await;
+        assert!(r.ok() && r.figures.valid_orders == 20, "{activity}: {r:?}");
+    }
+    // The relay went on sending: every event due by now is out (the orders' cancel timers
+    // wait in the outbox until near their deliver time).
+    eventually(60, "the outbox sent what is due", || async {
+        let due = "SELECT count(*) FROM event_outbox WHERE status = 'PENDING' \
+                   AND next_attempt_at <= now()";
+        env.count(due).await == 0
+    })
+    .await;
+    let sent = env
+        .count("SELECT count(*) FROM event_outbox WHERE status = 'SENT'")
+        .await;
+    assert!(sent >= STOCK as i64 + 40, "{sent} events sent");
+    // It bit, and each long-running role saw both outages.
+    for (role, port) in [("api", api_ops), ("scan", scan_port)] {
+        let a = metric(port, "mq_name_server_down_total", "9876").await;
+        let b = metric(port, "mq_name_server_down_total", "9877").await;
+        eprintln!("evidence: {role} counted name server a down {a}, b down {b}");
+        assert!(a >= 1.0 && b >= 1.0, "{role} saw both name servers go down");
+    }
+    let _ = api.terminate(20).await;
+    let _ = scan.terminate(20).await;
+    let mut last_consumer = consumer.into_inner();
+    let _ = last_consumer.0.terminate(40).await;
     env.cleanup().await;
 }

@@ -99,9 +99,11 @@ pub async fn run(settings: Settings, args: SoakArgs) -> anyhow::Result<bool> {
         .ok_or_else(|| anyhow::anyhow!("payments.webhook_secrets is empty: cannot pay"))?;
     let pool = seckill::pg::connect_pool(&settings.pg, 4).await?;
     let redis = RedisStore::connect(&settings.redis).await?;
-    let lag =
-        seckill::mq::rocketmq::LagProbe::new(&seckill::mq::runtime()?, &settings.mq.name_server)
-            .await?;
+    let lag = seckill::mq::rocketmq::LagProbe::new(
+        &seckill::mq::runtime()?,
+        &settings.mq.name_server_list(),
+    )
+    .await?;
     let n = settings.names();
     let groups = [
         (

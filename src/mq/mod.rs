@@ -272,11 +272,82 @@ pub fn runtime() -> anyhow::Result<rocketmq::MqRuntime> {
     Ok(RUNTIME.get_or_init(|| rt).clone())
 }
 
+/// Resolves each name server of `mq.name_server` at start and logs where it points. A name
+/// that resolves nowhere is a warning (the client resolves names again on every connect, so a
+/// name server added to DNS later is found); none resolving at all fails start-up naming the
+/// key.
+pub async fn check_name_servers(mq: &crate::config::MqSettings) -> anyhow::Result<()> {
+    let mut resolved = 0;
+    for server in mq.name_servers() {
+        let lookup = tokio::net::lookup_host(server);
+        match tokio::time::timeout(std::time::Duration::from_secs(5), lookup).await {
+            Ok(Ok(addrs)) => {
+                let addrs: Vec<String> = addrs.map(|a| a.to_string()).collect();
+                tracing::info!(name_server = server, addresses = %addrs.join(","), "name server");
+                resolved += 1;
+            }
+            Ok(Err(e)) => tracing::warn!(name_server = server, error = %e,
+                "name server does not resolve (tried again on every connect)"),
+            Err(_) => tracing::warn!(
+                name_server = server,
+                "name server lookup timed out (tried again on every connect)"
+            ),
+        }
+    }
+    anyhow::ensure!(
+        resolved > 0,
+        "mq.name_server: no name server of `{}` resolves",
+        mq.name_server
+    );
+    Ok(())
+}
+
+/// How often each role probes its name servers (`mq_name_server_up`).
+const NAME_SERVER_PROBE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Probes each name server of `mq.name_server` every two seconds with a TCP connect (one
+/// second at most) for the whole life of the process: `mq_name_server_up{name_server}` 1 or 0,
+/// `mq_name_server_down_total{name_server}` counts each time one stopped answering. The client
+/// itself moves to the next name server on its own; this is what an operator sees of it.
+pub fn watch_name_servers(mq: &crate::config::MqSettings) {
+    let servers: Vec<String> = mq.name_servers().map(str::to_string).collect();
+    tokio::spawn(async move {
+        let mut up: Vec<Option<bool>> = vec![None; servers.len()];
+        let mut tick = tokio::time::interval(NAME_SERVER_PROBE);
+        loop {
+            tick.tick().await;
+            for (i, server) in servers.iter().enumerate() {
+                let connect = tokio::net::TcpStream::connect(server.as_str());
+                let answers = matches!(
+                    tokio::time::timeout(std::time::Duration::from_secs(1), connect).await,
+                    Ok(Ok(_))
+                );
+                let label = server.clone();
+                metrics::gauge!("mq_name_server_up", "name_server" => label.clone())
+                    .set(if answers { 1.0 } else { 0.0 });
+                if up[i] != Some(answers) {
+                    if answers {
+                        tracing::info!(name_server = %server, "name server answers");
+                    } else {
+                        metrics::counter!("mq_name_server_down_total", "name_server" => label)
+                            .increment(1);
+                        tracing::warn!(name_server = %server,
+                            "name server does not answer; the client uses the others");
+                    }
+                    up[i] = Some(answers);
+                }
+            }
+        }
+    });
+}
+
 /// Starts the producer of this process (`mq.name_server`, the environment's producer group).
 pub async fn connect_publisher(settings: &Settings) -> anyhow::Result<Arc<dyn Publisher>> {
     let rt = runtime()?;
-    let mut opts =
-        rocketmq::ProducerOptions::new(&settings.mq.name_server, settings.names().producer_group);
+    let mut opts = rocketmq::ProducerOptions::new(
+        settings.mq.name_server_list(),
+        settings.names().producer_group,
+    );
     opts.send_timeout_ms = settings.mq.send_timeout_ms;
     opts.retries = settings.mq.send_retries;
     let producer = rocketmq::RocketProducer::start(&rt, opts).await?;
@@ -312,7 +383,7 @@ pub async fn start_consumer(
     let rt = runtime()?;
     rocketmq::start_push_consumer(
         &rt,
-        &settings.mq.name_server,
+        &settings.mq.name_server_list(),
         group,
         topic,
         "*",
@@ -349,7 +420,13 @@ pub async fn start_order_create_consumer(
 /// Deletes `topics` from the configured cluster's brokers and the name server.
 pub async fn delete_topics(settings: &Settings, topics: &[String]) -> anyhow::Result<()> {
     let rt = runtime()?;
-    rocketmq::delete_topics(&rt, &settings.mq.name_server, &settings.mq.cluster, topics).await
+    rocketmq::delete_topics(
+        &rt,
+        &settings.mq.name_server_list(),
+        &settings.mq.cluster,
+        topics,
+    )
+    .await
 }
 
 /// Creates `(topic, queues)` on every configured master (`mq.broker_addr`; idempotent).
@@ -358,7 +435,7 @@ pub async fn create_topics(settings: &Settings, topics: &[(String, u32)]) -> any
     let brokers: Vec<&str> = settings.mq.broker_addrs().collect();
     rocketmq::create_topics(
         &rt,
-        &settings.mq.name_server,
+        &settings.mq.name_server_list(),
         &brokers,
         &settings.mq.cluster,
         topics,

@@ -389,7 +389,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     .await?;
     // The group's backlog (due timers not consumed yet, retries included), every 5 s.
     let probe =
-        crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server)
+        crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server_list())
             .await?;
     let backlog = {
         let (group, topic, stop) = (

@@ -123,7 +123,7 @@ pub async fn start(
     let bound = Duration::from_millis(settings.pg.statement_timeout_ms + 1_000);
     let checker: Arc<dyn TransactionChecker> = Arc::new(PgChecker::new(pool, bound));
     let opts = TransactionOptions {
-        name_srv: settings.mq.name_server.clone(),
+        name_srv: settings.mq.name_server_list(),
         group: settings.names().transaction_producer_group,
         topics: vec![settings.names().order_event_topic],
         send_timeout_ms: settings.mq.send_timeout_ms,

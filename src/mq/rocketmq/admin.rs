@@ -304,8 +304,10 @@ fn now_epoch_ms() -> i64 {
 
 // Topics
 
-/// How long `create_topics` waits for the name server to serve a new topic's route.
-const ROUTE_WAIT: Duration = Duration::from_secs(15);
+/// How long `create_topics` waits for the name server to serve a new topic's route: a name
+/// server restarted a moment ago learns the routes at the broker's next registration (every
+/// 10 s at the broker's floor; one more period when the first attempt met a dead connection).
+const ROUTE_WAIT: Duration = Duration::from_secs(30);
 
 /// Creates (or updates to the same settings) each `(topic, queues)` on each of `brokers`, or on
 /// every master of `cluster` when `brokers` is empty, then waits until the name server returns

@@ -439,8 +439,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let names = settings.names();
     state.lag = Some(LagSource {
         probe: Arc::new(
-            crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server)
-                .await?,
+            crate::mq::rocketmq::LagProbe::new(
+                &crate::mq::runtime()?,
+                &settings.mq.name_server_list(),
+            )
+            .await?,
         ),
         group: names.order_create_group,
         topic: names.order_create_topic,

@@ -89,7 +89,7 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     // The backlog of this role's groups (messages and age of the oldest unconsumed one,
     // retry topics included), for /metrics.
     let probe = Arc::new(
-        crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server)
+        crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server_list())
             .await?,
     );
     let groups = [

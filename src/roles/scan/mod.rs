@@ -65,8 +65,11 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
         // (docs/ARCHITECTURE.md#a-dead-brokers-messages).
         let names = settings.names();
         let probe = Arc::new(
-            crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server)
-                .await?,
+            crate::mq::rocketmq::LagProbe::new(
+                &crate::mq::runtime()?,
+                &settings.mq.name_server_list(),
+            )
+            .await?,
         );
         scanner = scanner.with_progress(Arc::new(unconsumed::BrokerProgress {
             probe: probe.clone(),
