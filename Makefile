@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help services-up services-down build demo demo-cluster bench bench-sale bench-buckets bench-payments bench-payments-small limits test test-faults chaos soak soak-small send-timeouts test-unit fmt clippy lint ci
+.PHONY: image image-test help services-up services-down build demo demo-cluster bench bench-sale bench-buckets bench-payments bench-payments-small limits test test-faults chaos soak soak-small send-timeouts test-unit fmt clippy lint ci
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -15,6 +15,12 @@ services-down: ## Stop the RocketMQ processes the project started
 
 build: ## Build the release binaries (seckill, and seckill-bench for the benchmarks)
 	cargo build --release --workspace
+
+image: ## Build the seckill image (podman) from the Dockerfile, from local Debian bases where public images cannot be pulled
+	scripts/image.sh
+
+image-test: ## The image against the host's services: api + consume containers turn a reservation into an order; last line IMAGE_TEST OK/FAILED (slow: not in make test)
+	scripts/image-test.sh
 
 demo: ## Services, migrate, a flash sale with a burst of buyers, invariants; last line DEMO OK/FAILED
 	scripts/demo.sh
@@ -45,6 +51,8 @@ limits: services-up ## Only the naive limits (pgbench, redis-benchmark, direct P
 test: services-up ## The whole test suite against the real services, the operator files, schemathesis, a small soak, then the faults on the shared services
 	SECKILL_ENV=test cargo test --workspace --all-targets --features failpoints -- --test-threads=4
 	scripts/check-operator-files.sh
+	scripts/check-migrations.sh --self-test
+	scripts/check-migrations.sh
 	scripts/schemathesis.sh
 	$(MAKE) soak-small
 	$(MAKE) bench-payments-small
