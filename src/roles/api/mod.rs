@@ -306,60 +306,16 @@ pub async fn serve_listeners(
     state: ApiState,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    // The recorder is installed before anything is counted, whether or not an ops listener
-    // serves it (an API embedded in a test or the bench reads it in-process).
-    let metrics = metrics_handle();
     let api = &state.settings.api;
     let grace = Duration::from_secs(api.shutdown_grace_secs);
     let drain_delay = Duration::from_millis(api.drain_delay_ms);
-    let bound = Duration::from_secs_f64(api.reservation_valid_secs as f64 * api.fail_closed_share);
     // `stopping`: asked to stop (a signal or a dead task): not ready from then on.
     // `closing`: the drain delay later: the listeners and background loops end.
     let stopping = shutdown.child_token();
     let closing = CancellationToken::new();
     let watchdog = Watchdog::new(closing.clone(), state.ready.clone());
     watchdog.stop_on_death(stopping.clone());
-    watchdog.spawn(
-        "admission",
-        admission::run_checker(
-            state.admission.clone(),
-            state.redis.clone(),
-            state.lag.clone(),
-            admission::CheckerSettings {
-                bound,
-                every: Duration::from_millis(api.admission_check_ms),
-                unreadable_probes: api.lag_unreadable_probes,
-            },
-            closing.clone(),
-        ),
-    );
-    if api.sold_out_poll_ms > 0 {
-        watchdog.spawn(
-            "sold-out poller",
-            sold_out::run_poller(
-                state.sold_out.clone(),
-                state.redis.clone(),
-                Duration::from_millis(api.sold_out_poll_ms),
-                closing.clone(),
-            ),
-        );
-    }
-    if let Some(admin_listener) = listeners.admin {
-        let app = admin::router(state.clone());
-        let serving = crate::http::serve(
-            admin_listener,
-            app,
-            crate::http::Limits::ADMIN,
-            closing.clone(),
-        );
-        watchdog.spawn("admin listener", serving);
-    }
-    if let Some(ops_listener) = listeners.ops {
-        let app = crate::telemetry::ops_router(metrics, state.ready.clone());
-        let serving =
-            crate::http::serve(ops_listener, app, crate::http::Limits::OPS, closing.clone());
-        watchdog.spawn("ops listener", serving);
-    }
+    spawn_companions(&watchdog, &state, listeners.admin, listeners.ops, &closing);
     state.ready.set(true);
     let ready = state.ready.clone();
     let transactions = state.transactions.clone();
@@ -406,6 +362,63 @@ pub async fn serve_listeners(
     match watchdog.death() {
         Some(reason) => Err(anyhow::anyhow!(reason)),
         None => Ok(()),
+    }
+}
+
+/// The API's background loops (the admission check, the sold-out poller) and its operators'
+/// listeners, under the watchdog, each until `closing`.
+fn spawn_companions(
+    watchdog: &Watchdog,
+    state: &ApiState,
+    admin: Option<TcpListener>,
+    ops: Option<TcpListener>,
+    closing: &CancellationToken,
+) {
+    // The recorder is installed before anything is counted, whether or not an ops listener
+    // serves it (an API embedded in a test or the bench reads it in-process).
+    let metrics = metrics_handle();
+    let api = &state.settings.api;
+    let bound = Duration::from_secs_f64(api.reservation_valid_secs as f64 * api.fail_closed_share);
+    watchdog.spawn(
+        "admission",
+        admission::run_checker(
+            state.admission.clone(),
+            state.redis.clone(),
+            state.lag.clone(),
+            admission::CheckerSettings {
+                bound,
+                every: Duration::from_millis(api.admission_check_ms),
+                unreadable_probes: api.lag_unreadable_probes,
+            },
+            closing.clone(),
+        ),
+    );
+    if api.sold_out_poll_ms > 0 {
+        watchdog.spawn(
+            "sold-out poller",
+            sold_out::run_poller(
+                state.sold_out.clone(),
+                state.redis.clone(),
+                Duration::from_millis(api.sold_out_poll_ms),
+                closing.clone(),
+            ),
+        );
+    }
+    if let Some(admin) = admin {
+        let app = admin::router(state.clone());
+        let limits = crate::http::Limits::ADMIN;
+        watchdog.spawn(
+            "admin listener",
+            crate::http::serve(admin, app, limits, closing.clone()),
+        );
+    }
+    if let Some(ops) = ops {
+        let app = crate::telemetry::ops_router(metrics, state.ready.clone());
+        let limits = crate::http::Limits::OPS;
+        watchdog.spawn(
+            "ops listener",
+            crate::http::serve(ops, app, limits, closing.clone()),
+        );
     }
 }
 

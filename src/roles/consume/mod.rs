@@ -121,7 +121,7 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
             died = &mut signal => break died,
             _ = tokio::time::sleep(Duration::from_secs(1)) => {
                 // Order-create every second (it drives mq_consumer_ready), the others every 5 s.
-                let due = if tick % 5 == 0 { &groups[..] } else { &groups[..1] };
+                let due = if tick.is_multiple_of(5) { &groups[..] } else { &groups[..1] };
                 tick += 1;
                 sample(&probe, due, &consumer).await;
             }
