@@ -10,13 +10,6 @@ use rustls::{ClientConfig, RootCertStore};
 
 use crate::config::ConfigError;
 
-fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        key,
-        reason: reason.into(),
-    }
-}
-
 /// One crypto provider for the process, whichever library asks first (the Redis client builds
 /// its TLS config from the process default).
 pub fn install_crypto_provider() {
@@ -26,11 +19,16 @@ pub fn install_crypto_provider() {
 /// The certificates of the PEM file `path` (config key `key`), each a trust anchor.
 pub fn read_ca(path: &str, key: &'static str) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
     let certs: Vec<_> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| invalid(key, format!("cannot read {path}: {e}")))?
+        .map_err(|e| ConfigError::invalid(key, format!("cannot read {path}: {e}")))?
         .collect::<Result<_, _>>()
-        .map_err(|e| invalid(key, format!("{path} is not a PEM certificate file: {e}")))?;
+        .map_err(|e| {
+            ConfigError::invalid(key, format!("{path} is not a PEM certificate file: {e}"))
+        })?;
     if certs.is_empty() {
-        return Err(invalid(key, format!("{path} holds no certificate")));
+        return Err(ConfigError::invalid(
+            key,
+            format!("{path} holds no certificate"),
+        ));
     }
     Ok(certs)
 }
@@ -45,7 +43,7 @@ pub fn client_config(ca_file: &str, key: &'static str) -> Result<ClientConfig, C
             let _ = roots.add(cert);
         }
         if roots.is_empty() {
-            return Err(invalid(
+            return Err(ConfigError::invalid(
                 key,
                 "no CA file given and no system root certificates found",
             ));
@@ -54,13 +52,13 @@ pub fn client_config(ca_file: &str, key: &'static str) -> Result<ClientConfig, C
         for cert in read_ca(ca_file, key)? {
             roots
                 .add(cert)
-                .map_err(|e| invalid(key, format!("{ca_file}: {e}")))?;
+                .map_err(|e| ConfigError::invalid(key, format!("{ca_file}: {e}")))?;
         }
     }
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     Ok(ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| invalid(key, e.to_string()))?
+        .map_err(|e| ConfigError::invalid(key, e.to_string()))?
         .with_root_certificates(roots)
         .with_no_client_auth())
 }

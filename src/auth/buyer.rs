@@ -76,9 +76,9 @@ impl BuyerAuth {
         let dev = (!secret.is_empty())
             .then(|| DecodingKey::from_secret(secret.as_bytes()))
             .transpose()
-            .map_err(|e| invalid("auth.dev_hs256_secret", e.to_string()))?;
+            .map_err(|e| ConfigError::invalid("auth.dev_hs256_secret", e.to_string()))?;
         if keys.is_empty() && dev.is_none() {
-            return Err(invalid(
+            return Err(ConfigError::invalid(
                 "auth.jwks_file",
                 "no key to verify buyer tokens with (set auth.jwks_file, or \
                  auth.dev_hs256_secret outside PROD)",
@@ -154,27 +154,20 @@ fn parse_buyer(sub: &str) -> Option<i64> {
     crate::domain::request::parse_path_id(sub, "sub").ok()
 }
 
-fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        key,
-        reason: reason.into(),
-    }
-}
-
 /// The JWKS file's keys: Ed25519 (`OKP`, EdDSA) and P-256 (`EC`, ES256), each with a `kid`.
 fn load_jwks(path: &Path) -> Result<HashMap<String, (Algorithm, DecodingKey)>, ConfigError> {
     const KEY: &str = "auth.jwks_file";
     let text = std::fs::read_to_string(path)
-        .map_err(|e| invalid(KEY, format!("cannot read {}: {e}", path.display())))?;
+        .map_err(|e| ConfigError::invalid(KEY, format!("cannot read {}: {e}", path.display())))?;
     let set: JwkSet = serde_json::from_str(&text)
-        .map_err(|e| invalid(KEY, format!("{} is not a JWKS: {e}", path.display())))?;
+        .map_err(|e| ConfigError::invalid(KEY, format!("{} is not a JWKS: {e}", path.display())))?;
     let mut keys = HashMap::new();
     for jwk in &set.keys {
         let kid = jwk
             .common
             .key_id
             .clone()
-            .ok_or_else(|| invalid(KEY, "every key needs a `kid`"))?;
+            .ok_or_else(|| ConfigError::invalid(KEY, "every key needs a `kid`"))?;
         let alg = match &jwk.algorithm {
             AlgorithmParameters::OctetKeyPair(p) if p.curve == EllipticCurve::Ed25519 => {
                 Algorithm::EdDSA
@@ -183,7 +176,7 @@ fn load_jwks(path: &Path) -> Result<HashMap<String, (Algorithm, DecodingKey)>, C
                 Algorithm::ES256
             }
             _ => {
-                return Err(invalid(
+                return Err(ConfigError::invalid(
                     KEY,
                     format!(
                     "key `{kid}`: only Ed25519 (EdDSA) and P-256 (ES256) keys verify buyer tokens"
@@ -191,10 +184,13 @@ fn load_jwks(path: &Path) -> Result<HashMap<String, (Algorithm, DecodingKey)>, C
                 ))
             }
         };
-        let key =
-            DecodingKey::from_jwk(jwk).map_err(|e| invalid(KEY, format!("key `{kid}`: {e}")))?;
+        let key = DecodingKey::from_jwk(jwk)
+            .map_err(|e| ConfigError::invalid(KEY, format!("key `{kid}`: {e}")))?;
         if keys.insert(kid.clone(), (alg, key)).is_some() {
-            return Err(invalid(KEY, format!("key `{kid}` appears twice")));
+            return Err(ConfigError::invalid(
+                KEY,
+                format!("key `{kid}` appears twice"),
+            ));
         }
     }
     Ok(keys)

@@ -1,0 +1,215 @@
+//! One settings tree for every role: `config/default.toml`, then `config/{SECKILL_ENV}.toml`,
+//! then environment variables `SECKILL__SECTION__KEY`. Everything is validated at start-up and a
+//! wrong value fails naming its key, so a bad deployment never reaches the sale.
+//!
+//! One file per concern, each section validating its own keys; what relates two sections is
+//! checked here:
+//! - `stores`: `[pg]`, `[redis]`;
+//! - `mq`: `[mq]`, `[events]`;
+//! - `api`: `[api]`, `[auth]`, `[payments]`;
+//! - `workers`: `[consumer]`, `[scan]`, `[timeout]`, `[retention]`, `[telemetry]`;
+//! - `names`: topic and group names from `env`.
+
+mod api;
+mod mq;
+mod names;
+mod stores;
+mod workers;
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use thiserror::Error;
+
+pub use api::{ApiSettings, AuthSettings, BuyerIdentity, PaymentSettings, MIN_ADMIN_TOKEN_BYTES};
+pub use mq::{Delivery, EventSettings, MqSettings};
+pub use names::Names;
+pub use stores::{PgSettings, PgTls, RedisMode, RedisSettings};
+pub use workers::{
+    ConsumerSettings, RetentionSettings, ScanSettings, TelemetrySettings, TimeoutSettings,
+};
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("config: {0}")]
+    Load(#[from] config::ConfigError),
+    #[error("config key `{key}`: {reason}")]
+    Invalid { key: &'static str, reason: String },
+}
+
+impl ConfigError {
+    /// The value of `key` is wrong, for `reason`.
+    pub fn invalid(key: &'static str, reason: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            key,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// 1-32 characters of A-Z, a-z, 0-9, _ (the environment name, the schema).
+fn is_ident(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 32 && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Environment name; it prefixes every topic and consumer group (`PROD_SECKILL_...`), so
+    /// environments and tests sharing one broker never see each other's messages.
+    pub env: String,
+    pub pg: PgSettings,
+    pub redis: RedisSettings,
+    pub mq: MqSettings,
+    pub api: ApiSettings,
+    pub auth: AuthSettings,
+    pub payments: PaymentSettings,
+    pub consumer: ConsumerSettings,
+    pub scan: ScanSettings,
+    pub timeout: TimeoutSettings,
+    pub retention: RetentionSettings,
+    pub telemetry: TelemetrySettings,
+    #[serde(default)]
+    pub events: EventSettings,
+}
+
+impl Settings {
+    /// Loads from `dir` (normally `config/`) with the environment overlay and env variables.
+    pub fn load_from(dir: &Path) -> Result<Self, ConfigError> {
+        let env_name = std::env::var("SECKILL_ENV").unwrap_or_else(|_| "local".to_string());
+        let base: PathBuf = dir.join("default.toml");
+        let overlay: PathBuf = dir.join(format!("{env_name}.toml"));
+        let cfg = config::Config::builder()
+            .add_source(config::File::from(base).required(true))
+            .add_source(config::File::from(overlay).required(false))
+            .add_source(
+                config::Environment::with_prefix("SECKILL")
+                    .prefix_separator("__")
+                    .separator("__")
+                    .try_parsing(true),
+            )
+            .build()?;
+        let settings: Settings = cfg.try_deserialize()?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Loads from `$SECKILL_CONFIG_DIR` or `./config`.
+    pub fn load() -> Result<Self, ConfigError> {
+        let dir = std::env::var("SECKILL_CONFIG_DIR").unwrap_or_else(|_| "config".to_string());
+        Self::load_from(Path::new(&dir))
+    }
+
+    pub fn names(&self) -> Names {
+        Names::new(&self.env)
+    }
+
+    /// Checks every value a role relies on; the error names the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !is_ident(&self.env) {
+            return Err(ConfigError::invalid(
+                "env",
+                "must be 1-32 characters of A-Z, a-z, 0-9, _",
+            ));
+        }
+        self.pg.validate()?;
+        self.redis.validate()?;
+        self.mq.validate()?;
+        self.api.validate()?;
+        self.consumer.validate()?;
+        self.auth.validate(self.env == "PROD")?;
+        self.payments.validate()?;
+        self.events.validate()?;
+        self.scan.validate()?;
+        self.timeout.validate()?;
+        self.retention.validate()?;
+        self.telemetry.validate()?;
+        self.validate_across_sections()
+    }
+
+    /// What relates two sections.
+    fn validate_across_sections(&self) -> Result<(), ConfigError> {
+        let invalid = ConfigError::invalid;
+        if self.consumer.tx_timeout_ms < self.pg.statement_timeout_ms {
+            return Err(invalid(
+                "consumer.tx_timeout_ms",
+                "must be at least pg.statement_timeout_ms",
+            ));
+        }
+        if self.scan.resend_backoff_cap_ms < self.api.resend_backoff_ms {
+            return Err(invalid(
+                "scan.resend_backoff_cap_ms",
+                "must be >= api.resend_backoff_ms",
+            ));
+        }
+        let resend = self.scan.unconsumed_resend_ms;
+        if resend > 0 && (resend < 1_000 || resend >= self.api.reservation_valid_secs * 1_000) {
+            // Shorter than a commit would send copies of messages still in a transaction;
+            // longer than the validity, and the reservation expires first.
+            return Err(invalid(
+                "scan.unconsumed_resend_ms",
+                "must be 0 (off), or at least 1000 and below api.reservation_valid_secs",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The worker budget (docs/ARCHITECTURE.md#worker-budget):
+    /// Timeout-cancel transactions one `timeout-cancel` process runs at once:
+    /// `safe_concurrency × cancel_share / instances`, at least 1.
+    pub fn cancel_budget(&self) -> usize {
+        worker_budget(
+            self.pg.safe_concurrency,
+            self.pg.cancel_share,
+            self.pg.instances,
+        )
+    }
+
+    /// `safe_concurrency × order_share / instances`, at least 1.
+    pub fn worker_budget(&self) -> usize {
+        worker_budget(
+            self.pg.safe_concurrency,
+            self.pg.order_share,
+            self.pg.instances,
+        )
+    }
+}
+
+/// `budget = pg_safe_concurrency × order_share / instances` (e.g. 240 × 0.7 / 12 = 14), floor, ≥ 1.
+pub fn worker_budget(safe_concurrency: u32, order_share: f64, instances: u32) -> usize {
+    let raw = f64::from(safe_concurrency) * order_share / f64::from(instances.max(1));
+    (raw.floor() as usize).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The settings of `config/` as the tests load them.
+    pub(super) fn test_settings() -> Settings {
+        Settings::load_from(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("config")
+                .as_path(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn budget_matches_the_documented_example() {
+        assert_eq!(worker_budget(240, 0.7, 12), 14);
+        assert_eq!(worker_budget(8, 0.7, 1), 5);
+        assert_eq!(worker_budget(1, 0.1, 4), 1);
+    }
+
+    #[test]
+    fn names_carry_the_environment_prefix() {
+        let n = Names::new("PROD");
+        assert_eq!(n.order_create_topic, "PROD_SECKILL_ORDER_CREATE_V1");
+        assert_eq!(n.order_create_group, "CG_SECKILL_ORDER_CREATE_PG_V1");
+        assert_eq!(
+            Names::new("T1").order_create_group,
+            "CG_T1_SECKILL_ORDER_CREATE_PG_V1"
+        );
+    }
+}

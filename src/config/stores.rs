@@ -1,0 +1,188 @@
+//! `[pg]` and `[redis]`: where the stores are and how every wait on them is bounded.
+
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+
+use super::{is_ident, ConfigError};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PgSettings {
+    /// libpq-style connection string (`host=... user=... dbname=...`). It may hold a password:
+    /// a secret, never printed (errors name the host and port instead).
+    pub url: SecretString,
+    /// Schema holding the tables; tests give each run its own.
+    pub schema: String,
+    /// Order transactions the database sustains at once (measured, not guessed: docs/ARCHITECTURE.md#worker-budget).
+    pub safe_concurrency: u32,
+    /// Share of that concurrency the order consumers may use; the rest is for payment, queries, ops.
+    pub order_share: f64,
+    /// Share of it the timeout cancel may use (`order_share + cancel_share <= 1`).
+    pub cancel_share: f64,
+    /// Consumer instances sharing the budget (and timeout-cancel instances sharing theirs).
+    pub instances: u32,
+    /// Bound on any one statement, so a stuck lock turns into a retry, not a hung worker.
+    pub statement_timeout_ms: u64,
+    /// Connections for the API's reads (order / reservation lookups).
+    pub api_pool_size: usize,
+    /// How long a worker waits for a pooled connection before the attempt counts as transient.
+    pub pool_wait_timeout_ms: u64,
+    /// TLS to PostgreSQL: `off`, or `verify` (encrypted; the server's certificate checked
+    /// against `pg.ca_file`, or the system's roots when empty, and its name against the host).
+    pub tls: PgTls,
+    /// PEM file of the CA(s) that sign the server's certificate (`verify` only).
+    pub ca_file: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PgTls {
+    Off,
+    Verify,
+}
+
+/// How the reservation store is deployed (docs/ARCHITECTURE.md#redis-cluster).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RedisMode {
+    /// One server (or a primary with replicas behind one address).
+    Standalone,
+    /// Redis Cluster: `url` lists seed nodes, commands follow the slot map.
+    Cluster,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    pub mode: RedisMode,
+    /// `redis://[:password@]host:port`; with `mode = "cluster"`, a comma-separated list of
+    /// seed nodes. A secret, never printed.
+    pub url: SecretString,
+    /// Prefix of every key; tests give each run its own.
+    pub key_prefix: String,
+    pub pool_size: usize,
+    /// Connecting to Redis takes at most this.
+    pub connect_timeout_ms: u64,
+    /// Each command's answer takes at most this; past it the call fails (the caller answers
+    /// 503 and the buyer retries with the same request_id).
+    pub response_timeout_ms: u64,
+    /// Waiting for a pooled connection takes at most this.
+    pub pool_wait_timeout_ms: u64,
+    /// PEM file of the CA(s) that sign the server's certificate, for a `rediss://` URL (empty:
+    /// the system's roots).
+    pub ca_file: String,
+}
+
+impl RedisSettings {
+    /// Each node `url` names (one, or a cluster's seeds), exposed: never print them.
+    pub fn urls(&self) -> Vec<&str> {
+        self.url.expose_secret().split(',').map(str::trim).collect()
+    }
+}
+
+impl PgSettings {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = ConfigError::invalid;
+        if self.url.expose_secret().trim().is_empty() {
+            return Err(invalid("pg.url", "must not be empty"));
+        }
+        if self
+            .url
+            .expose_secret()
+            .parse::<tokio_postgres::Config>()
+            .is_err()
+        {
+            return Err(invalid(
+                "pg.url",
+                "is not a valid PostgreSQL connection string",
+            ));
+        }
+        if !is_ident(&self.schema) || self.schema.starts_with(|c: char| c.is_ascii_digit()) {
+            return Err(invalid("pg.schema", "must be a plain identifier"));
+        }
+        if self.safe_concurrency == 0 {
+            return Err(invalid("pg.safe_concurrency", "must be at least 1"));
+        }
+        if !(self.order_share > 0.0 && self.order_share <= 1.0) {
+            return Err(invalid("pg.order_share", "must be in (0, 1]"));
+        }
+        if !(self.cancel_share > 0.0 && self.cancel_share < 1.0) {
+            return Err(invalid("pg.cancel_share", "must be in (0, 1)"));
+        }
+        if self.order_share + self.cancel_share > 1.0 {
+            return Err(invalid(
+                "pg.cancel_share",
+                "pg.order_share + pg.cancel_share must not exceed 1",
+            ));
+        }
+        if self.instances == 0 {
+            return Err(invalid("pg.instances", "must be at least 1"));
+        }
+        if self.statement_timeout_ms == 0 {
+            return Err(invalid("pg.statement_timeout_ms", "must be positive"));
+        }
+        if self.api_pool_size == 0 {
+            return Err(invalid("pg.api_pool_size", "must be at least 1"));
+        }
+        if self.pool_wait_timeout_ms == 0 {
+            return Err(invalid("pg.pool_wait_timeout_ms", "must be positive"));
+        }
+        if !self.ca_file.is_empty() {
+            if self.tls != PgTls::Verify {
+                return Err(invalid("pg.ca_file", "is for pg.tls = \"verify\" only"));
+            }
+            crate::tls::read_ca(&self.ca_file, "pg.ca_file")?;
+        }
+        Ok(())
+    }
+}
+
+impl RedisSettings {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = ConfigError::invalid;
+        let urls = self.urls();
+        if urls
+            .iter()
+            .any(|u| !u.starts_with("redis://") && !u.starts_with("rediss://"))
+        {
+            return Err(invalid(
+                "redis.url",
+                "must start with redis:// (or rediss:// for TLS)",
+            ));
+        }
+        if urls.len() > 1 && self.mode != RedisMode::Cluster {
+            return Err(invalid(
+                "redis.url",
+                "lists several nodes: that is for redis.mode = \"cluster\"",
+            ));
+        }
+        if urls.iter().any(|u| u.starts_with("rediss://")) != urls[0].starts_with("rediss://") {
+            return Err(invalid("redis.url", "mixes redis:// and rediss:// nodes"));
+        }
+        if !self.ca_file.is_empty() {
+            if !urls[0].starts_with("rediss://") {
+                return Err(invalid("redis.ca_file", "is for a rediss:// URL only"));
+            }
+            crate::tls::read_ca(&self.ca_file, "redis.ca_file")?;
+        }
+        if self.key_prefix.is_empty() || self.key_prefix.contains(['{', '}', ' ']) {
+            return Err(invalid(
+                "redis.key_prefix",
+                "must be non-empty without braces or spaces",
+            ));
+        }
+        if self.pool_size == 0 {
+            return Err(invalid("redis.pool_size", "must be at least 1"));
+        }
+        for (key, ms) in [
+            ("redis.connect_timeout_ms", self.connect_timeout_ms),
+            ("redis.response_timeout_ms", self.response_timeout_ms),
+            ("redis.pool_wait_timeout_ms", self.pool_wait_timeout_ms),
+        ] {
+            if ms == 0 || ms > 60_000 {
+                return Err(invalid(key, "must be in 1..=60000"));
+            }
+        }
+        Ok(())
+    }
+}
