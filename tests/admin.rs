@@ -18,42 +18,8 @@ use serde_json::{json, Value};
 
 const ADMIN_TOKEN: &str = "test-admin-token-0123456789-abcdef-0123";
 
-struct Apis {
-    base: String,
-    admin: String,
-    stop: tokio_util::sync::CancellationToken,
-}
-
-async fn start_with_admin(env: &TestEnv) -> Apis {
-    let mut settings = env.settings.clone();
-    settings.api.admin_token = secrecy::SecretString::from(ADMIN_TOKEN.to_string());
-    let publisher = seckill::mq::connect_publisher(&settings).await.unwrap();
-    let state = seckill::roles::api::build_state(Arc::new(settings), publisher)
-        .await
-        .unwrap();
-    let buyers = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (base, admin_base) = (
-        format!("http://{}", buyers.local_addr().unwrap()),
-        format!("http://{}", admin.local_addr().unwrap()),
-    );
-    let stop = tokio_util::sync::CancellationToken::new();
-    let listeners = seckill::roles::api::Listeners {
-        buyers,
-        ops: None,
-        admin: Some(admin),
-    };
-    tokio::spawn(seckill::roles::api::serve_listeners(
-        listeners,
-        state,
-        stop.clone(),
-    ));
-    common::wait_ready(format!("{base}/readyz")).await;
-    Apis {
-        base,
-        admin: admin_base,
-        stop,
-    }
+async fn start_with_admin(env: &TestEnv) -> common::AdminApi {
+    common::start_with_admin(env, ADMIN_TOKEN).await
 }
 
 async fn admin_call(

@@ -9,7 +9,6 @@
 mod common;
 
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
@@ -173,33 +172,6 @@ async fn the_buyers_port_serves_no_metrics_and_the_ops_port_does() {
 
 const ADMIN_TOKEN: &str = "front-door-admin-token-0123456789abcdef";
 
-/// The API with its admin listener; the admin base URL and the stop token.
-async fn with_admin(env: &TestEnv) -> (String, tokio_util::sync::CancellationToken) {
-    let mut settings = env.settings.clone();
-    settings.api.admin_token = secrecy::SecretString::from(ADMIN_TOKEN.to_string());
-    let publisher = seckill::mq::connect_publisher(&settings).await.unwrap();
-    let state = seckill::roles::api::build_state(Arc::new(settings), publisher)
-        .await
-        .unwrap();
-    let buyers = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", buyers.local_addr().unwrap());
-    let admin_base = format!("http://{}", admin.local_addr().unwrap());
-    let stop = tokio_util::sync::CancellationToken::new();
-    let listeners = seckill::roles::api::Listeners {
-        buyers,
-        ops: None,
-        admin: Some(admin),
-    };
-    tokio::spawn(seckill::roles::api::serve_listeners(
-        listeners,
-        state,
-        stop.clone(),
-    ));
-    wait_ready(format!("{base}/readyz")).await;
-    (admin_base, stop)
-}
-
 /// A client whose connections come from `ip` (any address of 127.0.0.0/8 is this host).
 fn client_from(ip: [u8; 4]) -> reqwest::Client {
     reqwest::Client::builder()
@@ -235,7 +207,8 @@ async fn guessing_the_admin_token_is_throttled_and_the_right_token_still_gets_in
     const AT_ONCE: usize = 20;
     let env = TestEnv::new(false).await;
     env.activity(974, 1, 10).await;
-    let (admin, stop) = with_admin(&env).await;
+    let api = common::start_with_admin(&env, ADMIN_TOKEN).await;
+    let (admin, stop) = (api.admin, api.stop);
     let url = format!("{admin}/admin/v1/sales/974");
     let attacker = client_from([127, 0, 0, 1]);
     let operator = client_from([127, 0, 0, 2]);

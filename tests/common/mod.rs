@@ -641,6 +641,44 @@ pub async fn start_api(settings: Settings) -> Api {
     }
 }
 
+/// The API with its admin listener: the buyers' and the admin base URLs, and its stop.
+pub struct AdminApi {
+    pub base: String,
+    pub admin: String,
+    pub stop: tokio_util::sync::CancellationToken,
+}
+
+/// Starts the API of `env` with an admin listener guarded by `token`.
+pub async fn start_with_admin(env: &TestEnv, token: &str) -> AdminApi {
+    let mut settings = env.settings.clone();
+    settings.api.admin_token = secrecy::SecretString::from(token.to_string());
+    let publisher = seckill::mq::connect_publisher(&settings).await.unwrap();
+    let state = seckill::roles::api::build_state(Arc::new(settings), publisher)
+        .await
+        .unwrap();
+    let buyers = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", buyers.local_addr().unwrap());
+    let admin_base = format!("http://{}", admin.local_addr().unwrap());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let listeners = seckill::roles::api::Listeners {
+        buyers,
+        ops: None,
+        admin: Some(admin),
+    };
+    tokio::spawn(seckill::roles::api::serve_listeners(
+        listeners,
+        state,
+        stop.clone(),
+    ));
+    wait_ready(format!("{base}/readyz")).await;
+    AdminApi {
+        base,
+        admin: admin_base,
+        stop,
+    }
+}
+
 /// `POST /v1/activities/{activity}/skus/{sku}/reservations` as buyer `user` (its development
 /// token), with `request_id`: the status and the JSON body.
 pub async fn reserve_as(
