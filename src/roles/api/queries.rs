@@ -146,20 +146,19 @@ pub(super) async fn get_order(
 }
 
 /// The reservation as PostgreSQL knows it, when it is `me`'s: its order, or its rejection
-/// (`None`: neither yet, or another buyer's). Both reads run whatever the first finds, so
-/// another buyer's reservation costs what an unknown one does.
+/// (`None`: neither yet, or another buyer's). Both reads run, pipelined, whatever they find,
+/// so another buyer's reservation costs what an unknown one does.
 async fn from_order_store(
     client: &deadpool_postgres::Object,
     me: Option<i64>,
     reservation_id: &str,
 ) -> Result<Option<Response>, ApiError> {
-    let unavailable = |_| ApiError::unavailable("the order store");
-    let order = queries::order_by_reservation(&***client, reservation_id)
-        .await
-        .map_err(unavailable)?;
-    let decision = queries::reservation_decision(&***client, reservation_id)
-        .await
-        .map_err(unavailable)?;
+    // Both statements pipelined on the one connection: one round trip.
+    let (order, decision) = tokio::try_join!(
+        queries::order_by_reservation(&***client, reservation_id),
+        queries::reservation_decision(&***client, reservation_id),
+    )
+    .map_err(|_| ApiError::unavailable("the order store"))?;
     if let Some(order) = order.filter(|o| mine(me, Some(o.order.user_id))) {
         return Ok(Some(
             Json(json!({
