@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Starts a local RocketMQ (name servers 127.0.0.1:9876 and 127.0.0.1:9877, broker
-# 127.0.0.1:10911 registered with both) in the background and waits until all are ready. Idempotent: whatever already answers is left
+# Starts a local RocketMQ (name server 127.0.0.1:9876, broker 127.0.0.1:10911) in the
+# background and waits until both are ready. Idempotent: whatever already answers is left
 # alone. Installs the binaries first if they are missing (~15 min, once).
 #
 # Environment (all optional):
@@ -21,6 +21,12 @@
 #                             <data>/store-slave): a confirmed send is on both stores.
 #                             Costs measured in BENCHMARKS.md. A broker already running keeps its
 #                             profile: stop it first (scripts/rocketmq-down.sh) to change it.
+#   SECKILL_MQ_NAMESRVS    name servers                        (1)
+#                             2: a second one on 127.0.0.1:9877 (health 19877), the brokers
+#                             registered with both (a broker running with another list is
+#                             restarted). Back to 1 restarts them registered with the first only:
+#                             with thousands of test topics, a broker registering with two at
+#                             start-up was seen to fail (transport.admission.queue_saturated).
 #   SECKILL_MQ_BROKERS     masters in the cluster              (1)
 #                             2: a second master, seckill-broker-b, on 127.0.0.1:10921 (HA 10922,
 #                             health 19921, store <data>/store-b), same cluster and name server,
@@ -35,11 +41,17 @@ RUN_DIR="${SECKILL_RUN_DIR:-$HOME/.cache/seckill/run}"
 DATA_DIR="${SECKILL_MQ_DATA_DIR:-$HOME/.cache/seckill/rocketmq-data}"
 LOG_FILTER="${SECKILL_MQ_LOG_FILTER:-warn}"
 NAMESRV_PORT=9876
-# The second name server: the cluster's routes are on both, and every client and broker is
-# given both (`mq.name_server = "127.0.0.1:9876;127.0.0.1:9877"` reaches either).
+# The second name server (SECKILL_MQ_NAMESRVS=2): the cluster's routes are on both, and every
+# client and broker is given both (`mq.name_server = "127.0.0.1:9876;127.0.0.1:9877"`).
+NAMESRVS="${SECKILL_MQ_NAMESRVS:-1}"
+[[ "$NAMESRVS" == 1 || "$NAMESRVS" == 2 ]] || {
+  echo "rocketmq-up: ERROR: SECKILL_MQ_NAMESRVS must be 1 or 2, not '$NAMESRVS'" >&2
+  exit 2
+}
 NAMESRV_B_PORT=9877
 NAMESRV_B_HEALTH="127.0.0.1:19877"
-NAMESRV_ADDRS="127.0.0.1:$NAMESRV_PORT;127.0.0.1:$NAMESRV_B_PORT"
+NAMESRV_ADDRS="127.0.0.1:$NAMESRV_PORT"
+[[ "$NAMESRVS" == 2 ]] && NAMESRV_ADDRS="$NAMESRV_ADDRS;127.0.0.1:$NAMESRV_B_PORT"
 BROKER_PORT=10911
 NAMESRV_HEALTH="127.0.0.1:${SECKILL_MQ_NAMESRV_HEALTH_PORT:-19876}"
 BROKER_HEALTH="127.0.0.1:${SECKILL_MQ_BROKER_HEALTH_PORT:-19911}"
@@ -275,7 +287,9 @@ start_namesrv() {
   log "$name ready (pid $(cat "$RUN_DIR/$file.pid"))"
 }
 start_namesrv "name server" namesrv "$NAMESRV_PORT" "$NAMESRV_HEALTH" render
-start_namesrv "name server b" namesrv-b "$NAMESRV_B_PORT" "$NAMESRV_B_HEALTH" render_namesrv_b
+if [[ "$NAMESRVS" == 2 ]]; then
+  start_namesrv "name server b" namesrv-b "$NAMESRV_B_PORT" "$NAMESRV_B_HEALTH" render_namesrv_b
+fi
 
 # ---- broker ----
 # A broker of ours started from an older config/rocketmq/broker.toml (same profile: the same
