@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: image image-test help services-up services-down build demo demo-cluster bench bench-sale bench-buckets bench-payments bench-payments-small limits test test-faults chaos soak soak-small send-timeouts test-unit fmt clippy lint ci
+.PHONY: image image-test test-upgrade help services-up services-down build demo demo-cluster bench bench-sale bench-buckets bench-payments bench-payments-small limits test test-faults chaos soak soak-small send-timeouts test-unit fmt clippy lint ci
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -21,6 +21,9 @@ image: ## Build the seckill image (podman) from the Dockerfile, from local Debia
 
 image-test: ## The image against the host's services: api + consume containers turn a reservation into an order; last line IMAGE_TEST OK/FAILED (slow: not in make test)
 	scripts/image-test.sh
+
+test-upgrade: ## A sale on the previous release (newest v* tag, built once and cached) upgraded to this checkout mid-sale (migrate, consumers, then producers, v2, quarantine replay); last line UPGRADE OK/FAILED (slow: not in make test)
+	scripts/upgrade-test.sh
 
 demo: ## Services, migrate, a flash sale with a burst of buyers, invariants; last line DEMO OK/FAILED
 	scripts/demo.sh

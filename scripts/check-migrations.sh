@@ -2,7 +2,8 @@
 # The upgrade rule made mechanical (docs/ARCHITECTURE.md#upgrades): expand, deploy, contract.
 # During a rolling deploy the previous release's roles run against the new schema, so a
 # migration may drop or rename a table or a column only once no code of the previous release
-# reads it. For every migration added since the newest release tag (v*), each
+# reads it. For every migration added since the previous release tag (the newest v* tag that is
+# not on HEAD), each
 #   DROP TABLE t | DROP COLUMN c | RENAME TO t | RENAME [COLUMN] c TO d
 # names an identifier; if the previous release's src/ still has it as a word, the check fails
 # and says where. Constraints and indexes are not the code's business and are not checked.
@@ -28,7 +29,8 @@ removed_identifiers() {
 # check REPO: 0 when every new migration's removals are unread by the previous release.
 check() {
   local repo="$1" tag failures=0
-  tag="$(git -C "$repo" tag --list 'v*' --sort=-v:refname | head -1)"
+  # The release before this checkout: a tag on HEAD itself is this release, not the previous.
+  tag="$(git -C "$repo" tag --list 'v*' --sort=-v:refname --no-contains HEAD | head -1)"
   if [[ -z "$tag" ]]; then
     echo "check-migrations: no release tag (v*) yet: nothing to compare with"
     return 0

@@ -114,7 +114,7 @@ async fn pg_figures(
     f.pending_compensations = row.get(3);
     f.quarantined = pg
         .query_one(
-            "SELECT count(*) FROM quarantined_messages WHERE consumer_group = $1",
+            "SELECT count(*) FROM quarantined_messages WHERE consumer_group = $1 AND status = 'QUARANTINED'",
             &[&consumer_group],
         )
         .await?

@@ -264,8 +264,8 @@ async fn a_replay_racing_the_normal_redelivery_of_the_same_message_has_one_effec
     let e = event(951, 1, 7, 300);
     let normal = common::delivery_of(&names.order_create_topic, &e);
     // What `dlq replay` publishes for this message: same message_id, a replay id and count.
-    let row = seckill::pg::dlq::ReplayRow {
-        dlq_id: 1,
+    let row = seckill::pg::replay::ReplayRow {
+        subject: seckill::pg::replay::Subject::DeadLetter(1),
         consumer_group: names.order_create_group.clone(),
         topic: names.order_create_topic.clone(),
         message_id: Some(e.message_id.clone()),
@@ -313,7 +313,8 @@ async fn discarding_an_order_create_dead_letter_gives_its_unit_back_once_after_a
     // A reservation whose message died: its unit and the buyer's slot are held in Redis.
     let r = reserve_only(&redis, 955, 7, 60_000).await;
     let event =
-        event_from_reservation(&redis.reservation(955, &r.reservation_id).await.unwrap()).unwrap();
+        event_from_reservation(&redis.reservation(955, &r.reservation_id).await.unwrap(), 1)
+            .unwrap();
     let pool = env.pool(1).await;
     let c = pool.get().await.unwrap();
     let dlq_id: i64 = c

@@ -179,7 +179,7 @@ async fn relay_killed_after_the_send_before_the_mark_sends_again_and_is_applied_
     let redis = env.redis().await;
     let ids = common::reserve_only(&redis, 902, 3, 600_000).await;
     let fields = redis.reservation(902, &ids.reservation_id).await.unwrap();
-    let mut event = seckill::roles::scan::event_from_reservation(&fields).unwrap();
+    let mut event = seckill::roles::scan::event_from_reservation(&fields, 1).unwrap();
     event.reservation_valid_until = chrono::Utc::now() - chrono::Duration::seconds(1);
     event.reservation_created_at = event.reservation_valid_until - chrono::Duration::seconds(300);
     OrderCreateHandler::new(env.pool(2).await, &env.settings, 1)

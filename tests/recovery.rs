@@ -159,7 +159,7 @@ async fn rejected_as_expired(
         .await
         .unwrap();
     let mut event: OrderCreateRequested =
-        seckill::roles::scan::event_from_reservation(&fields).unwrap();
+        seckill::roles::scan::event_from_reservation(&fields, 1).unwrap();
     event.reservation_valid_until = Utc::now() - chrono::Duration::seconds(1);
     event.reservation_created_at = event.reservation_valid_until - chrono::Duration::seconds(300);
     let order_handler = OrderCreateHandler::new(env.pool(2).await, &env.settings, 1);
@@ -883,7 +883,7 @@ async fn a_confirmed_send_the_consumers_never_took_is_sent_again_with_the_same_m
         assert_eq!(verdict, "OK");
     }
     let fields = redis.reservation(11, &taken.reservation_id).await.unwrap();
-    let event = seckill::roles::scan::event_from_reservation(&fields).unwrap();
+    let event = seckill::roles::scan::event_from_reservation(&fields, 1).unwrap();
     let out = publisher
         .send(seckill::mq::order_create_message(&topic, &event), 3_000)
         .await;

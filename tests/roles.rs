@@ -214,3 +214,107 @@ async fn a_scratch_environments_topics_are_deleted_only_when_confirmed() {
     .await;
     env.cleanup().await;
 }
+
+/// The settings of an environment file as systemd reads it, with every commented
+/// `#SECKILL...=value` line turned on, as an operator filling it in would.
+fn env_file_uncommented(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .map(|l| l.trim().trim_start_matches('#'))
+        .filter(|l| l.starts_with("SECKILL"))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_shipped_environment_file_filled_in_starts_every_role() {
+    let env = TestEnv::new(true).await;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("deploy/systemd/seckill.env.example")).unwrap();
+    let mut vars = env_file_uncommented(&text);
+    let keys: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
+    for key in [
+        "SECKILL_ENV",
+        "SECKILL__PG__URL",
+        "SECKILL__REDIS__URL",
+        "SECKILL__MQ__NAME_SERVER",
+        "SECKILL__MQ__BROKER_ADDR",
+        "SECKILL__AUTH__JWKS_FILE",
+        "SECKILL__API__ADMIN_TOKEN",
+    ] {
+        assert!(keys.contains(&key), "{key} is not in the file: {keys:?}");
+    }
+    // What the operator replaces: the secrets marked CHANGE_ME, the hosts (here this machine,
+    // by name where the file names one: `localhost` resolves like `namesrv-a.internal` would)
+    // and the JWKS file's path. Every other value stays as written.
+    for (k, v) in vars.iter_mut() {
+        *v = match k.as_str() {
+            "SECKILL__PG__URL" => "host=localhost port=5432 user=postgres dbname=postgres".into(),
+            "SECKILL__API__ADMIN_TOKEN" => "a".repeat(40),
+            "SECKILL__AUTH__JWKS_FILE" => root
+                .join("tests/fixtures/buyer-jwks.json")
+                .display()
+                .to_string(),
+            _ => v
+                .replace("namesrv-a.internal", "localhost")
+                .replace("namesrv-b.internal", "127.0.0.1")
+                .replace("redis.internal", "localhost")
+                .replace("broker.internal", "localhost"),
+        };
+        assert!(!v.contains("CHANGE_ME"), "{k} still holds a placeholder");
+    }
+    // The file sends the payment secrets to /etc/seckill/prod.toml: the configuration
+    // directory holds the shipped default.toml and that overlay, as the file shows it.
+    let dir = std::env::temp_dir().join(format!("seckill-envfile-{}", env.settings.env));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(root.join("config/default.toml"), dir.join("default.toml")).unwrap();
+    std::fs::write(
+        dir.join("prod.toml"),
+        "[payments]\nwebhook_secrets = [\"whsec_test_current_0123\", \"whsec_test_previous_012\"]\n",
+    )
+    .unwrap();
+    let mut roles = Vec::new();
+    for (args, listen_key) in [
+        (&["api"][..], "SECKILL__API__METRICS_LISTEN"),
+        (
+            &["consume", "--workers", "1"][..],
+            "SECKILL__CONSUMER__METRICS_LISTEN",
+        ),
+        (&["scan"][..], "SECKILL__SCAN__METRICS_LISTEN"),
+        (&["timeout-cancel"][..], "SECKILL__TIMEOUT__METRICS_LISTEN"),
+    ] {
+        let ops = free_port();
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"));
+        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("SECKILL")) {
+            cmd.env_remove(k);
+        }
+        cmd.args(args)
+            .env("SECKILL_CONFIG_DIR", &dir)
+            .envs(vars.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            // This test's own environment name, schema and keys, and free ports: nothing the
+            // file sets.
+            .env("SECKILL__ENV", &env.settings.env)
+            .env("SECKILL__PG__SCHEMA", &env.settings.pg.schema)
+            .env("SECKILL__REDIS__KEY_PREFIX", &env.settings.redis.key_prefix)
+            .env(listen_key, format!("127.0.0.1:{ops}"))
+            .env("SECKILL__API__LISTEN", format!("127.0.0.1:{}", free_port()))
+            .env(
+                "SECKILL__API__ADMIN_LISTEN",
+                format!("127.0.0.1:{}", free_port()),
+            )
+            .env("SECKILL__API__DRAIN_DELAY_MS", "0")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        roles.push((args[0], common::Proc(cmd.spawn().unwrap()), ops));
+    }
+    for (role, _, ops) in &roles {
+        eprintln!("{role}: waiting for /readyz on {ops}");
+        wait_ready(format!("http://127.0.0.1:{ops}/readyz")).await;
+    }
+    for (role, mut proc, _) in roles {
+        let status = proc.terminate(30).await;
+        assert!(status.success(), "{role} exit on SIGTERM: {status:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    env.cleanup().await;
+}

@@ -155,6 +155,7 @@ async fn redis_over_tls_reserves_and_an_unknown_ca_is_refused() {
             traceparent: "",
             valid_secs: 300,
             limits: Default::default(),
+            channel: "",
         })
         .await
         .unwrap();

@@ -130,7 +130,7 @@ async fn a_refusal_after_a_lost_send_holds_the_unit_until_postgresql_fences_the_
         1
     );
     // A copy that turns up later (the broker had it after all) creates nothing.
-    let event = event_from_reservation(&h).unwrap();
+    let event = event_from_reservation(&h, 1).unwrap();
     let pool = env.pool(1).await;
     let mut c = pool.get().await.unwrap();
     let late = Inbound {

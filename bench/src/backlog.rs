@@ -128,6 +128,7 @@ async fn reserve_all(
                         traceparent: &traceparent,
                         valid_secs,
                         limits: Default::default(),
+                        channel: "",
                     };
                     Ok(match redis.reserve(&a).await? {
                         ReserveResult::Reserved(view) => {
@@ -135,6 +136,7 @@ async fn reserve_all(
                                 &a,
                                 1,
                                 view.valid_until_ms,
+                                seckill::domain::SCHEMA_VERSION,
                                 TraceContext {
                                     trace_id,
                                     span_id,

@@ -157,6 +157,7 @@ pub async fn run(settings: Settings, args: ReserveRunArgs) -> anyhow::Result<boo
                     traceparent: "",
                     valid_secs: 600,
                     limits: Default::default(),
+                    channel: "",
                 };
                 Ok(matches!(
                     redis.reserve(&a).await?,

@@ -30,6 +30,15 @@ pub struct MqSettings {
     pub send_linger_us: u64,
     /// Broker calls the API has in flight at once.
     pub send_batches_in_flight: usize,
+    /// The ORDER_CREATE_REQUESTED schema the API and the scanner write: 1, or 2 (adds the
+    /// buyer's channel) once every consumer reads v2 (docs/ARCHITECTURE.md#upgrades). Optional,
+    /// so a configuration written for an earlier release still loads.
+    #[serde(default = "first_schema")]
+    pub order_event_schema: i32,
+}
+
+fn first_schema() -> i32 {
+    crate::domain::SCHEMA_VERSION
 }
 
 impl MqSettings {
@@ -105,6 +114,14 @@ impl MqSettings {
         }
         if self.send_batches_in_flight == 0 || self.send_batches_in_flight > 64 {
             return Err(invalid("mq.send_batches_in_flight", "must be in 1..=64"));
+        }
+        if !(crate::domain::SCHEMA_VERSION..=crate::domain::event::SCHEMA_V2)
+            .contains(&self.order_event_schema)
+        {
+            return Err(invalid(
+                "mq.order_event_schema",
+                "must be 1 or 2 (write 2 only once every consumer reads it)",
+            ));
         }
         if self.order_create_queues == 0 || self.other_queues == 0 {
             return Err(invalid(

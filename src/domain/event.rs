@@ -1,6 +1,10 @@
-//! `ORDER_CREATE_REQUESTED`, schema v1 (docs/ARCHITECTURE.md#the-order-create-message): the
-//! message between the API (or the re-send scanner) and the order consumer.
-//! `reservation_valid_until` is immutable and is the consumer's business deadline.
+//! `ORDER_CREATE_REQUESTED` (docs/ARCHITECTURE.md#the-order-create-message): the message between
+//! the API (or the re-send scanner) and the order consumer. `reservation_valid_until` is
+//! immutable and is the consumer's business deadline.
+//!
+//! Two schema versions are read (docs/ARCHITECTURE.md#upgrades): v1, and v2 = v1 plus the
+//! buyer's sales `channel`. Producers write the version `mq.order_event_schema` names, so a
+//! rollout upgrades every consumer before any producer writes v2.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -8,7 +12,20 @@ use thiserror::Error;
 
 use super::ids::{is_valid_id, reservation_activity};
 
+/// Schema version of the events PostgreSQL originates, and the first of ORDER_CREATE_REQUESTED.
 pub const SCHEMA_VERSION: i32 = 1;
+/// ORDER_CREATE_REQUESTED v2: v1 plus `channel`.
+pub const SCHEMA_V2: i32 = 2;
+/// Longest sales channel name.
+pub const MAX_CHANNEL_LEN: usize = 32;
+
+/// A sales channel name (`app`, `web`, `mini_program`, ...): 1-32 of `a-z 0-9 _ -`.
+pub fn is_valid_channel(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_CHANNEL_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'-'))
+}
 pub const EVENT_ORDER_CREATE_REQUESTED: &str = "ORDER_CREATE_REQUESTED";
 /// Tag of order-create messages (a small, stable category, never an id).
 pub const TAG_CREATE_ORDER: &str = "CREATE_ORDER";
@@ -43,6 +60,9 @@ pub struct OrderCreateRequested {
     pub producer: String,
     #[serde(default)]
     pub trace: TraceContext,
+    /// v2: the sales channel the buyer reserved through (absent in v1, optional in v2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
 }
 
 /// Why a message body cannot be processed, ever. Such messages are quarantined, not retried.
@@ -90,20 +110,25 @@ pub struct ReservationFacts<'a> {
     pub quantity: i32,
     pub created_at: DateTime<Utc>,
     pub valid_until: DateTime<Utc>,
+    /// The buyer's sales channel, if the request named one (carried from v2 on).
+    pub channel: Option<&'a str>,
 }
 
 impl OrderCreateRequested {
-    /// The event of a reservation; `retry_count` counts the scanner's re-sends (0 on the
-    /// API's first send), `producer` names the role that sends it.
+    /// The event of a reservation in schema `schema` (1 or 2: v1 leaves the channel out);
+    /// `retry_count` counts the scanner's re-sends (0 on the API's first send), `producer`
+    /// names the role that sends it.
     pub fn new(
         facts: &ReservationFacts<'_>,
+        schema: i32,
         producer: &str,
         retry_count: i32,
         trace: TraceContext,
     ) -> Self {
         let r = &facts.reservation;
+        let v2 = schema >= SCHEMA_V2;
         Self {
-            schema_version: SCHEMA_VERSION,
+            schema_version: if v2 { SCHEMA_V2 } else { SCHEMA_VERSION },
             event_type: EVENT_ORDER_CREATE_REQUESTED.to_string(),
             message_id: r.message_id.to_owned(),
             message_key: r.reservation_id.to_owned(),
@@ -121,16 +146,17 @@ impl OrderCreateRequested {
             replay_count: 0,
             producer: producer.to_string(),
             trace,
+            channel: facts.channel.filter(|_| v2).map(str::to_owned),
         }
     }
 
-    /// Decodes and validates a message body. The schema version is checked before the shape,
-    /// so a future v2 message is reported as unsupported rather than malformed.
+    /// Decodes and validates a message body (v1 or v2). The schema version is checked before
+    /// the shape, so a future v3 message is reported as unsupported rather than malformed.
     pub fn decode(body: &[u8]) -> Result<Self, PoisonReason> {
         let value: serde_json::Value =
             serde_json::from_slice(body).map_err(|e| PoisonReason::InvalidJson(e.to_string()))?;
         match value.get("schema_version").and_then(|v| v.as_i64()) {
-            Some(v) if v == i64::from(SCHEMA_VERSION) => {}
+            Some(v) if (i64::from(SCHEMA_VERSION)..=i64::from(SCHEMA_V2)).contains(&v) => {}
             Some(v) => return Err(PoisonReason::UnsupportedSchema(v)),
             None => {
                 return Err(PoisonReason::InvalidEvent(
@@ -138,8 +164,12 @@ impl OrderCreateRequested {
                 ))
             }
         }
-        let event: OrderCreateRequested =
+        let mut event: OrderCreateRequested =
             serde_json::from_value(value).map_err(|e| PoisonReason::InvalidEvent(e.to_string()))?;
+        if event.schema_version == SCHEMA_VERSION {
+            // v1 has no channel: a stray one is not part of the message.
+            event.channel = None;
+        }
         event.validate().map_err(PoisonReason::InvalidEvent)?;
         Ok(event)
     }
@@ -171,6 +201,13 @@ impl OrderCreateRequested {
         }
         if self.reservation_valid_until <= self.reservation_created_at {
             return Err("reservation_valid_until must be after reservation_created_at".into());
+        }
+        if self
+            .channel
+            .as_deref()
+            .is_some_and(|c| !is_valid_channel(c))
+        {
+            return Err("channel must be 1-32 characters of a-z 0-9 _ -".into());
         }
         Ok(())
     }
@@ -208,6 +245,7 @@ pub(crate) mod tests {
             replay_count: 0,
             producer: "seckill-api".into(),
             trace: TraceContext::default(),
+            channel: None,
         }
     }
 
@@ -218,16 +256,72 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn reads_v1_and_v2() {
+        let ids = Ids::generate(10001, 0);
+        let now = Utc::now();
+        let facts = ReservationFacts {
+            reservation: ReservationRef {
+                message_id: &ids.message_id,
+                request_id: "req-1",
+                reservation_id: &ids.reservation_id,
+                order_id: &ids.order_id,
+                activity_id: 10001,
+                sku_id: 20001,
+                user_id: 7,
+            },
+            quantity: 1,
+            created_at: now,
+            valid_until: now + chrono::Duration::seconds(60),
+            channel: Some("app"),
+        };
+        let trace = TraceContext::default();
+        // v1: byte-compatible with what a v1-only consumer reads: no channel key at all.
+        let v1 = OrderCreateRequested::new(&facts, 1, "seckill-api", 0, trace.clone());
+        let body: serde_json::Value = serde_json::from_slice(&v1.encode()).unwrap();
+        assert_eq!(body["schema_version"], 1);
+        assert!(body.get("channel").is_none());
+        assert_eq!(OrderCreateRequested::decode(&v1.encode()).unwrap(), v1);
+        // v2 carries the channel.
+        let v2 = OrderCreateRequested::new(&facts, 2, "seckill-api", 0, trace.clone());
+        assert_eq!(v2.schema_version, 2);
+        let back = OrderCreateRequested::decode(&v2.encode()).unwrap();
+        assert_eq!(back.channel.as_deref(), Some("app"));
+        // v2 without a channel is valid; a v1 body with a stray channel ignores it.
+        let none = ReservationFacts {
+            channel: None,
+            ..facts.clone()
+        };
+        let v2 = OrderCreateRequested::new(&none, 2, "seckill-api", 0, trace);
+        assert_eq!(
+            OrderCreateRequested::decode(&v2.encode()).unwrap().channel,
+            None
+        );
+        let mut v = serde_json::to_value(&v1).unwrap();
+        v["channel"] = "web".into();
+        let decoded = OrderCreateRequested::decode(&serde_json::to_vec(&v).unwrap()).unwrap();
+        assert_eq!(decoded.channel, None);
+        // A malformed channel is poison, not a silently dropped field.
+        let mut v = serde_json::to_value(&back).unwrap();
+        v["channel"] = "Not A Channel".into();
+        assert_eq!(
+            OrderCreateRequested::decode(&serde_json::to_vec(&v).unwrap())
+                .unwrap_err()
+                .code(),
+            "INVALID_EVENT"
+        );
+    }
+
+    #[test]
     fn classifies_poison() {
         assert_eq!(
             OrderCreateRequested::decode(b"{oops").unwrap_err().code(),
             "INVALID_JSON"
         );
         let mut v = serde_json::to_value(sample()).unwrap();
-        v["schema_version"] = 2.into();
+        v["schema_version"] = 3.into();
         assert_eq!(
             OrderCreateRequested::decode(&serde_json::to_vec(&v).unwrap()).unwrap_err(),
-            PoisonReason::UnsupportedSchema(2)
+            PoisonReason::UnsupportedSchema(3)
         );
         let mut v = serde_json::to_value(sample()).unwrap();
         v.as_object_mut().unwrap().remove("order_id");

@@ -30,6 +30,7 @@ pub enum ValidationError {
 struct RawReserve {
     request_id: Option<serde_json::Value>,
     quantity: Option<serde_json::Value>,
+    channel: Option<serde_json::Value>,
 }
 
 /// A validated reservation request.
@@ -40,6 +41,8 @@ pub struct ReserveRequest {
     pub user_id: Option<i64>,
     pub request_id: String,
     pub quantity: i32,
+    /// The sales channel the buyer reserves through (`app`, `web`, ...), when named.
+    pub channel: Option<String>,
 }
 
 fn positive_i64(v: &serde_json::Value, field: &'static str) -> Result<i64, ValidationError> {
@@ -105,10 +108,23 @@ impl ReserveRequest {
                 reason: "must be 1",
             });
         }
+        let channel = match raw.channel {
+            None => None,
+            Some(serde_json::Value::String(c)) if crate::domain::event::is_valid_channel(&c) => {
+                Some(c)
+            }
+            Some(_) => {
+                return Err(ValidationError::Field {
+                    field: "channel",
+                    reason: "must be 1-32 characters of a-z 0-9 _ -",
+                })
+            }
+        };
         Ok(Self {
             user_id,
             request_id,
             quantity: 1,
+            channel,
         })
     }
 }
@@ -137,6 +153,12 @@ mod tests {
         assert_eq!(r.request_id, "req-1");
         let r = ReserveRequest::parse(br#"{"request_id": "req-1", "quantity": 1}"#).unwrap();
         assert_eq!(r.user_id, None);
+        assert_eq!(r.channel, None);
+        let r = ReserveRequest::parse(
+            br#"{"request_id": "r", "quantity": 1, "channel": "mini_program"}"#,
+        )
+        .unwrap();
+        assert_eq!(r.channel.as_deref(), Some("mini_program"));
     }
 
     #[test]
@@ -204,6 +226,27 @@ mod tests {
                 ValidationError::Field {
                     field: "request_id",
                     reason: "must be a string",
+                },
+            ),
+            (
+                br#"{"user_id":1,"request_id":"a","quantity":1,"channel":"App Store"}"#,
+                ValidationError::Field {
+                    field: "channel",
+                    reason: "must be 1-32 characters of a-z 0-9 _ -",
+                },
+            ),
+            (
+                br#"{"user_id":1,"request_id":"a","quantity":1,"channel":""}"#,
+                ValidationError::Field {
+                    field: "channel",
+                    reason: "must be 1-32 characters of a-z 0-9 _ -",
+                },
+            ),
+            (
+                br#"{"user_id":1,"request_id":"a","quantity":1,"channel":7}"#,
+                ValidationError::Field {
+                    field: "channel",
+                    reason: "must be 1-32 characters of a-z 0-9 _ -",
                 },
             ),
             (

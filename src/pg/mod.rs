@@ -7,7 +7,9 @@ pub mod errors;
 pub mod order_state;
 pub mod order_tx;
 pub mod outbox;
+pub mod quarantine;
 pub mod queries;
+pub mod replay;
 pub mod retention;
 pub mod transaction_events;
 

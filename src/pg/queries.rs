@@ -192,10 +192,13 @@ pub struct OrderView {
     pub created_at: DateTime<Utc>,
     pub paid_at: Option<DateTime<Utc>>,
     pub canceled_at: Option<DateTime<Utc>>,
+    /// The sales channel the buyer reserved through (orders from a v2 message that named one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
 }
 
 const ORDER_COLUMNS: &str = "order_id, reservation_id, activity_id, sku_id, user_id, status,
-    amount_cents, version, expires_at, created_at, paid_at, canceled_at";
+    amount_cents, version, expires_at, created_at, paid_at, canceled_at, channel";
 
 fn order_view(row: &tokio_postgres::Row) -> OrderView {
     OrderView {
@@ -213,6 +216,7 @@ fn order_view(row: &tokio_postgres::Row) -> OrderView {
         created_at: row.get(9),
         paid_at: row.get(10),
         canceled_at: row.get(11),
+        channel: row.get(12),
     }
 }
 

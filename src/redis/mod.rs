@@ -253,6 +253,8 @@ pub struct ReserveArgs<'a> {
     pub valid_secs: u64,
     /// The caller's buckets the script takes a token from first.
     pub limits: RateLimits<'a>,
+    /// The buyer's sales channel (`""`: none), kept on the reservation for its re-sends.
+    pub channel: &'a str,
 }
 
 /// The abuse limits of one reservation request (docs/ARCHITECTURE.md#abuse-limits); a rate of 0
@@ -514,6 +516,7 @@ impl RedisStore {
             .arg(a.limits.address_burst)
             .arg(a.limits.buyer_rate_per_sec)
             .arg(a.limits.buyer_burst)
+            .arg(a.channel)
             .invoke_async(&mut *conn)
             .await?;
         let code = parts.first().map(String::as_str).unwrap_or("");

@@ -29,6 +29,9 @@ pub struct ReservationHash {
     pub valid_until: DateTime<Utc>,
     /// W3C traceparent of the buyer's request ("" when there was none).
     pub traceparent: String,
+    /// The buyer's sales channel (absent when the request named none, and in hashes an
+    /// earlier release wrote).
+    pub channel: Option<String>,
 }
 
 impl ReservationHash {
@@ -65,6 +68,7 @@ impl ReservationHash {
             created_at: ms("created_at")?,
             valid_until: ms("valid_until")?,
             traceparent: s("traceparent").unwrap_or_default(),
+            channel: s("channel").filter(|c| crate::domain::event::is_valid_channel(c)),
         })
     }
 }

@@ -221,6 +221,7 @@ pub fn event(activity_id: i64, sku_id: i64, user_id: i64, valid_secs: i64) -> Or
         replay_count: 0,
         producer: "test".into(),
         trace: TraceContext::default(),
+        channel: None,
     }
 }
 
@@ -513,6 +514,7 @@ pub async fn try_reserve(
             traceparent: "",
             valid_secs: 300,
             limits: Default::default(),
+            channel: "",
         })
         .await
         .unwrap();
@@ -784,7 +786,7 @@ pub async fn created_orders(env: &TestEnv, activity_id: i64, users: &[i64]) -> V
             .reservation(activity_id, &ids.reservation_id)
             .await
             .unwrap();
-        let event = seckill::roles::scan::event_from_reservation(&fields).unwrap();
+        let event = seckill::roles::scan::event_from_reservation(&fields, 1).unwrap();
         handler
             .process(&[delivery_of(&names.order_create_topic, &event)])
             .await

@@ -378,10 +378,11 @@ async fn insert_orders(
             .prepare_cached(
                 "INSERT INTO orders
                    (order_id, reservation_id, activity_id, sku_id, user_id, status, amount_cents,
-                    expires_at, reserved_at, stock_bucket)
-                 SELECT t.o, t.r, t.a, t.s, t.u, 'CREATED', k.price_cents, $6, t.ra, t.b
+                    expires_at, reserved_at, stock_bucket, channel)
+                 SELECT t.o, t.r, t.a, t.s, t.u, 'CREATED', k.price_cents, $6, t.ra, t.b, t.c
                  FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[],
-                             $7::timestamptz[], $8::int2[]) AS t(o, r, a, s, u, ra, b)
+                             $7::timestamptz[], $8::int2[], $9::text[])
+                      AS t(o, r, a, s, u, ra, b, c)
                  JOIN activity_skus k ON k.activity_id = t.a AND k.sku_id = t.s
                  ON CONFLICT DO NOTHING
                  RETURNING order_id",

@@ -95,6 +95,8 @@ pub(super) struct OrderRows {
     pub(super) reserved_at: Vec<DateTime<Utc>>,
     /// The stock bucket the reservation was taken in (its home: where its unit is looked for).
     pub(super) buckets: Vec<i16>,
+    /// The buyer's sales channel (v2 messages; `None` from v1).
+    pub(super) channels: Vec<Option<String>>,
 }
 
 impl OrderRows {
@@ -106,12 +108,13 @@ impl OrderRows {
         self.user_ids.push(e.user_id);
         self.reserved_at.push(e.reservation_created_at);
         self.buckets.push(home_bucket(e));
+        self.channels.push(e.channel.clone());
     }
 
     pub(super) fn params<'p>(
         &'p self,
         expires_at: &'p DateTime<Utc>,
-    ) -> [&'p (dyn ToSql + Sync); 8] {
+    ) -> [&'p (dyn ToSql + Sync); 9] {
         [
             &self.order_ids,
             &self.reservation_ids,
@@ -121,6 +124,7 @@ impl OrderRows {
             expires_at,
             &self.reserved_at,
             &self.buckets,
+            &self.channels,
         ]
     }
 }

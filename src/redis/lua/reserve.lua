@@ -6,7 +6,8 @@
 -- ARGV: 1 now_ms, 2 user_id, 3 request_id, 4 reservation_id, 5 message_id, 6 order_id,
 --       7 sku_id, 8 activity_id, 9 next_retry_at_ms, 10 reservation key prefix,
 --       11 traceparent, 12 reservation key ttl seconds, 13 address rate per second,
---       14 address burst, 15 buyer rate per second, 16 buyer burst (a rate of 0: no limit)
+--       14 address burst, 15 buyer rate per second, 16 buyer burst (a rate of 0: no limit),
+--       17 the buyer's sales channel ("" when none)
 -- Returns {code, reservation_id, message_id, order_id, mq_status, status, valid_until_ms, created_at_ms}
 local now = tonumber(ARGV[1])
 local meta = redis.call('HMGET', KEYS[1], 'starts_at_ms', 'ends_at_ms', 'valid_ms', 'paused',
@@ -93,6 +94,7 @@ redis.call('HSET', rk,
   'status', 'RESERVED', 'mq_status', 'MQ_PENDING', 'send_attempt', '1',
   'next_retry_at', ARGV[9], 'created_at', ARGV[1], 'valid_until', tostring(valid_until),
   'traceparent', ARGV[11])
+if ARGV[17] and ARGV[17] ~= '' then redis.call('HSET', rk, 'channel', ARGV[17]) end
 redis.call('EXPIRE', rk, tonumber(ARGV[12]))
 redis.call('ZADD', KEYS[5], tonumber(ARGV[9]), ARGV[4])
 redis.call('ZADD', KEYS[6], now, ARGV[4])

@@ -51,11 +51,13 @@ pub(super) async fn reserve(
     resp
 }
 
-/// The ORDER_CREATE_REQUESTED event of a fresh reservation (first send, from the API).
+/// The ORDER_CREATE_REQUESTED event of a fresh reservation (first send, from the API), in
+/// schema `schema` (`mq.order_event_schema`).
 pub fn reservation_event(
     a: &ReserveArgs<'_>,
     quantity: i32,
     valid_until_ms: i64,
+    schema: i32,
     trace: TraceContext,
 ) -> OrderCreateRequested {
     let reserved_at = Utc
@@ -70,8 +72,9 @@ pub fn reservation_event(
             .timestamp_millis_opt(valid_until_ms)
             .single()
             .unwrap_or(reserved_at),
+        channel: Some(a.channel).filter(|c| !c.is_empty()),
     };
-    OrderCreateRequested::new(&facts, "seckill-api", 0, trace)
+    OrderCreateRequested::new(&facts, schema, "seckill-api", 0, trace)
 }
 
 async fn reserve_inner(
@@ -158,6 +161,7 @@ async fn reserve_inner(
             buyer_rate_per_sec: api.buyer_rate_per_sec,
             buyer_burst: api.buyer_burst,
         },
+        channel: req.channel.as_deref().unwrap_or_default(),
     };
     let view = match reserve_in_redis(s, &args).await? {
         ReserveResult::Reserved(v) => v,
@@ -239,7 +243,8 @@ async fn send_and_record(
     fail::fail_point!("api-after-reserve-before-send", |_| std::process::abort());
 
     let trace_id = trace.trace_id.clone();
-    let event = reservation_event(args, quantity, view.valid_until_ms, trace.clone());
+    let schema = s.settings.mq.order_event_schema;
+    let event = reservation_event(args, quantity, view.valid_until_ms, schema, trace.clone());
     let msg = order_create_message(&s.names.order_create_topic, &event);
     let send_timeout = s.settings.mq.send_timeout_ms;
     let send_started = Instant::now();

@@ -64,9 +64,11 @@ fn owner_id(kind: &str) -> String {
     format!("{kind}-{host}-{}-{}", std::process::id(), ulid::Ulid::new())
 }
 
-/// Rebuilds the original event from the reservation hash (the same ids, a higher retry count).
+/// Rebuilds the original event from the reservation hash (the same ids, a higher retry count)
+/// in schema `schema` (`mq.order_event_schema`).
 pub fn event_from_reservation(
     f: &std::collections::HashMap<String, String>,
+    schema: i32,
 ) -> Option<OrderCreateRequested> {
     let r = ReservationHash::parse(f)?;
     let (trace_id, span_id) =
@@ -76,6 +78,7 @@ pub fn event_from_reservation(
         quantity: 1,
         created_at: r.created_at,
         valid_until: r.valid_until,
+        channel: r.channel.as_deref(),
     };
     let trace = TraceContext {
         trace_id,
@@ -85,6 +88,7 @@ pub fn event_from_reservation(
     let retry_count = (r.send_attempt - 1).max(0) as i32;
     Some(OrderCreateRequested::new(
         &facts,
+        schema,
         "seckill-scan",
         retry_count,
         trace,
@@ -315,7 +319,8 @@ impl Scanner {
         fields: std::collections::HashMap<String, String>,
     ) -> (&'static str, String) {
         let rid = fields.get("reservation_id").cloned().unwrap_or_default();
-        let Some(event) = event_from_reservation(&fields) else {
+        let Some(event) = event_from_reservation(&fields, self.settings.mq.order_event_schema)
+        else {
             error!(reservation_id = %rid, activity_id, "reservation hash is incomplete; cannot re-send");
             return ("invalid", rid);
         };

@@ -178,11 +178,13 @@ impl Scanner {
                     done.push(r.reservation_id);
                 }
                 Verdict::Resend => {
-                    let event = event_from_reservation(fields);
+                    let event = event_from_reservation(fields, self.settings.mq.order_event_schema);
                     to_resend.push((r, event));
                 }
                 Verdict::Settle => {
-                    let Some(event) = event_from_reservation(fields) else {
+                    let Some(event) =
+                        event_from_reservation(fields, self.settings.mq.order_event_schema)
+                    else {
                         continue;
                     };
                     match self

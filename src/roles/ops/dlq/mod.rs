@@ -1,0 +1,361 @@
+//! `seckill dlq list | show | replay | discard`: the operator's side of the dead letters that
+//! the intake (in `seckill consume`, `roles::consume::dlq_intake`) recorded in PostgreSQL, and
+//! of the quarantined messages a consumer could never read (`--quarantined`): those can be
+//! replayed once a consumer that reads them runs (docs/ARCHITECTURE.md#upgrades).
+
+use std::time::Duration;
+
+use clap::Subcommand;
+
+use crate::config::Settings;
+use crate::pg::order_tx::TxNames;
+use crate::pg::{dlq, quarantine, replay as pg_replay};
+
+mod checks;
+mod replay;
+
+pub use checks::{pre_checks, Checks};
+pub use replay::replay_message;
+
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// Dead letters (or quarantined messages), oldest first.
+    List {
+        /// OPEN, REPLAYED or DISCARDED (default: OPEN); with --quarantined, QUARANTINED or
+        /// REPLAYED (default: QUARANTINED).
+        #[arg(long)]
+        status: Option<String>,
+        /// Only this consumer group.
+        #[arg(long)]
+        group: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+        #[arg(long)]
+        json: bool,
+        /// Quarantined messages instead of dead letters.
+        #[arg(long)]
+        quarantined: bool,
+    },
+    /// One dead letter (or quarantined message) with its payload.
+    Show {
+        id: i64,
+        /// `id` is a quarantined message's.
+        #[arg(long)]
+        quarantined: bool,
+    },
+    /// Re-publish dead letters (or quarantined messages) to their original topic with their
+    /// original message_id plus `replay_id` and `replay_count + 1` (rate-limited, one audit
+    /// row each).
+    Replay {
+        /// By id (OPEN or already REPLAYED; with --quarantined, quarantine ids).
+        #[arg(long = "id")]
+        ids: Vec<i64>,
+        /// All OPEN dead letters (QUARANTINED messages) of this group (with --since/--until).
+        #[arg(long)]
+        group: Option<String>,
+        /// First-seen window start (RFC 3339).
+        #[arg(long)]
+        since: Option<chrono::DateTime<chrono::Utc>>,
+        /// First-seen window end (RFC 3339).
+        #[arg(long)]
+        until: Option<chrono::DateTime<chrono::Utc>>,
+        /// Quarantined messages instead of dead letters: what a consumer could not read, e.g.
+        /// a schema version it did not know yet, sent back once a consumer that reads it runs.
+        #[arg(long)]
+        quarantined: bool,
+        /// With --quarantined: only this quarantine reason (UNSUPPORTED_SCHEMA, INVALID_EVENT,
+        /// INVALID_JSON).
+        #[arg(long, requires = "quarantined")]
+        quarantine_reason: Option<String>,
+        /// Why (kept in the audit; not needed with --dry-run).
+        #[arg(long, required_unless_present = "dry_run")]
+        reason: Option<String>,
+        #[arg(long)]
+        actor: Option<String>,
+        /// Messages per second at most.
+        #[arg(long, default_value_t = 20.0)]
+        rate: f64,
+        /// Replay even what is older than the inbox retention (it may apply twice), or whose
+        /// schema this build does not know (the consumer will quarantine it).
+        #[arg(long)]
+        force: bool,
+        /// Only show what the pre-checks find (already applied? reservation still held?
+        /// schema known? older than the inbox retention?); nothing is sent or recorded.
+        #[arg(long)]
+        dry_run: bool,
+        /// The pre-checks as JSON (with --dry-run).
+        #[arg(long)]
+        json: bool,
+        /// After the sends, how long to watch the group's inbox for each replay's effect
+        /// (recorded on its audit row: APPLIED:<decision>, DUPLICATE or NOT_OBSERVED).
+        #[arg(long, default_value_t = 10)]
+        verify_secs: u64,
+    },
+    /// Give up on a dead letter (audited). An order-create dead letter's message is withdrawn
+    /// with it, so its reservation's unit goes back once, through compensation.
+    Discard {
+        dlq_id: i64,
+        #[arg(long)]
+        reason: String,
+        /// Who decided (default: $USER).
+        #[arg(long)]
+        actor: Option<String>,
+    },
+}
+
+/// `seckill dlq ...`. Returns false when the command found nothing to act on.
+pub async fn run(settings: Settings, cmd: DlqCommand) -> anyhow::Result<bool> {
+    let (mut client, conn) = crate::pg::connect_one(&settings.pg).await?;
+    let conn = tokio::spawn(conn);
+    let ok = match cmd {
+        DlqCommand::List {
+            status,
+            group,
+            limit,
+            json,
+            quarantined,
+        } => {
+            let listing = Listing {
+                status,
+                group,
+                limit,
+                json,
+            };
+            if quarantined {
+                list_quarantined(&client, listing).await?
+            } else {
+                list_dead_letters(&client, listing).await?
+            }
+        }
+        DlqCommand::Show { id, quarantined } => show(&client, id, quarantined).await?,
+        DlqCommand::Replay {
+            ids,
+            group,
+            since,
+            until,
+            quarantined,
+            quarantine_reason,
+            reason,
+            actor,
+            rate,
+            force,
+            dry_run,
+            json,
+            verify_secs,
+        } => {
+            let reason = reason.unwrap_or_default();
+            anyhow::ensure!(
+                dry_run || !reason.trim().is_empty(),
+                "--reason must say why"
+            );
+            anyhow::ensure!(rate > 0.0, "--rate must be positive");
+            anyhow::ensure!(
+                !ids.is_empty() || group.is_some() || since.is_some(),
+                "select what to replay with --id, --group or --since"
+            );
+            let selection = pg_replay::Selection {
+                ids: &ids,
+                group: group.as_deref(),
+                since,
+                until,
+                quarantine_reason: quarantine_reason.as_deref(),
+            };
+            let rows = if quarantined {
+                pg_replay::quarantined(&client, &selection).await?
+            } else {
+                pg_replay::dead_letters(&client, &selection).await?
+            };
+            let plan = replay::Plan {
+                actor: &actor_or_user(actor),
+                reason: &reason,
+                rate,
+                force,
+                verify: Duration::from_secs(verify_secs),
+            };
+            replay_rows(&settings, &mut client, rows, &plan, dry_run, json).await?
+        }
+        DlqCommand::Discard {
+            dlq_id,
+            reason,
+            actor,
+        } => discard(&settings, dlq_id, &reason, &actor_or_user(actor)).await?,
+    };
+    drop(client);
+    let _ = conn.await;
+    Ok(ok)
+}
+
+/// Who acts: `--actor`, else `$USER`.
+fn actor_or_user(actor: Option<String>) -> String {
+    actor
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// What `dlq list` shows.
+struct Listing {
+    status: Option<String>,
+    group: Option<String>,
+    limit: i64,
+    json: bool,
+}
+
+async fn list_dead_letters(client: &tokio_postgres::Client, l: Listing) -> anyhow::Result<bool> {
+    let status = l.status.unwrap_or_else(|| "OPEN".into()).to_uppercase();
+    anyhow::ensure!(
+        ["OPEN", "REPLAYED", "DISCARDED"].contains(&status.as_str()),
+        "--status must be OPEN, REPLAYED or DISCARDED"
+    );
+    let rows = dlq::list(client, Some(&status), l.group.as_deref(), l.limit).await?;
+    if l.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(true);
+    }
+    println!(
+        "{:>6}  {:<20}  {:<40}  {:>8}  {:<10}  error",
+        "id", "first seen", "group / message_id", "attempts", "status"
+    );
+    for r in &rows {
+        println!(
+            "{:>6}  {:<20}  {:<40}  {:>8}  {:<10}  {}",
+            r.dlq_id,
+            r.first_seen.format("%Y-%m-%d %H:%M:%S"),
+            format!(
+                "{} / {}",
+                r.consumer_group,
+                r.message_id.as_deref().unwrap_or("-")
+            ),
+            r.attempts,
+            r.status,
+            r.last_error.as_deref().unwrap_or("-")
+        );
+    }
+    println!("{} dead letter(s)", rows.len());
+    Ok(true)
+}
+
+async fn list_quarantined(client: &tokio_postgres::Client, l: Listing) -> anyhow::Result<bool> {
+    let status = l
+        .status
+        .unwrap_or_else(|| "QUARANTINED".into())
+        .to_uppercase();
+    anyhow::ensure!(
+        ["QUARANTINED", "REPLAYED"].contains(&status.as_str()),
+        "--status must be QUARANTINED or REPLAYED with --quarantined"
+    );
+    let rows = quarantine::list(client, Some(&status), l.group.as_deref(), l.limit).await?;
+    if l.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(true);
+    }
+    println!(
+        "{:>6}  {:<20}  {:<40}  {:<18}  {:<11}  error",
+        "id", "received", "group / message_id", "reason", "status"
+    );
+    for r in &rows {
+        println!(
+            "{:>6}  {:<20}  {:<40}  {:<18}  {:<11}  {}",
+            r.quarantine_id,
+            r.received_at.format("%Y-%m-%d %H:%M:%S"),
+            format!(
+                "{} / {}",
+                r.consumer_group,
+                r.message_id.as_deref().unwrap_or("-")
+            ),
+            r.reason,
+            r.status,
+            r.error
+        );
+    }
+    println!("{} quarantined message(s)", rows.len());
+    Ok(true)
+}
+
+async fn show(client: &tokio_postgres::Client, id: i64, quarantined: bool) -> anyhow::Result<bool> {
+    let found = if quarantined {
+        quarantine::show(client, id)
+            .await?
+            .map(|r| serde_json::to_string_pretty(&r))
+    } else {
+        dlq::show(client, id)
+            .await?
+            .map(|r| serde_json::to_string_pretty(&r))
+    };
+    match found {
+        Some(text) => {
+            println!("{}", text?);
+            Ok(true)
+        }
+        None => {
+            let what = if quarantined {
+                "quarantined message"
+            } else {
+                "dead letter"
+            };
+            eprintln!("no {what} {id}");
+            Ok(false)
+        }
+    }
+}
+
+/// The pre-checks, then (unless a dry run) the replay of `rows`.
+async fn replay_rows(
+    settings: &Settings,
+    client: &mut tokio_postgres::Client,
+    rows: Vec<pg_replay::ReplayRow>,
+    plan: &replay::Plan<'_>,
+    dry_run: bool,
+    json: bool,
+) -> anyhow::Result<bool> {
+    let checks = pre_checks(settings, client, &rows).await?;
+    if dry_run {
+        checks::print_checks(&checks, json)?;
+        return Ok(!rows.is_empty());
+    }
+    let publisher = crate::mq::connect_publisher(settings).await?;
+    let rows = rows.into_iter().zip(checks).collect();
+    let done = replay::replay(settings, client, publisher.as_ref(), rows, plan).await?;
+    println!(
+        "replay: {} confirmed ({} applied, {} duplicate, {} not observed within {} s), {} refused, {} failed",
+        done.confirmed,
+        done.applied,
+        done.duplicate,
+        done.not_observed,
+        plan.verify.as_secs(),
+        done.refused,
+        done.failed
+    );
+    Ok(done.failed == 0 && done.refused == 0)
+}
+
+async fn discard(
+    settings: &Settings,
+    dlq_id: i64,
+    reason: &str,
+    actor: &str,
+) -> anyhow::Result<bool> {
+    anyhow::ensure!(!reason.trim().is_empty(), "--reason must say why");
+    let pool = crate::pg::connect_pool(&settings.pg, 1).await?;
+    let mut c = pool.get().await?;
+    let order_create = TxNames::order_create(settings);
+    match dlq::discard(&mut c, &order_create, dlq_id, actor, reason).await? {
+        Some(effect) => {
+            let what = match effect {
+                dlq::effect::WITHDRAWN => {
+                    "its message withdrawn: the reservation's unit goes back through compensation"
+                }
+                dlq::effect::ALREADY_DECIDED => {
+                    "another copy of its message was already decided; nothing held"
+                }
+                dlq::effect::UNREADABLE => "its payload does not decode; no reservation to release",
+                _ => "nothing held by it",
+            };
+            println!("dead letter {dlq_id} discarded by {actor}: {reason}; {what} ({effect})");
+            Ok(true)
+        }
+        None => {
+            eprintln!("dead letter {dlq_id} is not OPEN (or does not exist)");
+            Ok(false)
+        }
+    }
+}

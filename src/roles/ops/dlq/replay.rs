@@ -1,0 +1,239 @@
+//! The re-publication of a replay: the message as it was first sent (topic, tags, keys,
+//! message_id) plus a replay id and count, rate-limited, each attempt audited, then the
+//! group's inbox watched for what came of it.
+
+use std::time::Duration;
+
+use super::checks::Checks;
+use crate::config::Settings;
+use crate::pg::replay::{self, ReplayRow};
+
+/// The broker message of a replay: the original topic, tags, keys and message_id, plus
+/// `replay_id` and `replay_count + 1` (in the properties, and in a JSON body's `replay_count`).
+pub fn replay_message(row: &ReplayRow, replay_id: &str) -> crate::mq::OutMessage {
+    let prop = |k: &str| {
+        row.properties
+            .get(k)
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+    };
+    let replay_count = prop("replay_count")
+        .and_then(|v| v.parse::<i64>().ok())
+        .unwrap_or(0)
+        + 1;
+    let mut body = row.payload.clone();
+    if let Ok(serde_json::Value::Object(mut obj)) =
+        serde_json::from_slice::<serde_json::Value>(&row.payload)
+    {
+        if obj.contains_key("replay_count") {
+            obj.insert("replay_count".into(), replay_count.into());
+            body = serde_json::to_vec(&obj).unwrap_or(body);
+        }
+    }
+    let mut properties = vec![
+        ("replay_id".to_string(), replay_id.to_string()),
+        ("replay_count".to_string(), replay_count.to_string()),
+    ];
+    for key in [
+        "message_id",
+        "reservation_id",
+        "order_id",
+        "request_id",
+        "schema_version",
+        "traceparent",
+        "event_type",
+        "aggregate_version",
+    ] {
+        if let Some(v) = prop(key) {
+            properties.push((key.to_string(), v));
+        }
+    }
+    let keys: Vec<String> = prop("KEYS")
+        .map(|k| {
+            k.split(' ')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    crate::mq::OutMessage {
+        topic: row.topic.clone(),
+        tag: prop("TAGS").unwrap_or_default(),
+        keys,
+        properties,
+        body,
+        deliver_time_ms: None,
+        sharding_key: None,
+    }
+}
+
+/// How a replay runs.
+pub(super) struct Plan<'a> {
+    pub(super) actor: &'a str,
+    pub(super) reason: &'a str,
+    pub(super) rate: f64,
+    pub(super) force: bool,
+    /// How long to watch the inbox for the effects.
+    pub(super) verify: Duration,
+}
+
+/// What a replay came to.
+#[derive(Debug, Default)]
+pub(super) struct Done {
+    pub(super) confirmed: usize,
+    pub(super) refused: usize,
+    pub(super) failed: usize,
+    pub(super) applied: usize,
+    pub(super) duplicate: usize,
+    pub(super) not_observed: usize,
+}
+
+/// Replays `rows` at most `rate` per second, then watches the inbox for each confirmed
+/// replay's effect and records it on its audit row.
+pub(super) async fn replay(
+    settings: &Settings,
+    client: &mut tokio_postgres::Client,
+    publisher: &dyn crate::mq::Publisher,
+    rows: Vec<(ReplayRow, Checks)>,
+    plan: &Plan<'_>,
+) -> anyhow::Result<Done> {
+    let bar = indicatif::ProgressBar::new(rows.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let pause = Duration::from_secs_f64(1.0 / plan.rate);
+    let mut done = Done::default();
+    // (replay_id, group, message_id, already applied before the replay)
+    let mut watch: Vec<(String, String, String, bool)> = Vec::new();
+    for (row, checks) in rows {
+        let replay_id = format!("rpl_{}", ulid::Ulid::new());
+        let checks_json = serde_json::to_value(&checks)?;
+        let refusal = if checks.older_than_inbox_retention && !plan.force {
+            Some((
+                "REFUSED_OLDER_THAN_RETENTION",
+                format!(
+                    "first seen {} is older than the inbox retention ({} days)",
+                    row.first_seen, settings.retention.inbox_days
+                ),
+            ))
+        } else if !checks.schema_known && !plan.force {
+            Some((
+                "REFUSED_SCHEMA_UNKNOWN",
+                "its schema version is not one this build reads".to_string(),
+            ))
+        } else {
+            None
+        };
+        if let Some((outcome, why)) = refusal {
+            let audit = replay::ReplayAudit {
+                subject: row.subject,
+                actor: plan.actor,
+                reason: plan.reason,
+                outcome,
+                replay_id: &replay_id,
+                confirmed: false,
+                checks: &checks_json,
+            };
+            replay::record(client, &audit).await?;
+            bar.println(format!("{}: refused, {why}; use --force", row.subject));
+            done.refused += 1;
+            bar.inc(1);
+            continue;
+        }
+        let outcome = publisher
+            .send(
+                replay_message(&row, &replay_id),
+                settings.mq.send_timeout_ms.max(1000),
+            )
+            .await;
+        let confirmed = matches!(outcome, crate::mq::SendOutcome::Confirmed { .. });
+        let forced = checks.older_than_inbox_retention || !checks.schema_known;
+        let label = if forced {
+            format!("{}_FORCED", outcome.label().to_uppercase())
+        } else {
+            outcome.label().to_uppercase()
+        };
+        let audit = replay::ReplayAudit {
+            subject: row.subject,
+            actor: plan.actor,
+            reason: plan.reason,
+            outcome: &label,
+            replay_id: &replay_id,
+            confirmed,
+            checks: &checks_json,
+        };
+        replay::record(client, &audit).await?;
+        tracing::info!(subject = %row.subject, consumer_group = %row.consumer_group, topic = %row.topic,
+                       message_id = row.message_id.as_deref().unwrap_or(""),
+                       reservation_id = row.reservation_id.as_deref().unwrap_or(""),
+                       order_id = row.order_id.as_deref().unwrap_or(""), replay_id = %replay_id,
+                       previous_status = %row.status, outcome = %label,
+                       already_applied = checks.already_applied.as_deref().unwrap_or(""),
+                       "replayed");
+        if confirmed {
+            done.confirmed += 1;
+            if let Some(id) = row.message_id.clone() {
+                watch.push((
+                    replay_id,
+                    row.consumer_group.clone(),
+                    id,
+                    checks.already_applied.is_some(),
+                ));
+            }
+        } else {
+            done.failed += 1;
+        }
+        bar.inc(1);
+        tokio::time::sleep(pause).await;
+    }
+    bar.finish_with_message("sent; watching the inbox");
+    observe_effects(client, watch, plan.verify, &mut done).await?;
+    Ok(done)
+}
+
+/// Watches the groups' inbox until every replayed message shows up or `verify` passes, and
+/// records each effect: `APPLIED:<decision>` (the replay was processed), `DUPLICATE` (the inbox
+/// already held it: a no-op) or `NOT_OBSERVED` (not processed within the window).
+async fn observe_effects(
+    client: &tokio_postgres::Client,
+    mut watch: Vec<(String, String, String, bool)>,
+    verify: Duration,
+    done: &mut Done,
+) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + verify;
+    loop {
+        let mut left = Vec::new();
+        for (replay_id, group, message_id, before) in watch {
+            let effect = if before {
+                Some("DUPLICATE".to_string())
+            } else {
+                replay::inbox_state(client, &group, &message_id)
+                    .await?
+                    .filter(|(status, _)| status != "PROCESSING")
+                    .map(|(_, decision)| format!("APPLIED:{}", decision.unwrap_or_default()))
+            };
+            match effect {
+                Some(effect) => {
+                    if before {
+                        done.duplicate += 1;
+                    } else {
+                        done.applied += 1;
+                    }
+                    replay::record_effect(client, &replay_id, &effect).await?;
+                }
+                None => left.push((replay_id, group, message_id, before)),
+            }
+        }
+        watch = left;
+        if watch.is_empty() || tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for (replay_id, ..) in &watch {
+        replay::record_effect(client, replay_id, "NOT_OBSERVED").await?;
+        done.not_observed += 1;
+    }
+    Ok(())
+}
