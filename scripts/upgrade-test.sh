@@ -80,7 +80,7 @@ run() {
 
 PSQL=(psql -X -q -h 127.0.0.1 -U postgres -d postgres)
 clean_stores() {
-  "${PSQL[@]}" -c "DROP SCHEMA IF EXISTS seckill_upgrade CASCADE" >&2 || true
+  "${PSQL[@]}" -c "SET client_min_messages = warning; DROP SCHEMA IF EXISTS seckill_upgrade CASCADE" >&2 || true
   redis-cli -h 127.0.0.1 --scan --pattern 'seckill-upgrade:*' | xargs -r -n 500 redis-cli -h 127.0.0.1 del >/dev/null || true
 }
 
