@@ -53,7 +53,7 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
 fi
 log "Redis ready on 127.0.0.1:6379"
 
-# --- HAProxy (the balancer of tests/rolling_restart.rs; deploy/haproxy) -------------------
+# --- HAProxy (the balancer of tests/it/rolling_restart.rs; deploy/haproxy) -------------------
 if ! command -v haproxy >/dev/null 2>&1; then
   log "installing HAProxy (apt)"
   apt_install haproxy

@@ -2,7 +2,7 @@
 -- batch of :batch messages (-D batch=32, the consumer's consumer.batch_size), set-based like
 -- src/pg/order_tx/mod.rs: one multi-row statement per step, SAVEPOINT + unlocked stock read
 -- pipelined, the ledger/outbox/inbox/NOTIFY step pipelined, then one conditional decrement of
--- the hot row for the whole batch (its lock taken last) and the commit stamp, pipelined, COMMIT. tests/pgbench_scripts.rs
+-- the hot row for the whole batch (its lock taken last) and the commit stamp, pipelined, COMMIT. tests/it/pgbench_scripts.rs
 -- compares the statements with what the consumer sends.
 -- The inbox update looks its rows up with = ANY (ARRAY(...)), an index scan whatever the
 -- table statistics say (a join with generate_series may get a hash join over the whole inbox
@@ -35,10 +35,11 @@ ON CONFLICT (activity_id, reservation_id) DO NOTHING
 RETURNING reservation_id;
 INSERT INTO seckill_limits.orders
     (order_id, reservation_id, activity_id, sku_id, user_id, status, amount_cents,
-     expires_at, reserved_at, stock_bucket)
+     expires_at, reserved_at, stock_bucket, channel)
 SELECT 'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0'),
        'rsv_' || lpad((:k::bigint * 100 + g)::text, 26, '0'), 1, 1, :ub::bigint + g,
-       'CREATED', k.price_cents, now() + interval '15 minutes', now() - interval '20 milliseconds', 0
+       'CREATED', k.price_cents, now() + interval '15 minutes', now() - interval '20 milliseconds', 0,
+       'app'
 FROM generate_series(1, :batch::int) AS g
 JOIN seckill_limits.activity_skus k ON k.activity_id = 1 AND k.sku_id = 1
 ON CONFLICT DO NOTHING

@@ -1,7 +1,7 @@
 -- scripts/limits.sh, measurement 1: the project's order transaction for ONE message, as
 -- src/pg/order_tx/mod.rs runs it for a batch of one (happy path: fresh message, fresh
 -- reservation, stock left). The same statements in the same order and the same round trips
--- (tests/pgbench_scripts.rs records what the consumer sends and compares):
+-- (tests/it/pgbench_scripts.rs records what the consumer sends and compares):
 --   BEGIN; inbox insert; reservation insert; order insert (joined with the SKU row, FK check
 --   = FOR KEY SHARE on the hot row); SAVEPOINT + unlocked stock read, pipelined; ledger,
 --   outbox (ORDER_CREATED + delayed CANCEL_IF_UNPAID), inbox status and NOTIFY, pipelined;
@@ -32,9 +32,10 @@ ON CONFLICT (activity_id, reservation_id) DO NOTHING
 RETURNING reservation_id;
 INSERT INTO seckill_limits.orders
     (order_id, reservation_id, activity_id, sku_id, user_id, status, amount_cents,
-     expires_at, reserved_at, stock_bucket)
+     expires_at, reserved_at, stock_bucket, channel)
 SELECT 'ord_' || lpad(:k::text, 26, '0'), 'rsv_' || lpad(:k::text, 26, '0'), 1, 1, :uid,
-       'CREATED', k.price_cents, now() + interval '15 minutes', now() - interval '20 milliseconds', 0
+       'CREATED', k.price_cents, now() + interval '15 minutes', now() - interval '20 milliseconds', 0,
+       'app'
 FROM seckill_limits.activity_skus k
 WHERE k.activity_id = 1 AND k.sku_id = 1
 ON CONFLICT DO NOTHING

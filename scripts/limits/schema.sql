@@ -12,7 +12,7 @@ CREATE SCHEMA seckill_limits;
 SET search_path = seckill_limits;
 
 -- The project's own schema, from its migrations (never a copy that could drift; every
--- sql/V*.sql is listed here, tests/pgbench_scripts.rs checks).
+-- sql/V*.sql is listed here, tests/it/pgbench_scripts.rs checks).
 \ir ../../sql/V1__pipeline.sql
 \ir ../../sql/V2__dlq.sql
 \ir ../../sql/V3__retention.sql
@@ -25,6 +25,8 @@ SET search_path = seckill_limits;
 \ir ../../sql/V10__distribution_keys.sql
 \ir ../../sql/V11__pending_compensations.sql
 \ir ../../sql/V12__transaction_delivery.sql
+\ir ../../sql/V13__order_channel.sql
+\ir ../../sql/V14__quarantine_replay.sql
 
 -- The hot row: remaining_stock is INTEGER as in the project, so "huge" is the INTEGER
 -- maximum (2,147,483,647): far more than any run can sell.

@@ -491,7 +491,7 @@ async fn take_stock_optimistically(
     }
     let all: Vec<usize> = per_row.values().flatten().copied().collect();
     // Fault-injection point: another transaction may take the stock between the read above
-    // and the decrement below (tests/stock_fallback.rs takes it here), so the decrement
+    // and the decrement below (tests/isolated/stock_fallback.rs takes it here), so the decrement
     // misses and the savepoint fallback decides.
     fail::fail_point!("order-tx-after-stock-peek");
     write_outcomes(tx, b, owned, &all, &HashMap::new(), rejected).await?;

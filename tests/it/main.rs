@@ -1,0 +1,42 @@
+//! The integration tests, one binary (one link of the whole crate instead of one per file):
+//! one module per area, each against the real PostgreSQL, Redis and RocketMQ; `common` is
+//! what they share. `cargo test --test it <module>::` runs one area. A test that sets a
+//! failpoint inside the test process (global to the process, not keyed by its own message)
+//! belongs in `tests/isolated/`, apart from the tests whose code paths it would disturb.
+
+// The RocketMQ client's futures are deeply nested.
+#![recursion_limit = "256"]
+
+mod common;
+
+mod activity;
+mod admin;
+mod cancel_tx;
+mod config;
+mod delivery;
+mod dlq;
+#[cfg(feature = "failpoints")]
+mod faults;
+mod front_door;
+mod hung_dependencies;
+mod many_instances;
+mod order_tx;
+mod outbox_timers;
+mod pgbench_scripts;
+mod pipeline;
+mod rate_limits;
+mod reconcile;
+mod recovery;
+mod redis_cluster;
+mod retention;
+mod roles;
+mod rolling_restart;
+mod sale_faults;
+mod schema;
+mod slow_clients;
+mod sold_out;
+mod tls;
+mod trust;
+#[cfg(feature = "failpoints")]
+mod uncertain_send;
+mod upgrade;
