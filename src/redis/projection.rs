@@ -1,0 +1,47 @@
+//! The order-status projection the buyer's reads are answered from first.
+
+use std::collections::HashMap;
+
+use deadpool_redis::redis::{self, AsyncCommands};
+
+use super::{pool, RedisStore};
+
+impl RedisStore {
+    /// Applies order events to the projection, each only if it is newer than what is there,
+    /// in one round trip (in order). Returns `APPLIED` or `STALE` per event.
+    pub async fn project_many(
+        &self,
+        events: &[&crate::domain::events::OrderEventHeader],
+        ttl_secs: u64,
+        now_ms: i64,
+    ) -> anyhow::Result<Vec<String>> {
+        let script = &self.scripts.project;
+        let calls: Vec<(u16, redis::ScriptInvocation<'_>)> = events
+            .iter()
+            .map(|event| {
+                let key = self.keys.projection(&event.reservation_id);
+                let slot = if self.cluster { pool::slot(&key) } else { 0 };
+                let mut call = script.prepare_invoke();
+                call.key(key)
+                    .arg(event.aggregate_version)
+                    .arg(&event.status)
+                    .arg(&event.order_id)
+                    .arg(&event.reservation_id)
+                    .arg(ttl_secs)
+                    .arg(now_ms)
+                    .arg(event.user_id);
+                (slot, call)
+            })
+            .collect();
+        self.pipelined(script, &calls).await
+    }
+
+    /// The projected order status of a reservation (empty when none yet).
+    pub async fn projection(
+        &self,
+        reservation_id: &str,
+    ) -> anyhow::Result<HashMap<String, String>> {
+        let mut conn = self.pool.get().await?;
+        Ok(conn.hgetall(self.keys.projection(reservation_id)).await?)
+    }
+}

@@ -1,0 +1,181 @@
+//! The reservation attempt (`lua/reserve.lua`): the buyer's request in, the script's decision
+//! out, and the lookups of a reservation by its request.
+
+use deadpool_redis::redis::AsyncCommands;
+
+use super::{RedisStore, RESERVATION_TTL_MARGIN_SECS};
+use crate::domain::event::ReservationRef;
+
+/// The reservation as the reserve script reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReservationView {
+    pub reservation_id: String,
+    pub message_id: String,
+    pub order_id: String,
+    pub mq_status: String,
+    pub status: String,
+    pub valid_until_ms: i64,
+    pub created_at_ms: i64,
+}
+
+/// What the reserve script decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReserveResult {
+    Reserved(ReservationView),
+    /// The same (user, request_id) was seen before: the earlier reservation, unchanged.
+    Duplicate(ReservationView),
+    AlreadyPurchased {
+        reservation_id: String,
+    },
+    /// The buyer used this request_id for another SKU of the activity: not a repeat of that
+    /// request, and not a new one either. Nothing changed.
+    RequestIdReused {
+        reservation_id: String,
+        sku_id: String,
+    },
+    SoldOut,
+    NotStarted,
+    Ended,
+    /// The client address's (`by` = "ip") or the buyer's ("u") bucket is empty: a token is
+    /// back after `retry_ms`. Nothing changed.
+    RateLimited {
+        by: String,
+        retry_ms: u64,
+    },
+    /// An operator paused the activity or this SKU, with their reason.
+    Paused {
+        reason: String,
+    },
+    NotFound,
+}
+
+/// Arguments of one reservation attempt; ids are minted by the caller beforehand.
+#[derive(Debug, Clone)]
+pub struct ReserveArgs<'a> {
+    pub reservation: ReservationRef<'a>,
+    pub now_ms: i64,
+    pub next_retry_at_ms: i64,
+    pub traceparent: &'a str,
+    pub valid_secs: u64,
+    /// The caller's buckets the script takes a token from first.
+    pub limits: RateLimits<'a>,
+    /// The buyer's sales channel (`""`: none), kept on the reservation for its re-sends.
+    pub channel: &'a str,
+}
+
+/// The abuse limits of one reservation request (docs/ARCHITECTURE.md#abuse-limits); a rate of 0
+/// is no limit, and the default is none.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RateLimits<'a> {
+    /// The client address (`""` when unknown: that bucket is skipped).
+    pub client_addr: &'a str,
+    pub address_rate_per_sec: f64,
+    pub address_burst: u32,
+    pub buyer_rate_per_sec: f64,
+    pub buyer_burst: u32,
+}
+
+pub(super) fn view(parts: &[String]) -> ReservationView {
+    let get = |i: usize| parts.get(i).cloned().unwrap_or_default();
+    ReservationView {
+        reservation_id: get(1),
+        message_id: get(2),
+        order_id: get(3),
+        mq_status: get(4),
+        status: get(5),
+        valid_until_ms: get(6).parse().unwrap_or(0),
+        created_at_ms: get(7).parse().unwrap_or(0),
+    }
+}
+
+impl RedisStore {
+    /// The atomic reservation: activity open, request idempotency, one per buyer, stock > 0.
+    pub async fn reserve(&self, a: &ReserveArgs<'_>) -> anyhow::Result<ReserveResult> {
+        let k = &self.keys;
+        // The bucket the reservation id names (the caller minted it for the buyer's home).
+        let shard = self
+            .shard_of(a.reservation.activity_id, a.reservation.reservation_id)
+            .await?;
+        let mut conn = self.pool.get().await?;
+        let parts: Vec<String> = self
+            .scripts
+            .reserve
+            .key(k.meta(shard))
+            .key(k.sku(shard, a.reservation.sku_id))
+            .key(k.buyers(shard, a.reservation.sku_id))
+            .key(k.requests(shard))
+            .key(k.pending(shard))
+            .key(k.pending_since(shard))
+            .key(k.rate_bucket(shard, "ip", a.limits.client_addr))
+            .key(k.rate_bucket(shard, "u", &a.reservation.user_id.to_string()))
+            .arg(a.now_ms)
+            .arg(a.reservation.user_id)
+            .arg(a.reservation.request_id)
+            .arg(a.reservation.reservation_id)
+            .arg(a.reservation.message_id)
+            .arg(a.reservation.order_id)
+            .arg(a.reservation.sku_id)
+            .arg(a.reservation.activity_id)
+            .arg(a.next_retry_at_ms)
+            .arg(k.reservation_prefix(shard))
+            .arg(a.traceparent)
+            .arg(a.valid_secs + RESERVATION_TTL_MARGIN_SECS)
+            .arg(if a.limits.client_addr.is_empty() {
+                0.0
+            } else {
+                a.limits.address_rate_per_sec
+            })
+            .arg(a.limits.address_burst)
+            .arg(a.limits.buyer_rate_per_sec)
+            .arg(a.limits.buyer_burst)
+            .arg(a.channel)
+            .invoke_async(&mut *conn)
+            .await?;
+        let code = parts.first().map(String::as_str).unwrap_or("");
+        Ok(match code {
+            "OK" => ReserveResult::Reserved(view(&parts)),
+            "DUPLICATE_REQUEST" => ReserveResult::Duplicate(view(&parts)),
+            "ALREADY_PURCHASED" => ReserveResult::AlreadyPurchased {
+                reservation_id: parts.get(1).cloned().unwrap_or_default(),
+            },
+            "REQUEST_ID_REUSED" => ReserveResult::RequestIdReused {
+                reservation_id: parts.get(1).cloned().unwrap_or_default(),
+                sku_id: parts.get(2).cloned().unwrap_or_default(),
+            },
+            "SOLD_OUT" => ReserveResult::SoldOut,
+            "NOT_STARTED" => ReserveResult::NotStarted,
+            "ENDED" => ReserveResult::Ended,
+            "RATE_LIMITED" => ReserveResult::RateLimited {
+                by: parts.get(1).cloned().unwrap_or_default(),
+                retry_ms: parts.get(2).and_then(|v| v.parse().ok()).unwrap_or(1000),
+            },
+            "PAUSED" => ReserveResult::Paused {
+                reason: parts.get(1).cloned().unwrap_or_default(),
+            },
+            "NOT_FOUND" => ReserveResult::NotFound,
+            other => anyhow::bail!("reserve script returned an unknown code {other:?}"),
+        })
+    }
+
+    /// The activity of an older reservation whose id does not name it (`rsv_<ulid>`), from the
+    /// location key earlier versions wrote beside it; read-only, for lookups by id.
+    pub async fn legacy_location(&self, reservation_id: &str) -> anyhow::Result<Option<i64>> {
+        let mut conn = self.pool.get().await?;
+        Ok(conn.get(self.keys.location(reservation_id)).await?)
+    }
+
+    /// The reservation a buyer's request made in the activity, if Redis has it (the request
+    /// index that answers a repeated request).
+    pub async fn request_reservation(
+        &self,
+        activity_id: i64,
+        user_id: i64,
+        request_id: &str,
+    ) -> anyhow::Result<Option<String>> {
+        let shard = self.home_shard(activity_id, user_id).await?;
+        let mut conn = self.pool.get().await?;
+        Ok(conn
+            .hget(self.keys.requests(shard), format!("{user_id}:{request_id}"))
+            .await?)
+    }
+}

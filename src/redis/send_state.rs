@@ -1,0 +1,222 @@
+//! The send state of a reservation's message: confirmed (`mark_sent`), uncertain (a re-send
+//! scheduled), refused (failed and released), settled from PostgreSQL, and released by the
+//! compensation path.
+
+use deadpool_redis::redis;
+
+use super::{RedisStore, Shard};
+
+/// One reservation to give back (the compensation path).
+#[derive(Debug, Clone, Copy)]
+pub struct Release<'a> {
+    pub activity_id: i64,
+    pub sku_id: i64,
+    pub reservation_id: &'a str,
+    pub reason: &'a str,
+}
+
+/// A first send the broker confirmed, to record (`RedisStore::mark_sent_many`).
+#[derive(Debug, Clone)]
+pub struct SentMark {
+    pub activity_id: i64,
+    pub reservation_id: String,
+    pub message_id: String,
+    pub broker_msg_id: String,
+    pub sent_at_ms: i64,
+}
+
+impl RedisStore {
+    /// CONFIRMED → MQ_SENT. Returns the script's verdict (`OK`, `MQ_SENT`, `MISSING`, ...).
+    pub async fn mark_sent(
+        &self,
+        activity_id: i64,
+        reservation_id: &str,
+        message_id: &str,
+        broker_msg_id: &str,
+        now_ms: i64,
+    ) -> anyhow::Result<String> {
+        let now = now_ms.to_string();
+        let shard = self.shard_of(activity_id, reservation_id).await?;
+        let call = self.sent_call(shard, reservation_id, message_id, broker_msg_id, &now);
+        self.invoke(call).await
+    }
+
+    /// `mark_sent.lua` for a confirmed send: MQ_SENT with the broker's id and the time, and
+    /// into the awaiting index until the scanner sees it consumed.
+    pub(super) fn sent_call<'a>(
+        &'a self,
+        shard: Shard,
+        reservation_id: &str,
+        message_id: &str,
+        broker_msg_id: &str,
+        sent_at: &str,
+    ) -> redis::ScriptInvocation<'a> {
+        self.leave_pending_call(
+            shard,
+            reservation_id,
+            message_id,
+            ("MQ_SENT", sent_at),
+            &[("broker_msg_id", broker_msg_id), ("sent_at", sent_at)],
+        )
+    }
+
+    /// `MQ_PENDING` → `mq_status` with `fields` recorded, out of both pending indexes
+    /// (`mark_sent.lua`, a compare-and-set on `message_id`); `status.1` is the score to watch
+    /// it by in the awaiting index (`""`: not watched).
+    pub(super) fn leave_pending_call(
+        &self,
+        shard: Shard,
+        reservation_id: &str,
+        message_id: &str,
+        status: (&str, &str),
+        fields: &[(&str, &str)],
+    ) -> redis::ScriptInvocation<'_> {
+        let mut call = self.scripts.mark_sent.prepare_invoke();
+        call.key(self.keys.reservation(shard, reservation_id))
+            .key(self.keys.pending(shard))
+            .key(self.keys.pending_since(shard))
+            .key(self.keys.awaiting(shard))
+            .arg(message_id)
+            .arg(reservation_id)
+            .arg(status.0)
+            .arg(status.1);
+        for (field, value) in fields {
+            call.arg(*field).arg(*value);
+        }
+        call
+    }
+
+    /// Records first sends the broker confirmed, MQ_PENDING → MQ_SENT, in one round trip per
+    /// Redis node. Verdicts in order, as `mark_sent`.
+    pub async fn mark_sent_many(&self, marks: &[SentMark]) -> anyhow::Result<Vec<String>> {
+        let sent_at: Vec<String> = marks.iter().map(|m| m.sent_at_ms.to_string()).collect();
+        let mut shards = Vec::with_capacity(marks.len());
+        for m in marks {
+            shards.push(self.shard_of(m.activity_id, &m.reservation_id).await?);
+        }
+        let calls: Vec<(u16, redis::ScriptInvocation<'_>)> = marks
+            .iter()
+            .zip(&sent_at)
+            .zip(&shards)
+            .map(|((m, at), &shard)| {
+                let call = self.sent_call(
+                    shard,
+                    &m.reservation_id,
+                    &m.message_id,
+                    &m.broker_msg_id,
+                    at,
+                );
+                (self.slot(shard), call)
+            })
+            .collect();
+        self.pipelined(&self.scripts.mark_sent, &calls).await
+    }
+
+    /// UNKNOWN → stays MQ_PENDING, re-send scheduled; never gives stock back.
+    pub async fn schedule_resend(
+        &self,
+        activity_id: i64,
+        reservation_id: &str,
+        message_id: &str,
+        next_retry_at_ms: i64,
+        error: &str,
+    ) -> anyhow::Result<String> {
+        let shard = self.shard_of(activity_id, reservation_id).await?;
+        let mut conn = self.pool.get().await?;
+        Ok(self
+            .scripts
+            .schedule_resend
+            .key(self.keys.reservation(shard, reservation_id))
+            .key(self.keys.pending(shard))
+            .arg(message_id)
+            .arg(reservation_id)
+            .arg(next_retry_at_ms)
+            .arg(error)
+            .invoke_async(&mut *conn)
+            .await?)
+    }
+
+    /// DEFINITE_FAILURE → MQ_FAILED and the reservation released once; `UNCERTAIN` (nothing
+    /// changed, still MQ_PENDING) when an earlier attempt may have been stored.
+    pub async fn mark_failed(
+        &self,
+        activity_id: i64,
+        sku_id: i64,
+        reservation_id: &str,
+        message_id: &str,
+        error: &str,
+        now_ms: i64,
+    ) -> anyhow::Result<String> {
+        let k = &self.keys;
+        let shard = self.shard_of(activity_id, reservation_id).await?;
+        let mut conn = self.pool.get().await?;
+        Ok(self
+            .scripts
+            .mark_failed
+            .key(k.reservation(shard, reservation_id))
+            .key(k.pending(shard))
+            .key(k.sku(shard, sku_id))
+            .key(k.buyers(shard, sku_id))
+            .key(k.requests(shard))
+            .key(k.pending_since(shard))
+            .arg(message_id)
+            .arg(reservation_id)
+            .arg(error)
+            .arg(now_ms)
+            .invoke_async(&mut *conn)
+            .await?)
+    }
+
+    /// An uncertain reservation settled from PostgreSQL: out of the pending indexes with
+    /// `mq_status` (`MQ_SENT` or `MQ_FENCED`). Returns `OK`, or the status it already had.
+    pub async fn settle(
+        &self,
+        activity_id: i64,
+        reservation_id: &str,
+        message_id: &str,
+        mq_status: &str,
+        now_ms: i64,
+    ) -> anyhow::Result<String> {
+        let now = now_ms.to_string();
+        let fields = [("settled_at", now.as_str())];
+        let shard = self.shard_of(activity_id, reservation_id).await?;
+        // Settled from PostgreSQL: the inbox already decided, nothing left to watch.
+        let call =
+            self.leave_pending_call(shard, reservation_id, message_id, (mq_status, ""), &fields);
+        self.invoke(call).await
+    }
+
+    /// Compensation: releases each reservation once, in one round trip (the release script
+    /// pipelined). Returns `RELEASED`, `ALREADY_RELEASED` or `MISSING` per item, in order.
+    pub async fn release_many(
+        &self,
+        items: &[Release<'_>],
+        now_ms: i64,
+    ) -> anyhow::Result<Vec<String>> {
+        let k = &self.keys;
+        let script = &self.scripts.release;
+        // The unit goes back to the bucket the reservation took it from.
+        let mut shards = Vec::with_capacity(items.len());
+        for r in items {
+            shards.push(self.shard_of(r.activity_id, r.reservation_id).await?);
+        }
+        let calls: Vec<(u16, redis::ScriptInvocation<'_>)> = items
+            .iter()
+            .zip(&shards)
+            .map(|(r, &shard)| {
+                let mut call = script.prepare_invoke();
+                call.key(k.reservation(shard, r.reservation_id))
+                    .key(k.sku(shard, r.sku_id))
+                    .key(k.buyers(shard, r.sku_id))
+                    .key(k.requests(shard))
+                    .key(k.pending(shard))
+                    .key(k.pending_since(shard))
+                    .arg(r.reservation_id)
+                    .arg(r.reason)
+                    .arg(now_ms);
+                (self.slot(shard), call)
+            })
+            .collect();
+        self.pipelined(script, &calls).await
+    }
+}
