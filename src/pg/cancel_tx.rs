@@ -22,8 +22,10 @@ use super::errors::TxError;
 use super::exec_unless_empty;
 use super::order_state::StateNames;
 use super::outbox::OUTBOX_CHANNEL;
+use super::rows::{CompensationRows, LedgerMove, LedgerRows, OutboxEvent, OutboxRows, OutboxStart};
 use crate::domain::events::{
-    compensation_task_id, payload, OrderCanceled, OrderRef, ReleaseReservation, TAG_ORDER_CANCELED,
+    payload, OrderCanceled, OrderRef, ReleaseReservation, TAG_ORDER_CANCELED,
+    TAG_RELEASE_RESERVATION,
 };
 use crate::domain::CancelOutcome;
 
@@ -376,51 +378,62 @@ async fn write_outcomes(
     let (items, owned, outcomes, early, canceled) =
         (w.items, w.owned, w.outcomes, w.early, w.canceled);
     let mut in_transaction = Vec::new();
-    let mut ledger = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut tasks = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut ledger = LedgerRows::default();
+    let mut tasks = CompensationRows::default();
     let mut outbox = OutboxRows::default();
     let now = Utc::now();
     for c in canceled {
         let f = &c.facts;
-        ledger.0.push(f.activity_id);
-        ledger.1.push(f.sku_id);
-        ledger.2.push(f.order_id.as_str());
-        ledger.3.push(c.stock_bucket);
-        tasks.0.push(compensation_task_id(&f.reservation_id));
-        tasks.1.push(f.reservation_id.as_str());
-        tasks.2.push(f.activity_id);
-        tasks.3.push(f.sku_id);
-        tasks.4.push(f.user_id);
+        ledger.push(
+            f.activity_id,
+            f.sku_id,
+            &f.order_id,
+            c.stock_bucket,
+            LedgerMove::OrderCanceled,
+        );
+        tasks.push(
+            &f.reservation_id,
+            f.activity_id,
+            f.sku_id,
+            f.user_id,
+            "ORDER_CANCELED",
+        );
         let drafted = drafts
             .and_then(|d| d.by_order.get(&f.order_id))
             .filter(|d| d.version == c.version);
-        let (ev, status) = match drafted {
+        let (ev, start) = match drafted {
             Some(d) => {
                 in_transaction.push(d.event.base.event_id.clone());
-                (d.event.clone(), Status::Transaction)
+                (d.event.clone(), OutboxStart::Transaction)
             }
-            None => (canceled_event(f, c.version, now), Status::Pending),
+            None => (canceled_event(f, c.version, now), OutboxStart::Pending),
         };
-        outbox.push(
-            ev.base.event_id.clone(),
-            &names.state.order_event_topic,
-            TAG_ORDER_CANCELED,
-            &f.order_id,
-            Some((&f.order_id, c.version)),
-            payload(&ev),
-        );
-        outbox.status(status);
+        outbox.push(OutboxEvent {
+            event_id: ev.base.event_id.clone(),
+            activity_id: f.activity_id,
+            topic: &names.state.order_event_topic,
+            tag: TAG_ORDER_CANCELED,
+            key: &f.order_id,
+            aggregate: Some((&f.order_id, Some(c.version))),
+            payload: payload(&ev),
+            deliver_at: None,
+            first_send_at: None,
+            start,
+        });
         let mut release = ReleaseReservation::new(f, "ORDER_CANCELED");
         release.occurred_at = Some(now);
-        outbox.push(
-            release.event_id.clone(),
-            &names.state.compensate_topic,
-            "RELEASE_RESERVATION",
-            &f.reservation_id,
-            None,
-            payload(&release),
-        );
-        outbox.status(Status::Pending);
+        outbox.push(OutboxEvent {
+            event_id: release.event_id.clone(),
+            activity_id: f.activity_id,
+            topic: &names.state.compensate_topic,
+            tag: TAG_RELEASE_RESERVATION,
+            key: &f.reservation_id,
+            aggregate: None,
+            payload: payload(&release),
+            deliver_at: None,
+            first_send_at: None,
+            start: OutboxStart::Pending,
+        });
     }
     let (mut settled, mut decisions): (Vec<&str>, Vec<String>) = (Vec::new(), Vec::new());
     for &i in owned {
@@ -429,47 +442,6 @@ async fn write_outcomes(
             decisions.push(outcomes[i].label().to_uppercase());
         }
     }
-    let none = canceled.is_empty();
-    let ledger_rows = exec_unless_empty(
-        tx,
-        none,
-        "INSERT INTO stock_ledger (activity_id, sku_id, order_id, delta, reason, bucket)
-         SELECT t.a, t.s, t.o, 1, 'ORDER_CANCELED', t.b
-         FROM unnest($1::int8[], $2::int8[], $3::text[], $4::int2[]) AS t(a, s, o, b)",
-        [&ledger.0, &ledger.1, &ledger.2, &ledger.3],
-    );
-    let task_rows = exec_unless_empty(
-        tx,
-        none,
-        "INSERT INTO compensation_tasks (task_id, reservation_id, activity_id, sku_id, user_id, reason)
-         SELECT t.k, t.r, t.a, t.s, t.u, 'ORDER_CANCELED'
-         FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[]) AS t(k, r, a, s, u)
-         ON CONFLICT DO NOTHING",
-        [&tasks.0, &tasks.1, &tasks.2, &tasks.3, &tasks.4],
-    );
-    let outbox_rows = exec_unless_empty(
-        tx,
-        none,
-        "INSERT INTO event_outbox
-           (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, activity_id,
-            status, delivery)
-         SELECT t.e, t.t, t.g, t.k, t.a, t.v, t.p, coalesce((t.p ->> 'activity_id')::int8, 0),
-                t.s, t.d
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                     $6::int[], $7::jsonb[], $8::text[], $9::text[]) AS t(e, t, g, k, a, v, p, s, d)
-         ON CONFLICT (activity_id, event_id) DO NOTHING",
-        [
-            &outbox.event_ids as &(dyn ToSql + Sync),
-            &outbox.topics,
-            &outbox.tags,
-            &outbox.keys,
-            &outbox.aggregate_ids,
-            &outbox.versions,
-            &outbox.payloads,
-            &outbox.statuses,
-            &outbox.deliveries,
-        ],
-    );
     let inbox_rows = exec_unless_empty(
         tx,
         settled.is_empty(),
@@ -485,15 +457,15 @@ async fn write_outcomes(
         [&names.consumer_group, &early],
     );
     let notify = async {
-        if none {
+        if outbox.is_empty() {
             return Ok(());
         }
         tx.batch_execute(&format!("NOTIFY {OUTBOX_CHANNEL}")).await
     };
     let (r1, r2, r3, r4, r5, r6) = futures::join!(
-        ledger_rows,
-        task_rows,
-        outbox_rows,
+        ledger.insert(tx),
+        tasks.insert(tx),
+        outbox.insert(tx),
         inbox_rows,
         unclaim,
         notify
@@ -505,58 +477,4 @@ async fn write_outcomes(
     r5?;
     r6?;
     Ok(in_transaction)
-}
-
-/// How an outbox row starts.
-#[derive(Clone, Copy)]
-enum Status {
-    /// Sent by the relay.
-    Pending,
-    /// Beside its stored half message (docs/ARCHITECTURE.md#delivering-events).
-    Transaction,
-}
-
-/// The outbox rows of the cancelled orders, as columns for one `unnest` insert.
-#[derive(Default)]
-struct OutboxRows {
-    event_ids: Vec<String>,
-    topics: Vec<String>,
-    tags: Vec<&'static str>,
-    keys: Vec<String>,
-    aggregate_ids: Vec<Option<String>>,
-    versions: Vec<Option<i32>>,
-    payloads: Vec<serde_json::Value>,
-    statuses: Vec<&'static str>,
-    deliveries: Vec<&'static str>,
-}
-
-impl OutboxRows {
-    fn push(
-        &mut self,
-        event_id: String,
-        topic: &str,
-        tag: &'static str,
-        key: &str,
-        aggregate: Option<(&str, i32)>,
-        payload: serde_json::Value,
-    ) {
-        self.event_ids.push(event_id);
-        self.topics.push(topic.to_string());
-        self.tags.push(tag);
-        self.keys.push(key.to_string());
-        self.aggregate_ids
-            .push(aggregate.map(|(id, _)| id.to_string()));
-        self.versions.push(aggregate.map(|(_, v)| v));
-        self.payloads.push(payload);
-    }
-
-    /// The status of the row pushed last.
-    fn status(&mut self, status: Status) {
-        let (s, d) = match status {
-            Status::Pending => ("PENDING", "outbox"),
-            Status::Transaction => ("TRANSACTION", "transaction"),
-        };
-        self.statuses.push(s);
-        self.deliveries.push(d);
-    }
 }

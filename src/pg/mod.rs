@@ -11,6 +11,7 @@ pub mod quarantine;
 pub mod queries;
 pub mod replay;
 pub mod retention;
+pub mod rows;
 pub mod transaction_events;
 
 use std::time::Duration;

@@ -8,6 +8,7 @@ use deadpool_postgres::Client;
 
 use super::errors::TxError;
 use super::outbox::OUTBOX_CHANNEL;
+use super::rows::{OutboxEvent, OutboxRows, OutboxStart};
 use crate::domain::events::{payload, OrderPaid, TAG_ORDER_PAID};
 use crate::domain::PayOutcome;
 
@@ -162,7 +163,7 @@ pub async fn pay_with(
                     let mut paid = OrderPaid::new(&facts, version, Some(p.payment_id.to_string()));
                     paid.amount_cents = Some(r.get(5));
                     paid.base.occurred_at = Some(Utc::now());
-                    insert_paid(&tx, &paid, version, names, "PENDING").await?;
+                    insert_paid(&tx, &paid, version, names, OutboxStart::Pending).await?;
                     tx.batch_execute(&format!("NOTIFY {OUTBOX_CHANNEL}"))
                         .await?;
                 }
@@ -170,7 +171,8 @@ pub async fn pay_with(
                     if draft.version != version {
                         return Ok(PayAttempt::Stale);
                     }
-                    insert_paid(&tx, &draft.event, version, names, "TRANSACTION").await?;
+                    insert_paid(&tx, &draft.event, version, names, OutboxStart::Transaction)
+                        .await?;
                 }
             }
             PayOutcome::Paid { version }
@@ -214,22 +216,23 @@ async fn insert_paid(
     paid: &OrderPaid,
     version: i32,
     names: &StateNames,
-    status: &str,
+    start: OutboxStart,
 ) -> Result<u64, tokio_postgres::Error> {
-    let delivery = if status == "TRANSACTION" {
-        "transaction"
-    } else {
-        "outbox"
-    };
-    tx.execute(
-        "INSERT INTO event_outbox (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload,
-                                   activity_id, status, delivery)
-         VALUES ($1, $2, 'ORDER_PAID', $3, $3, $4, $5, $6, $7, $8)
-         ON CONFLICT (activity_id, event_id) DO NOTHING",
-        &[&paid.base.event_id, &names.order_event_topic, &paid.base.order.order_id, &version,
-          &payload(paid), &paid.base.order.activity_id, &status, &delivery],
-    )
-    .await
+    let order = &paid.base.order;
+    let mut rows = OutboxRows::default();
+    rows.push(OutboxEvent {
+        event_id: paid.base.event_id.clone(),
+        activity_id: order.activity_id,
+        topic: &names.order_event_topic,
+        tag: "ORDER_PAID",
+        key: &order.order_id,
+        aggregate: Some((&order.order_id, Some(version))),
+        payload: payload(paid),
+        deliver_at: None,
+        first_send_at: None,
+        start,
+    });
+    rows.insert_with(tx).await
 }
 
 /// Why the conditional payment changed nothing, read in the same transaction.

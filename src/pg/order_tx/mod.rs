@@ -26,9 +26,10 @@ use crate::domain::event::PoisonReason;
 use crate::domain::{Decision, OrderCreateRequested, RejectReason};
 
 mod rows;
+use super::rows::{LedgerMove, LedgerRows, OutboxRows};
 use rows::{
-    home_bucket, InboxOutcomes, LedgerRows, OrderRows, OutboxRows, QuarantineRows, RejectionRows,
-    ReservationRows,
+    home_bucket, push_created, push_release, InboxOutcomes, OrderRows, QuarantineRows,
+    RejectionRows, ReservationRows,
 };
 
 /// One stock row: activity, SKU, bucket (docs/ARCHITECTURE.md#stock-buckets).
@@ -675,44 +676,24 @@ async fn write_outcomes(
     let mut outbox = OutboxRows::default();
     for &i in created {
         let e = b.ev(i);
-        ledger.push(e, moved.get(&i).copied().unwrap_or_else(|| home_bucket(e)));
-        outbox.push_created(b, e);
+        let bucket = moved.get(&i).copied().unwrap_or_else(|| home_bucket(e));
+        ledger.push(
+            e.activity_id,
+            e.sku_id,
+            &e.order_id,
+            bucket,
+            LedgerMove::OrderCreated,
+        );
+        push_created(&mut outbox, b, e);
     }
     let mut rejections = RejectionRows::default();
     for &(i, reason) in rejected {
         let e = b.ev(i);
         rejections.push(e, reason);
-        outbox.push_release(b, e, reason);
+        push_release(&mut outbox, b, e, reason);
     }
     let inbox = InboxOutcomes::of(b, owned, rejected);
 
-    let ledger = exec_unless_empty(
-        tx,
-        ledger.order_ids.is_empty(),
-        "INSERT INTO stock_ledger (activity_id, sku_id, order_id, delta, reason, bucket)
-         SELECT t.a, t.s, t.o, -1, 'ORDER_CREATED', t.b
-         FROM unnest($1::int8[], $2::int8[], $3::text[], $4::int2[]) AS t(a, s, o, b)",
-        [
-            &ledger.activity_ids as &(dyn ToSql + Sync),
-            &ledger.sku_ids,
-            &ledger.order_ids,
-            &ledger.buckets,
-        ],
-    );
-    let events = exec_unless_empty(
-        tx,
-        outbox.event_ids.is_empty(),
-        "INSERT INTO event_outbox
-           (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, deliver_at,
-            next_attempt_at, activity_id)
-         SELECT t.e, t.t, t.g, t.k, t.a, t.v, t.p, t.d, coalesce(t.n, now()),
-                coalesce((t.p ->> 'activity_id')::int8, 0)
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                     $6::int[], $7::jsonb[], $8::timestamptz[], $9::timestamptz[])
-              AS t(e, t, g, k, a, v, p, d, n)
-         ON CONFLICT (activity_id, event_id) DO NOTHING",
-        outbox.params(),
-    );
     let reject = exec_unless_empty(
         tx,
         rejections.reservation_ids.is_empty(),
@@ -720,14 +701,6 @@ async fn write_outcomes(
          FROM unnest($1::text[], $2::text[]) AS t(id, x)
          WHERE r.reservation_id = t.id",
         [&rejections.reservation_ids, &rejections.reasons],
-    );
-    let compensate = exec_unless_empty(
-        tx,
-        rejections.reservation_ids.is_empty(),
-        "INSERT INTO compensation_tasks (task_id, reservation_id, activity_id, sku_id, user_id, reason)
-         SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::text[])
-         ON CONFLICT DO NOTHING",
-        rejections.task_params(),
     );
     let inbox = exec_unless_empty(
         tx,
@@ -744,15 +717,21 @@ async fn write_outcomes(
     );
     // Wakes the outbox relays on commit (a NOTIFY is delivered only if the transaction commits).
     let notify = async {
-        if outbox.event_ids.is_empty() {
+        if outbox.is_empty() {
             return Ok::<_, tokio_postgres::Error>(());
         }
         tx.batch_execute(&format!("NOTIFY {}", super::outbox::OUTBOX_CHANNEL))
             .await
     };
     // Every statement runs to its answer; the first error (in statement order) is returned.
-    let (r1, r2, r3, r4, r5, r6) =
-        futures::join!(ledger, events, reject, compensate, inbox, notify);
+    let (r1, r2, r3, r4, r5, r6) = futures::join!(
+        ledger.insert(tx),
+        outbox.insert(tx),
+        reject,
+        rejections.tasks.insert(tx),
+        inbox,
+        notify
+    );
     r1?;
     r2?;
     r3?;

@@ -1,5 +1,6 @@
-//! The column arrays of the order transaction's set-based (`unnest`) statements, one struct
-//! per statement, each filled from the batch's events.
+//! The column arrays of the order transaction's own set-based (`unnest`) statements, one
+//! struct per statement, each filled from the batch's events; the ledger, compensation and
+//! outbox rows it shares with the other writers are `pg::rows`.
 
 use std::collections::HashMap;
 
@@ -9,10 +10,11 @@ use tokio_postgres::types::ToSql;
 use super::{Batch, Inbound};
 use crate::domain::event::PoisonReason;
 use crate::domain::events::{
-    cancel_if_unpaid_event_id, compensation_task_id, payload, CancelOrderIfUnpaid, OrderCreated,
-    OrderRef, ReleaseReservation, TAG_CANCEL_IF_UNPAID, TAG_ORDER_CREATED, TAG_RELEASE_RESERVATION,
+    cancel_if_unpaid_event_id, payload, CancelOrderIfUnpaid, OrderCreated, OrderRef,
+    ReleaseReservation, TAG_CANCEL_IF_UNPAID, TAG_ORDER_CREATED, TAG_RELEASE_RESERVATION,
 };
 use crate::domain::{Decision, OrderCreateRequested, RejectReason};
+use crate::pg::rows::{CompensationRows, OutboxEvent, OutboxRows, OutboxStart};
 
 /// `quarantined_messages`: poison with its raw body.
 #[derive(Default)]
@@ -135,138 +137,70 @@ pub(super) fn home_bucket(e: &OrderCreateRequested) -> i16 {
     crate::domain::ids::reservation_bucket(&e.reservation_id) as i16
 }
 
-/// `stock_ledger`: one debit per created order.
-#[derive(Default)]
-pub(super) struct LedgerRows {
-    pub(super) activity_ids: Vec<i64>,
-    pub(super) sku_ids: Vec<i64>,
-    pub(super) order_ids: Vec<String>,
-    /// The bucket row the unit came from.
-    pub(super) buckets: Vec<i16>,
+/// A created order's ORDER_CREATED and its CANCEL_ORDER_IF_UNPAID timer (at `expires_at`).
+pub(super) fn push_created(out: &mut OutboxRows, b: &Batch<'_>, e: &OrderCreateRequested) {
+    let facts = order_facts(e);
+    let mut created = OrderCreated::new(&facts, b.expires_at);
+    created.base.occurred_at = Some(b.now);
+    created.traceparent = Some(e.trace.traceparent.clone());
+    out.push(OutboxEvent {
+        event_id: created.base.event_id.clone(),
+        activity_id: e.activity_id,
+        topic: &b.names.order_event_topic,
+        tag: TAG_ORDER_CREATED,
+        key: &e.order_id,
+        aggregate: Some((&e.order_id, Some(1))),
+        payload: payload(&created),
+        deliver_at: None,
+        first_send_at: None,
+        start: OutboxStart::Pending,
+    });
+    let mut cancel = CancelOrderIfUnpaid::new(
+        cancel_if_unpaid_event_id(&e.order_id),
+        &e.order_id,
+        e.activity_id,
+        e.sku_id,
+        b.expires_at,
+    );
+    cancel.traceparent = Some(e.trace.traceparent.clone());
+    out.push(OutboxEvent {
+        event_id: cancel.event_id.clone(),
+        activity_id: e.activity_id,
+        topic: &b.names.order_timeout_topic,
+        tag: TAG_CANCEL_IF_UNPAID,
+        key: &e.order_id,
+        aggregate: Some((&e.order_id, None)),
+        payload: payload(&cancel),
+        deliver_at: Some(b.expires_at),
+        // Held in the outbox until shortly before it is due (docs/ARCHITECTURE.md#outbox-relay).
+        first_send_at: Some(b.expires_at - b.names.timer_lead),
+        start: OutboxStart::Pending,
+    });
 }
 
-impl LedgerRows {
-    pub(super) fn push(&mut self, e: &OrderCreateRequested, bucket: i16) {
-        self.order_ids.push(e.order_id.clone());
-        self.activity_ids.push(e.activity_id);
-        self.sku_ids.push(e.sku_id);
-        self.buckets.push(bucket);
-    }
-}
-
-/// `event_outbox`: the events of the batch, in the order they are relayed.
-#[derive(Default)]
-pub(super) struct OutboxRows {
-    pub(super) event_ids: Vec<String>,
-    pub(super) topics: Vec<String>,
-    pub(super) tags: Vec<String>,
-    pub(super) keys: Vec<String>,
-    pub(super) aggregate_ids: Vec<Option<String>>,
-    pub(super) versions: Vec<Option<i32>>,
-    pub(super) payloads: Vec<serde_json::Value>,
-    pub(super) deliver_at: Vec<Option<DateTime<Utc>>>,
-    /// When the relay first sends the row (`None`: at once, the database's `now()`).
-    pub(super) first_send_at: Vec<Option<DateTime<Utc>>>,
-}
-
-impl OutboxRows {
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn push(
-        &mut self,
-        event_id: String,
-        topic: &str,
-        tag: &str,
-        key: &str,
-        aggregate: Option<(&str, Option<i32>)>,
-        payload: serde_json::Value,
-        deliver_at: Option<DateTime<Utc>>,
-        first_send_at: Option<DateTime<Utc>>,
-    ) {
-        self.event_ids.push(event_id);
-        self.topics.push(topic.to_string());
-        self.tags.push(tag.to_string());
-        self.keys.push(key.to_string());
-        self.aggregate_ids
-            .push(aggregate.map(|(id, _)| id.to_string()));
-        self.versions.push(aggregate.and_then(|(_, v)| v));
-        self.payloads.push(payload);
-        self.deliver_at.push(deliver_at);
-        self.first_send_at.push(first_send_at);
-    }
-
-    /// A created order's ORDER_CREATED and its CANCEL_ORDER_IF_UNPAID timer (at `expires_at`).
-    pub(super) fn push_created(&mut self, b: &Batch<'_>, e: &OrderCreateRequested) {
-        let facts = order_facts(e);
-        let mut created = OrderCreated::new(&facts, b.expires_at);
-        created.base.occurred_at = Some(b.now);
-        created.traceparent = Some(e.trace.traceparent.clone());
-        self.push(
-            created.base.event_id.clone(),
-            &b.names.order_event_topic,
-            TAG_ORDER_CREATED,
-            &e.order_id,
-            Some((&e.order_id, Some(1))),
-            payload(&created),
-            None,
-            None,
-        );
-        let mut cancel = CancelOrderIfUnpaid::new(
-            cancel_if_unpaid_event_id(&e.order_id),
-            &e.order_id,
-            e.activity_id,
-            e.sku_id,
-            b.expires_at,
-        );
-        cancel.traceparent = Some(e.trace.traceparent.clone());
-        self.push(
-            cancel.event_id.clone(),
-            &b.names.order_timeout_topic,
-            TAG_CANCEL_IF_UNPAID,
-            &e.order_id,
-            Some((&e.order_id, None)),
-            payload(&cancel),
-            Some(b.expires_at),
-            // Held in the outbox until shortly before it is due (docs/ARCHITECTURE.md#outbox-relay).
-            Some(b.expires_at - b.names.timer_lead),
-        );
-    }
-
-    /// A rejected reservation's RELEASE_RESERVATION (the compensation path).
-    pub(super) fn push_release(
-        &mut self,
-        b: &Batch<'_>,
-        e: &OrderCreateRequested,
-        reason: RejectReason,
-    ) {
-        let mut release = ReleaseReservation::new(&order_facts(e), reason.code());
-        release.message_id = Some(e.message_id.clone());
-        release.occurred_at = Some(b.now);
-        release.traceparent = Some(e.trace.traceparent.clone());
-        self.push(
-            release.event_id.clone(),
-            &b.names.compensate_topic,
-            TAG_RELEASE_RESERVATION,
-            &e.reservation_id,
-            None,
-            payload(&release),
-            None,
-            None,
-        );
-    }
-
-    pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 9] {
-        [
-            &self.event_ids,
-            &self.topics,
-            &self.tags,
-            &self.keys,
-            &self.aggregate_ids,
-            &self.versions,
-            &self.payloads,
-            &self.deliver_at,
-            &self.first_send_at,
-        ]
-    }
+/// A rejected reservation's RELEASE_RESERVATION (the compensation path).
+pub(super) fn push_release(
+    out: &mut OutboxRows,
+    b: &Batch<'_>,
+    e: &OrderCreateRequested,
+    reason: RejectReason,
+) {
+    let mut release = ReleaseReservation::new(&order_facts(e), reason.code());
+    release.message_id = Some(e.message_id.clone());
+    release.occurred_at = Some(b.now);
+    release.traceparent = Some(e.trace.traceparent.clone());
+    out.push(OutboxEvent {
+        event_id: release.event_id.clone(),
+        activity_id: e.activity_id,
+        topic: &b.names.compensate_topic,
+        tag: TAG_RELEASE_RESERVATION,
+        key: &e.reservation_id,
+        aggregate: None,
+        payload: payload(&release),
+        deliver_at: None,
+        first_send_at: None,
+        start: OutboxStart::Pending,
+    });
 }
 
 fn order_facts(e: &OrderCreateRequested) -> OrderRef {
@@ -279,36 +213,25 @@ fn order_facts(e: &OrderCreateRequested) -> OrderRef {
     }
 }
 
-/// `reservations` marked REJECTED and their `compensation_tasks`.
+/// `reservations` marked REJECTED, with their `compensation_tasks`.
 #[derive(Default)]
 pub(super) struct RejectionRows {
     pub(super) reservation_ids: Vec<String>,
     pub(super) reasons: Vec<String>,
-    pub(super) task_ids: Vec<String>,
-    pub(super) activity_ids: Vec<i64>,
-    pub(super) sku_ids: Vec<i64>,
-    pub(super) user_ids: Vec<i64>,
+    pub(super) tasks: CompensationRows,
 }
 
 impl RejectionRows {
     pub(super) fn push(&mut self, e: &OrderCreateRequested, reason: RejectReason) {
         self.reservation_ids.push(e.reservation_id.clone());
         self.reasons.push(reason.code().to_string());
-        self.task_ids.push(compensation_task_id(&e.reservation_id));
-        self.activity_ids.push(e.activity_id);
-        self.sku_ids.push(e.sku_id);
-        self.user_ids.push(e.user_id);
-    }
-
-    pub(super) fn task_params(&self) -> [&(dyn ToSql + Sync); 6] {
-        [
-            &self.task_ids,
-            &self.reservation_ids,
-            &self.activity_ids,
-            &self.sku_ids,
-            &self.user_ids,
-            &self.reasons,
-        ]
+        self.tasks.push(
+            &e.reservation_id,
+            e.activity_id,
+            e.sku_id,
+            e.user_id,
+            reason.code(),
+        );
     }
 }
 

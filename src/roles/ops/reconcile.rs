@@ -20,6 +20,7 @@ use crate::domain::events::{
     TAG_ORDER_CANCELED, TAG_ORDER_CREATED, TAG_ORDER_PAID, TAG_RELEASE_RESERVATION,
 };
 use crate::pg::outbox::OUTBOX_CHANNEL;
+use crate::pg::rows::{OutboxEvent, OutboxRows, OutboxStart};
 use crate::redis::RedisStore;
 
 #[derive(Debug, Clone, Args)]
@@ -107,15 +108,24 @@ impl Emit {
 }
 
 async fn emit(client: &impl GenericClient, e: &Emit) -> Result<u64, tokio_postgres::Error> {
-    client
-        .execute(
-            "INSERT INTO event_outbox (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload,
-                                       activity_id)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, coalesce(($7::jsonb ->> 'activity_id')::int8, 0))
-             ON CONFLICT (activity_id, event_id) DO NOTHING",
-            &[&e.event_id, &e.topic, &e.tag, &e.key, &e.aggregate_id, &e.version, &e.payload],
-        )
-        .await
+    let mut rows = OutboxRows::default();
+    rows.push(OutboxEvent {
+        event_id: e.event_id.clone(),
+        activity_id: e
+            .payload
+            .get("activity_id")
+            .and_then(serde_json::Value::as_i64)
+            .unwrap_or(0),
+        topic: &e.topic,
+        tag: e.tag,
+        key: &e.key,
+        aggregate: e.aggregate_id.as_deref().map(|id| (id, e.version)),
+        payload: e.payload.clone(),
+        deliver_at: None,
+        first_send_at: None,
+        start: OutboxStart::Pending,
+    });
+    rows.insert_with(client).await
 }
 
 fn example(list: &mut Vec<String>, s: String) {
