@@ -11,6 +11,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
+use metrics::Unit;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::Level;
@@ -160,168 +161,551 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
+/// How a metric is exported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// One exported metric and its description (the `# HELP` line).
+#[derive(Debug, Clone, Copy)]
+pub struct Metric {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub unit: Option<Unit>,
+    pub help: &'static str,
+}
+
+/// Every metric the roles export, described once. `tests/it/metrics.rs` checks that every
+/// name recorded in `src/` is listed here.
+pub const METRICS: &[Metric] = &[
+    Metric {
+        name: "mq_publish_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Sends by topic and outcome (confirmed, unknown, definite_failure)",
+    },
+    Metric {
+        name: "mq_publish_latency_seconds",
+        kind: Kind::Histogram,
+        unit: Some(Unit::Seconds),
+        help: "Broker send latency",
+    },
+    Metric {
+        name: "mq_publish_unknown_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Sends whose result is unknown (re-sent later, stock kept)",
+    },
+    Metric {
+        name: "reservation_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Reservation attempts by result",
+    },
+    Metric {
+        name: "reservation_resend_refused_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Scanner re-sends the broker refused while the reservation was still valid: retried, not released",
+    },
+    Metric {
+        name: "reservation_sold_out_from_memory_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Requests for a SKU known sold out answered SOLD_OUT without Redis (not from its winners)",
+    },
+    Metric {
+        name: "sold_out_flags",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "SKUs this API instance answers SOLD_OUT from memory",
+    },
+    Metric {
+        name: "reservation_unconsumed_resend_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Confirmed sends the order-create inbox never saw in time (a dead broker may hold them) sent again, same message_id, by outcome",
+    },
+    Metric {
+        name: "outbox_unconsumed_requeue_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Confirmed outbox events the consumers never took in time (a dead broker may hold them) put back to be sent again, by tag",
+    },
+    Metric {
+        name: "redis_cluster_redirect_retry_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Pipelines of Redis scripts sent again because the cluster answered a redirection or cluster-down (a failover moving a slot)",
+    },
+    Metric {
+        name: "reservation_awaiting_checked_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Watched confirmed sends checked against the order-create inbox, by verdict (consumed, resent, settled)",
+    },
+    Metric {
+        name: "reservation_awaiting_consumption",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "Confirmed sends not yet seen in the order-create inbox (watched by the scanner)",
+    },
+    Metric {
+        name: "reservation_settled_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Reservations whose re-send was refused after validity + grace, settled from PostgreSQL, by verdict (fenced: released once; consumed: a copy reached the consumer)",
+    },
+    Metric {
+        name: "mq_consumer_lag_messages",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "Unconsumed messages of a consumer group, its retry topic included, by topic",
+    },
+    Metric {
+        name: "mq_consumer_lag_seconds",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "Age of the oldest unconsumed message of a consumer group (retry topic included), by topic",
+    },
+    Metric {
+        name: "mq_consumer_retry_lag_messages",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "Failed deliveries due again and not consumed yet (the group's %RETRY% topic), by topic",
+    },
+    Metric {
+        name: "mq_consumer_lag_read_errors_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Backlog readings the broker did not answer, by topic",
+    },
+    Metric {
+        name: "mq_consume_repeated_failure_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Deliveries that failed for the third time or more in a row, by topic: stuck work, long before the DLQ",
+    },
+    Metric {
+        name: "order_reservation_to_order_seconds",
+        kind: Kind::Histogram,
+        unit: Some(Unit::Seconds),
+        help: "From Redis's acceptance of a reservation to its committed order (the 3 s SLO)",
+    },
+    Metric {
+        name: "role_task_failures_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Background tasks of this role that died (the role then stops and exits non-zero)",
+    },
+    Metric {
+        name: "http_request_duration_seconds",
+        kind: Kind::Histogram,
+        unit: Some(Unit::Seconds),
+        help: "API latency by route",
+    },
+    Metric {
+        name: "mq_consume_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Consumed messages by topic and result",
+    },
+    Metric {
+        name: "mq_consume_process_seconds",
+        kind: Kind::Histogram,
+        unit: Some(Unit::Seconds),
+        help: "Listener call duration per batch",
+    },
+    Metric {
+        name: "mq_consumer_inflight",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "Batches being processed",
+    },
+    Metric {
+        name: "mq_consumer_ready",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "Messages of the group on the broker, not pulled yet (lag minus the client's cache)",
+    },
+    Metric {
+        name: "mq_consumer_cached_messages",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "Messages the consumer has pulled and not ACKed yet (its local cache)",
+    },
+    Metric {
+        name: "mq_dlq_replay_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "DLQ replays by result (confirmed, unknown, definite_failure, refused), from the audit table",
+    },
+    Metric {
+        name: "mq_duplicate_message_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Messages already processed (inbox hit)",
+    },
+    Metric {
+        name: "mq_business_reject_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Reservations rejected by the order transaction, by reason",
+    },
+    Metric {
+        name: "mq_quarantine_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Poison messages quarantined, by reason",
+    },
+    Metric {
+        name: "mq_ack_failure_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "ACKs the MQ client failed to deliver after commit, by kind (offset_commit, send_back); the redelivery hits the inbox",
+    },
+    Metric {
+        name: "order_cancel_delay_seconds",
+        kind: Kind::Histogram,
+        unit: Some(Unit::Seconds),
+        help: "From an order's payment deadline to its timeout cancel (timer or sweep)",
+    },
+    Metric {
+        name: "order_cancel_sweep_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Orders the timeout sweep found unpaid past deadline + grace, by what came of them",
+    },
+    Metric {
+        name: "order_tx_latency_seconds",
+        kind: Kind::Histogram,
+        unit: Some(Unit::Seconds),
+        help: "Order transaction latency (begin to commit), by kind: create (order consumer), cancel (timeout cancel)",
+    },
+    Metric {
+        name: "order_tx_paced",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "1 while pacing holds the order consumer to one transaction (consumer.pace_age_ms)",
+    },
+    Metric {
+        name: "order_tx_retry_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Order transactions rolled back by a transient failure (lost connection, deadlock, timeout) and attempted again in-process, by kind",
+    },
+    Metric {
+        name: "pg_pool_wait_seconds",
+        kind: Kind::Histogram,
+        unit: Some(Unit::Seconds),
+        help: "Wait for a pooled PostgreSQL connection",
+    },
+    Metric {
+        name: "pg_pool_acquired",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "PostgreSQL connections in use",
+    },
+    Metric {
+        name: "pg_deadlock_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Deadlocks seen",
+    },
+    Metric {
+        name: "pg_serialization_retry_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Serialization failures seen",
+    },
+    Metric {
+        name: "inventory_condition_update_miss_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Units refused by the conditional stock update",
+    },
+    Metric {
+        name: "worker_budget",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "PostgreSQL transactions this process may run at once",
+    },
+    Metric {
+        name: "admin_auth_failures_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Admin requests refused for their token, by result (refused, busy, tarpit, throttled)",
+    },
+    Metric {
+        name: "admission_lag_unreadable_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Admission checks that could not read the order-create lag (the sale pauses: fail closed)",
+    },
+    Metric {
+        name: "auth_failures_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Buyer requests refused for their token, by reason",
+    },
+    Metric {
+        name: "compensation_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "RELEASE_RESERVATION messages handled, by result (released, already_released, missing, quarantined)",
+    },
+    Metric {
+        name: "event_delivery_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "ORDER_PAID and ORDER_CANCELED events written, by family and delivery (outbox or transaction message)",
+    },
+    Metric {
+        name: "http_connection_errors_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "HTTP connections closed on an error or a limit, by listener and reason (head timeout, head too large, write stalled, ...)",
+    },
+    Metric {
+        name: "mq_consume_batch_split_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Consumer batches that failed whole and were split to find the failing message, by kind",
+    },
+    Metric {
+        name: "mq_dlq_intake_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Dead letters recorded in PostgreSQL by the DLQ intake",
+    },
+    Metric {
+        name: "mq_name_server_down_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Times a name server stopped answering, by name server",
+    },
+    Metric {
+        name: "mq_transaction_check_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Broker check-backs of transaction messages answered, by answer (commit, rollback, unknown)",
+    },
+    Metric {
+        name: "mq_transaction_end_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Transaction messages ended by the producer, by outcome",
+    },
+    Metric {
+        name: "order_cancel_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Timeout cancels of unpaid orders, by result (canceled, already paid, not yet expired, ...)",
+    },
+    Metric {
+        name: "order_pay_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Payment notifications handled, by result",
+    },
+    Metric {
+        name: "order_tx_stock_fallback_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Order transactions whose optimistic stock update fell short and took the locked path",
+    },
+    Metric {
+        name: "order_tx_timeout_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Transactions that exceeded consumer.tx_timeout_ms (connection dropped, batch retried), by kind",
+    },
+    Metric {
+        name: "outbox_auto_requeue_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "DEAD outbox rows put back to PENDING once the broker answered again",
+    },
+    Metric {
+        name: "outbox_dead_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Outbox rows that exhausted their send attempts and went DEAD",
+    },
+    Metric {
+        name: "outbox_publish_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Outbox relay sends, by tag and outcome",
+    },
+    Metric {
+        name: "pg_call_timeout_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "API calls to PostgreSQL abandoned past their bound (answered 503)",
+    },
+    Metric {
+        name: "projection_apply_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Order events applied to the Redis projection, by result (applied, stale, quarantined)",
+    },
+    Metric {
+        name: "rate_limited_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Reservations refused by the abuse limits, by bucket (ip: the client address, u: the buyer)",
+    },
+    Metric {
+        name: "reservation_resend_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Scanner re-sends of unconfirmed reservations (same message_id), by outcome",
+    },
+    Metric {
+        name: "retention_deleted_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Bookkeeping rows deleted past their retention, by table",
+    },
+    Metric {
+        name: "stock_bucket_moved_units_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Units of stock moved between stock buckets by the rebalancer",
+    },
+    Metric {
+        name: "stock_bucket_moves_resumed_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Bucket moves cut midway (debited, not credited) that a later pass finished",
+    },
+    Metric {
+        name: "stock_bucket_moves_total",
+        kind: Kind::Counter,
+        unit: None,
+        help: "Moves of stock between stock buckets",
+    },
+    Metric {
+        name: "admission_paused",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "1 while this API refuses new reservations (fail-closed admission or an operator's pause)",
+    },
+    Metric {
+        name: "admission_ramp_share",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "Share of new reservations admitted while a paused sale ramps back up (1: all)",
+    },
+    Metric {
+        name: "http_connections_open",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "Open HTTP connections, by listener",
+    },
+    Metric {
+        name: "mq_dlq_messages",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "OPEN dead letters recorded in PostgreSQL",
+    },
+    Metric {
+        name: "mq_dlq_oldest_age_seconds",
+        kind: Kind::Gauge,
+        unit: Some(Unit::Seconds),
+        help: "Age of the oldest OPEN dead letter",
+    },
+    Metric {
+        name: "mq_name_server_up",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "1 while the name server answers, by name server",
+    },
+    Metric {
+        name: "order_tx_concurrency_limit",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "Order transactions this process runs at once now (the adaptive limit within the worker budget)",
+    },
+    Metric {
+        name: "outbox_dead",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "DEAD outbox rows (an operator requeues them)",
+    },
+    Metric {
+        name: "outbox_in_transaction",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "Outbox rows beside a stored half message, waiting for the transaction message's end",
+    },
+    Metric {
+        name: "outbox_not_yet_due",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "PENDING outbox rows held until shortly before they are due (timers)",
+    },
+    Metric {
+        name: "outbox_pending",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "PENDING outbox rows due to be sent",
+    },
+    Metric {
+        name: "outbox_pending_oldest_age_seconds",
+        kind: Kind::Gauge,
+        unit: Some(Unit::Seconds),
+        help: "Age of the oldest due PENDING outbox row",
+    },
+    Metric {
+        name: "reservation_mq_pending",
+        kind: Kind::Gauge,
+        unit: None,
+        help: "Reservations whose message is not known to be stored yet (pending a send or a re-send)",
+    },
+    Metric {
+        name: "reservation_mq_pending_oldest_age_seconds",
+        kind: Kind::Gauge,
+        unit: Some(Unit::Seconds),
+        help: "Age of the oldest reservation whose message is not known to be stored",
+    },
+    Metric {
+        name: "mq_consume_batch_size",
+        kind: Kind::Histogram,
+        unit: None,
+        help: "Messages per batch a consumer handles",
+    },
+    Metric {
+        name: "mq_publish_batch_size",
+        kind: Kind::Histogram,
+        unit: None,
+        help: "Messages per broker call of the API's batched sends",
+    },
+    Metric {
+        name: "order_tx_batch_size",
+        kind: Kind::Histogram,
+        unit: None,
+        help: "Messages per order transaction",
+    },
+];
+
+/// Registers the description of every metric in [`METRICS`].
 fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    describe_counter!(
-        "mq_publish_total",
-        "Sends by topic and outcome (confirmed, unknown, definite_failure)"
-    );
-    describe_histogram!(
-        "mq_publish_latency_seconds",
-        Unit::Seconds,
-        "Broker send latency"
-    );
-    describe_counter!(
-        "mq_publish_unknown_total",
-        "Sends whose result is unknown (re-sent later, stock kept)"
-    );
-    describe_counter!("reservation_total", "Reservation attempts by result");
-    describe_counter!(
-        "reservation_resend_refused_total",
-        "Scanner re-sends the broker refused while the reservation was still valid: retried, not released"
-    );
-    describe_counter!(
-        "reservation_sold_out_from_memory_total",
-        "Requests for a SKU known sold out answered SOLD_OUT without Redis (not from its winners)"
-    );
-    describe_gauge!(
-        "sold_out_flags",
-        "SKUs this API instance answers SOLD_OUT from memory"
-    );
-    describe_counter!(
-        "reservation_unconsumed_resend_total",
-        "Confirmed sends the order-create inbox never saw in time (a dead broker may hold them) sent again, same message_id, by outcome"
-    );
-    describe_counter!(
-        "outbox_unconsumed_requeue_total",
-        "Confirmed outbox events the consumers never took in time (a dead broker may hold them) put back to be sent again, by tag"
-    );
-    describe_counter!(
-        "redis_cluster_redirect_retry_total",
-        "Pipelines of Redis scripts sent again because the cluster answered a redirection or cluster-down (a failover moving a slot)"
-    );
-    describe_counter!(
-        "reservation_awaiting_checked_total",
-        "Watched confirmed sends checked against the order-create inbox, by verdict (consumed, resent, settled)"
-    );
-    describe_gauge!(
-        "reservation_awaiting_consumption",
-        "Confirmed sends not yet seen in the order-create inbox (watched by the scanner)"
-    );
-    describe_counter!(
-        "reservation_settled_total",
-        "Reservations whose re-send was refused after validity + grace, settled from PostgreSQL, by verdict (fenced: released once; consumed: a copy reached the consumer)"
-    );
-    describe_gauge!(
-        "mq_consumer_lag_messages",
-        "Unconsumed messages of a consumer group, its retry topic included, by topic"
-    );
-    describe_gauge!(
-        "mq_consumer_lag_seconds",
-        "Age of the oldest unconsumed message of a consumer group (retry topic included), by topic"
-    );
-    describe_gauge!(
-        "mq_consumer_retry_lag_messages",
-        "Failed deliveries due again and not consumed yet (the group's %RETRY% topic), by topic"
-    );
-    describe_counter!(
-        "mq_consumer_lag_read_errors_total",
-        "Backlog readings the broker did not answer, by topic"
-    );
-    describe_counter!(
-        "mq_consume_repeated_failure_total",
-        "Deliveries that failed for the third time or more in a row, by topic: stuck work, long before the DLQ"
-    );
-    describe_histogram!(
-        "order_reservation_to_order_seconds",
-        Unit::Seconds,
-        "From Redis's acceptance of a reservation to its committed order (the 3 s SLO)"
-    );
-    describe_counter!(
-        "role_task_failures_total",
-        "Background tasks of this role that died (the role then stops and exits non-zero)"
-    );
-    describe_histogram!(
-        "http_request_duration_seconds",
-        Unit::Seconds,
-        "API latency by route"
-    );
-    describe_counter!("mq_consume_total", "Consumed messages by topic and result");
-    describe_histogram!(
-        "mq_consume_process_seconds",
-        Unit::Seconds,
-        "Listener call duration per batch"
-    );
-    describe_gauge!("mq_consumer_inflight", "Batches being processed");
-    describe_gauge!(
-        "mq_consumer_ready",
-        "Messages of the group on the broker, not pulled yet (lag minus the client's cache)"
-    );
-    describe_gauge!(
-        "mq_consumer_cached_messages",
-        "Messages the consumer has pulled and not ACKed yet (its local cache)"
-    );
-    describe_counter!(
-        "mq_dlq_replay_total",
-        "DLQ replays by result (confirmed, unknown, definite_failure, refused), from the audit table"
-    );
-    describe_counter!(
-        "mq_duplicate_message_total",
-        "Messages already processed (inbox hit)"
-    );
-    describe_counter!(
-        "mq_business_reject_total",
-        "Reservations rejected by the order transaction, by reason"
-    );
-    describe_counter!(
-        "mq_quarantine_total",
-        "Poison messages quarantined, by reason"
-    );
-    describe_counter!(
-        "mq_ack_failure_total",
-        "ACKs the MQ client failed to deliver after commit, by kind (offset_commit, send_back); the redelivery hits the inbox"
-    );
-    describe_histogram!(
-        "order_cancel_delay_seconds",
-        Unit::Seconds,
-        "From an order's payment deadline to its timeout cancel (timer or sweep)"
-    );
-    describe_counter!(
-        "order_cancel_sweep_total",
-        "Orders the timeout sweep found unpaid past deadline + grace, by what came of them"
-    );
-    describe_histogram!(
-        "order_tx_latency_seconds",
-        Unit::Seconds,
-        "Order transaction latency (begin to commit), by kind: create (order consumer), cancel (timeout cancel)"
-    );
-    describe_gauge!(
-        "order_tx_paced",
-        "1 while pacing holds the order consumer to one transaction (consumer.pace_age_ms)"
-    );
-    describe_counter!(
-        "order_tx_retry_total",
-        "Order transactions rolled back by a transient failure (lost connection, deadlock, timeout) and attempted again in-process, by kind"
-    );
-    describe_histogram!(
-        "pg_pool_wait_seconds",
-        Unit::Seconds,
-        "Wait for a pooled PostgreSQL connection"
-    );
-    describe_gauge!("pg_pool_acquired", "PostgreSQL connections in use");
-    describe_counter!("pg_deadlock_total", "Deadlocks seen");
-    describe_counter!(
-        "pg_serialization_retry_total",
-        "Serialization failures seen"
-    );
-    describe_counter!(
-        "inventory_condition_update_miss_total",
-        "Units refused by the conditional stock update"
-    );
-    describe_gauge!(
-        "worker_budget",
-        "PostgreSQL transactions this process may run at once"
-    );
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    for m in METRICS {
+        match (m.kind, m.unit) {
+            (Kind::Counter, Some(u)) => describe_counter!(m.name, u, m.help),
+            (Kind::Counter, None) => describe_counter!(m.name, m.help),
+            (Kind::Gauge, Some(u)) => describe_gauge!(m.name, u, m.help),
+            (Kind::Gauge, None) => describe_gauge!(m.name, m.help),
+            (Kind::Histogram, Some(u)) => describe_histogram!(m.name, u, m.help),
+            (Kind::Histogram, None) => describe_histogram!(m.name, m.help),
+        }
+    }
 }
 
 /// Readiness flag a role flips once its dependencies answer and it takes work.

@@ -20,6 +20,7 @@ mod faults;
 mod front_door;
 mod hung_dependencies;
 mod many_instances;
+mod metrics;
 mod order_tx;
 mod outbox_timers;
 mod pgbench_scripts;
