@@ -8,7 +8,23 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use rustls::{ClientConfig, RootCertStore};
 
-use crate::config::ConfigError;
+/// A CA file or TLS set-up that does not work, named by the configuration key that gave it
+/// (a leaf error: the configuration turns it into its own).
+#[derive(Debug, thiserror::Error)]
+#[error("config key `{key}`: {reason}")]
+pub struct TlsError {
+    pub key: &'static str,
+    pub reason: String,
+}
+
+impl TlsError {
+    fn new(key: &'static str, reason: impl Into<String>) -> Self {
+        Self {
+            key,
+            reason: reason.into(),
+        }
+    }
+}
 
 /// One crypto provider for the process, whichever library asks first (the Redis client builds
 /// its TLS config from the process default).
@@ -17,24 +33,19 @@ pub fn install_crypto_provider() {
 }
 
 /// The certificates of the PEM file `path` (config key `key`), each a trust anchor.
-pub fn read_ca(path: &str, key: &'static str) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
+pub fn read_ca(path: &str, key: &'static str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certs: Vec<_> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| ConfigError::invalid(key, format!("cannot read {path}: {e}")))?
+        .map_err(|e| TlsError::new(key, format!("cannot read {path}: {e}")))?
         .collect::<Result<_, _>>()
-        .map_err(|e| {
-            ConfigError::invalid(key, format!("{path} is not a PEM certificate file: {e}"))
-        })?;
+        .map_err(|e| TlsError::new(key, format!("{path} is not a PEM certificate file: {e}")))?;
     if certs.is_empty() {
-        return Err(ConfigError::invalid(
-            key,
-            format!("{path} holds no certificate"),
-        ));
+        return Err(TlsError::new(key, format!("{path} holds no certificate")));
     }
     Ok(certs)
 }
 
 /// A client config trusting the CAs of `ca_file`, or the system's roots when it is empty.
-pub fn client_config(ca_file: &str, key: &'static str) -> Result<ClientConfig, ConfigError> {
+pub fn client_config(ca_file: &str, key: &'static str) -> Result<ClientConfig, TlsError> {
     install_crypto_provider();
     let mut roots = RootCertStore::empty();
     if ca_file.is_empty() {
@@ -43,7 +54,7 @@ pub fn client_config(ca_file: &str, key: &'static str) -> Result<ClientConfig, C
             let _ = roots.add(cert);
         }
         if roots.is_empty() {
-            return Err(ConfigError::invalid(
+            return Err(TlsError::new(
                 key,
                 "no CA file given and no system root certificates found",
             ));
@@ -52,13 +63,13 @@ pub fn client_config(ca_file: &str, key: &'static str) -> Result<ClientConfig, C
         for cert in read_ca(ca_file, key)? {
             roots
                 .add(cert)
-                .map_err(|e| ConfigError::invalid(key, format!("{ca_file}: {e}")))?;
+                .map_err(|e| TlsError::new(key, format!("{ca_file}: {e}")))?;
         }
     }
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     Ok(ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| ConfigError::invalid(key, e.to_string()))?
+        .map_err(|e| TlsError::new(key, e.to_string()))?
         .with_root_certificates(roots)
         .with_no_client_auth())
 }

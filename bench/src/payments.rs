@@ -23,7 +23,7 @@ use clap::Args;
 use hdrhistogram::Histogram;
 use secrecy::SecretString;
 
-use seckill::config::{BuyerIdentity, Delivery as Mode, Settings};
+use seckill::config::{BuyerIdentity, EventDelivery, Settings};
 use seckill::mq::{BatchHandler, ConsumeDecision, Delivery};
 
 #[derive(Debug, Clone, Args)]
@@ -84,9 +84,9 @@ pub async fn run(settings: Settings, args: PaymentsArgs) -> anyhow::Result<bool>
     let mut all: HashMap<&'static str, Vec<Figures>> = HashMap::new();
     for round in 0..args.rounds {
         let order = if round % 2 == 0 {
-            [Mode::Outbox, Mode::Transaction]
+            [EventDelivery::Outbox, EventDelivery::Transaction]
         } else {
-            [Mode::Transaction, Mode::Outbox]
+            [EventDelivery::Transaction, EventDelivery::Outbox]
         };
         for mode in order {
             let f = one_mode(&settings, mode, &args).await?;
@@ -130,11 +130,11 @@ pub async fn run(settings: Settings, args: PaymentsArgs) -> anyhow::Result<bool>
 }
 
 /// The settings of one mode's run: its own schema, topics and groups.
-fn mode_settings(base: &Settings, mode: Mode) -> anyhow::Result<Settings> {
+fn mode_settings(base: &Settings, mode: EventDelivery) -> anyhow::Result<Settings> {
     let mut s = base.clone();
     let tag = match mode {
-        Mode::Outbox => "OB",
-        Mode::Transaction => "TX",
+        EventDelivery::Outbox => "OB",
+        EventDelivery::Transaction => "TX",
     };
     s.env = format!("{}PAY{tag}", base.env);
     s.pg.schema = format!("{}_pay_{}", base.pg.schema, tag.to_lowercase());
@@ -167,7 +167,11 @@ async fn pg_counters(client: &tokio_postgres::Client) -> anyhow::Result<(String,
     Ok((r.get(0), r.get(1), r.get(2)))
 }
 
-async fn one_mode(base: &Settings, mode: Mode, args: &PaymentsArgs) -> anyhow::Result<Figures> {
+async fn one_mode(
+    base: &Settings,
+    mode: EventDelivery,
+    args: &PaymentsArgs,
+) -> anyhow::Result<Figures> {
     let s = mode_settings(base, mode)?;
     let (admin, conn) = seckill::pg::connect_one(&s.pg).await?;
     let conn = tokio::spawn(conn);

@@ -22,7 +22,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 pub use api::{ApiSettings, AuthSettings, BuyerIdentity, PaymentSettings, MIN_ADMIN_TOKEN_BYTES};
-pub use mq::{Delivery, EventSettings, MqSettings};
+pub use mq::{EventDelivery, EventSettings, MqSettings};
 pub use names::Names;
 pub use stores::{PgSettings, PgTls, RedisMode, RedisSettings};
 pub use workers::{
@@ -35,6 +35,15 @@ pub enum ConfigError {
     Load(#[from] config::ConfigError),
     #[error("config key `{key}`: {reason}")]
     Invalid { key: &'static str, reason: String },
+}
+
+impl From<crate::tls::TlsError> for ConfigError {
+    fn from(e: crate::tls::TlsError) -> Self {
+        ConfigError::Invalid {
+            key: e.key,
+            reason: e.reason,
+        }
+    }
 }
 
 impl ConfigError {

@@ -136,7 +136,7 @@ impl MqSettings {
 /// How an event PostgreSQL originates reaches the broker (docs/ARCHITECTURE.md#delivering-events).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Delivery {
+pub enum EventDelivery {
     /// The event's row is written in the business transaction; the relay sends it.
     Outbox,
     /// A RocketMQ transaction message: half message, the business transaction, then commit or
@@ -144,11 +144,11 @@ pub enum Delivery {
     Transaction,
 }
 
-impl Delivery {
+impl EventDelivery {
     pub fn label(self) -> &'static str {
         match self {
-            Delivery::Outbox => "outbox",
-            Delivery::Transaction => "transaction",
+            EventDelivery::Outbox => "outbox",
+            EventDelivery::Transaction => "transaction",
         }
     }
 }
@@ -157,12 +157,12 @@ impl Delivery {
 #[serde(deny_unknown_fields, default)]
 pub struct EventSettings {
     /// The delivery of every family that does not name its own.
-    pub delivery: Delivery,
+    pub delivery: EventDelivery,
     /// ORDER_PAID, written by the payment notification.
-    pub order_paid: Option<Delivery>,
+    pub order_paid: Option<EventDelivery>,
     /// ORDER_CANCELED, written by the timeout cancel (its RELEASE_RESERVATION always goes
     /// through the outbox).
-    pub order_canceled: Option<Delivery>,
+    pub order_canceled: Option<EventDelivery>,
     /// The longest a local transaction may run after its half message was stored: past it the
     /// transaction rolls back itself, which is what lets a check-back answer ROLLBACK. Must
     /// stay well below the broker's `transactionTimeout` (6000 ms in config/rocketmq).
@@ -180,7 +180,7 @@ pub struct EventSettings {
 impl Default for EventSettings {
     fn default() -> Self {
         Self {
-            delivery: Delivery::Outbox,
+            delivery: EventDelivery::Outbox,
             order_paid: None,
             order_canceled: None,
             transaction_local_timeout_ms: 2_000,
@@ -192,10 +192,10 @@ impl Default for EventSettings {
 }
 
 impl EventSettings {
-    pub fn order_paid(&self) -> Delivery {
+    pub fn order_paid(&self) -> EventDelivery {
         self.order_paid.unwrap_or(self.delivery)
     }
-    pub fn order_canceled(&self) -> Delivery {
+    pub fn order_canceled(&self) -> EventDelivery {
         self.order_canceled.unwrap_or(self.delivery)
     }
 }

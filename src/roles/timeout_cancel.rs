@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use tracing::{debug, info, warn};
 
-use crate::config::Delivery as Mode;
+use crate::config::EventDelivery;
 use crate::config::Settings;
 use crate::domain::events::{sweep_cancel_event_id, CancelOrderIfUnpaid};
 use crate::domain::CancelOutcome;
@@ -359,7 +359,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let budget = settings.cancel_budget();
     let pool = crate::pg::connect_pool(&settings.pg, budget + 1).await?;
     let mut handler = TimeoutCancelHandler::new(pool.clone(), &settings, budget);
-    if settings.events.order_canceled() == Mode::Transaction {
+    if settings.events.order_canceled() == EventDelivery::Transaction {
         // Every batch in flight may hold a half per message (a batch takes its halves'
         // slots together, so batches never wait on each other).
         let in_flight = budget.max(1) * settings.consumer.batch_size.max(1);

@@ -39,7 +39,7 @@ fn buyers_of(bucket: u16, buckets: u16, from: i64, n: usize) -> Vec<i64> {
 
 #[tokio::test]
 async fn a_split_sku_sells_out_to_the_buyers_of_one_bucket_and_a_move_cut_midway_is_finished() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity_in_buckets(1500, &[(1, 12)], 3).await;
     let redis = env.redis().await;
     assert_eq!(redis.buckets(1500).await.unwrap(), 3);
@@ -190,7 +190,7 @@ fn activity_over_three_primaries(redis: &RedisStore, from: i64) -> i64 {
 #[tokio::test]
 async fn a_split_sale_on_the_cluster_sells_out_through_the_roles_however_its_buyers_map() {
     const STOCK: i32 = 30;
-    let env = TestEnv::new(true).await.on_redis_cluster();
+    let env = TestEnv::with_topics().await.on_redis_cluster();
     let redis = env.redis().await;
     let activity = activity_over_three_primaries(&redis, 7600);
     env.activity_in_buckets(activity, &[(1, STOCK)], 3).await;

@@ -13,7 +13,7 @@ use secrecy::ExposeSecret;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stock_taken_between_the_read_and_the_decrement_falls_back_to_the_locked_path() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(1, 1, 5).await;
     let handler = OrderCreateHandler::new(env.pool(2).await, &env.settings, 1);
     let topic = env.settings.names().order_create_topic;

@@ -11,7 +11,7 @@ use crate::common::{free_port, start_api, TestEnv};
 
 #[tokio::test]
 async fn scan_whose_relay_loop_panics_exits_non_zero_naming_it() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     let port = free_port();
     let mut cmd = common::command(&env, &["scan"]);
     cmd.env("FAILPOINTS", "scan-relay-loop=panic")
@@ -42,7 +42,7 @@ async fn scan_whose_relay_loop_panics_exits_non_zero_naming_it() {
 
 #[tokio::test]
 async fn api_whose_admission_check_panics_turns_unready_and_stops_with_an_error() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     let mut settings = env.settings.clone();
     settings.api.admission_check_ms = 50;
     let api = start_api(settings).await;

@@ -19,7 +19,7 @@ fn args(activity_id: i64, stock: i32, starts_in_secs: i64) -> CreateArgs {
 
 #[tokio::test]
 async fn create_is_idempotent_and_refuses_to_change_a_started_activity() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     let redis = env.redis().await;
 
     // Not started yet: creating twice is fine, and the stock may still change.

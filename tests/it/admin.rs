@@ -54,7 +54,7 @@ async fn reserve(base: &str, activity: i64, sku: i64, user: i64) -> (StatusCode,
 
 #[tokio::test]
 async fn admin_routes_need_the_token_and_a_pause_reaches_buyers_until_resumed() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity_skus(1200, &[(1, 10), (2, 10)]).await;
     let apis = start_with_admin(&env).await;
     let post = reqwest::Method::POST;
@@ -228,7 +228,7 @@ impl Publisher for Switchable {
 
 #[tokio::test]
 async fn dead_outbox_rows_come_back_by_themselves_once_the_broker_answers() {
-    let mut env = TestEnv::new(true).await;
+    let mut env = TestEnv::with_topics().await;
     env.settings.scan.relay_max_attempts = 1;
     // Every row due at once, timers included (they are otherwise held until shortly before
     // their deadline: tests/it/outbox_timers.rs).
@@ -285,7 +285,7 @@ async fn dead_outbox_rows_come_back_by_themselves_once_the_broker_answers() {
 
 #[tokio::test]
 async fn the_operator_requeues_refused_rows_with_the_cli_and_an_audit_row() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     let pool = env.pool(1).await;
     let c = pool.get().await.unwrap();
     c.execute(
@@ -316,7 +316,7 @@ async fn the_operator_requeues_refused_rows_with_the_cli_and_an_audit_row() {
 
 #[tokio::test]
 async fn an_unreadable_lag_closes_admission_once_reservations_went_out() {
-    let mut env = TestEnv::new(true).await;
+    let mut env = TestEnv::with_topics().await;
     env.settings.api.admission_check_ms = 50;
     env.settings.api.lag_unreadable_probes = 3;
     env.activity(1220, 1, 10).await;

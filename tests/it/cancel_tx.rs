@@ -57,7 +57,7 @@ async fn exec(env: &TestEnv, sql: &str) {
 
 #[tokio::test]
 async fn a_batch_of_cancels_is_one_transaction_where_each_message_keeps_its_own_outcome() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity_skus(40, &[(1, 10), (2, 10)]).await;
     let o = orders(&env, 40, &[(1, 1), (1, 2), (1, 3), (1, 4), (2, 5), (2, 6)]).await;
     // o[2] is paid in time; then every order but o[3] is past its deadline by the database's
@@ -203,7 +203,7 @@ async fn a_batch_of_cancels_is_one_transaction_where_each_message_keeps_its_own_
 
 #[tokio::test]
 async fn a_cancel_that_cannot_commit_is_split_out_and_the_others_commit() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity_skus(41, &[(1, 10), (2, 10)]).await;
     let o = orders(&env, 41, &[(1, 1), (1, 2), (2, 3)]).await;
     exec(
@@ -252,7 +252,7 @@ async fn a_cancel_that_cannot_commit_is_split_out_and_the_others_commit() {
 
 #[tokio::test]
 async fn the_sweep_cancels_orders_whose_timer_is_late_and_the_timer_then_finds_them_cancelled() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity_skus(42, &[(1, 10)]).await;
     let o = orders(&env, 42, &[(1, 1), (1, 2), (1, 3), (1, 4)]).await;
     // o[0], o[1]: 10 s past their deadline, no cancel yet (a late timer); o[2]: 1 s past, within

@@ -16,7 +16,7 @@ use crate::common::{
     caught_up, collect_events, created_orders, eventually, free_port, notify_payment, spawn,
     TestEnv,
 };
-use seckill::config::Delivery as Mode;
+use seckill::config::EventDelivery;
 use seckill::domain::events::order_paid_event_id;
 use seckill::mq::rocketmq::{RocketTransactionProducer, TransactionOptions};
 use seckill::mq::{Delivery, LocalOutcome, TransactionChecker, TransactionPublisher};
@@ -35,8 +35,8 @@ fn our_properties(d: &Delivery) -> BTreeSet<String> {
 
 /// One payment in `mode`, its notification sent twice: the ORDER_PAID consumers get, checked
 /// against the event's row. Returns the properties it carried.
-async fn paid_event_in(mode: Mode, activity: i64) -> BTreeSet<String> {
-    let mut env = TestEnv::new(true).await;
+async fn paid_event_in(mode: EventDelivery, activity: i64) -> BTreeSet<String> {
+    let mut env = TestEnv::with_topics().await;
     env.settings.events.order_paid = Some(mode);
     env.activity(activity, 1, 5).await;
     let orders = created_orders(&env, activity, &[1]).await;
@@ -108,8 +108,8 @@ async fn paid_event_in(mode: Mode, activity: i64) -> BTreeSet<String> {
 
 #[tokio::test]
 async fn order_paid_reaches_consumers_the_same_in_both_modes() {
-    let outbox = paid_event_in(Mode::Outbox, 1401).await;
-    let transaction = paid_event_in(Mode::Transaction, 1402).await;
+    let outbox = paid_event_in(EventDelivery::Outbox, 1401).await;
+    let transaction = paid_event_in(EventDelivery::Transaction, 1402).await;
     // The transaction message carries its local transaction's deadline besides (for the
     // check-back); nothing a consumer reads differs.
     let mut expected = outbox.clone();
@@ -119,12 +119,12 @@ async fn order_paid_reaches_consumers_the_same_in_both_modes() {
 
 #[tokio::test]
 async fn a_half_message_the_broker_does_not_store_sends_the_event_through_the_outbox() {
-    let mut env = TestEnv::new(false).await;
+    let mut env = TestEnv::without_topics().await;
     env.activity(1411, 1, 5).await;
     let orders = created_orders(&env, 1411, &[1]).await;
     let oid = orders[0].order_id.clone();
     // No name server there: no half message can be stored.
-    env.settings.events.order_paid = Some(Mode::Transaction);
+    env.settings.events.order_paid = Some(EventDelivery::Transaction);
     env.settings.mq.name_server = format!("127.0.0.1:{}", free_port());
     let api = common::start_api(env.settings.clone()).await;
     let (status, body) = notify_payment(&api.base, &oid, "pay-1", 100).await;
@@ -155,9 +155,9 @@ async fn a_half_message_the_broker_does_not_store_sends_the_event_through_the_ou
 
 /// Two expired orders cancelled in one batch of the timeout cancel in `mode`: the
 /// ORDER_CANCELED consumers get, checked against the rows. Returns the properties carried.
-async fn canceled_events_in(mode: Mode, activity: i64) -> BTreeSet<String> {
+async fn canceled_events_in(mode: EventDelivery, activity: i64) -> BTreeSet<String> {
     use seckill::roles::timeout_cancel::TimeoutCancelHandler;
-    let mut env = TestEnv::new(true).await;
+    let mut env = TestEnv::with_topics().await;
     env.settings.events.order_canceled = Some(mode);
     env.activity(activity, 1, 5).await;
     let orders = created_orders(&env, activity, &[1, 2]).await;
@@ -167,7 +167,7 @@ async fn canceled_events_in(mode: Mode, activity: i64) -> BTreeSet<String> {
     expire_every_order(&pool).await;
     let mut handler = TimeoutCancelHandler::new(pool.clone(), &env.settings, 2);
     let mut producer = None;
-    if mode == Mode::Transaction {
+    if mode == EventDelivery::Transaction {
         let tx = seckill::roles::transactions::start(&env.settings, pool.clone(), 64)
             .await
             .unwrap();
@@ -224,8 +224,8 @@ async fn canceled_events_in(mode: Mode, activity: i64) -> BTreeSet<String> {
 
 #[tokio::test]
 async fn order_canceled_reaches_consumers_the_same_in_both_modes() {
-    let outbox = canceled_events_in(Mode::Outbox, 1408).await;
-    let transaction = canceled_events_in(Mode::Transaction, 1409).await;
+    let outbox = canceled_events_in(EventDelivery::Outbox, 1408).await;
+    let transaction = canceled_events_in(EventDelivery::Transaction, 1409).await;
     let mut expected = outbox.clone();
     expected.insert(DEADLINE_PROPERTY.to_string());
     assert_eq!(transaction, expected, "outbox mode carried {outbox:?}");
@@ -247,7 +247,7 @@ fn check_of(order_id: &str, event_id: &str, deadline_ms: i64) -> Delivery {
 
 #[tokio::test]
 async fn the_check_back_answers_from_postgresql_alone() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(1403, 1, 5).await;
     let orders = created_orders(&env, 1403, &[1]).await;
     let oid = orders[0].order_id.clone();
@@ -348,8 +348,8 @@ async fn the_check_back_answers_from_postgresql_alone() {
 #[tokio::test]
 async fn reconcile_finds_a_lost_order_paid_in_transaction_mode_and_frees_a_stranded_one() {
     use seckill::roles::ops::reconcile::reconcile;
-    let mut env = TestEnv::new(true).await;
-    env.settings.events.order_paid = Some(Mode::Transaction);
+    let mut env = TestEnv::with_topics().await;
+    env.settings.events.order_paid = Some(EventDelivery::Transaction);
     env.activity(1404, 1, 5).await;
     let orders = created_orders(&env, 1404, &[1, 2]).await;
     let (lost, stranded) = (orders[0].order_id.clone(), orders[1].order_id.clone());
@@ -515,7 +515,7 @@ fn env_secret() -> secrecy::SecretString {
 
 #[tokio::test]
 async fn a_producer_killed_after_the_half_before_its_transaction_is_rolled_back_by_the_check() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(1405, 1, 5).await;
     let orders = created_orders(&env, 1405, &[1]).await;
     let oid = orders[0].order_id.clone();
@@ -544,7 +544,7 @@ async fn a_producer_killed_after_the_half_before_its_transaction_is_rolled_back_
 
     // The provider re-sends to a healthy instance: paid, and ORDER_PAID delivered once.
     let mut settings = env.settings.clone();
-    settings.events.order_paid = Some(Mode::Transaction);
+    settings.events.order_paid = Some(EventDelivery::Transaction);
     let healthy = common::start_api(settings).await;
     let (status, body) = notify_payment(&healthy.base, &oid, "pay-1", 100).await;
     assert_eq!(
@@ -569,7 +569,7 @@ async fn a_producer_killed_after_the_half_before_its_transaction_is_rolled_back_
 /// The producer killed after its local commit, before the commit message: the check-back
 /// answers COMMIT, from a checker whose PostgreSQL is first unreachable when `stall_first`.
 async fn killed_after_commit(activity: i64, stall_first: bool) {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(activity, 1, 5).await;
     let orders = created_orders(&env, activity, &[1]).await;
     let oid = orders[0].order_id.clone();
@@ -644,7 +644,7 @@ async fn a_check_back_while_postgresql_is_unreachable_answers_unknown_and_is_ask
 
 #[tokio::test]
 async fn a_timeout_cancel_killed_after_its_commit_has_its_batch_committed_by_the_checks() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(1410, 1, 5).await;
     let orders = created_orders(&env, 1410, &[1, 2]).await;
     let pool = env.pool(1).await;

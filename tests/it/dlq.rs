@@ -15,7 +15,7 @@ use seckill::roles::scan::{event_from_reservation, outbox_message};
 
 #[tokio::test]
 async fn a_message_failing_every_time_is_dead_lettered_recorded_and_discardable() {
-    let mut env = TestEnv::new(true).await;
+    let mut env = TestEnv::with_topics().await;
     env.settings.consumer.max_reconsume_times = 1;
     env.settings.pg.statement_timeout_ms = 200;
     env.activity(950, 1, 5).await;
@@ -254,7 +254,7 @@ async fn replay_past_retention(env: &TestEnv, c: &tokio_postgres::Client, id: &s
 
 #[tokio::test]
 async fn a_replay_racing_the_normal_redelivery_of_the_same_message_has_one_effect() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(951, 1, 5).await;
     let names = env.settings.names();
     let h = Arc::new(OrderCreateHandler::new(env.pool(6).await, &env.settings, 4));
@@ -303,7 +303,7 @@ async fn a_replay_racing_the_normal_redelivery_of_the_same_message_has_one_effec
 
 #[tokio::test]
 async fn discarding_an_order_create_dead_letter_gives_its_unit_back_once_after_a_dry_run() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(955, 1, 5).await;
     let names = env.settings.names();
     let redis = env.redis().await;

@@ -16,7 +16,7 @@ use serde_json::json;
 
 #[tokio::test]
 async fn api_killed_after_the_reservation_before_the_send_the_scanner_sends_it_once() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(900, 1, 5).await;
     let port = free_port();
     let mut api = spawn(
@@ -109,7 +109,7 @@ impl BatchHandler for Counting {
 
 #[tokio::test]
 async fn consumer_killed_after_commit_before_ack_the_redelivery_hits_the_inbox() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(901, 1, 5).await;
     let (mut consumer, mport) =
         common::spawn_consume(&env, "1", "consume-after-commit-before-ack=return");
@@ -168,7 +168,7 @@ async fn consumer_killed_after_commit_before_ack_the_redelivery_hits_the_inbox()
 
 #[tokio::test]
 async fn relay_killed_after_the_send_before_the_mark_sends_again_and_is_applied_once() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(902, 1, 5).await;
     let names = env.settings.names();
     // An expired reservation: the order transaction rejects it and writes one compensation
@@ -271,7 +271,7 @@ async fn relay_killed_after_the_send_before_the_mark_sends_again_and_is_applied_
 
 #[tokio::test]
 async fn a_scanner_killed_holding_leases_is_taken_over_after_they_expire() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(903, 1, 10).await;
     let redis = env.redis().await;
     for user in 1..=4 {
@@ -330,7 +330,7 @@ async fn a_scanner_killed_holding_leases_is_taken_over_after_they_expire() {
 
 #[tokio::test]
 async fn one_message_failing_its_batch_does_not_hold_back_the_others() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(960, 1, 10).await;
     let h = OrderCreateHandler::new(env.pool(3).await, &env.settings, 2);
     let topic = env.settings.names().order_create_topic;
@@ -381,7 +381,7 @@ async fn one_message_failing_its_batch_does_not_hold_back_the_others() {
 
 #[tokio::test]
 async fn api_killed_after_the_broker_stored_the_message_makes_one_order() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(961, 1, 5).await;
     let handler = Arc::new(OrderCreateHandler::new(env.pool(3).await, &env.settings, 2));
     let consumer = seckill::mq::start_order_create_consumer(&env.settings, handler, 2)
@@ -445,7 +445,7 @@ async fn api_killed_after_the_broker_stored_the_message_makes_one_order() {
 
 #[tokio::test]
 async fn consumer_killed_inside_the_transaction_commits_nothing_and_the_redelivery_creates_it() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(962, 1, 5).await;
     let (mut consumer, mport) =
         common::spawn_consume(&env, "1", "consume-inside-transaction=return");
@@ -492,7 +492,7 @@ async fn consumer_killed_inside_the_transaction_commits_nothing_and_the_redelive
 async fn a_re_send_the_broker_refuses_keeps_a_valid_reservation_and_settles_an_expired_one() {
     // No topics for this environment: every send is refused ("topic route not found"), which is
     // also what a broker answers for a while after it restarts.
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(963, 1, 5).await;
     let redis = env.redis().await;
     let valid = common::reserve_only(&redis, 963, 1, 0).await;

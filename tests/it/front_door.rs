@@ -26,7 +26,7 @@ fn unfinished_head(len: usize) -> Vec<u8> {
 
 #[tokio::test]
 async fn a_head_past_the_cap_is_answered_431_and_closed_and_one_under_it_is_served() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     let mut settings = env.settings.clone();
     // Long enough that only the size can close these connections.
     settings.api.header_read_timeout_ms = 20_000;
@@ -93,7 +93,7 @@ async fn half_sent_heads(port: u16, n: usize, bytes: usize) -> Vec<TcpStream> {
 async fn half_sent_heads_hold_at_most_their_cap_of_memory() {
     const HELD: usize = 1000;
     const REFUSED: usize = 300;
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(973, 1, 10).await;
     let (port, ops) = (free_port(), free_port());
     let api = spawn(
@@ -148,7 +148,7 @@ async fn half_sent_heads_hold_at_most_their_cap_of_memory() {
 
 #[tokio::test]
 async fn the_buyers_port_serves_no_metrics_and_the_ops_port_does() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     let api = start_api(env.settings.clone()).await;
     let r = reqwest::get(format!("{}/metrics", api.base)).await.unwrap();
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
@@ -203,7 +203,7 @@ fn failures(result: &str) -> u64 {
 async fn guessing_the_admin_token_is_throttled_and_the_right_token_still_gets_in() {
     const GUESSES: usize = 300;
     const AT_ONCE: usize = 20;
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(974, 1, 10).await;
     let api = common::start_with_admin(&env, ADMIN_TOKEN).await;
     let (admin, stop) = (api.admin, api.stop);

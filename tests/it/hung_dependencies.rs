@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 #[tokio::test]
 async fn a_hung_redis_gets_503_within_bounds_and_the_api_recovers_after() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(980, 1, 5).await;
     let proxy = StallProxy::start("127.0.0.1:6379").await;
     let mut settings = env.settings.clone();
@@ -88,7 +88,7 @@ async fn postgresql_behind_a_proxy(env: &TestEnv) -> (StallProxy, seckill::confi
 
 #[tokio::test]
 async fn a_hung_postgresql_gets_503_within_bounds_and_reservations_go_on() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(985, 1, 5).await;
     let order = common::created_orders(&env, 985, &[9])
         .await
@@ -163,7 +163,7 @@ async fn a_hung_postgresql_gets_503_within_bounds_and_reservations_go_on() {
 
 #[tokio::test]
 async fn an_order_transaction_on_a_hung_postgresql_gives_up_within_its_bound() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(986, 1, 5).await;
     let (proxy, mut settings) = postgresql_behind_a_proxy(&env).await;
     settings.consumer.tx_timeout_ms = 1500;

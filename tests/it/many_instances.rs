@@ -15,7 +15,7 @@ const PAY_WINDOW: &str = "6";
 
 #[tokio::test]
 async fn every_role_twice_or_more_sells_pays_and_cancels_each_order_once() {
-    let env = TestEnv::new(true).await.on_redis_cluster();
+    let env = TestEnv::with_topics().await.on_redis_cluster();
     env.activity(7600, 1, STOCK).await;
     let mut procs: Vec<(Proc, u16)> = Vec::new();
     for _ in 0..2 {

@@ -19,7 +19,7 @@ async fn handler(env: &TestEnv, workers: usize) -> Arc<OrderCreateHandler> {
 
 #[tokio::test]
 async fn same_message_delivered_100_times_concurrently_makes_one_order() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(1, 1, 10).await;
     let h = handler(&env, 8).await;
     let topic = env.settings.names().order_create_topic;
@@ -65,7 +65,7 @@ async fn same_message_delivered_100_times_concurrently_makes_one_order() {
 
 #[tokio::test]
 async fn order_row_ledger_outbox_and_inbox_are_written_together() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(1, 1, 10).await;
     let h = handler(&env, 1).await;
     let n = env.settings.names();
@@ -143,7 +143,7 @@ async fn order_row_ledger_outbox_and_inbox_are_written_together() {
 
 #[tokio::test]
 async fn poison_bodies_are_quarantined_with_their_raw_body_and_acknowledged() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(1, 1, 10).await;
     let h = handler(&env, 1).await;
     let topic = env.settings.names().order_create_topic;
@@ -194,7 +194,7 @@ async fn poison_bodies_are_quarantined_with_their_raw_body_and_acknowledged() {
 
 #[tokio::test]
 async fn expired_reservation_is_rejected_with_exactly_one_compensation() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(1, 1, 10).await;
     let h = handler(&env, 1).await;
     let topic = env.settings.names().order_create_topic;
@@ -239,7 +239,7 @@ async fn expired_reservation_is_rejected_with_exactly_one_compensation() {
 
 #[tokio::test]
 async fn one_reservation_under_many_message_ids_makes_one_order() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(1, 1, 10).await;
     let h = handler(&env, 8).await;
     let topic = env.settings.names().order_create_topic;
@@ -268,7 +268,7 @@ async fn one_reservation_under_many_message_ids_makes_one_order() {
 
 #[tokio::test]
 async fn one_buyer_with_many_reservations_gets_one_order_and_the_rest_are_compensated() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(1, 1, 10).await;
     let h = handler(&env, 8).await;
     let topic = env.settings.names().order_create_topic;
@@ -298,7 +298,7 @@ async fn one_buyer_with_many_reservations_gets_one_order_and_the_rest_are_compen
 
 #[tokio::test]
 async fn a_batch_larger_than_the_stock_left_gets_what_is_left_and_rejects_the_rest() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(1, 1, 3).await;
     let h = handler(&env, 1).await;
     let topic = env.settings.names().order_create_topic;
@@ -346,7 +346,7 @@ async fn a_batch_larger_than_the_stock_left_gets_what_is_left_and_rejects_the_re
 
 #[tokio::test]
 async fn a_batch_over_several_skus_takes_each_skus_stock_once() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity_skus(1, &[(1, 5), (2, 5)]).await;
     let h = handler(&env, 1).await;
     let topic = env.settings.names().order_create_topic;
@@ -395,7 +395,7 @@ async fn a_batch_over_several_skus_takes_each_skus_stock_once() {
 
 #[tokio::test]
 async fn a_transient_failure_rolls_everything_back_and_asks_for_redelivery() {
-    let mut env = TestEnv::new(false).await;
+    let mut env = TestEnv::without_topics().await;
     env.activity(1, 1, 10).await;
     // A short statement timeout, and another session holding the hot stock row: the order
     // transaction hits 57014 (query_canceled), a transient error.
@@ -430,7 +430,7 @@ async fn a_transient_failure_rolls_everything_back_and_asks_for_redelivery() {
 
 #[tokio::test]
 async fn many_buyers_at_once_never_deadlock_and_never_oversell() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(1, 1, 30).await;
     let h = handler(&env, 8).await;
     let topic = env.settings.names().order_create_topic;
@@ -468,7 +468,7 @@ async fn many_buyers_at_once_never_deadlock_and_never_oversell() {
 
 #[tokio::test]
 async fn calls_far_past_the_budget_are_gathered_and_never_run_more_transactions_than_the_budget() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(1, 1, 200).await;
     // A pool much larger than the budget: only the limiter can hold the line.
     let h = Arc::new(OrderCreateHandler::new(

@@ -9,7 +9,7 @@ use seckill::roles::scan::Relay;
 
 #[tokio::test]
 async fn a_timer_waits_in_the_outbox_until_its_lead_then_is_sent_once() {
-    let mut env = TestEnv::new(true).await;
+    let mut env = TestEnv::with_topics().await;
     env.settings.consumer.pay_window_secs = 15;
     env.settings.scan.timer_lead_secs = 10;
     env.activity(1310, 1, 5).await;

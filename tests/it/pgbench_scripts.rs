@@ -221,7 +221,7 @@ async fn consumer_shapes(env: &TestEnv, batch: usize) -> Vec<String> {
 
 #[tokio::test]
 async fn the_pgbench_order_scripts_run_the_consumers_statements_in_its_order() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(1, 1, 1_000).await;
     let single = consumer_shapes(&env, 1).await;
     // The consumer's happy path, as docs/ARCHITECTURE.md#order-creation describes it: the hot

@@ -98,7 +98,7 @@ async fn every_202_is_recorded_mq_sent_and_found_by_id_before_its_order_exists()
     // No consumer: each reservation is answered from its Redis hash, found through the
     // activity its id names. MQ_SENT is recorded for the requests whose sends were confirmed
     // together in one gathered round trip (docs/ARCHITECTURE.md#the-hot-path), before their 202.
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(120, 1, 40).await;
     let publisher = seckill::mq::hot_path_publisher(&env.settings)
         .await
@@ -127,7 +127,7 @@ async fn every_202_is_recorded_mq_sent_and_found_by_id_before_its_order_exists()
 
 #[tokio::test]
 async fn a_reservation_becomes_one_created_order_visible_through_the_api() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(100, 1, 5).await;
     let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
     let app = start(&env, publisher, true).await;
@@ -204,7 +204,7 @@ async fn a_reservation_becomes_one_created_order_visible_through_the_api() {
 
 #[tokio::test]
 async fn a_request_id_reused_on_another_sku_is_refused_and_changes_nothing() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity_skus(210, &[(1, 5), (2, 5)]).await;
     let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
     let app = start(&env, publisher, true).await;
@@ -243,7 +243,7 @@ async fn a_request_id_reused_on_another_sku_is_refused_and_changes_nothing() {
 
 #[tokio::test]
 async fn repeats_second_purchases_and_sell_out_are_answered_and_never_oversold() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(200, 1, 3).await;
     let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
     let app = start(&env, publisher, true).await;
@@ -364,7 +364,7 @@ fn bad_bodies() -> Vec<(String, &'static str)> {
 
 #[tokio::test]
 async fn bad_input_gets_a_400_json_error_and_writes_nothing() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(300, 1, 5).await;
     // No broker involvement: nothing may get that far.
     let publisher: Arc<dyn Publisher> = Arc::new(NeverCalled);
@@ -475,7 +475,7 @@ impl Publisher for NeverCalled {
 
 #[tokio::test]
 async fn an_unreachable_broker_is_unknown_keeps_the_stock_and_leaves_the_reservation_pending() {
-    let mut env = TestEnv::new(false).await;
+    let mut env = TestEnv::without_topics().await;
     env.activity(400, 1, 5).await;
     // Nothing listens on this port: the name server is dead.
     env.settings.mq.name_server = "127.0.0.1:1".into();
@@ -507,7 +507,7 @@ async fn an_unreachable_broker_is_unknown_keeps_the_stock_and_leaves_the_reserva
 #[tokio::test]
 async fn a_missing_topic_is_a_definite_failure_that_releases_the_reservation() {
     // No topics created for this environment, and the broker does not auto-create them.
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(500, 1, 5).await;
     let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
     let app = start(&env, publisher, false).await;
@@ -529,7 +529,7 @@ async fn a_missing_topic_is_a_definite_failure_that_releases_the_reservation() {
 
 #[tokio::test]
 async fn a_poison_message_on_the_topic_is_quarantined_and_acknowledged() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(600, 1, 5).await;
     let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
     let mut app = start(&env, publisher.clone(), false).await;
@@ -588,7 +588,7 @@ async fn a_poison_message_on_the_topic_is_quarantined_and_acknowledged() {
 
 #[tokio::test]
 async fn admission_pauses_when_reservations_wait_too_long_and_resumes_when_they_drain() {
-    let mut env = TestEnv::new(true).await;
+    let mut env = TestEnv::with_topics().await;
     env.settings.api.reservation_valid_secs = 4;
     env.settings.api.fail_closed_share = 0.25; // bound: 1 s
     env.settings.api.admission_check_ms = 100;

@@ -35,7 +35,7 @@ async fn reserve(
 
 #[tokio::test]
 async fn a_hammering_buyer_gets_429_while_other_buyers_get_202() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(985, 1, 100).await;
     let mut settings = env.settings.clone();
     // One token every 10 s: no token comes back while the test runs, however slow the machine.
@@ -83,7 +83,7 @@ async fn a_hammering_buyer_gets_429_while_other_buyers_get_202() {
 
 #[tokio::test]
 async fn an_address_has_its_own_bucket_and_forwarded_addresses_count_only_from_a_trusted_proxy() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(986, 1, 100).await;
     let mut settings = env.settings.clone();
     settings.api.address_rate_per_sec = 0.1;

@@ -24,7 +24,7 @@ async fn snapshot(
 
 #[tokio::test]
 async fn reconcile_emits_exactly_the_missing_events_once_and_changes_no_order() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(960, 1, 10).await;
     let redis = env.redis().await;
     let names = env.settings.names();

@@ -39,7 +39,7 @@ fn state_names(env: &TestEnv) -> StateNames {
 
 #[tokio::test]
 async fn the_scanner_sends_what_the_api_never_sent_with_the_same_message_id() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(10, 1, 50).await;
     let redis = env.redis().await;
     let settings = Arc::new(env.settings.clone());
@@ -196,7 +196,7 @@ async fn compensation_consumer(
 
 #[tokio::test]
 async fn an_expired_backlog_is_compensated_once_through_the_relay_even_when_redelivered() {
-    let mut env = TestEnv::new(true).await;
+    let mut env = TestEnv::with_topics().await;
     env.settings.scan.relay_lease_secs = 1;
     env.activity(20, 1, 5).await;
     let redis = env.redis().await;
@@ -308,7 +308,7 @@ async fn cancel_one(h: &TimeoutCancelHandler, d: &seckill::mq::Delivery) -> Opti
 
 #[tokio::test]
 async fn an_early_cancel_changes_nothing_and_cancels_after_expiry() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(30, 1, 5).await;
     let order_id = created_orders(&env, 30, 1).await.remove(0);
     let pool = env.pool(2).await;
@@ -388,7 +388,7 @@ async fn an_early_cancel_changes_nothing_and_cancels_after_expiry() {
 
 #[tokio::test]
 async fn pay_and_cancel_raced_100_times_each_never_both_win() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(40, 1, 100).await;
     let orders = created_orders(&env, 40, 100).await;
     let pool = env.pool(12).await;
@@ -496,7 +496,7 @@ async fn pay_and_cancel_raced_100_times_each_never_both_win() {
 
 #[tokio::test]
 async fn order_events_are_projected_by_version_so_stale_and_repeated_events_are_no_ops() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     let names = env.settings.names();
     let h = seckill::roles::consume::projection::ProjectionHandler {
         redis: env.redis().await,
@@ -549,7 +549,7 @@ async fn order_events_are_projected_by_version_so_stale_and_repeated_events_are_
 
 #[tokio::test]
 async fn a_batch_of_releases_gives_each_unit_back_once_in_one_round_trip() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(21, 1, 5).await;
     let redis = env.redis().await;
     let names = env.settings.names();
@@ -597,7 +597,7 @@ async fn a_batch_of_releases_gives_each_unit_back_once_in_one_round_trip() {
 
 #[tokio::test]
 async fn an_outbox_row_that_never_sends_goes_dead_after_its_last_attempt() {
-    let mut env = TestEnv::new(false).await;
+    let mut env = TestEnv::without_topics().await;
     env.settings.scan.relay_max_attempts = 2;
     env.settings.scan.relay_backoff_base_ms = 1;
     env.settings.scan.relay_backoff_cap_ms = 1;
@@ -679,7 +679,7 @@ impl seckill::mq::Publisher for CallLog {
 #[tokio::test]
 async fn the_relay_sends_immediate_events_in_one_batch_call_in_version_order_and_timers_one_by_one()
 {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     let names = env.settings.names();
     let pool = env.pool(2).await;
     let c = pool.get().await.unwrap();
@@ -757,7 +757,7 @@ async fn the_relay_sends_immediate_events_in_one_batch_call_in_version_order_and
 
 #[tokio::test]
 async fn an_activity_that_ended_long_ago_with_nothing_pending_leaves_the_scanners_list() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     let redis = env.redis().await;
     let now = Utc::now().timestamp_millis();
     let hour = 3_600_000;
@@ -854,7 +854,7 @@ impl seckill::roles::scan::unconsumed::ProgressReader for Progress {
 
 #[tokio::test]
 async fn a_confirmed_send_the_consumers_never_took_is_sent_again_with_the_same_message_id() {
-    let mut env = TestEnv::new(true).await;
+    let mut env = TestEnv::with_topics().await;
     env.settings.scan.unconsumed_resend_ms = 1_000;
     env.activity(11, 1, 50).await;
     let redis = env.redis().await;
@@ -956,7 +956,7 @@ async fn a_confirmed_send_the_consumers_never_took_is_sent_again_with_the_same_m
 
 #[tokio::test]
 async fn a_confirmed_release_the_compensation_consumers_never_took_is_sent_again() {
-    let mut env = TestEnv::new(true).await;
+    let mut env = TestEnv::with_topics().await;
     env.settings.scan.unconsumed_resend_ms = 1_000;
     env.activity(21, 1, 5).await;
     let redis = env.redis().await;

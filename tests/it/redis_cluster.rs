@@ -41,7 +41,7 @@ fn one_activity_per_primary(keys: &Keys, from: i64) -> Vec<i64> {
 
 #[tokio::test]
 async fn every_script_and_gathered_pipeline_finds_its_slot_on_the_cluster() {
-    let env = TestEnv::new(false).await.on_redis_cluster();
+    let env = TestEnv::without_topics().await.on_redis_cluster();
     let redis = env.redis().await;
     let activities = one_activity_per_primary(&redis.keys, 7300);
     for &a in &activities {
@@ -131,7 +131,7 @@ async fn every_script_and_gathered_pipeline_finds_its_slot_on_the_cluster() {
 #[tokio::test]
 async fn a_sale_over_three_primaries_sells_out_exactly_through_the_roles() {
     const STOCK: i32 = 40;
-    let env = TestEnv::new(true).await.on_redis_cluster();
+    let env = TestEnv::with_topics().await.on_redis_cluster();
     let redis = env.redis().await;
     let activities = one_activity_per_primary(&redis.keys, 7400);
     for &a in &activities {

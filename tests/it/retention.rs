@@ -10,7 +10,7 @@ use seckill::roles::consume::order_create::OrderCreateHandler;
 
 #[tokio::test]
 async fn retention_deletes_only_what_is_past_retention_in_batches() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     let pool = env.pool(1).await;
     let c = pool.get().await.unwrap();
     c.batch_execute(
@@ -94,7 +94,7 @@ async fn retention_deletes_only_what_is_past_retention_in_batches() {
 /// passed it; before the mark it is, and two creating messages always are.
 #[tokio::test]
 async fn the_invariants_allow_an_inbox_row_purged_by_retention_and_nothing_else() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(60, 1, 5).await;
     let h = OrderCreateHandler::new(env.pool(2).await, &env.settings, 1);
     let topic = env.settings.names().order_create_topic;

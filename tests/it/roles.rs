@@ -11,7 +11,7 @@ use serde_json::json;
 
 #[tokio::test]
 async fn roles_serve_metrics_and_a_consumer_stopped_mid_load_loses_and_doubles_nothing() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(700, 1, 150).await;
     let (api_port, api_ops) = (free_port(), free_port());
     let mut api = spawn(
@@ -136,7 +136,7 @@ async fn roles_serve_metrics_and_a_consumer_stopped_mid_load_loses_and_doubles_n
 
 #[tokio::test]
 async fn timeout_cancel_exports_its_groups_backlog_with_the_retry_topic() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     let port = free_port();
     let mut timeout_cancel = spawn(
         &env,
@@ -167,7 +167,7 @@ async fn timeout_cancel_exports_its_groups_backlog_with_the_retry_topic() {
 
 #[tokio::test]
 async fn a_scratch_environments_topics_are_deleted_only_when_confirmed() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     let topic = env.settings.names().order_create_topic;
     let probe = |id: &str| seckill::mq::OutMessage {
         topic: topic.clone(),
@@ -225,7 +225,7 @@ fn env_file_uncommented(text: &str) -> Vec<(String, String)> {
 
 #[tokio::test]
 async fn the_shipped_environment_file_filled_in_starts_every_role() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(root.join("deploy/systemd/seckill.env.example")).unwrap();
     let mut vars = env_file_uncommented(&text);

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 #[tokio::test]
 async fn a_stopping_api_turns_not_ready_then_serves_through_its_drain_delay() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(990, 1, 10).await;
     let mut settings = env.settings.clone();
     settings.api.drain_delay_ms = 2_000;
@@ -123,7 +123,7 @@ struct Seen {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_instance_restarted_in_turn_behind_haproxy_fails_no_buyer_and_loses_no_order() {
     const BUYERS: usize = 8;
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(991, 1, 100_000).await;
     let ports = [free_port(), free_port()];
     let mut apis = [api_instance(&env, ports[0]), api_instance(&env, ports[1])];

@@ -230,7 +230,7 @@ fn sigkill(p: &mut Proc) {
 
 #[tokio::test]
 async fn every_consumer_killed_and_restarted_during_a_sale_loses_and_doubles_nothing() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(980, 1, STOCK).await;
     let mut roles = start_roles(&env, 2, THROTTLED_SLOW_ACK).await;
     let api_port = roles.api_port;
@@ -295,7 +295,7 @@ fn script_with(name: &str, args: &[&str], vars: &[(&str, &str)]) -> std::process
 #[tokio::test]
 #[ignore = "kills the shared broker: run by `make test-faults`, one test at a time"]
 async fn the_broker_killed_and_restarted_mid_sale_loses_and_doubles_nothing() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(981, 1, STOCK).await;
     let roles = start_roles(&env, 1, THROTTLED).await;
     let accepted = sale_with(&env, 981, roles.api_port, || async {
@@ -334,7 +334,7 @@ async fn the_broker_killed_and_restarted_mid_sale_loses_and_doubles_nothing() {
 #[tokio::test]
 #[ignore = "restarts the shared PostgreSQL: run by `make test-faults`, one test at a time"]
 async fn postgresql_restarted_mid_sale_rolls_back_retries_and_loses_nothing() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(982, 1, STOCK).await;
     let roles = start_roles(&env, 1, THROTTLED_LONG_TX).await;
     let accepted = sale_with(&env, 982, roles.api_port, || async {
@@ -423,7 +423,7 @@ fn stored_on_b(topic: &str) -> usize {
 async fn one_of_two_brokers_killed_mid_sale_loses_and_doubles_nothing() {
     assert!(two_brokers_up().success(), "second broker started");
     // Topics on both masters: sends and consumer groups spread over the two.
-    let mut env = TestEnv::new(false).await;
+    let mut env = TestEnv::without_topics().await;
     env.settings.mq.broker_addr = format!("{},{BROKER_B}", env.settings.mq.broker_addr);
     let plan = seckill::roles::ops::topics::topic_plan(&env.settings);
     seckill::mq::create_topics(&env.settings, &plan)
@@ -589,7 +589,7 @@ async fn settled_primary_and_replica(slot: u16) -> (u16, u16) {
 #[tokio::test]
 #[ignore = "fails a Redis Cluster primary over: run by `make test-faults`, one test at a time"]
 async fn a_redis_primary_failed_over_mid_sale_loses_and_doubles_nothing() {
-    let env = TestEnv::new(true).await.on_redis_cluster();
+    let env = TestEnv::with_topics().await.on_redis_cluster();
     env.activity(984, 1, STOCK).await;
     let slot = env.redis().await.keys.slot(984);
     // A failover earlier (this test's last run) may still be settling.
@@ -630,7 +630,7 @@ async fn a_redis_primary_failed_over_mid_sale_loses_and_doubles_nothing() {
 #[tokio::test]
 #[ignore = "kills the shared broker: run by `make test-faults`, one test at a time"]
 async fn the_broker_restarted_between_a_half_message_and_its_commit_delivers_the_event_once() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(984, 1, 5).await;
     let orders = common::created_orders(&env, 984, &[1]).await;
     let oid = orders[0].order_id.clone();
@@ -755,7 +755,7 @@ const BOTH_NAME_SERVERS: &str = "127.0.0.1:9876;127.0.0.1:9877";
 #[tokio::test]
 #[ignore = "kills the shared name servers: run by `make test-faults`, one test at a time"]
 async fn each_name_server_killed_in_turn_mid_sale_loses_and_doubles_nothing() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     assert!(
         both_name_servers(),
         "both name servers up, the broker registered with both"

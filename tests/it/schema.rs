@@ -22,7 +22,7 @@ const SALE_TABLES: [&str; 9] = [
 
 #[tokio::test]
 async fn every_key_of_the_sale_tables_carries_the_activity_and_orders_are_partitioned_by_it() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     let pool = env.pool(1).await;
     let client = pool.get().await.unwrap();
     let schema = env.settings.pg.schema.clone();
@@ -86,7 +86,7 @@ async fn unpaid_orders(client: &tokio_postgres::Client, a: &str, b: &str, user: 
 
 #[tokio::test]
 async fn a_payment_id_settles_one_order_across_activities() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(1601, 1, 5).await;
     env.activity(1602, 1, 5).await;
     let pool = env.pool(1).await;

@@ -17,7 +17,7 @@ const STALLED: usize = 2048;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stalled_bodies_hold_no_permit_and_are_closed_by_the_request_timeout() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(970, 1, 10).await;
     let mut settings = env.settings.clone();
     // As many stalled clients as there are permits: before, every permit was held.
@@ -77,7 +77,7 @@ async fn stalled_bodies_hold_no_permit_and_are_closed_by_the_request_timeout() {
 
 #[tokio::test]
 async fn an_unfinished_request_head_and_an_idle_connection_are_closed() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     let mut settings = env.settings.clone();
     settings.api.header_read_timeout_ms = 1_000;
     let api = start_api(settings).await;
@@ -123,7 +123,7 @@ async fn a_buyer_is_served(addr: std::net::SocketAddr, activity: i64, user: i64)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn http2_prefaces_and_silent_connections_are_closed_like_a_slow_head() {
     const EACH: usize = 200;
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(971, 1, 10).await;
     let mut settings = env.settings.clone();
     settings.api.header_read_timeout_ms = 1_000;
@@ -182,7 +182,7 @@ async fn http2_prefaces_and_silent_connections_are_closed_like_a_slow_head() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_client_that_never_reads_its_answers_is_closed_and_frees_its_slot() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(972, 1, 10).await;
     let mut settings = env.settings.clone();
     settings.api.write_timeout_ms = 1_000;

@@ -21,7 +21,7 @@ async fn from_memory(ops: &str) -> u64 {
 
 #[tokio::test]
 async fn a_sold_out_sku_is_answered_from_memory_except_for_its_winners_until_a_unit_comes_back() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(1300, 1, 2).await;
     let api = start_api(env.settings.clone()).await;
     let (base, ops) = (api.base.clone(), api.ops.clone());

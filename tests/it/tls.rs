@@ -18,7 +18,7 @@ fn fixture(name: &str) -> String {
 
 #[tokio::test]
 async fn postgresql_over_tls_is_encrypted_and_the_server_name_is_checked() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     let pool = env.pool(1).await;
     let plain = pool.get().await.unwrap();
     let ssl = "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()";
@@ -121,7 +121,7 @@ impl Drop for TlsRedis {
 
 #[tokio::test]
 async fn redis_over_tls_reserves_and_an_unknown_ca_is_refused() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     let server = TlsRedis::start().await;
     let mut settings = env.settings.redis.clone();
     settings.url = format!("rediss://127.0.0.1:{}", server.port).into();

@@ -91,7 +91,7 @@ fn code(b: &Value) -> Option<&str> {
 
 #[tokio::test]
 async fn forged_expired_wrong_audience_and_unsigned_tokens_are_refused_and_write_nothing() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(1100, 1, 10).await;
     let mut settings = env.settings.clone();
     settings.auth.jwks_file = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -256,7 +256,7 @@ async fn forged_expired_wrong_audience_and_unsigned_tokens_are_refused_and_write
 
 #[tokio::test]
 async fn another_buyers_order_reads_as_not_found() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(1110, 1, 10).await;
     let ids = created_orders(&env, 1110, &[21]).await.remove(0);
     let api = start_api(env.settings.clone()).await;
@@ -284,7 +284,7 @@ async fn another_buyers_order_reads_as_not_found() {
 
 #[tokio::test]
 async fn only_a_fresh_signed_notification_for_the_exact_amount_pays_an_order_once() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(1120, 1, 10).await;
     let orders = created_orders(&env, 1120, &[31, 32, 33, 34]).await;
     let (first, second) = (&orders[0].order_id, &orders[1].order_id);
@@ -398,7 +398,7 @@ async fn only_a_fresh_signed_notification_for_the_exact_amount_pays_an_order_onc
 
 #[tokio::test]
 async fn with_an_issuer_configured_a_token_without_iss_is_refused() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(1140, 1, 10).await;
     let mut settings = env.settings.clone();
     settings.auth.jwks_file = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -456,7 +456,7 @@ async fn with_an_issuer_configured_a_token_without_iss_is_refused() {
 
 #[tokio::test]
 async fn another_buyers_reservation_is_looked_up_like_an_unknown_one() {
-    let env = TestEnv::new(false).await;
+    let env = TestEnv::without_topics().await;
     env.activity(1150, 1, 10).await;
     let ids = created_orders(&env, 1150, &[51]).await.remove(0);
     // Its projection in Redis names its buyer: the fast answer its owner gets.

@@ -65,7 +65,7 @@ async fn scanner(env: &TestEnv, redis: &RedisStore) -> Scanner {
 #[tokio::test]
 async fn a_refusal_after_a_lost_send_holds_the_unit_until_postgresql_fences_the_message() {
     let _one = FAILPOINT.lock().await;
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(970, 1, 5).await;
     let redis = env.redis().await;
     let r = reserve_only(&redis, 970, 1, 0).await;
@@ -169,7 +169,7 @@ async fn a_refusal_after_a_lost_send_holds_the_unit_until_postgresql_fences_the_
 #[tokio::test]
 async fn a_refusal_after_a_stored_but_unanswered_send_keeps_the_unit_of_the_order_it_became() {
     let _one = FAILPOINT.lock().await;
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(971, 1, 5).await;
     let redis = env.redis().await;
     let handler = Arc::new(OrderCreateHandler::new(env.pool(3).await, &env.settings, 2));

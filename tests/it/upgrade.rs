@@ -31,7 +31,7 @@ async fn reserve_through(base: &str, activity: i64, user: i64, channel: Option<&
 
 #[tokio::test]
 async fn a_v1_backlog_then_v2_messages_become_orders_each_with_what_its_schema_carries() {
-    let mut env = TestEnv::new(true).await;
+    let mut env = TestEnv::with_topics().await;
     env.activity(970, 1, 20).await;
 
     // Before the switch (v1, what every release reads): the request's channel is kept on the
@@ -124,7 +124,7 @@ async fn a_v1_backlog_then_v2_messages_become_orders_each_with_what_its_schema_c
 
 #[tokio::test]
 async fn a_v2_message_quarantined_by_a_v1_consumer_is_replayed_once_and_audited() {
-    let env = TestEnv::new(true).await;
+    let env = TestEnv::with_topics().await;
     env.activity(971, 1, 5).await;
     let names = env.settings.names();
     let redis = env.redis().await;

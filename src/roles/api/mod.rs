@@ -48,7 +48,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::auth::buyer::BuyerAuth;
-use crate::config::{BuyerIdentity, Delivery, Names, Settings};
+use crate::config::{BuyerIdentity, EventDelivery, Names, Settings};
 use crate::gather::{Gather, GatherSettings};
 use crate::mq::lag::LagSource;
 use crate::mq::{Publisher, TransactionPublisher};
@@ -238,7 +238,7 @@ pub async fn build_state(
 ) -> anyhow::Result<ApiState> {
     let redis = RedisStore::connect(&settings.redis).await?;
     let pg = crate::pg::connect_pool(&settings.pg, settings.pg.api_pool_size).await?;
-    let transactions = if settings.events.order_paid() == Delivery::Transaction {
+    let transactions = if settings.events.order_paid() == EventDelivery::Transaction {
         let in_flight = settings.events.transaction_in_flight;
         Some(crate::roles::transactions::start(&settings, pg.clone(), in_flight).await?)
     } else {

@@ -27,8 +27,18 @@ pub struct TestEnv {
 }
 
 impl TestEnv {
-    /// A fresh, migrated schema and key prefix; topics too when `with_topics`.
-    pub async fn new(with_topics: bool) -> Self {
+    /// A fresh, migrated schema and key prefix, and this environment's topics on the broker.
+    pub async fn with_topics() -> Self {
+        Self::new(true).await
+    }
+
+    /// A fresh, migrated schema and key prefix; no topics (a test that never touches the
+    /// broker, or creates what it needs itself).
+    pub async fn without_topics() -> Self {
+        Self::new(false).await
+    }
+
+    async fn new(with_topics: bool) -> Self {
         seckill::telemetry::init_logs(&seckill::config::TelemetrySettings {
             log_level: "warn,rocketmq_client_rust=error,rocketmq_runtime=error".into(),
             json: false,
