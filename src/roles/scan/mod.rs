@@ -9,6 +9,7 @@
 //!
 //! Several `scan` processes may run at once: the leases keep them out of each other's way.
 
+mod copies;
 pub mod rebalance;
 pub mod relay;
 pub mod resend;
@@ -16,8 +17,9 @@ mod retention;
 pub mod unconsumed;
 
 pub use crate::mq::outbox_message;
+pub use copies::event_from_reservation;
 pub use relay::Relay;
-pub use resend::{event_from_reservation, ScanStats, Scanner};
+pub use resend::{ScanStats, Scanner};
 
 use std::sync::Arc;
 use std::time::Duration;

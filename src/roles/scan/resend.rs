@@ -13,16 +13,12 @@ use chrono::Utc;
 use futures::StreamExt;
 use tracing::{error, info, warn};
 
-use crate::config::{Names, Settings};
-use crate::domain::event::ReservationFacts;
-use crate::domain::Decision;
-use crate::domain::{OrderCreateRequested, TraceContext};
-use crate::mq::{order_create_message, Publisher, SendOutcome};
-use crate::pg::order_tx::{withdraw, Inbound, TxNames};
+use crate::config::Settings;
+use crate::mq::{Publisher, SendOutcome};
 use crate::pg::outbox::backoff_ms;
-use crate::redis::reservation::ReservationHash;
-use crate::redis::{RedisStore, Release, Shard};
+use crate::redis::{RedisStore, Shard};
 
+use super::copies::{event_from_reservation, Copies};
 use super::unconsumed::{AwaitingStats, Progress, ProgressReader};
 
 /// What one scanner pass did.
@@ -46,53 +42,10 @@ pub struct ScanStats {
 
 /// The reservation re-send scanner.
 pub struct Scanner {
-    pub(super) redis: RedisStore,
-    /// Where an uncertain reservation is settled: the order-create group's inbox.
-    pub(super) pool: deadpool_postgres::Pool,
-    tx_names: TxNames,
-    pub(super) publisher: Arc<dyn Publisher>,
-    pub(super) settings: Arc<Settings>,
-    pub(super) names: Names,
-    /// Lease owner id: host, pid and a random part, unique per scanner instance.
-    owner: String,
+    /// The stores, the broker and the settings, shared with the awaiting watch.
+    pub(super) copies: Copies,
     /// How far the order-create group got; without it confirmed sends are never sent again.
-    pub(super) progress: Option<Progress>,
-}
-
-fn owner_id(kind: &str) -> String {
-    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "host".to_string());
-    format!("{kind}-{host}-{}-{}", std::process::id(), ulid::Ulid::new())
-}
-
-/// Rebuilds the original event from the reservation hash (the same ids, a higher retry count)
-/// in schema `schema` (`mq.order_event_schema`).
-pub fn event_from_reservation(
-    f: &std::collections::HashMap<String, String>,
-    schema: i32,
-) -> Option<OrderCreateRequested> {
-    let r = ReservationHash::parse(f)?;
-    let (trace_id, span_id) =
-        crate::domain::ids::parse_traceparent(&r.traceparent).unwrap_or_default();
-    let facts = ReservationFacts {
-        reservation: r.reservation(),
-        quantity: 1,
-        created_at: r.created_at,
-        valid_until: r.valid_until,
-        channel: r.channel.as_deref(),
-    };
-    let trace = TraceContext {
-        trace_id,
-        span_id,
-        traceparent: r.traceparent.clone(),
-    };
-    let retry_count = (r.send_attempt - 1).max(0) as i32;
-    Some(OrderCreateRequested::new(
-        &facts,
-        schema,
-        "seckill-scan",
-        retry_count,
-        trace,
-    ))
+    progress: Option<Progress>,
 }
 
 impl Scanner {
@@ -103,13 +56,7 @@ impl Scanner {
         settings: Arc<Settings>,
     ) -> Self {
         Self {
-            names: settings.names(),
-            tx_names: TxNames::order_create(&settings),
-            redis,
-            pool,
-            publisher,
-            settings,
-            owner: owner_id("scanner"),
+            copies: Copies::new(redis, pool, publisher, settings),
             progress: None,
         }
     }
@@ -121,27 +68,33 @@ impl Scanner {
         self
     }
 
+    /// The order-create group's progress; `None` without a reader or a reading.
+    async fn taken_until_ms(&self) -> Option<i64> {
+        self.progress.as_ref()?.taken_until_ms().await
+    }
+
     /// One pass over every activity: claim what is due, re-send, record the outcome.
     pub async fn scan_once(&self) -> anyhow::Result<ScanStats> {
         let mut stats = ScanStats::default();
         let mut pending_total = 0i64;
         let mut oldest_ms: Option<i64> = None;
         let mut awaiting_total = 0u64;
-        let watching = self.settings.scan.unconsumed_resend_ms > 0;
+        let watching = self.copies.settings.scan.unconsumed_resend_ms > 0;
         let taken_until = if watching {
             self.taken_until_ms().await
         } else {
             None
         };
-        for activity_id in self.redis.activities().await? {
+        for activity_id in self.copies.redis.activities().await? {
             let mut retire = true;
-            for shard in self.redis.shards(activity_id).await? {
+            for shard in self.copies.redis.shards(activity_id).await? {
                 retire &= self.scan_shard(shard, &mut stats).await?;
                 if !watching {
                     continue;
                 }
                 // Without a reading nothing is due (cutoff 0): the claim only counts.
                 let awaiting = self
+                    .copies
                     .check_awaiting(shard, taken_until.unwrap_or(0), &mut stats.awaiting)
                     .await?;
                 awaiting_total += awaiting;
@@ -149,18 +102,20 @@ impl Scanner {
             }
             if retire {
                 // Ended long ago with nothing pending: no pass needs to look at it again.
-                let keep = u64::from(self.settings.retention.activity_keys_hours) * 3600;
-                let expiring = self.redis.retire_activity(activity_id, keep).await?;
+                let keep = u64::from(self.copies.settings.retention.activity_keys_hours) * 3600;
+                let expiring = self.copies.redis.retire_activity(activity_id, keep).await?;
                 stats.retired += 1;
                 info!(
                     activity_id,
                     keys_expiring = expiring,
-                    keep_hours = self.settings.retention.activity_keys_hours,
+                    keep_hours = self.copies.settings.retention.activity_keys_hours,
                     "activity ended with nothing pending; off the scanner's list, its keys expire"
                 );
                 continue;
             }
-            match super::rebalance::rebalance(&self.redis, activity_id, &self.owner).await {
+            match super::rebalance::rebalance(&self.copies.redis, activity_id, &self.copies.owner)
+                .await
+            {
                 Ok(m) => {
                     stats.moves += m.moves;
                     stats.moves_resumed += m.resumed;
@@ -168,7 +123,7 @@ impl Scanner {
                 // Whatever a failed pass left open, the next one finishes first.
                 Err(e) => warn!(activity_id, error = %e, "leftover move failed; resumed next pass"),
             }
-            let (count, oldest) = self.redis.pending_stats(activity_id).await?;
+            let (count, oldest) = self.copies.redis.pending_stats(activity_id).await?;
             pending_total += count;
             if let Some(o) = oldest {
                 oldest_ms = Some(oldest_ms.map_or(o, |cur: i64| cur.min(o)));
@@ -187,15 +142,16 @@ impl Scanner {
     /// the outcomes; `true` when the shard has nothing pending and its activity ended long
     /// ago (it can retire).
     async fn scan_shard(&self, shard: Shard, stats: &mut ScanStats) -> anyhow::Result<bool> {
-        let sc = &self.settings.scan;
+        let sc = &self.copies.settings.scan;
         let now_ms = Utc::now().timestamp_millis();
         let claimed = self
+            .copies
             .redis
             .claim_due(
                 shard,
                 now_ms,
                 sc.scanner_batch,
-                &self.owner,
+                &self.copies.owner,
                 sc.scanner_lease_ms,
             )
             .await?;
@@ -235,82 +191,14 @@ impl Scanner {
     ) -> anyhow::Result<()> {
         let wait = backoff_ms(
             attempt,
-            self.settings.api.resend_backoff_ms,
-            self.settings.scan.resend_backoff_cap_ms,
+            self.copies.settings.api.resend_backoff_ms,
+            self.copies.settings.scan.resend_backoff_cap_ms,
         );
-        self.redis
+        self.copies
+            .redis
             .schedule_resend(activity_id, rid, message_id, now_ms + wait as i64, error)
             .await
             .map(|_| ())
-    }
-
-    /// Settles a reservation whose re-send was refused after its validity and grace. The
-    /// consumer's own transaction withdraws the message (`pg::order_tx::withdraw`): rejected,
-    /// with its compensation, and its inbox row fences any copy still in the broker (a later
-    /// delivery is a duplicate). If a copy reached the consumer first, the inbox says so and
-    /// that decision stands (its order, or its rejection's compensation). Returns the verdict:
-    /// `fenced` (the unit released here, once, through the compensation script) or `consumed`.
-    pub(super) async fn settle(
-        &self,
-        activity_id: i64,
-        rid: &str,
-        event: &OrderCreateRequested,
-        now_ms: i64,
-    ) -> anyhow::Result<&'static str> {
-        let item = Inbound {
-            event: Ok(event.clone()),
-            raw_body: event.encode(),
-            properties: serde_json::json!({ "message_id": event.message_id, "settled_by": self.owner }),
-            property_message_id: Some(event.message_id.clone()),
-            broker_msg_id: String::new(),
-            delivery_attempt: 0,
-        };
-        let mut client = self.pool.get().await?;
-        let decisions = withdraw(
-            &mut client,
-            &self.tx_names,
-            std::slice::from_ref(&item),
-            Utc::now(),
-        )
-        .await?;
-        let (verdict, mq_status) = match decisions.first() {
-            Some(Decision::Rejected(_)) => ("fenced", "MQ_FENCED"),
-            _ => ("consumed", "MQ_SENT"),
-        };
-        if verdict == "fenced" {
-            self.redis
-                .release_many(
-                    &[Release {
-                        activity_id,
-                        sku_id: event.sku_id,
-                        reservation_id: rid,
-                        reason: "SEND_FENCED",
-                    }],
-                    now_ms,
-                )
-                .await?;
-        }
-        self.redis
-            .settle(activity_id, rid, &event.message_id, mq_status, now_ms)
-            .await?;
-        metrics::counter!("reservation_settled_total", "verdict" => verdict).increment(1);
-        Ok(verdict)
-    }
-
-    /// Sends a copy of a reservation's message (the same message_id) and counts it as a send
-    /// to the order-create topic.
-    pub(super) async fn send_copy(&self, event: &OrderCreateRequested) -> SendOutcome {
-        let msg = order_create_message(&self.names.order_create_topic, event);
-        let outcome = self
-            .publisher
-            .send(msg, self.settings.mq.send_timeout_ms)
-            .await;
-        metrics::counter!("mq_publish_total", "topic" => "order_create", "outcome" => outcome.label())
-            .increment(1);
-        if let SendOutcome::Unknown { .. } = outcome {
-            metrics::counter!("mq_publish_unknown_total", "topic" => "order_create").increment(1);
-        }
-        outcome
     }
 
     async fn resend(
@@ -319,18 +207,20 @@ impl Scanner {
         fields: std::collections::HashMap<String, String>,
     ) -> (&'static str, String) {
         let rid = fields.get("reservation_id").cloned().unwrap_or_default();
-        let Some(event) = event_from_reservation(&fields, self.settings.mq.order_event_schema)
+        let Some(event) =
+            event_from_reservation(&fields, self.copies.settings.mq.order_event_schema)
         else {
             error!(reservation_id = %rid, activity_id, "reservation hash is incomplete; cannot re-send");
             return ("invalid", rid);
         };
         let attempt = event.retry_count + 1;
-        let outcome = self.send_copy(&event).await;
+        let outcome = self.copies.send_copy(&event).await;
         metrics::counter!("reservation_resend_total", "outcome" => outcome.label()).increment(1);
         let now_ms = Utc::now().timestamp_millis();
         let label = outcome.label();
         let result = match &outcome {
             SendOutcome::Confirmed { broker_msg_id } => self
+                .copies
                 .redis
                 .mark_sent(activity_id, &rid, &event.message_id, broker_msg_id, now_ms)
                 .await
@@ -346,7 +236,7 @@ impl Scanner {
             SendOutcome::DefiniteFailure { error }
                 if now_ms
                     < event.reservation_valid_until.timestamp_millis()
-                        + self.settings.scan.settle_grace_ms as i64 =>
+                        + self.copies.settings.scan.settle_grace_ms as i64 =>
             {
                 metrics::counter!("reservation_resend_refused_total").increment(1);
                 warn!(reservation_id = %rid, message_id = %event.message_id, order_id = %event.order_id,
@@ -358,7 +248,7 @@ impl Scanner {
             // Refused after the reservation's validity: this copy is not stored, but an earlier
             // one may be, so PostgreSQL decides.
             SendOutcome::DefiniteFailure { error } => {
-                match self.settle(activity_id, &rid, &event, now_ms).await {
+                match self.copies.settle(activity_id, &rid, &event, now_ms).await {
                     Ok(verdict) => {
                         warn!(reservation_id = %rid, message_id = %event.message_id, order_id = %event.order_id,
                               request_id = %event.request_id, send_attempt = attempt,

@@ -21,7 +21,7 @@ use crate::mq::rocketmq::LagProbe;
 use crate::redis::reservation::ReservationHash;
 use crate::redis::Shard;
 
-use super::resend::{event_from_reservation, Scanner};
+use super::copies::{event_from_reservation, Copies};
 
 /// Where the scanner reads how far the order-create group got.
 #[async_trait::async_trait]
@@ -121,12 +121,7 @@ pub fn cutoff_ms(now_ms: i64, resend_after_ms: u64, taken_until_ms: i64) -> i64 
     now_ms.min(taken_until_ms) - resend_after_ms as i64
 }
 
-impl Scanner {
-    /// The order-create group's progress; `None` without a reader or a reading.
-    pub(super) async fn taken_until_ms(&self) -> Option<i64> {
-        self.progress.as_ref()?.taken_until_ms().await
-    }
-
+impl Copies {
     /// Checks one shard's confirmed sends that should have been taken by now; returns how many
     /// the index still watches.
     pub(super) async fn check_awaiting(
