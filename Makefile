@@ -55,6 +55,8 @@ test: services-up ## The whole test suite against the real services, the operato
 	SECKILL_ENV=test cargo test --workspace --all-targets --features failpoints -- --test-threads=4
 	scripts/check-operator-files.sh
 	scripts/check-migrations.sh --self-test
+	scripts/check-cycles.py --self-test
+	scripts/check-cycles.py
 	scripts/check-migrations.sh
 	scripts/schemathesis.sh
 	$(MAKE) soak-small

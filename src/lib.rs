@@ -2,7 +2,8 @@
 //! PostgreSQL creates every order exactly once. README.md says how to run it;
 //! docs/ARCHITECTURE.md says how it works and where each failure is handled.
 //!
-//! A short tour, from the top of the house down (nothing imports upward):
+//! A short tour, from the top of the house down (nothing imports upward, and no two modules,
+//! nor two files of one module, import each other: `scripts/check-cycles.py`, in `make test`):
 //!
 //! - [`cli`] — the `seckill` subcommands; `main.rs` parses them, loads [`config`], starts
 //!   [`telemetry`] and calls the role's `run`.
@@ -23,7 +24,8 @@
 //!   traits the roles see, batched sends, consumer lag, and the client behind them
 //!   (`mq::rocketmq`).
 //! - [`pg`] — PostgreSQL: pools and migrations, the order transaction, the order state
-//!   changes, the outbox and the rows of transaction messages, dead letters, retention.
+//!   changes, the rows several of them write (`pg::rows`: ledger, compensation, outbox), the
+//!   outbox and the rows of transaction messages, dead letters and their replay, retention.
 //! - [`limiter`] — the adaptive limit on order transactions, under the worker budget.
 //! - [`invariants`] — the six invariants, checked by tests, `seckill-bench` and the demo.
 //! - [`http`] — every HTTP listener (HTTP/1.1 only), with limits against slow and hostile clients.

@@ -278,6 +278,47 @@ pub fn backoff_ms(attempt: i32, base_ms: u64, cap_ms: u64) -> u64 {
     ((capped as f64) * jitter) as u64
 }
 
+/// The broker message for an outbox row: its event id is the `message_id` every consumer
+/// deduplicates on; order events carry their order id as the ordering key.
+pub fn outbox_message(row: &OutboxRow) -> crate::mq::OutMessage {
+    let mut properties = vec![
+        ("message_id".to_string(), row.event_id.clone()),
+        (
+            "event_type".to_string(),
+            row.payload["event_type"].as_str().unwrap_or("").to_string(),
+        ),
+    ];
+    if let Some(v) = row.aggregate_version {
+        properties.push(("aggregate_version".to_string(), v.to_string()));
+    }
+    if let Some(tp) = row.payload["traceparent"]
+        .as_str()
+        .filter(|t| !t.is_empty())
+    {
+        properties.push(("traceparent".to_string(), tp.to_string()));
+    }
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    crate::mq::OutMessage {
+        topic: row.topic.clone(),
+        tag: row.tag.clone(),
+        keys: vec![row.message_key.clone()],
+        properties,
+        body: serde_json::to_vec(&row.payload).unwrap_or_default(),
+        // Past deliver times are sent as normal messages: the cancel is due now.
+        deliver_time_ms: row
+            .deliver_at
+            .map(|d| d.timestamp_millis())
+            .filter(|&ms| ms > now_ms + 1000),
+        // Events of one order go to one queue, in version order
+        // (docs/ARCHITECTURE.md#event-ordering).
+        sharding_key: if row.topic.ends_with("_SECKILL_ORDER_EVENT_V1") {
+            row.aggregate_id.clone()
+        } else {
+            None
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,9 +12,8 @@ use tracing::warn;
 
 use crate::config::Settings;
 use crate::mq::rocketmq::{RocketTransactionProducer, TransactionOptions};
-use crate::mq::{
-    outbox_message, Delivery, LocalOutcome, OutMessage, TransactionChecker, TransactionPublisher,
-};
+use crate::mq::{Delivery, LocalOutcome, OutMessage, TransactionChecker, TransactionPublisher};
+use crate::pg::outbox::outbox_message;
 use crate::pg::transaction_events::{verdict, Verdict};
 
 /// The half message's property carrying the local transaction's deadline (epoch ms): past it

@@ -16,7 +16,7 @@ pub mod resend;
 mod retention;
 pub mod unconsumed;
 
-pub use crate::mq::outbox_message;
+pub use crate::pg::outbox::outbox_message;
 pub use copies::event_from_reservation;
 pub use relay::Relay;
 pub use resend::{ScanStats, Scanner};

@@ -15,7 +15,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::config::Settings;
-use crate::mq::{outbox_message, OutMessage, Publisher, SendOutcome};
+use crate::mq::{OutMessage, Publisher, SendOutcome};
+use crate::pg::outbox::outbox_message;
 use crate::pg::outbox::{self, backoff_ms, OutboxRow, OUTBOX_CHANNEL};
 
 use super::unconsumed::{Progress, ProgressReader};
