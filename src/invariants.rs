@@ -130,7 +130,16 @@ async fn check_postgresql(
     consumer_group: &str,
     v: &mut Vec<String>,
 ) -> anyhow::Result<()> {
-    let (activity_id, sku_id) = (f.activity_id, f.sku_id);
+    stock_figures(f, v);
+    one_valid_order_per_buyer(pg, f, v).await?;
+    one_effect_per_order(pg, f, consumer_group, v).await?;
+    paid_never_canceled(pg, f, v).await?;
+    conserved_per_bucket(pg, f, v).await
+}
+
+/// Invariants 1 and 6 from the SKU's figures: not oversold; total = remaining + valid orders,
+/// and the ledger sums to remaining - total.
+fn stock_figures(f: &SkuFigures, v: &mut Vec<String>) {
     // 1. valid orders <= initial final stock.
     if f.valid_orders > f.pg_total {
         v.push(format!(
@@ -138,7 +147,29 @@ async fn check_postgresql(
             f.valid_orders, f.pg_total
         ));
     }
-    // 2. at most one valid order per buyer.
+    // 6. conservation, within PostgreSQL ...
+    if f.pg_total != f.pg_remaining + f.valid_orders {
+        v.push(format!(
+            "PostgreSQL: total {} != remaining {} + valid orders {}",
+            f.pg_total, f.pg_remaining, f.valid_orders
+        ));
+    }
+    if f.ledger_sum != f.pg_remaining - f.pg_total {
+        v.push(format!(
+            "ledger sums to {} but remaining - total = {}",
+            f.ledger_sum,
+            f.pg_remaining - f.pg_total
+        ));
+    }
+}
+
+/// Invariant 2: at most one valid order per buyer.
+async fn one_valid_order_per_buyer(
+    pg: &impl GenericClient,
+    f: &SkuFigures,
+    v: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let (activity_id, sku_id) = (f.activity_id, f.sku_id);
     for row in pg
         .query(
             "SELECT user_id, count(*) FROM orders
@@ -154,6 +185,18 @@ async fn check_postgresql(
             row.get::<_, i64>(1)
         ));
     }
+    Ok(())
+}
+
+/// Invariant 3: each order is the effect of exactly one message of the group, with one ledger
+/// debit; no inbox row left PROCESSING.
+async fn one_effect_per_order(
+    pg: &impl GenericClient,
+    f: &SkuFigures,
+    consumer_group: &str,
+    v: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let (activity_id, sku_id) = (f.activity_id, f.sku_id);
     // 3. each order is the effect of exactly one message of the group, with one ledger debit.
     //    One aggregate over a union, no join: its cost stays linear whatever the planner
     //    believes about the tables' sizes (with stale statistics a join of aggregates became
@@ -199,7 +242,16 @@ async fn check_postgresql(
     if stuck > 0 {
         v.push(format!("{stuck} inbox rows left PROCESSING after commit"));
     }
-    // 5. a paid order is never cancelled (nor its unit given back).
+    Ok(())
+}
+
+/// Invariant 5: a paid order is never cancelled (nor its unit given back).
+async fn paid_never_canceled(
+    pg: &impl GenericClient,
+    f: &SkuFigures,
+    v: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let (activity_id, sku_id) = (f.activity_id, f.sku_id);
     let paid_canceled: i64 = pg
         .query_one(
             "SELECT count(*) FROM orders o
@@ -213,20 +265,16 @@ async fn check_postgresql(
     if paid_canceled > 0 {
         v.push(format!("{paid_canceled} paid orders were cancelled"));
     }
-    // 6. conservation, within PostgreSQL ...
-    if f.pg_total != f.pg_remaining + f.valid_orders {
-        v.push(format!(
-            "PostgreSQL: total {} != remaining {} + valid orders {}",
-            f.pg_total, f.pg_remaining, f.valid_orders
-        ));
-    }
-    if f.ledger_sum != f.pg_remaining - f.pg_total {
-        v.push(format!(
-            "ledger sums to {} but remaining - total = {}",
-            f.ledger_sum,
-            f.pg_remaining - f.pg_total
-        ));
-    }
+    Ok(())
+}
+
+/// Invariant 6 per stock bucket.
+async fn conserved_per_bucket(
+    pg: &impl GenericClient,
+    f: &SkuFigures,
+    v: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let (activity_id, sku_id) = (f.activity_id, f.sku_id);
     // ... and per stock bucket (docs/ARCHITECTURE.md#stock-buckets): each row's units taken and
     // given back are its own ledger entries, and each valid order's unit is its bucket's.
     for row in pg

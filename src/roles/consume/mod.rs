@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
-use crate::config::Settings;
+use crate::config::{Names, Settings};
+use crate::mq::rocketmq::ConsumerHandle;
 use crate::shutdown::Watchdog;
 use crate::telemetry::Readiness;
 
@@ -48,36 +49,7 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     )
     .await?;
     let consumer = crate::mq::start_order_create_consumer(&settings, handler, workers).await?;
-    // Compensation shares the process: it is light (one Lua call and one UPDATE per message)
-    // and must run wherever orders are created.
-    let compensation = Arc::new(compensate::CompensationHandler {
-        redis: crate::redis::RedisStore::connect(&settings.redis).await?,
-        pool: crate::pg::connect_pool(&settings.pg, settings.consumer.compensate_workers).await?,
-        group: names.compensate_group.clone(),
-    });
-    let compensator = crate::mq::start_consumer(
-        &settings,
-        &names.compensate_group,
-        &names.compensate_topic,
-        compensation,
-        settings.consumer.compensate_workers,
-        settings.consumer.compensate_batch_size,
-    )
-    .await?;
-    let projection = Arc::new(projection::ProjectionHandler {
-        redis: crate::redis::RedisStore::connect(&settings.redis).await?,
-        pool: crate::pg::connect_pool(&settings.pg, settings.consumer.projection_workers).await?,
-        group: names.projection_group.clone(),
-    });
-    let projector = crate::mq::start_consumer(
-        &settings,
-        &names.projection_group,
-        &names.order_event_topic,
-        projection,
-        settings.consumer.projection_workers,
-        settings.consumer.projection_batch_size,
-    )
-    .await?;
+    let (compensator, projector) = start_side_groups(&settings).await?;
     // Dead letters of every group are recorded in PostgreSQL for operators.
     let dlq_pool = crate::pg::connect_pool(&settings.pg, 2).await?;
     let intakes = dlq_intake::start_intakes(&settings, dlq_pool.clone()).await?;
@@ -92,20 +64,7 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
         crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server_list())
             .await?,
     );
-    let groups = [
-        (
-            names.order_create_group.clone(),
-            names.order_create_topic.clone(),
-        ),
-        (
-            names.compensate_group.clone(),
-            names.compensate_topic.clone(),
-        ),
-        (
-            names.projection_group.clone(),
-            names.order_event_topic.clone(),
-        ),
-    ];
+    let groups = lag_groups(&names);
     ready.set(true);
     info!(
         group = %names.order_create_group, topic = %names.order_create_topic, workers, budget,
@@ -130,7 +89,76 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     info!("stopping: no new messages; draining in-flight transactions");
     ready.set(false);
     let grace = Duration::from_secs(settings.consumer.shutdown_grace_secs);
-    let both = async {
+    drain(grace, [consumer, compensator, projector], intakes).await;
+    shutdown.cancel();
+    let _ = ops.await;
+    info!("consumer stopped");
+    match died {
+        Some(reason) => Err(anyhow::anyhow!(reason)),
+        None => Ok(()),
+    }
+}
+
+/// Compensation and projection share the process: they are light (one Lua call and one
+/// UPDATE per message) and must run wherever orders are created.
+async fn start_side_groups(
+    settings: &Settings,
+) -> anyhow::Result<(ConsumerHandle, ConsumerHandle)> {
+    let names = settings.names();
+    let compensation = Arc::new(compensate::CompensationHandler {
+        redis: crate::redis::RedisStore::connect(&settings.redis).await?,
+        pool: crate::pg::connect_pool(&settings.pg, settings.consumer.compensate_workers).await?,
+        group: names.compensate_group.clone(),
+    });
+    let compensator = crate::mq::start_consumer(
+        settings,
+        &names.compensate_group,
+        &names.compensate_topic,
+        compensation,
+        settings.consumer.compensate_workers,
+        settings.consumer.compensate_batch_size,
+    )
+    .await?;
+    let projection = Arc::new(projection::ProjectionHandler {
+        redis: crate::redis::RedisStore::connect(&settings.redis).await?,
+        pool: crate::pg::connect_pool(&settings.pg, settings.consumer.projection_workers).await?,
+        group: names.projection_group.clone(),
+    });
+    let projector = crate::mq::start_consumer(
+        settings,
+        &names.projection_group,
+        &names.order_event_topic,
+        projection,
+        settings.consumer.projection_workers,
+        settings.consumer.projection_batch_size,
+    )
+    .await?;
+    Ok((compensator, projector))
+}
+
+/// The groups whose backlog this role reports, order-create first: (group, topic).
+fn lag_groups(names: &Names) -> [(String, String); 3] {
+    [
+        (
+            names.order_create_group.clone(),
+            names.order_create_topic.clone(),
+        ),
+        (
+            names.compensate_group.clone(),
+            names.compensate_topic.clone(),
+        ),
+        (
+            names.projection_group.clone(),
+            names.order_event_topic.clone(),
+        ),
+    ]
+}
+
+/// Stops every consumer of the role within `grace`: in-flight batches commit and are ACKed;
+/// what is still unfinished stays un-ACKed and is redelivered.
+async fn drain(grace: Duration, consumers: [ConsumerHandle; 3], intakes: Vec<ConsumerHandle>) {
+    let [consumer, compensator, projector] = consumers;
+    let all = async {
         tokio::join!(
             consumer.shutdown(),
             compensator.shutdown(),
@@ -138,18 +166,11 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
             futures::future::join_all(intakes.into_iter().map(|i| i.shutdown()))
         )
     };
-    if tokio::time::timeout(grace, both).await.is_err() {
+    if tokio::time::timeout(grace, all).await.is_err() {
         warn!(
             grace_secs = grace.as_secs(),
             "shutdown grace elapsed; unfinished batches stay un-ACKed and will be redelivered"
         );
-    }
-    shutdown.cancel();
-    let _ = ops.await;
-    info!("consumer stopped");
-    match died {
-        Some(reason) => Err(anyhow::anyhow!(reason)),
-        None => Ok(()),
     }
 }
 

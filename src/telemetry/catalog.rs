@@ -1,0 +1,156 @@
+//! The catalogue of every metric the roles export: name, kind, unit and its `# HELP` text,
+//! described once at start-up (`telemetry::describe`). `tests/it/metrics.rs` checks that every
+//! metric recorded in `src/` is here, as the kind it is recorded as.
+
+use metrics::Unit;
+
+/// How a metric is exported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// One exported metric and its description (the `# HELP` line).
+#[derive(Debug, Clone, Copy)]
+pub struct Metric {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub unit: Option<Unit>,
+    pub help: &'static str,
+}
+
+const fn counter(name: &'static str, help: &'static str) -> Metric {
+    Metric {
+        name,
+        kind: Kind::Counter,
+        unit: None,
+        help,
+    }
+}
+
+const fn gauge(name: &'static str, help: &'static str) -> Metric {
+    Metric {
+        name,
+        kind: Kind::Gauge,
+        unit: None,
+        help,
+    }
+}
+
+const fn gauge_in(name: &'static str, unit: Unit, help: &'static str) -> Metric {
+    Metric {
+        name,
+        kind: Kind::Gauge,
+        unit: Some(unit),
+        help,
+    }
+}
+
+const fn histogram(name: &'static str, help: &'static str) -> Metric {
+    Metric {
+        name,
+        kind: Kind::Histogram,
+        unit: None,
+        help,
+    }
+}
+
+const fn histogram_in(name: &'static str, unit: Unit, help: &'static str) -> Metric {
+    Metric {
+        name,
+        kind: Kind::Histogram,
+        unit: Some(unit),
+        help,
+    }
+}
+
+/// Every metric the roles export, described once.
+pub const METRICS: &[Metric] = &[
+    counter("mq_publish_total", "Sends by topic and outcome (confirmed, unknown, definite_failure)"),
+    histogram_in("mq_publish_latency_seconds", Unit::Seconds, "Broker send latency"),
+    counter("mq_publish_unknown_total", "Sends whose result is unknown (re-sent later, stock kept)"),
+    counter("reservation_total", "Reservation attempts by result"),
+    counter("reservation_resend_refused_total", "Scanner re-sends the broker refused while the reservation was still valid: retried, not released"),
+    counter("reservation_sold_out_from_memory_total", "Requests for a SKU known sold out answered SOLD_OUT without Redis (not from its winners)"),
+    gauge("sold_out_flags", "SKUs this API instance answers SOLD_OUT from memory"),
+    counter("reservation_unconsumed_resend_total", "Confirmed sends the order-create inbox never saw in time (a dead broker may hold them) sent again, same message_id, by outcome"),
+    counter("outbox_unconsumed_requeue_total", "Confirmed outbox events the consumers never took in time (a dead broker may hold them) put back to be sent again, by tag"),
+    counter("redis_cluster_redirect_retry_total", "Pipelines of Redis scripts sent again because the cluster answered a redirection or cluster-down (a failover moving a slot)"),
+    counter("reservation_awaiting_checked_total", "Watched confirmed sends checked against the order-create inbox, by verdict (consumed, resent, settled)"),
+    gauge("reservation_awaiting_consumption", "Confirmed sends not yet seen in the order-create inbox (watched by the scanner)"),
+    counter("reservation_settled_total", "Reservations whose re-send was refused after validity + grace, settled from PostgreSQL, by verdict (fenced: released once; consumed: a copy reached the consumer)"),
+    gauge("mq_consumer_lag_messages", "Unconsumed messages of a consumer group, its retry topic included, by topic"),
+    gauge("mq_consumer_lag_seconds", "Age of the oldest unconsumed message of a consumer group (retry topic included), by topic"),
+    gauge("mq_consumer_retry_lag_messages", "Failed deliveries due again and not consumed yet (the group's %RETRY% topic), by topic"),
+    counter("mq_consumer_lag_read_errors_total", "Backlog readings the broker did not answer, by topic"),
+    counter("mq_consume_repeated_failure_total", "Deliveries that failed for the third time or more in a row, by topic: stuck work, long before the DLQ"),
+    histogram_in("order_reservation_to_order_seconds", Unit::Seconds, "From Redis's acceptance of a reservation to its committed order (the 3 s SLO)"),
+    counter("role_task_failures_total", "Background tasks of this role that died (the role then stops and exits non-zero)"),
+    histogram_in("http_request_duration_seconds", Unit::Seconds, "API latency by route"),
+    counter("mq_consume_total", "Consumed messages by topic and result"),
+    histogram_in("mq_consume_process_seconds", Unit::Seconds, "Listener call duration per batch"),
+    gauge("mq_consumer_inflight", "Batches being processed"),
+    gauge("mq_consumer_ready", "Messages of the group on the broker, not pulled yet (lag minus the client's cache)"),
+    gauge("mq_consumer_cached_messages", "Messages the consumer has pulled and not ACKed yet (its local cache)"),
+    counter("mq_dlq_replay_total", "DLQ replays by result (confirmed, unknown, definite_failure, refused), from the audit table"),
+    counter("mq_duplicate_message_total", "Messages already processed (inbox hit)"),
+    counter("mq_business_reject_total", "Reservations rejected by the order transaction, by reason"),
+    counter("mq_quarantine_total", "Poison messages quarantined, by reason"),
+    counter("mq_ack_failure_total", "ACKs the MQ client failed to deliver after commit, by kind (offset_commit, send_back); the redelivery hits the inbox"),
+    histogram_in("order_cancel_delay_seconds", Unit::Seconds, "From an order's payment deadline to its timeout cancel (timer or sweep)"),
+    counter("order_cancel_sweep_total", "Orders the timeout sweep found unpaid past deadline + grace, by what came of them"),
+    histogram_in("order_tx_latency_seconds", Unit::Seconds, "Order transaction latency (begin to commit), by kind: create (order consumer), cancel (timeout cancel)"),
+    gauge("order_tx_paced", "1 while pacing holds the order consumer to one transaction (consumer.pace_age_ms)"),
+    counter("order_tx_retry_total", "Order transactions rolled back by a transient failure (lost connection, deadlock, timeout) and attempted again in-process, by kind"),
+    histogram_in("pg_pool_wait_seconds", Unit::Seconds, "Wait for a pooled PostgreSQL connection"),
+    gauge("pg_pool_acquired", "PostgreSQL connections in use"),
+    counter("pg_deadlock_total", "Deadlocks seen"),
+    counter("pg_serialization_retry_total", "Serialization failures seen"),
+    counter("inventory_condition_update_miss_total", "Units refused by the conditional stock update"),
+    gauge("worker_budget", "PostgreSQL transactions this process may run at once"),
+    counter("admin_auth_failures_total", "Admin requests refused for their token, by result (refused, busy, tarpit, throttled)"),
+    counter("admission_lag_unreadable_total", "Admission checks that could not read the order-create lag (the sale pauses: fail closed)"),
+    counter("auth_failures_total", "Buyer requests refused for their token, by reason"),
+    counter("compensation_total", "RELEASE_RESERVATION messages handled, by result (released, already_released, missing, quarantined)"),
+    counter("event_delivery_total", "ORDER_PAID and ORDER_CANCELED events written, by family and delivery (outbox or transaction message)"),
+    counter("http_connection_errors_total", "HTTP connections closed on an error or a limit, by listener and reason (head timeout, head too large, write stalled, ...)"),
+    counter("mq_consume_batch_split_total", "Consumer batches that failed whole and were split to find the failing message, by kind"),
+    counter("mq_dlq_intake_total", "Dead letters recorded in PostgreSQL by the DLQ intake"),
+    counter("mq_name_server_down_total", "Times a name server stopped answering, by name server"),
+    counter("mq_transaction_check_total", "Broker check-backs of transaction messages answered, by answer (commit, rollback, unknown)"),
+    counter("mq_transaction_end_total", "Transaction messages ended by the producer, by outcome"),
+    counter("order_cancel_total", "Timeout cancels of unpaid orders, by result (canceled, already paid, not yet expired, ...)"),
+    counter("order_pay_total", "Payment notifications handled, by result"),
+    counter("order_tx_stock_fallback_total", "Order transactions whose optimistic stock update fell short and took the locked path"),
+    counter("order_tx_timeout_total", "Transactions that exceeded consumer.tx_timeout_ms (connection dropped, batch retried), by kind"),
+    counter("outbox_auto_requeue_total", "DEAD outbox rows put back to PENDING once the broker answered again"),
+    counter("outbox_dead_total", "Outbox rows that exhausted their send attempts and went DEAD"),
+    counter("outbox_publish_total", "Outbox relay sends, by tag and outcome"),
+    counter("pg_call_timeout_total", "API calls to PostgreSQL abandoned past their bound (answered 503)"),
+    counter("projection_apply_total", "Order events applied to the Redis projection, by result (applied, stale, quarantined)"),
+    counter("rate_limited_total", "Reservations refused by the abuse limits, by bucket (ip: the client address, u: the buyer)"),
+    counter("reservation_resend_total", "Scanner re-sends of unconfirmed reservations (same message_id), by outcome"),
+    counter("retention_deleted_total", "Bookkeeping rows deleted past their retention, by table"),
+    counter("stock_bucket_moved_units_total", "Units of stock moved between stock buckets by the rebalancer"),
+    counter("stock_bucket_moves_resumed_total", "Bucket moves cut midway (debited, not credited) that a later pass finished"),
+    counter("stock_bucket_moves_total", "Moves of stock between stock buckets"),
+    gauge("admission_paused", "1 while this API refuses new reservations (fail-closed admission or an operator's pause)"),
+    gauge("admission_ramp_share", "Share of new reservations admitted while a paused sale ramps back up (1: all)"),
+    gauge("http_connections_open", "Open HTTP connections, by listener"),
+    gauge("mq_dlq_messages", "OPEN dead letters recorded in PostgreSQL"),
+    gauge_in("mq_dlq_oldest_age_seconds", Unit::Seconds, "Age of the oldest OPEN dead letter"),
+    gauge("mq_name_server_up", "1 while the name server answers, by name server"),
+    gauge("order_tx_concurrency_limit", "Order transactions this process runs at once now (the adaptive limit within the worker budget)"),
+    gauge("outbox_dead", "DEAD outbox rows (an operator requeues them)"),
+    gauge("outbox_in_transaction", "Outbox rows beside a stored half message, waiting for the transaction message's end"),
+    gauge("outbox_not_yet_due", "PENDING outbox rows held until shortly before they are due (timers)"),
+    gauge("outbox_pending", "PENDING outbox rows due to be sent"),
+    gauge_in("outbox_pending_oldest_age_seconds", Unit::Seconds, "Age of the oldest due PENDING outbox row"),
+    gauge("reservation_mq_pending", "Reservations whose message is not known to be stored yet (pending a send or a re-send)"),
+    gauge_in("reservation_mq_pending_oldest_age_seconds", Unit::Seconds, "Age of the oldest reservation whose message is not known to be stored"),
+    histogram("mq_consume_batch_size", "Messages per batch a consumer handles"),
+    histogram("mq_publish_batch_size", "Messages per broker call of the API's batched sends"),
+    histogram("order_tx_batch_size", "Messages per order transaction"),
+];
