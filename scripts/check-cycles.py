@@ -59,7 +59,7 @@ def cycles(graph):
     return out
 
 
-def check(root):
+def check(root, quiet=False):
     files = {modpath(root, p): s for p, s in sources(root)}
     known = set(files)
 
@@ -85,7 +85,7 @@ def check(root):
             if t and t != m and t != m[: len(t)] and t[:-1] == m[:-1]:
                 sibling.setdefault(m, set()).add(t)
     found = cycles(top) + cycles(sibling)
-    for c in found:
+    for c in [] if quiet else found:
         print("check-cycles: a circle of imports: " + " <-> ".join("/".join(x) if isinstance(x, tuple) else x for x in c))
     return not found
 
@@ -98,14 +98,14 @@ def self_test():
         open(os.path.join(d, "a", "x.rs"), "w").write("use super::y::Y;")
         open(os.path.join(d, "a", "y.rs"), "w").write("pub struct Y;")
         open(os.path.join(d, "b.rs"), "w").write("use crate::a::Y;")
-        if not check(d):
+        if not check(d, quiet=True):
             sys.exit("check-cycles self-test: a tree without circles was refused")
         open(os.path.join(d, "a", "y.rs"), "w").write("use super::x::X; pub struct Y;")
-        if check(d):
+        if check(d, quiet=True):
             sys.exit("check-cycles self-test: sibling files importing each other passed")
         open(os.path.join(d, "a", "y.rs"), "w").write("use crate::b::B; pub struct Y;")
         open(os.path.join(d, "a", "x.rs"), "w").write("")
-        if check(d):
+        if check(d, quiet=True):
             sys.exit("check-cycles self-test: two top-level modules importing each other passed")
     print("check-cycles self-test: ok")
 

@@ -65,6 +65,23 @@ pub struct Selection<'a> {
     pub quarantine_reason: Option<&'a str>,
 }
 
+/// A selected row: id, group, topic, message, reservation and order ids, payload, properties,
+/// first seen, status (the column order both selections use).
+fn replay_row(r: &tokio_postgres::Row, subject: fn(i64) -> Subject) -> ReplayRow {
+    ReplayRow {
+        subject: subject(r.get(0)),
+        consumer_group: r.get(1),
+        topic: r.get(2),
+        message_id: r.get(3),
+        reservation_id: r.get(4),
+        order_id: r.get(5),
+        payload: r.get(6),
+        properties: r.get(7),
+        first_seen: r.get(8),
+        status: r.get(9),
+    }
+}
+
 /// Selects dead letters by id, or by group and time window; OPEN ones, and REPLAYED ones
 /// when named by id (a second replay is allowed: the inbox makes it a no-op).
 pub async fn dead_letters(
@@ -87,18 +104,7 @@ pub async fn dead_letters(
         .await?;
     Ok(rows
         .iter()
-        .map(|r| ReplayRow {
-            subject: Subject::DeadLetter(r.get(0)),
-            consumer_group: r.get(1),
-            topic: r.get(2),
-            message_id: r.get(3),
-            reservation_id: r.get(4),
-            order_id: r.get(5),
-            payload: r.get(6),
-            properties: r.get(7),
-            first_seen: r.get(8),
-            status: r.get(9),
-        })
+        .map(|r| replay_row(r, Subject::DeadLetter))
         .collect())
 }
 
@@ -131,18 +137,7 @@ pub async fn quarantined(
         .await?;
     Ok(rows
         .iter()
-        .map(|r| ReplayRow {
-            subject: Subject::Quarantined(r.get(0)),
-            consumer_group: r.get(1),
-            topic: r.get(2),
-            message_id: r.get(3),
-            reservation_id: r.get(4),
-            order_id: r.get(5),
-            payload: r.get(6),
-            properties: r.get(7),
-            first_seen: r.get(8),
-            status: r.get(9),
-        })
+        .map(|r| replay_row(r, Subject::Quarantined))
         .collect())
 }
 
