@@ -10,7 +10,8 @@
 #  3. Mid-sale, in the documented order:
 #     - this checkout's `seckill migrate` under the old roles (expand only);
 #     - a producer switched too early: an API of this checkout writing v2 before the consumers
-#       read it takes a few reservations; the old consumer quarantines them (UNSUPPORTED_SCHEMA);
+#       read it takes a few reservations; the old consumer quarantines them (UNSUPPORTED_SCHEMA),
+#       or, when the previous release reads v2 already (v0.2.0 on), decides them;
 #     - consumers first: consume, then timeout-cancel and scan, then each API in turn behind the
 #       balancer, each stopped with SIGTERM (the API drains) and replaced;
 #     - then the producers: APIs and scan restarted with mq.order_event_schema = 2, and a few
@@ -195,13 +196,28 @@ for i in $(seq 1 "$EARLY"); do
   [[ "$code" == 202 ]] || fail early_reserve "an early v2 reservation answered $code"
 done
 stop early
+# A previous release that reads v2 already (it has SCHEMA_V2) decides them; one that does not
+# quarantines them.
+if git grep -q SCHEMA_V2 "$PREV_COMMIT" -- src/domain; then READS_V2=1; else READS_V2=0; fi
+seen() {
+  if ((READS_V2)); then
+    q "SELECT count(*) FROM reservations WHERE user_id BETWEEN 7000000001 AND 7000000099"
+  else
+    q "SELECT count(*) FROM quarantined_messages WHERE reason = 'UNSUPPORTED_SCHEMA'"
+  fi
+}
 for _ in $(seq 1 120); do
-  [[ "$(q "SELECT count(*) FROM quarantined_messages WHERE reason = 'UNSUPPORTED_SCHEMA'")" -ge "$EARLY" ]] && break
+  [[ "$(seen)" -ge "$EARLY" ]] && break
   sleep 0.5
 done
 QUARANTINED="$(q "SELECT count(*) FROM quarantined_messages WHERE reason = 'UNSUPPORTED_SCHEMA'")"
-log "the $PREV consumer quarantined $QUARANTINED v2 message(s)"
-[[ "$QUARANTINED" -ge 1 ]] || fail no_quarantine "the old consumer did not quarantine the v2 messages"
+if ((READS_V2)); then
+  log "the $PREV consumer reads v2 already: $(seen) of $EARLY early reservations decided, $QUARANTINED quarantined"
+  [[ "$QUARANTINED" -eq 0 ]] || fail quarantined_v2 "a release that reads v2 quarantined $QUARANTINED"
+else
+  log "the $PREV consumer quarantined $QUARANTINED v2 message(s)"
+  [[ "$QUARANTINED" -ge 1 ]] || fail no_quarantine "the old consumer did not quarantine the v2 messages"
+fi
 
 log "consumers first"
 replace consume new
@@ -224,12 +240,16 @@ for i in $(seq 1 "$V2"); do
   [[ "$code" == 202 ]] || fail v2_reserve "a v2 reservation answered $code"
 done
 
-log "replay what was quarantined during the rollout"
-GROUP="$(q "SELECT DISTINCT consumer_group FROM quarantined_messages LIMIT 1")"
-run new dlq replay --quarantined --quarantine-reason UNSUPPORTED_SCHEMA --group "$GROUP" \
-  --reason "consumers read v2 now" --actor upgrade-test --verify-secs 60 \
-  >"$RUN_DIR/replay.out" 2>>"$RUN_DIR/setup.log" || fail replay "dlq replay failed: $(cat "$RUN_DIR/replay.out")"
-log "$(tail -1 "$RUN_DIR/replay.out")"
+if ((QUARANTINED > 0)); then
+  log "replay what was quarantined during the rollout"
+  GROUP="$(q "SELECT DISTINCT consumer_group FROM quarantined_messages LIMIT 1")"
+  run new dlq replay --quarantined --quarantine-reason UNSUPPORTED_SCHEMA --group "$GROUP" \
+    --reason "consumers read v2 now" --actor upgrade-test --verify-secs 60 \
+    >"$RUN_DIR/replay.out" 2>>"$RUN_DIR/setup.log" || fail replay "dlq replay failed: $(cat "$RUN_DIR/replay.out")"
+  log "$(tail -1 "$RUN_DIR/replay.out")"
+else
+  log "nothing was quarantined: no replay"
+fi
 
 # --- 4. the verdict ---------------------------------------------------------------------------
 log "waiting for the sale's drain, settle and invariants"
