@@ -87,11 +87,11 @@ clean_stores() {
 
 # Each instance: its release, its command and its ports (buyers, ops, admin).
 declare -A PID=() OPS=(
-  [api1]=36100 [api2]=36102 [early]=36104 [consume]=36111 [scan]=36112 [timeout-cancel]=36113
+  [api1]=26100 [api2]=26102 [early]=26104 [consume]=26111 [scan]=26112 [timeout-cancel]=26113
 )
-declare -A LISTEN=([api1]=36080 [api2]=36082 [early]=36084)
-LB=36090
-LB_STATS=36091
+declare -A LISTEN=([api1]=26080 [api2]=26082 [early]=26084)
+LB=26090
+LB_STATS=26091
 # start NAME old|new [VAR=VALUE...]: starts instance NAME of that release, waits for /readyz.
 start() {
   local name="$1" which="$2"
