@@ -366,32 +366,34 @@ async fn give_stock_back(tx: &Tx<'_>, canceled: &[&Canceled]) -> Result<(), TxEr
     Ok(())
 }
 
-/// Step 4, the consequences, pipelined: ledger credits, compensation tasks and outbox rows of
-/// the cancelled orders, the inbox status of every owned message (an early one's row removed,
-/// so its redelivery is not a duplicate), and a NOTIFY for the outbox relays.
-async fn write_outcomes(
-    tx: &Tx<'_>,
+/// What the cancelled orders write: a ledger credit and a compensation task each, their
+/// ORDER_CANCELED (beside its half message when one was drafted at this version) and
+/// RELEASE_RESERVATION; the event ids written as transaction messages.
+#[derive(Default)]
+struct CanceledRows {
+    ledger: LedgerRows,
+    tasks: CompensationRows,
+    outbox: OutboxRows,
+    in_transaction: Vec<String>,
+}
+
+fn canceled_rows(
     names: &CancelNames,
-    w: &Written<'_>,
+    canceled: &[&Canceled],
     drafts: Option<&CancelDrafts>,
-) -> Result<Vec<String>, tokio_postgres::Error> {
-    let (items, owned, outcomes, early, canceled) =
-        (w.items, w.owned, w.outcomes, w.early, w.canceled);
-    let mut in_transaction = Vec::new();
-    let mut ledger = LedgerRows::default();
-    let mut tasks = CompensationRows::default();
-    let mut outbox = OutboxRows::default();
+) -> CanceledRows {
+    let mut out = CanceledRows::default();
     let now = Utc::now();
     for c in canceled {
         let f = &c.facts;
-        ledger.push(
+        out.ledger.push(
             f.activity_id,
             f.sku_id,
             &f.order_id,
             c.stock_bucket,
             LedgerMove::OrderCanceled,
         );
-        tasks.push(
+        out.tasks.push(
             &f.reservation_id,
             f.activity_id,
             f.sku_id,
@@ -403,12 +405,12 @@ async fn write_outcomes(
             .filter(|d| d.version == c.version);
         let (ev, start) = match drafted {
             Some(d) => {
-                in_transaction.push(d.event.base.event_id.clone());
+                out.in_transaction.push(d.event.base.event_id.clone());
                 (d.event.clone(), OutboxStart::Transaction)
             }
             None => (canceled_event(f, c.version, now), OutboxStart::Pending),
         };
-        outbox.push(OutboxEvent {
+        out.outbox.push(OutboxEvent {
             event_id: ev.base.event_id.clone(),
             activity_id: f.activity_id,
             topic: &names.state.order_event_topic,
@@ -422,7 +424,7 @@ async fn write_outcomes(
         });
         let mut release = ReleaseReservation::new(f, "ORDER_CANCELED");
         release.occurred_at = Some(now);
-        outbox.push(OutboxEvent {
+        out.outbox.push(OutboxEvent {
             event_id: release.event_id.clone(),
             activity_id: f.activity_id,
             topic: &names.state.compensate_topic,
@@ -435,6 +437,26 @@ async fn write_outcomes(
             start: OutboxStart::Pending,
         });
     }
+    out
+}
+
+/// Step 4, the consequences, pipelined: ledger credits, compensation tasks and outbox rows of
+/// the cancelled orders, the inbox status of every owned message (an early one's row removed,
+/// so its redelivery is not a duplicate), and a NOTIFY for the outbox relays.
+async fn write_outcomes(
+    tx: &Tx<'_>,
+    names: &CancelNames,
+    w: &Written<'_>,
+    drafts: Option<&CancelDrafts>,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let (items, owned, outcomes, early, canceled) =
+        (w.items, w.owned, w.outcomes, w.early, w.canceled);
+    let CanceledRows {
+        ledger,
+        tasks,
+        outbox,
+        in_transaction,
+    } = canceled_rows(names, canceled, drafts);
     let (mut settled, mut decisions): (Vec<&str>, Vec<String>) = (Vec::new(), Vec::new());
     for &i in owned {
         if !matches!(outcomes[i], CancelOutcome::NotYetExpired { .. }) {

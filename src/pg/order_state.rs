@@ -155,60 +155,83 @@ pub async fn pay_with(
         Err(e) => return Err(e.into()),
     };
     let outcome = match updated {
-        Some(r) => {
-            let version: i32 = r.get(0);
-            let facts = super::order_ref(p.order_id.to_string(), &r, 1);
-            match row {
-                PaidRow::Outbox => {
-                    let mut paid = OrderPaid::new(&facts, version, Some(p.payment_id.to_string()));
-                    paid.amount_cents = Some(r.get(5));
-                    paid.base.occurred_at = Some(Utc::now());
-                    insert_paid(&tx, &paid, version, names, OutboxStart::Pending).await?;
-                    tx.batch_execute(&format!("NOTIFY {OUTBOX_CHANNEL}"))
-                        .await?;
-                }
-                PaidRow::Transaction { draft, .. } => {
-                    if draft.version != version {
-                        return Ok(PayAttempt::Stale);
-                    }
-                    insert_paid(&tx, &draft.event, version, names, OutboxStart::Transaction)
-                        .await?;
-                }
-            }
-            PayOutcome::Paid { version }
-        }
+        Some(r) => match write_paid_event(&tx, p, names, row, &r).await? {
+            Some(version) => PayOutcome::Paid { version },
+            None => return Ok(PayAttempt::Stale),
+        },
         None => why_not_paid(&tx, p).await?,
     };
-    // A payment id settles at most one order across every activity: the orders' own unique
-    // key carries the activity (docs/ARCHITECTURE.md#a-distributed-postgresql), this table
-    // does not.
     if let PayOutcome::Paid { .. } = outcome {
-        let claimed = tx
-            .execute(
-                "INSERT INTO order_payments (payment_id, activity_id, order_id)
-                 SELECT $1, activity_id, order_id FROM orders WHERE order_id = $2
-                 ON CONFLICT (payment_id) DO NOTHING",
-                &[&p.payment_id, &p.order_id],
-            )
-            .await?;
-        if claimed == 0 {
-            return Ok(PayAttempt::Done(PayOutcome::PaymentIdReused));
-        }
-        // Last before the commit, with the order's row locked since the update: a check-back
-        // that finds no row once it holds that lock, past the deadline, knows this
-        // transaction can no longer commit.
-        if let PaidRow::Transaction { deadline, .. } = row {
-            let in_time: bool = tx
-                .query_one("SELECT clock_timestamp() < $1", &[&deadline])
-                .await?
-                .get(0);
-            if !in_time {
-                return Ok(PayAttempt::PastDeadline);
-            }
+        if let Some(early) = claim_payment(&tx, p, row).await? {
+            return Ok(early);
         }
     }
     tx.commit().await?;
     Ok(PayAttempt::Done(outcome))
+}
+
+/// The ORDER_PAID row of an order just paid (`r`: the update's RETURNING), where `row` says;
+/// its version, or `None` when the drafted transaction message is of another version.
+async fn write_paid_event(
+    tx: &tokio_postgres::Transaction<'_>,
+    p: &Payment<'_>,
+    names: &StateNames,
+    row: PaidRow<'_>,
+    r: &tokio_postgres::Row,
+) -> Result<Option<i32>, TxError> {
+    let version: i32 = r.get(0);
+    let facts = super::order_ref(p.order_id.to_string(), r, 1);
+    match row {
+        PaidRow::Outbox => {
+            let mut paid = OrderPaid::new(&facts, version, Some(p.payment_id.to_string()));
+            paid.amount_cents = Some(r.get(5));
+            paid.base.occurred_at = Some(Utc::now());
+            insert_paid(tx, &paid, version, names, OutboxStart::Pending).await?;
+            tx.batch_execute(&format!("NOTIFY {OUTBOX_CHANNEL}"))
+                .await?;
+        }
+        PaidRow::Transaction { draft, .. } => {
+            if draft.version != version {
+                return Ok(None);
+            }
+            insert_paid(tx, &draft.event, version, names, OutboxStart::Transaction).await?;
+        }
+    }
+    Ok(Some(version))
+}
+
+/// A payment id settles at most one order across every activity: the orders' own unique
+/// key carries the activity (docs/ARCHITECTURE.md#a-distributed-postgresql), this table
+/// does not. Then, for a transaction message, the deadline. `Some`: the attempt ends here.
+async fn claim_payment(
+    tx: &tokio_postgres::Transaction<'_>,
+    p: &Payment<'_>,
+    row: PaidRow<'_>,
+) -> Result<Option<PayAttempt>, TxError> {
+    let claimed = tx
+        .execute(
+            "INSERT INTO order_payments (payment_id, activity_id, order_id)
+             SELECT $1, activity_id, order_id FROM orders WHERE order_id = $2
+             ON CONFLICT (payment_id) DO NOTHING",
+            &[&p.payment_id, &p.order_id],
+        )
+        .await?;
+    if claimed == 0 {
+        return Ok(Some(PayAttempt::Done(PayOutcome::PaymentIdReused)));
+    }
+    // Last before the commit, with the order's row locked since the update: a check-back
+    // that finds no row once it holds that lock, past the deadline, knows this
+    // transaction can no longer commit.
+    if let PaidRow::Transaction { deadline, .. } = row {
+        let in_time: bool = tx
+            .query_one("SELECT clock_timestamp() < $1", &[&deadline])
+            .await?
+            .get(0);
+        if !in_time {
+            return Ok(Some(PayAttempt::PastDeadline));
+        }
+    }
+    Ok(None)
 }
 
 async fn insert_paid(

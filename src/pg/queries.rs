@@ -50,6 +50,20 @@ pub async fn create_activity(
     now: DateTime<Utc>,
 ) -> Result<(), ActivityError> {
     let tx = client.transaction().await?;
+    let started = upsert_activity(&tx, spec, now).await?;
+    for &(sku_id, total, price) in &spec.skus {
+        upsert_sku(&tx, spec, (sku_id, total, price), started).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The activity's row, created or (before its start) updated; whether it has started.
+async fn upsert_activity(
+    tx: &tokio_postgres::Transaction<'_>,
+    spec: &ActivitySpec,
+    now: DateTime<Utc>,
+) -> Result<bool, ActivityError> {
     let existing = tx
         .query_opt(
             "SELECT starts_at, stock_buckets FROM activities WHERE activity_id = $1 FOR UPDATE",
@@ -99,63 +113,71 @@ pub async fn create_activity(
         )
         .await?;
     }
-    for &(sku_id, total, price) in &spec.skus {
-        let cur = tx
-            .query_opt(
-                "SELECT k.total_stock,
-                        (SELECT sum(remaining_stock)::int4 FROM stock_buckets b
-                         WHERE b.activity_id = k.activity_id AND b.sku_id = k.sku_id)
-                 FROM activity_skus k
-                 WHERE activity_id = $1 AND sku_id = $2 FOR UPDATE",
+    Ok(started)
+}
+
+/// One SKU's row and its stock buckets: created, or its stock changed while none is taken and
+/// the activity has not started.
+async fn upsert_sku(
+    tx: &tokio_postgres::Transaction<'_>,
+    spec: &ActivitySpec,
+    (sku_id, total, price): (i64, i32, i64),
+    started: bool,
+) -> Result<(), ActivityError> {
+    let cur = tx
+        .query_opt(
+            "SELECT k.total_stock,
+                    (SELECT sum(remaining_stock)::int4 FROM stock_buckets b
+                     WHERE b.activity_id = k.activity_id AND b.sku_id = k.sku_id)
+             FROM activity_skus k
+             WHERE activity_id = $1 AND sku_id = $2 FOR UPDATE",
+            &[&spec.activity_id, &sku_id],
+        )
+        .await?;
+    match cur {
+        None => {
+            tx.execute(
+                "INSERT INTO activity_skus (activity_id, sku_id, total_stock, price_cents)
+                 VALUES ($1, $2, $3, $4)",
+                &[&spec.activity_id, &sku_id, &total, &price],
+            )
+            .await?;
+            split_stock(tx, spec, sku_id, total).await?;
+        }
+        Some(row) => {
+            let (cur_total, cur_remaining): (i32, Option<i32>) = (row.get(0), row.get(1));
+            let cur_remaining = cur_remaining.unwrap_or(0);
+            if cur_total == total {
+                return Ok(());
+            }
+            if started {
+                return Err(ActivityError::StartedStockChange {
+                    activity_id: spec.activity_id,
+                    sku_id,
+                    current: cur_total,
+                    requested: total,
+                });
+            }
+            if cur_remaining != cur_total {
+                return Err(ActivityError::StockInUse {
+                    activity_id: spec.activity_id,
+                    sku_id,
+                });
+            }
+            tx.execute(
+                "UPDATE activity_skus SET total_stock = $3, price_cents = $4, updated_at = now()
+                 WHERE activity_id = $1 AND sku_id = $2",
+                &[&spec.activity_id, &sku_id, &total, &price],
+            )
+            .await?;
+            tx.execute(
+                "DELETE FROM stock_buckets WHERE activity_id = $1 AND sku_id = $2",
                 &[&spec.activity_id, &sku_id],
             )
             .await?;
-        match cur {
-            None => {
-                tx.execute(
-                    "INSERT INTO activity_skus (activity_id, sku_id, total_stock, price_cents)
-                     VALUES ($1, $2, $3, $4)",
-                    &[&spec.activity_id, &sku_id, &total, &price],
-                )
-                .await?;
-                split_stock(&tx, spec, sku_id, total).await?;
-            }
-            Some(row) => {
-                let (cur_total, cur_remaining): (i32, Option<i32>) = (row.get(0), row.get(1));
-                let cur_remaining = cur_remaining.unwrap_or(0);
-                if cur_total == total {
-                    continue;
-                }
-                if started {
-                    return Err(ActivityError::StartedStockChange {
-                        activity_id: spec.activity_id,
-                        sku_id,
-                        current: cur_total,
-                        requested: total,
-                    });
-                }
-                if cur_remaining != cur_total {
-                    return Err(ActivityError::StockInUse {
-                        activity_id: spec.activity_id,
-                        sku_id,
-                    });
-                }
-                tx.execute(
-                    "UPDATE activity_skus SET total_stock = $3, price_cents = $4, updated_at = now()
-                     WHERE activity_id = $1 AND sku_id = $2",
-                    &[&spec.activity_id, &sku_id, &total, &price],
-                )
-                .await?;
-                tx.execute(
-                    "DELETE FROM stock_buckets WHERE activity_id = $1 AND sku_id = $2",
-                    &[&spec.activity_id, &sku_id],
-                )
-                .await?;
-                split_stock(&tx, spec, sku_id, total).await?;
-            }
+            split_stock(tx, spec, sku_id, total).await?;
         }
     }
-    tx.commit().await?;
     Ok(())
 }
 

@@ -38,6 +38,32 @@ pub struct SoldOutView {
     pub winners: Option<Vec<i64>>,
 }
 
+impl WarmResult {
+    /// What the warm script answered for one bucket.
+    fn of_code(code: &str) -> anyhow::Result<Self> {
+        Ok(match code {
+            "CREATED" => WarmResult::Created,
+            "UNCHANGED" => WarmResult::Unchanged,
+            "UPDATED" => WarmResult::Updated,
+            "STOCK_IN_USE" => WarmResult::StockInUse,
+            other => anyhow::bail!("warm script returned an unknown code {other:?}"),
+        })
+    }
+
+    /// The SKU's result from its buckets': in use if one is, created or unchanged if all are.
+    fn of_buckets(results: &[Self]) -> Self {
+        if results.contains(&WarmResult::StockInUse) {
+            WarmResult::StockInUse
+        } else if results.iter().all(|r| *r == WarmResult::Created) {
+            WarmResult::Created
+        } else if results.iter().all(|r| *r == WarmResult::Unchanged) {
+            WarmResult::Unchanged
+        } else {
+            WarmResult::Updated
+        }
+    }
+}
+
 impl RedisStore {
     /// One SKU's remaining stock and `taken` counter, and its winners unless `known_taken` is
     /// current (or stock is back), in one call (`sold_out_view.lua`).
@@ -139,26 +165,12 @@ impl RedisStore {
                 .arg(buckets)
                 .invoke_async(&mut *conn)
                 .await?;
-            results.push(match code.as_str() {
-                "CREATED" => WarmResult::Created,
-                "UNCHANGED" => WarmResult::Unchanged,
-                "UPDATED" => WarmResult::Updated,
-                "STOCK_IN_USE" => WarmResult::StockInUse,
-                other => anyhow::bail!("warm script returned an unknown code {other:?}"),
-            });
+            results.push(WarmResult::of_code(&code)?);
         }
         if let Ok(mut m) = self.buckets.write() {
             m.insert(activity_id, buckets);
         }
-        Ok(if results.contains(&WarmResult::StockInUse) {
-            WarmResult::StockInUse
-        } else if results.iter().all(|r| *r == WarmResult::Created) {
-            WarmResult::Created
-        } else if results.iter().all(|r| *r == WarmResult::Unchanged) {
-            WarmResult::Unchanged
-        } else {
-            WarmResult::Updated
-        })
+        Ok(WarmResult::of_buckets(&results))
     }
 
     /// Pauses (`Some(reason)`) or resumes (`None`) new reservations of an activity, or of one

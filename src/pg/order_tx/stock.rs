@@ -123,6 +123,80 @@ pub(super) async fn take_stock_optimistically(
     Ok(None)
 }
 
+/// Where the locked path takes each order's unit: its home bucket, else any bucket with
+/// units left; orders left without one are surplus (rejected, their rows deleted).
+#[derive(Default)]
+struct Allocation {
+    created: Vec<usize>,
+    surplus: Vec<String>,
+    /// Orders whose unit came from another bucket than their home one.
+    moved: HashMap<usize, i16>,
+}
+
+impl Allocation {
+    /// Grants one SKU's orders from `left` (units per bucket); returns (wanted, granted).
+    fn grant(
+        &mut self,
+        b: &Batch<'_>,
+        groups: &BucketGroups<'_>,
+        left: &mut BTreeMap<i16, i32>,
+        rejected: &mut Vec<(usize, RejectReason)>,
+    ) -> (usize, usize) {
+        let (mut want_total, mut granted_total) = (0usize, 0usize);
+        for (home, idxs) in groups {
+            want_total += idxs.len();
+            for &i in idxs.iter() {
+                let from = if left.get(home).is_some_and(|&n| n > 0) {
+                    Some(*home)
+                } else {
+                    left.iter().find(|(_, &n)| n > 0).map(|(&k, _)| k)
+                };
+                match from {
+                    Some(k) => {
+                        *left.get_mut(&k).expect("a locked row") -= 1;
+                        if k != *home {
+                            self.moved.insert(i, k);
+                        }
+                        self.created.push(i);
+                        granted_total += 1;
+                    }
+                    None => {
+                        self.surplus.push(b.ev(i).order_id.clone());
+                        rejected.push((i, RejectReason::NoStock));
+                    }
+                }
+            }
+        }
+        (want_total, granted_total)
+    }
+
+    /// The surplus orders deleted, the moved ones pointed at the bucket their unit came from.
+    async fn fix_orders(&self, tx: &Tx<'_>, b: &Batch<'_>) -> Result<(), tokio_postgres::Error> {
+        exec_unless_empty(
+            tx,
+            self.surplus.is_empty(),
+            "DELETE FROM orders WHERE order_id = ANY($1::text[])",
+            [&self.surplus],
+        )
+        .await?;
+        let moved_ids: Vec<&str> = self
+            .moved
+            .keys()
+            .map(|&i| b.ev(i).order_id.as_str())
+            .collect();
+        let moved_buckets: Vec<i16> = self.moved.values().copied().collect();
+        exec_unless_empty(
+            tx,
+            self.moved.is_empty(),
+            "UPDATE orders o SET stock_bucket = t.b FROM unnest($1::text[], $2::int2[]) AS t(o, b)
+             WHERE o.order_id = t.o",
+            [&moved_ids as &(dyn ToSql + Sync), &moved_buckets],
+        )
+        .await?;
+        Ok(())
+    }
+}
+
 /// Step 5, locked: per SKU, in key order (no deadlocks between batches), every stock row of
 /// the SKU is locked in bucket order; each order takes its unit from its home bucket first,
 /// then from the other buckets in bucket order (a bucket Redis moved leftovers into may sell
@@ -156,10 +230,7 @@ pub(super) async fn take_stock_locked(
              WHERE activity_id = $1 AND sku_id = $2 AND bucket = $3",
         )
         .await?;
-    let mut created: Vec<usize> = Vec::new();
-    let mut surplus: Vec<String> = Vec::new();
-    // Orders whose unit came from another bucket than their home one.
-    let mut moved: HashMap<usize, i16> = HashMap::new();
+    let mut a = Allocation::default();
     for ((activity_id, sku_id), groups) in &per_sku {
         let mut left: BTreeMap<i16, i32> = tx
             .query(&lock, &[activity_id, sku_id])
@@ -168,32 +239,7 @@ pub(super) async fn take_stock_locked(
             .map(|r| (r.get(0), r.get(1)))
             .collect();
         let before = left.clone();
-        let mut want_total = 0usize;
-        let mut granted_total = 0usize;
-        for (home, idxs) in groups {
-            want_total += idxs.len();
-            for &i in idxs.iter() {
-                let from = if left.get(home).is_some_and(|&n| n > 0) {
-                    Some(*home)
-                } else {
-                    left.iter().find(|(_, &n)| n > 0).map(|(&k, _)| k)
-                };
-                match from {
-                    Some(k) => {
-                        *left.get_mut(&k).expect("a locked row") -= 1;
-                        if k != *home {
-                            moved.insert(i, k);
-                        }
-                        created.push(i);
-                        granted_total += 1;
-                    }
-                    None => {
-                        surplus.push(b.ev(i).order_id.clone());
-                        rejected.push((i, RejectReason::NoStock));
-                    }
-                }
-            }
-        }
+        let (want_total, granted_total) = a.grant(b, groups, &mut left, rejected);
         if granted_total < want_total {
             metrics::counter!("inventory_condition_update_miss_total")
                 .increment((want_total - granted_total) as u64);
@@ -213,23 +259,8 @@ pub(super) async fn take_stock_locked(
             r?;
         }
     }
-    exec_unless_empty(
-        tx,
-        surplus.is_empty(),
-        "DELETE FROM orders WHERE order_id = ANY($1::text[])",
-        [&surplus],
-    )
-    .await?;
-    let moved_ids: Vec<&str> = moved.keys().map(|&i| b.ev(i).order_id.as_str()).collect();
-    let moved_buckets: Vec<i16> = moved.values().copied().collect();
-    exec_unless_empty(
-        tx,
-        moved.is_empty(),
-        "UPDATE orders o SET stock_bucket = t.b FROM unnest($1::text[], $2::int2[]) AS t(o, b)
-         WHERE o.order_id = t.o",
-        [&moved_ids as &(dyn ToSql + Sync), &moved_buckets],
-    )
-    .await?;
+    a.fix_orders(tx, b).await?;
+    let Allocation { created, moved, .. } = a;
     write_outcomes(tx, b, owned, &created, &moved, rejected).await?;
     if !created.is_empty() {
         stamp_commit(tx, created.len()).await?;
