@@ -354,6 +354,53 @@ fn delivered(outcome: &'static str, n: u64) {
     .increment(n);
 }
 
+/// The group's backlog (due timers not consumed yet, retries included), every 5 s until
+/// `stop`.
+fn spawn_backlog(
+    probe: crate::mq::rocketmq::LagProbe,
+    names: &crate::config::Names,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let (group, topic) = (
+        names.timeout_group.clone(),
+        names.order_timeout_topic.clone(),
+    );
+    tokio::spawn(async move {
+        loop {
+            crate::mq::lag::export_backlog(&probe, &group, &topic).await;
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+            }
+        }
+    })
+}
+
+/// One interval's sweep: a full sweep means more may be due, so it looks again at once
+/// (bounded per interval).
+async fn sweep_round(sweeper: &TimeoutCancelHandler, grace: Duration, batch: usize) {
+    for _ in 0..SWEEPS_PER_INTERVAL {
+        match sweeper.sweep_once(grace, batch).await {
+            Ok(sweep) => {
+                if sweep.canceled > 0 {
+                    info!(
+                        found = sweep.found,
+                        canceled = sweep.canceled,
+                        "sweep cancelled orders whose timer was late"
+                    );
+                }
+                if !sweep.full {
+                    break;
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "sweep failed; next interval");
+                break;
+            }
+        }
+    }
+}
+
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let names = settings.names();
     let budget = settings.cancel_budget();
@@ -391,22 +438,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let probe =
         crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server_list())
             .await?;
-    let backlog = {
-        let (group, topic, stop) = (
-            names.timeout_group.clone(),
-            names.order_timeout_topic.clone(),
-            shutdown.clone(),
-        );
-        tokio::spawn(async move {
-            loop {
-                crate::mq::lag::export_backlog(&probe, &group, &topic).await;
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = tokio::time::sleep(Duration::from_secs(5)) => {}
-                }
-            }
-        })
-    };
+    let backlog = spawn_backlog(probe, &names, shutdown.clone());
     ready.set(true);
     info!(group = %names.timeout_group, topic = %names.order_timeout_topic, budget,
           batch_size = settings.consumer.batch_size,
@@ -421,30 +453,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             _ = &mut signal => break,
             _ = tokio::time::sleep(every) => {}
         }
-        // A full sweep means more may be due: look again at once (bounded per interval).
-        for _ in 0..SWEEPS_PER_INTERVAL {
-            match sweeper
-                .sweep_once(grace, settings.consumer.batch_size)
-                .await
-            {
-                Ok(sweep) => {
-                    if sweep.canceled > 0 {
-                        info!(
-                            found = sweep.found,
-                            canceled = sweep.canceled,
-                            "sweep cancelled orders whose timer was late"
-                        );
-                    }
-                    if !sweep.full {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    warn!(error = %e, "sweep failed; next interval");
-                    break;
-                }
-            }
-        }
+        sweep_round(&sweeper, grace, settings.consumer.batch_size).await;
     }
     ready.set(false);
     let grace = Duration::from_secs(settings.consumer.shutdown_grace_secs);

@@ -149,6 +149,43 @@ impl Finding {
     }
 }
 
+/// The event ids an order's state calls for: ORDER_CREATED always; ORDER_PAID when paid;
+/// ORDER_CANCELED and its RELEASE_RESERVATION when cancelled.
+fn wanted_event_ids(rows: &[tokio_postgres::Row]) -> Vec<String> {
+    let mut wanted: Vec<String> = Vec::with_capacity(rows.len() * 2);
+    for r in rows {
+        let (oid, rid, status, version): (String, String, String, i32) =
+            (r.get(0), r.get(1), r.get(5), r.get(6));
+        wanted.push(order_created_event_id(&oid));
+        match status.as_str() {
+            "PAID" => wanted.push(order_paid_event_id(&oid, version)),
+            "CANCELED" => {
+                wanted.push(order_canceled_event_id(&oid, version));
+                wanted.push(release_reservation_event_id(&rid));
+            }
+            _ => {}
+        }
+    }
+    wanted
+}
+
+/// The RELEASE_RESERVATION a cancelled order's unit goes back with.
+fn release_after_cancel(
+    names: &crate::config::Names,
+    facts: &OrderRef,
+    now: DateTime<Utc>,
+) -> Emit {
+    let mut e = ReleaseReservation::new(facts, "ORDER_CANCELED");
+    e.reconciled_at = Some(now);
+    Emit::new(
+        &names.compensate_topic,
+        TAG_RELEASE_RESERVATION,
+        &facts.reservation_id,
+        &e.event_id,
+        payload(&e),
+    )
+}
+
 /// Finds, among the orders changed in the window, those whose events are missing from the
 /// outbox (ORDER_CREATED; ORDER_PAID of a paid order; ORDER_CANCELED and RELEASE_RESERVATION
 /// of a cancelled one) and writes each again with the id its writer gives it.
@@ -167,21 +204,7 @@ async fn missing_order_events(
             &[&start, &end],
         )
         .await?;
-    let mut wanted: Vec<String> = Vec::with_capacity(rows.len() * 2);
-    for r in &rows {
-        let (oid, rid, status, version): (String, String, String, i32) =
-            (r.get(0), r.get(1), r.get(5), r.get(6));
-        wanted.push(order_created_event_id(&oid));
-        match status.as_str() {
-            "PAID" => wanted.push(order_paid_event_id(&oid, version)),
-            "CANCELED" => {
-                wanted.push(order_canceled_event_id(&oid, version));
-                wanted.push(release_reservation_event_id(&rid));
-            }
-            _ => {}
-        }
-    }
-    let present = existing_event_ids(pg, wanted).await?;
+    let present = existing_event_ids(pg, wanted_event_ids(&rows)).await?;
     let finding = |kind| Finding {
         kind,
         ..Default::default()
@@ -233,16 +256,7 @@ async fn missing_order_events(
             canceled.record(pg, oid.clone(), &emit).await?;
         }
         if !present.contains(&release_reservation_event_id(&rid)) {
-            let mut e = ReleaseReservation::new(&facts, "ORDER_CANCELED");
-            e.reconciled_at = Some(now);
-            let topic = &names.compensate_topic;
-            let emit = Emit::new(
-                topic,
-                TAG_RELEASE_RESERVATION,
-                &rid,
-                &e.event_id,
-                payload(&e),
-            );
+            let emit = release_after_cancel(names, &facts, now);
             released.record(pg, rid.clone(), &emit).await?;
         }
     }
@@ -327,6 +341,51 @@ async fn expired_not_canceled(
     Ok(expired)
 }
 
+/// Reservations of one activity SKU still holding a unit in Redis past their validity that
+/// PostgreSQL never recorded: neither ordered nor released.
+async fn stuck_reservations(
+    pg: &impl GenericClient,
+    redis: &RedisStore,
+    (aid, sku): (i64, i64),
+    end: DateTime<Utc>,
+    stuck: &mut Finding,
+) -> anyhow::Result<()> {
+    let census = redis.reservation_census(aid, sku).await?;
+    if !census.reserved_ids.is_empty() {
+        let recorded: std::collections::HashSet<String> = pg
+            .query(
+                "SELECT reservation_id FROM reservations WHERE reservation_id = ANY($1::text[])",
+                &[&census.reserved_ids],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        for rid in census
+            .reserved_ids
+            .iter()
+            .filter(|r| !recorded.contains(*r))
+        {
+            let f = redis.reservation(aid, rid).await?;
+            let valid_until = f
+                .get("valid_until")
+                .and_then(|v| v.parse::<i64>().ok())
+                .unwrap_or(i64::MAX);
+            if valid_until < end.timestamp_millis() {
+                stuck.found += 1;
+                example(
+                    &mut stuck.examples,
+                    format!(
+                        "{rid} ({})",
+                        f.get("mq_status").cloned().unwrap_or_default()
+                    ),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Runs every check once.
 pub async fn reconcile(
     settings: &Settings,
@@ -368,39 +427,7 @@ pub async fn reconcile(
         .await?;
     for s in &skus {
         let (aid, sku): (i64, i64) = (s.get(0), s.get(1));
-        let census = redis.reservation_census(aid, sku).await?;
-        if !census.reserved_ids.is_empty() {
-            let recorded: std::collections::HashSet<String> = pg
-                .query(
-                    "SELECT reservation_id FROM reservations WHERE reservation_id = ANY($1::text[])",
-                    &[&census.reserved_ids],
-                )
-                .await?
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
-            for rid in census
-                .reserved_ids
-                .iter()
-                .filter(|r| !recorded.contains(*r))
-            {
-                let f = redis.reservation(aid, rid).await?;
-                let valid_until = f
-                    .get("valid_until")
-                    .and_then(|v| v.parse::<i64>().ok())
-                    .unwrap_or(i64::MAX);
-                if valid_until < end.timestamp_millis() {
-                    stuck.found += 1;
-                    example(
-                        &mut stuck.examples,
-                        format!(
-                            "{rid} ({})",
-                            f.get("mq_status").cloned().unwrap_or_default()
-                        ),
-                    );
-                }
-            }
-        }
+        stuck_reservations(pg, redis, (aid, sku), end, &mut stuck).await?;
         let inv = crate::invariants::check(pg, redis, &names.order_create_group, aid, sku).await?;
         for v in inv.violations {
             stock.found += 1;
