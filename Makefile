@@ -57,6 +57,8 @@ test: services-up ## The whole test suite against the real services, the operato
 	scripts/check-migrations.sh --self-test
 	scripts/check-cycles.py --self-test
 	scripts/check-cycles.py
+	scripts/check-doc-links.py --self-test
+	scripts/check-doc-links.py
 	scripts/check-migrations.sh
 	scripts/schemathesis.sh
 	$(MAKE) soak-small

@@ -2,7 +2,7 @@
 # make send-timeouts: how often a bounded synchronous send ends UNKNOWN on this broker, for
 # each send timeout and number of client retries, and what the broker's durability profile
 # costs. The figures behind mq.send_timeout_ms, mq.send_retries and SECKILL_MQ_PROFILE
-# (BENCHMARKS.md, "Send timeout, retries and the broker profile").
+# (docs/benchmarks-history.md, "Send timeout, retries and the broker profile").
 #
 # Each cell: seckill-bench broker, one message per call from SENDERS concurrent senders for
 # SEND_SECONDS, through the pipeline's own producer and classifier. A timeout is the bound of one

@@ -1,6 +1,6 @@
 //! seckill: a flash-sale order pipeline. Redis picks the winners, RocketMQ absorbs the burst,
-//! PostgreSQL creates every order exactly once. README.md says how to run it;
-//! docs/ARCHITECTURE.md says how it works and where each failure is handled.
+//! PostgreSQL creates every order exactly once. README.md is the front page; docs/RUNNING.md says
+//! how to run it, docs/ARCHITECTURE.md how it works and where each failure is handled.
 //!
 //! A short tour, from the top of the house down (nothing imports upward, and no two modules,
 //! nor two files of one module, import each other: `scripts/check-cycles.py`, in `make test`):

@@ -1,7 +1,7 @@
 //! Every long-running role many times at once, on Redis Cluster: two `api`, three `consume`,
 //! two `scan`, two `timeout-cancel`, each on its own ports, and `seckill reconcile` run by two
 //! hosts at the same moment. A sale through both APIs with payments and expiry: nothing is done
-//! twice and nothing is lost (README, "Scaling out").
+//! twice and nothing is lost (docs/SCALING.md).
 
 use crate::common;
 
