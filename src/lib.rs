@@ -14,7 +14,7 @@
 //!     creation, compensation, projection, DLQ intake;
 //!   - `roles::scan` — the re-send scanner, the outbox relay, retention;
 //!   - `roles::timeout_cancel` — the conditional cancel of unpaid, expired orders;
-//!   - `roles::transactions` — events as RocketMQ transaction messages: the producer the
+//!   - `roles::half_messages` — events as RocketMQ transaction messages: the producer the
 //!     payment and the timeout cancel share, and its check-back answered from PostgreSQL;
 //!   - `roles::ops` — operator tools: `migrate`, `topics`, `activity`, `dlq`, `reconcile`.
 //! - [`domain`] — the vocabulary, free of I/O: ids, the events and their ids, request
@@ -33,6 +33,11 @@
 //!
 //! The load generators and the direct-PostgreSQL baseline are not part of the product: they
 //! live in their own binary, `seckill-bench` (`bench/`).
+//!
+//! Two words kept apart: `_tx` names a PostgreSQL transaction (`pg::order_tx`, `pg::cancel_tx`,
+//! `roles::batch_tx`); a RocketMQ transaction message is a *half message* (`roles::half_messages`,
+//! `mq::rocketmq::half_message`, `pg::half_message_events`). `domain::order_create` is the
+//! inbound ORDER_CREATE_REQUESTED message; `domain::events` the events PostgreSQL originates.
 
 // The RocketMQ client's futures are deeply nested; proving them Send needs a deeper limit.
 #![recursion_limit = "256"]

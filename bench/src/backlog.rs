@@ -18,8 +18,8 @@ use clap::Args;
 use futures::StreamExt;
 
 use seckill::config::Settings;
-use seckill::domain::event::{ReservationRef, TraceContext};
 use seckill::domain::ids::{new_traceparent, Ids};
+use seckill::domain::order_create::{ReservationRef, TraceContext};
 use seckill::domain::OrderCreateRequested;
 use seckill::invariants;
 use seckill::mq::{order_create_message, SendOutcome};

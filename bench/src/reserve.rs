@@ -17,8 +17,8 @@ use deadpool_redis::redis;
 use futures::StreamExt;
 
 use seckill::config::{RedisMode, Settings};
-use seckill::domain::event::ReservationRef;
 use seckill::domain::ids::Ids;
+use seckill::domain::order_create::ReservationRef;
 use seckill::redis::{RedisStore, ReserveArgs, ReserveResult};
 
 #[derive(Debug, Clone, Args)]

@@ -115,7 +115,7 @@ impl MqSettings {
         if self.send_batches_in_flight == 0 || self.send_batches_in_flight > 64 {
             return Err(invalid("mq.send_batches_in_flight", "must be in 1..=64"));
         }
-        if !(crate::domain::SCHEMA_VERSION..=crate::domain::event::SCHEMA_V2)
+        if !(crate::domain::SCHEMA_VERSION..=crate::domain::order_create::SCHEMA_V2)
             .contains(&self.order_event_schema)
         {
             return Err(invalid(

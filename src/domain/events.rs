@@ -12,7 +12,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::event::SCHEMA_VERSION;
+use super::order_create::SCHEMA_VERSION;
 
 /// Broker tags of the outbox events: small, stable categories, never ids.
 pub const TAG_ORDER_CREATED: &str = "ORDER_CREATED";

@@ -3,12 +3,14 @@
 //! decisions a consumer or a state change can take.
 
 pub mod decision;
-pub mod event;
 pub mod events;
 pub mod ids;
+pub mod order_create;
 pub mod request;
 
 pub use decision::{CancelOutcome, Decision, PayOutcome, RejectReason};
-pub use event::{OrderCreateRequested, TraceContext, EVENT_ORDER_CREATE_REQUESTED, SCHEMA_VERSION};
 pub use ids::Ids;
+pub use order_create::{
+    OrderCreateRequested, TraceContext, EVENT_ORDER_CREATE_REQUESTED, SCHEMA_VERSION,
+};
 pub use request::{ReserveRequest, ValidationError};

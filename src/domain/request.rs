@@ -110,7 +110,9 @@ impl ReserveRequest {
         }
         let channel = match raw.channel {
             None => None,
-            Some(serde_json::Value::String(c)) if crate::domain::event::is_valid_channel(&c) => {
+            Some(serde_json::Value::String(c))
+                if crate::domain::order_create::is_valid_channel(&c) =>
+            {
                 Some(c)
             }
             Some(_) => {
@@ -161,9 +163,25 @@ mod tests {
         assert_eq!(r.channel.as_deref(), Some("mini_program"));
     }
 
+    fn field(field: &'static str, reason: &'static str) -> ValidationError {
+        ValidationError::Field { field, reason }
+    }
+
+    fn assert_rejected(cases: &[(&[u8], ValidationError)]) {
+        for (body, want) in cases {
+            assert_eq!(
+                ReserveRequest::parse(body).unwrap_err(),
+                *want,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
+
     #[test]
-    fn rejects_each_bad_shape_with_its_reason() {
-        let cases: &[(&[u8], ValidationError)] = &[
+    fn rejects_a_missing_field_or_a_bad_buyer_with_its_reason() {
+        let positive = || field("user_id", "must be a positive integer");
+        assert_rejected(&[
             (
                 br#"{"user_id":1,"quantity":1}"#,
                 ValidationError::Missing("request_id"),
@@ -174,97 +192,64 @@ mod tests {
             ),
             (
                 br#"{"user_id":0,"request_id":"a","quantity":1}"#,
-                ValidationError::Field {
-                    field: "user_id",
-                    reason: "must be a positive integer",
-                },
+                positive(),
             ),
             (
                 br#"{"user_id":null,"request_id":"a","quantity":1}"#,
-                ValidationError::Field {
-                    field: "user_id",
-                    reason: "must be a positive integer",
-                },
+                positive(),
             ),
             (
                 br#"{"user_id":-5,"request_id":"a","quantity":1}"#,
-                ValidationError::Field {
-                    field: "user_id",
-                    reason: "must be a positive integer",
-                },
+                positive(),
             ),
             (
                 br#"{"user_id":"5","request_id":"a","quantity":1}"#,
-                ValidationError::Field {
-                    field: "user_id",
-                    reason: "must be a positive integer",
-                },
+                positive(),
             ),
             (
                 br#"{"user_id":99999999999999999999,"request_id":"a","quantity":1}"#,
-                ValidationError::Field {
-                    field: "user_id",
-                    reason: "must be a positive integer",
-                },
+                positive(),
             ),
+        ]);
+    }
+
+    #[test]
+    fn rejects_a_bad_quantity_request_id_or_channel_with_its_reason() {
+        let channel = || field("channel", "must be 1-32 characters of a-z 0-9 _ -");
+        assert_rejected(&[
             (
                 br#"{"user_id":1,"request_id":"a","quantity":2}"#,
-                ValidationError::Field {
-                    field: "quantity",
-                    reason: "must be 1",
-                },
+                field("quantity", "must be 1"),
             ),
             (
                 br#"{"user_id":1,"request_id":"","quantity":1}"#,
-                ValidationError::Field {
-                    field: "request_id",
-                    reason: "must be 1-64 characters",
-                },
+                field("request_id", "must be 1-64 characters"),
             ),
             (
                 br#"{"user_id":1,"request_id":7,"quantity":1}"#,
-                ValidationError::Field {
-                    field: "request_id",
-                    reason: "must be a string",
-                },
+                field("request_id", "must be a string"),
             ),
             (
                 br#"{"user_id":1,"request_id":"a","quantity":1,"channel":"App Store"}"#,
-                ValidationError::Field {
-                    field: "channel",
-                    reason: "must be 1-32 characters of a-z 0-9 _ -",
-                },
+                channel(),
             ),
             (
                 br#"{"user_id":1,"request_id":"a","quantity":1,"channel":""}"#,
-                ValidationError::Field {
-                    field: "channel",
-                    reason: "must be 1-32 characters of a-z 0-9 _ -",
-                },
+                channel(),
             ),
             (
                 br#"{"user_id":1,"request_id":"a","quantity":1,"channel":7}"#,
-                ValidationError::Field {
-                    field: "channel",
-                    reason: "must be 1-32 characters of a-z 0-9 _ -",
-                },
+                channel(),
             ),
             (
                 "{\"user_id\":1,\"request_id\":\"\u{e9}\",\"quantity\":1}".as_bytes(),
-                ValidationError::Field {
-                    field: "request_id",
-                    reason: "may only contain A-Z a-z 0-9 - _ . :",
-                },
+                field("request_id", "may only contain A-Z a-z 0-9 - _ . :"),
             ),
-        ];
-        for (body, want) in cases {
-            assert_eq!(
-                ReserveRequest::parse(body).unwrap_err(),
-                *want,
-                "{}",
-                String::from_utf8_lossy(body)
-            );
-        }
+        ]);
+    }
+
+    #[test]
+    fn rejects_what_is_not_a_json_object() {
         assert!(matches!(
             ReserveRequest::parse(b"{not json"),
             Err(ValidationError::Json(_))

@@ -191,7 +191,7 @@ pub fn order_create_message(
 ) -> OutMessage {
     OutMessage {
         topic: topic.to_string(),
-        tag: crate::domain::event::TAG_CREATE_ORDER.to_string(),
+        tag: crate::domain::order_create::TAG_CREATE_ORDER.to_string(),
         keys: vec![
             event.reservation_id.clone(),
             event.order_id.clone(),

@@ -360,7 +360,7 @@ async fn give_stock_back(tx: &Tx<'_>, canceled: &[&Canceled]) -> Result<(), TxEr
         if r?.is_none() {
             return Err(TxError::Unknown(format!(
                 "returning {n} unit(s) would take activity {a} SKU {s} bucket {k} past its total stock"
-            )));
+            ).into()));
         }
     }
     Ok(())
@@ -499,4 +499,25 @@ async fn write_outcomes(
     r5?;
     r6?;
     Ok(in_transaction)
+}
+
+/// Orders still unpaid `grace` after their pay deadline, oldest first, at most `limit`: what
+/// the timeout sweep cancels when a timer message is late or lost.
+pub async fn overdue_orders(
+    client: &impl tokio_postgres::GenericClient,
+    grace: std::time::Duration,
+    limit: i64,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    Ok(client
+        .query(
+            "SELECT order_id FROM orders
+             WHERE status IN ('CREATED', 'PAYING')
+               AND expires_at <= now() - make_interval(secs => $1)
+             ORDER BY expires_at LIMIT $2",
+            &[&grace.as_secs_f64(), &limit],
+        )
+        .await?
+        .into_iter()
+        .map(|r| r.get(0))
+        .collect())
 }

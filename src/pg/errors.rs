@@ -6,15 +6,70 @@
 use tokio_postgres::error::SqlState;
 
 /// Why a transaction did not commit.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug)]
 pub enum TxError {
     /// Connection lost, timeout, deadlock, serialization failure, commit result unknown,
     /// pool exhausted: roll back, do not ACK, let the broker redeliver.
-    #[error("transient: {0}")]
-    Transient(String),
+    Transient(Cause),
     /// Not understood: retried a bounded number of times by the broker, then DLQ.
-    #[error("unknown: {0}")]
-    Unknown(String),
+    Unknown(Cause),
+}
+
+/// What went wrong, in words for the log, and the error it came from when there is one.
+#[derive(Debug)]
+pub struct Cause {
+    text: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl Cause {
+    /// A cause with the driver's (or pool's) error kept as its source.
+    pub fn with_source(
+        text: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Cause {
+            text: text.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+}
+
+impl From<String> for Cause {
+    fn from(text: String) -> Self {
+        Cause { text, source: None }
+    }
+}
+
+impl From<&str> for Cause {
+    fn from(text: &str) -> Self {
+        text.to_owned().into()
+    }
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::fmt::Display for TxError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TxError::Transient(c) => write!(f, "transient: {c}"),
+            TxError::Unknown(c) => write!(f, "unknown: {c}"),
+        }
+    }
+}
+
+impl std::error::Error for TxError {
+    /// The driver's or pool's own error, when the failure came from one.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let (TxError::Transient(c) | TxError::Unknown(c)) = self;
+        c.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
 }
 
 impl TxError {
@@ -26,31 +81,39 @@ impl TxError {
     }
 }
 
-/// Classifies a driver error by SQLSTATE class and connection state.
-pub fn classify(err: &tokio_postgres::Error) -> TxError {
+/// Classifies a driver error by SQLSTATE class and connection state; the error is kept as the
+/// cause's source.
+pub fn classify(err: tokio_postgres::Error) -> TxError {
     let text = match err.as_db_error() {
         Some(db) => format!("{} {}: {}", db.severity(), db.code().code(), db.message()),
-        None => match std::error::Error::source(err) {
+        None => match std::error::Error::source(&err) {
             Some(src) => format!("{err}: {src}"),
             None => err.to_string(),
         },
     };
-    if err.is_closed() {
-        return TxError::Transient(text);
-    }
-    match err.code() {
-        Some(code) if is_transient_state(code) => {
-            if *code == SqlState::T_R_DEADLOCK_DETECTED {
-                metrics::counter!("pg_deadlock_total").increment(1);
+    let transient = if err.is_closed() {
+        true
+    } else {
+        match err.code() {
+            Some(code) if is_transient_state(code) => {
+                if *code == SqlState::T_R_DEADLOCK_DETECTED {
+                    metrics::counter!("pg_deadlock_total").increment(1);
+                }
+                if *code == SqlState::T_R_SERIALIZATION_FAILURE {
+                    metrics::counter!("pg_serialization_retry_total").increment(1);
+                }
+                true
             }
-            if *code == SqlState::T_R_SERIALIZATION_FAILURE {
-                metrics::counter!("pg_serialization_retry_total").increment(1);
-            }
-            TxError::Transient(text)
+            Some(_) => false,
+            // No SQLSTATE: an I/O error or a protocol problem, i.e. the connection is gone.
+            None => true,
         }
-        Some(_) => TxError::Unknown(text),
-        // No SQLSTATE: an I/O error or a protocol problem, i.e. the connection is gone.
-        None => TxError::Transient(text),
+    };
+    let cause = Cause::with_source(text, err);
+    if transient {
+        TxError::Transient(cause)
+    } else {
+        TxError::Unknown(cause)
     }
 }
 
@@ -63,15 +126,15 @@ pub fn is_transient_state(code: &SqlState) -> bool {
 
 impl From<tokio_postgres::Error> for TxError {
     fn from(e: tokio_postgres::Error) -> Self {
-        classify(&e)
+        classify(e)
     }
 }
 
 impl From<deadpool_postgres::PoolError> for TxError {
     fn from(e: deadpool_postgres::PoolError) -> Self {
         match e {
-            deadpool_postgres::PoolError::Backend(be) => classify(&be),
-            other => TxError::Transient(other.to_string()),
+            deadpool_postgres::PoolError::Backend(be) => classify(be),
+            other => TxError::Transient(Cause::with_source(other.to_string(), other)),
         }
     }
 }
@@ -100,5 +163,17 @@ mod tests {
         ] {
             assert!(!is_transient_state(&s), "{s:?}");
         }
+    }
+
+    #[test]
+    fn a_cause_keeps_its_source_and_its_words() {
+        let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "read timed out");
+        let err = TxError::Transient(Cause::with_source("connection lost", io));
+        assert_eq!(err.to_string(), "transient: connection lost");
+        let source = std::error::Error::source(&err).map(|s| s.to_string());
+        assert_eq!(source.as_deref(), Some("read timed out"));
+        let plain = TxError::Unknown("no outcome".into());
+        assert!(std::error::Error::source(&plain).is_none());
+        assert_eq!(plain.class(), "unknown");
     }
 }

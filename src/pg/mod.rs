@@ -4,15 +4,16 @@ pub mod audit;
 pub mod cancel_tx;
 pub mod dlq;
 pub mod errors;
+pub mod half_message_events;
 pub mod order_state;
 pub mod order_tx;
 pub mod outbox;
 pub mod quarantine;
 pub mod queries;
+pub mod reconcile;
 pub mod replay;
 pub mod retention;
 pub mod rows;
-pub mod transaction_events;
 
 use std::time::Duration;
 

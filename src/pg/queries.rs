@@ -331,3 +331,39 @@ pub async fn activity(
         .collect();
     Ok(Some((a.get(0), a.get(1), a.get(2), skus, a.get(3))))
 }
+
+/// Which of `message_ids` the group's inbox holds for the activity (the scanner's check that a
+/// confirmed send reached the consumers).
+pub async fn in_inbox(
+    client: &impl GenericClient,
+    activity_id: i64,
+    consumer_group: &str,
+    message_ids: &[String],
+) -> Result<std::collections::HashSet<String>, tokio_postgres::Error> {
+    Ok(client
+        .query(
+            "SELECT message_id FROM consumer_inbox
+             WHERE activity_id = $1 AND consumer_group = $2 AND message_id = ANY($3)",
+            &[&activity_id, &consumer_group, &message_ids],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}
+
+/// The SKU ids of an activity, in order (none: no such activity).
+pub async fn activity_skus(
+    client: &impl GenericClient,
+    activity_id: i64,
+) -> Result<Vec<i64>, tokio_postgres::Error> {
+    Ok(client
+        .query(
+            "SELECT sku_id FROM activity_skus WHERE activity_id = $1 ORDER BY sku_id",
+            &[&activity_id],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}

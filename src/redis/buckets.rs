@@ -8,7 +8,7 @@
 
 use deadpool_redis::redis::{self, AsyncCommands};
 
-use super::{RedisStore, Shard};
+use super::{RedisStore, Shard, StoreError};
 
 /// One bucket of a split SKU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -60,7 +60,7 @@ pub struct OpenTransfer {
 
 impl RedisStore {
     /// The SKUs warmed into an activity.
-    pub async fn skus(&self, activity_id: i64) -> anyhow::Result<Vec<i64>> {
+    pub async fn skus(&self, activity_id: i64) -> Result<Vec<i64>, StoreError> {
         let mut conn = self.pool.get().await?;
         let mut skus: Vec<i64> = conn.smembers(self.keys.skus(activity_id)).await?;
         skus.sort_unstable();
@@ -69,7 +69,11 @@ impl RedisStore {
 
     /// One SKU's stock bucket by bucket, and the units debited from one bucket and not yet
     /// credited to another (docs/ARCHITECTURE.md#moving-leftovers). Empty when not warmed.
-    pub async fn bucket_stock(&self, activity_id: i64, sku_id: i64) -> anyhow::Result<SkuBuckets> {
+    pub async fn bucket_stock(
+        &self,
+        activity_id: i64,
+        sku_id: i64,
+    ) -> Result<SkuBuckets, StoreError> {
         let shards = self.shards(activity_id).await?;
         let mut conn = self.pool.get().await?;
         let mut out = SkuBuckets::default();
@@ -128,7 +132,7 @@ impl RedisStore {
         want: i64,
         to: u16,
         now_ms: i64,
-    ) -> anyhow::Result<i64> {
+    ) -> Result<i64, StoreError> {
         let k = &self.keys;
         let mut conn = self.pool.get().await?;
         Ok(self
@@ -152,7 +156,7 @@ impl RedisStore {
         sku_id: i64,
         t: &OpenTransfer,
         now_ms: i64,
-    ) -> anyhow::Result<bool> {
+    ) -> Result<bool, StoreError> {
         let k = &self.keys;
         let to = Shard::new(activity_id, t.to, self.buckets(activity_id).await?);
         let mut conn = self.pool.get().await?;
@@ -176,7 +180,7 @@ impl RedisStore {
         activity_id: i64,
         sku_id: i64,
         t: &OpenTransfer,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), StoreError> {
         let mut conn = self.pool.get().await?;
         let from = Shard::new(activity_id, t.from, self.buckets(activity_id).await?);
         let _: i64 = conn
@@ -190,7 +194,7 @@ impl RedisStore {
         &self,
         activity_id: i64,
         sku_id: i64,
-    ) -> anyhow::Result<Vec<OpenTransfer>> {
+    ) -> Result<Vec<OpenTransfer>, StoreError> {
         let mut conn = self.pool.get().await?;
         let mut out = Vec::new();
         for shard in self.shards(activity_id).await? {
@@ -218,10 +222,12 @@ impl RedisStore {
                         to,
                         units,
                     }),
-                    None => anyhow::bail!(
-                        "activity {activity_id} bucket {} SKU {sku_id}: open transfer {id} has no readable trail ({record:?})",
-                        shard.bucket
-                    ),
+                    None => {
+                        return Err(StoreError::unexpected(format!(
+                            "activity {activity_id} bucket {} SKU {sku_id}: open transfer {id} has no readable trail ({record:?})",
+                            shard.bucket
+                        )))
+                    }
                 }
             }
         }
@@ -236,7 +242,7 @@ impl RedisStore {
         sku_id: i64,
         owner: &str,
         ms: u64,
-    ) -> anyhow::Result<bool> {
+    ) -> Result<bool, StoreError> {
         let key = self.keys.rebalance_lease(activity_id, sku_id);
         let mut conn = self.pool.get().await?;
         let set: Option<String> = redis::cmd("SET")

@@ -10,6 +10,7 @@
 //! between stock buckets) and `pipeline` (per-slot pipelines through failovers).
 
 mod buckets;
+mod error;
 mod keys;
 mod pipeline;
 pub mod pool;
@@ -21,6 +22,7 @@ mod send_state;
 mod stock;
 
 pub use buckets::{BucketStock, OpenTransfer, SkuBuckets};
+pub use error::StoreError;
 pub use keys::{bucket_tag, Keys, Shard};
 pub use recovery::{Claimed, RETIRE_AFTER_END_MS};
 pub use reserve::{RateLimits, ReservationView, ReserveArgs, ReserveResult};
@@ -112,7 +114,7 @@ impl RedisStore {
 
     /// How many stock buckets an activity's SKUs are split into (1 when not split, or not
     /// warmed yet). Read once from bucket 0's meta and kept: warming refuses to change it.
-    pub async fn buckets(&self, activity_id: i64) -> anyhow::Result<u16> {
+    pub async fn buckets(&self, activity_id: i64) -> Result<u16, StoreError> {
         if let Some(k) = self
             .buckets
             .read()
@@ -139,13 +141,17 @@ impl RedisStore {
     }
 
     /// Every shard of an activity (one per stock bucket).
-    pub async fn shards(&self, activity_id: i64) -> anyhow::Result<Vec<Shard>> {
+    pub async fn shards(&self, activity_id: i64) -> Result<Vec<Shard>, StoreError> {
         let k = self.buckets(activity_id).await?;
         Ok((0..k).map(|b| Shard::new(activity_id, b, k)).collect())
     }
 
     /// The shard a reservation lives in: its activity and the bucket its id names.
-    pub async fn shard_of(&self, activity_id: i64, reservation_id: &str) -> anyhow::Result<Shard> {
+    pub async fn shard_of(
+        &self,
+        activity_id: i64,
+        reservation_id: &str,
+    ) -> Result<Shard, StoreError> {
         let bucket = crate::domain::ids::reservation_bucket(reservation_id);
         if bucket == 0 {
             return Ok(Shard::from(activity_id));
@@ -157,7 +163,7 @@ impl RedisStore {
     }
 
     /// The shard a buyer reserves in: their home bucket of the activity.
-    pub async fn home_shard(&self, activity_id: i64, user_id: i64) -> anyhow::Result<Shard> {
+    pub async fn home_shard(&self, activity_id: i64, user_id: i64) -> Result<Shard, StoreError> {
         let k = self.buckets(activity_id).await?;
         Ok(Shard::new(
             activity_id,
@@ -166,14 +172,14 @@ impl RedisStore {
         ))
     }
 
-    pub async fn ping(&self) -> anyhow::Result<()> {
+    pub async fn ping(&self) -> Result<(), StoreError> {
         let mut conn = self.pool.get().await?;
         let _: String = redis::cmd("PING").query_async(&mut *conn).await?;
         Ok(())
     }
 
     /// Runs one script call on a pooled connection.
-    async fn invoke(&self, call: redis::ScriptInvocation<'_>) -> anyhow::Result<String> {
+    async fn invoke(&self, call: redis::ScriptInvocation<'_>) -> Result<String, StoreError> {
         let mut conn = self.pool.get().await?;
         Ok(call.invoke_async(&mut *conn).await?)
     }
@@ -183,7 +189,7 @@ impl RedisStore {
         &self,
         activity_id: i64,
         reservation_id: &str,
-    ) -> anyhow::Result<HashMap<String, String>> {
+    ) -> Result<HashMap<String, String>, StoreError> {
         let shard = self.shard_of(activity_id, reservation_id).await?;
         let mut conn = self.pool.get().await?;
         Ok(conn
@@ -192,7 +198,7 @@ impl RedisStore {
     }
 
     /// Activities whose stock was warmed (the scanner's work list).
-    pub async fn activities(&self) -> anyhow::Result<Vec<i64>> {
+    pub async fn activities(&self) -> Result<Vec<i64>, StoreError> {
         let mut conn = self.pool.get().await?;
         Ok(conn.smembers(self.keys.activities()).await?)
     }

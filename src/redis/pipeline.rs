@@ -3,6 +3,7 @@
 use deadpool_redis::redis::{self, Script};
 
 use super::RedisStore;
+use super::StoreError;
 
 /// How often, and how far apart, a pipeline a failover redirected is sent again (at most
 /// about a second in all: a replica's promotion takes the cluster's node timeout, 2 s on
@@ -27,7 +28,7 @@ impl RedisStore {
         &self,
         script: &Script,
         calls: &[(u16, redis::ScriptInvocation<'_>)],
-    ) -> anyhow::Result<Vec<T>> {
+    ) -> Result<Vec<T>, StoreError> {
         if calls.is_empty() {
             return Ok(Vec::new());
         }
@@ -52,7 +53,7 @@ impl RedisStore {
         }
         ordered
             .into_iter()
-            .map(|a| a.ok_or_else(|| anyhow::anyhow!("a pipelined call got no answer")))
+            .map(|a| a.ok_or_else(|| StoreError::unexpected("a pipelined call got no answer")))
             .collect()
     }
 
@@ -66,7 +67,7 @@ impl RedisStore {
         &self,
         script: &Script,
         pipe: &redis::Pipeline,
-    ) -> anyhow::Result<Vec<T>> {
+    ) -> Result<Vec<T>, StoreError> {
         if pipe.is_empty() {
             return Ok(Vec::new());
         }

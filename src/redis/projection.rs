@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use deadpool_redis::redis::{self, AsyncCommands};
 
-use super::{pool, RedisStore};
+use super::{pool, RedisStore, StoreError};
 
 impl RedisStore {
     /// Applies order events to the projection, each only if it is newer than what is there,
@@ -14,7 +14,7 @@ impl RedisStore {
         events: &[&crate::domain::events::OrderEventHeader],
         ttl_secs: u64,
         now_ms: i64,
-    ) -> anyhow::Result<Vec<String>> {
+    ) -> Result<Vec<String>, StoreError> {
         let script = &self.scripts.project;
         let calls: Vec<(u16, redis::ScriptInvocation<'_>)> = events
             .iter()
@@ -40,7 +40,7 @@ impl RedisStore {
     pub async fn projection(
         &self,
         reservation_id: &str,
-    ) -> anyhow::Result<HashMap<String, String>> {
+    ) -> Result<HashMap<String, String>, StoreError> {
         let mut conn = self.pool.get().await?;
         Ok(conn.hgetall(self.keys.projection(reservation_id)).await?)
     }

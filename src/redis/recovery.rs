@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use deadpool_redis::redis::{self, AsyncCommands};
 
-use super::{RedisStore, Shard};
+use super::{RedisStore, Shard, StoreError};
 
 /// What one scanner claim found for an activity.
 #[derive(Debug, Default)]
@@ -30,7 +30,7 @@ impl RedisStore {
         batch: usize,
         owner: &str,
         lease_ms: u64,
-    ) -> anyhow::Result<Claimed> {
+    ) -> Result<Claimed, StoreError> {
         let k = &self.keys;
         let shard = shard.into();
         let mut conn = self.pool.get().await?;
@@ -78,7 +78,7 @@ impl RedisStore {
         cutoff_ms: i64,
         batch: usize,
         lease_ms: u64,
-    ) -> anyhow::Result<(u64, Vec<HashMap<String, String>>)> {
+    ) -> Result<(u64, Vec<HashMap<String, String>>), StoreError> {
         let k = &self.keys;
         let mut conn = self.pool.get().await?;
         let raw: Vec<redis::Value> = self
@@ -92,7 +92,9 @@ impl RedisStore {
             .invoke_async(&mut *conn)
             .await?;
         let Some((first, rest)) = raw.split_first() else {
-            anyhow::bail!("claim_awaiting.lua answered nothing");
+            return Err(StoreError::unexpected(
+                "claim_awaiting.lua answered nothing",
+            ));
         };
         let remaining: u64 = redis::from_redis_value(first)?;
         let mut claims = Vec::with_capacity(rest.len() / 2);
@@ -113,7 +115,7 @@ impl RedisStore {
         done: &[String],
         resent: &[String],
         sent_at_ms: i64,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), StoreError> {
         let key = self.keys.awaiting(shard);
         let mut pipe = redis::pipe();
         if !done.is_empty() {
@@ -140,7 +142,11 @@ impl RedisStore {
     /// of `keep_secs`, so a finished sale leaves nothing in Redis for ever. Warming it again
     /// puts it back on the list (and the stock key back without expiry). Returns the keys given
     /// an expiry.
-    pub async fn retire_activity(&self, activity_id: i64, keep_secs: u64) -> anyhow::Result<u64> {
+    pub async fn retire_activity(
+        &self,
+        activity_id: i64,
+        keep_secs: u64,
+    ) -> Result<u64, StoreError> {
         let shards = self.shards(activity_id).await?;
         let mut conn = self.pool.get().await?;
         let _: () = conn.srem(self.keys.activities(), activity_id).await?;
@@ -153,7 +159,11 @@ impl RedisStore {
 
     /// Gives every key of one shard without an expiry one of `keep_secs` (its hash tag: one
     /// node, one pattern).
-    pub(super) async fn expire_shard(&self, shard: Shard, keep_secs: u64) -> anyhow::Result<u64> {
+    pub(super) async fn expire_shard(
+        &self,
+        shard: Shard,
+        keep_secs: u64,
+    ) -> Result<u64, StoreError> {
         let mut conn = self.pool.get().await?;
         let pattern = format!("{}:*", self.keys.tag(shard));
         let slot = self.keys.slot(shard);
@@ -178,7 +188,7 @@ impl RedisStore {
 
     /// `(count, oldest creation ms)` of the unconfirmed reservations of one activity, over
     /// its buckets.
-    pub async fn pending_stats(&self, activity_id: i64) -> anyhow::Result<(i64, Option<i64>)> {
+    pub async fn pending_stats(&self, activity_id: i64) -> Result<(i64, Option<i64>), StoreError> {
         let mut conn = self.pool.get().await?;
         let (mut total, mut oldest) = (0, None::<i64>);
         for shard in self.shards(activity_id).await? {
@@ -198,7 +208,7 @@ impl RedisStore {
     }
 
     /// Size of the activity's pending (not yet confirmed) index, over its buckets.
-    pub async fn pending_count(&self, activity_id: i64) -> anyhow::Result<i64> {
+    pub async fn pending_count(&self, activity_id: i64) -> Result<i64, StoreError> {
         let mut conn = self.pool.get().await?;
         let mut total = 0;
         for shard in self.shards(activity_id).await? {

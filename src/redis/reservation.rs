@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, TimeZone, Utc};
 
-use crate::domain::event::ReservationRef;
+use crate::domain::order_create::ReservationRef;
 
 /// The fields of one reservation hash that describe the reservation itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,7 +68,7 @@ impl ReservationHash {
             created_at: ms("created_at")?,
             valid_until: ms("valid_until")?,
             traceparent: s("traceparent").unwrap_or_default(),
-            channel: s("channel").filter(|c| crate::domain::event::is_valid_channel(c)),
+            channel: s("channel").filter(|c| crate::domain::order_create::is_valid_channel(c)),
         })
     }
 }

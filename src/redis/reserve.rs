@@ -3,8 +3,8 @@
 
 use deadpool_redis::redis::AsyncCommands;
 
-use super::{RedisStore, RESERVATION_TTL_MARGIN_SECS};
-use crate::domain::event::ReservationRef;
+use super::{RedisStore, StoreError, RESERVATION_TTL_MARGIN_SECS};
+use crate::domain::order_create::ReservationRef;
 
 /// The reservation as the reserve script reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,7 +90,7 @@ pub(super) fn view(parts: &[String]) -> ReservationView {
 
 impl RedisStore {
     /// The atomic reservation: activity open, request idempotency, one per buyer, stock > 0.
-    pub async fn reserve(&self, a: &ReserveArgs<'_>) -> anyhow::Result<ReserveResult> {
+    pub async fn reserve(&self, a: &ReserveArgs<'_>) -> Result<ReserveResult, StoreError> {
         let k = &self.keys;
         // The bucket the reservation id names (the caller minted it for the buyer's home).
         let shard = self
@@ -153,13 +153,17 @@ impl RedisStore {
                 reason: parts.get(1).cloned().unwrap_or_default(),
             },
             "NOT_FOUND" => ReserveResult::NotFound,
-            other => anyhow::bail!("reserve script returned an unknown code {other:?}"),
+            other => {
+                return Err(StoreError::unexpected(format!(
+                    "reserve script returned an unknown code {other:?}"
+                )))
+            }
         })
     }
 
     /// The activity of an older reservation whose id does not name it (`rsv_<ulid>`), from the
     /// location key earlier versions wrote beside it; read-only, for lookups by id.
-    pub async fn legacy_location(&self, reservation_id: &str) -> anyhow::Result<Option<i64>> {
+    pub async fn legacy_location(&self, reservation_id: &str) -> Result<Option<i64>, StoreError> {
         let mut conn = self.pool.get().await?;
         Ok(conn.get(self.keys.location(reservation_id)).await?)
     }
@@ -171,7 +175,7 @@ impl RedisStore {
         activity_id: i64,
         user_id: i64,
         request_id: &str,
-    ) -> anyhow::Result<Option<String>> {
+    ) -> Result<Option<String>, StoreError> {
         let shard = self.home_shard(activity_id, user_id).await?;
         let mut conn = self.pool.get().await?;
         Ok(conn

@@ -4,7 +4,7 @@
 
 use deadpool_redis::redis;
 
-use super::{RedisStore, Shard};
+use super::{RedisStore, Shard, StoreError};
 
 /// One reservation to give back (the compensation path).
 #[derive(Debug, Clone, Copy)]
@@ -34,7 +34,7 @@ impl RedisStore {
         message_id: &str,
         broker_msg_id: &str,
         now_ms: i64,
-    ) -> anyhow::Result<String> {
+    ) -> Result<String, StoreError> {
         let now = now_ms.to_string();
         let shard = self.shard_of(activity_id, reservation_id).await?;
         let call = self.sent_call(shard, reservation_id, message_id, broker_msg_id, &now);
@@ -88,7 +88,7 @@ impl RedisStore {
 
     /// Records first sends the broker confirmed, MQ_PENDING → MQ_SENT, in one round trip per
     /// Redis node. Verdicts in order, as `mark_sent`.
-    pub async fn mark_sent_many(&self, marks: &[SentMark]) -> anyhow::Result<Vec<String>> {
+    pub async fn mark_sent_many(&self, marks: &[SentMark]) -> Result<Vec<String>, StoreError> {
         let sent_at: Vec<String> = marks.iter().map(|m| m.sent_at_ms.to_string()).collect();
         let mut shards = Vec::with_capacity(marks.len());
         for m in marks {
@@ -120,7 +120,7 @@ impl RedisStore {
         message_id: &str,
         next_retry_at_ms: i64,
         error: &str,
-    ) -> anyhow::Result<String> {
+    ) -> Result<String, StoreError> {
         let shard = self.shard_of(activity_id, reservation_id).await?;
         let mut conn = self.pool.get().await?;
         Ok(self
@@ -146,7 +146,7 @@ impl RedisStore {
         message_id: &str,
         error: &str,
         now_ms: i64,
-    ) -> anyhow::Result<String> {
+    ) -> Result<String, StoreError> {
         let k = &self.keys;
         let shard = self.shard_of(activity_id, reservation_id).await?;
         let mut conn = self.pool.get().await?;
@@ -176,7 +176,7 @@ impl RedisStore {
         message_id: &str,
         mq_status: &str,
         now_ms: i64,
-    ) -> anyhow::Result<String> {
+    ) -> Result<String, StoreError> {
         let now = now_ms.to_string();
         let fields = [("settled_at", now.as_str())];
         let shard = self.shard_of(activity_id, reservation_id).await?;
@@ -192,7 +192,7 @@ impl RedisStore {
         &self,
         items: &[Release<'_>],
         now_ms: i64,
-    ) -> anyhow::Result<Vec<String>> {
+    ) -> Result<Vec<String>, StoreError> {
         let k = &self.keys;
         let script = &self.scripts.release;
         // The unit goes back to the bucket the reservation took it from.

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use deadpool_redis::redis::{self, AsyncCommands};
 
-use super::{RedisStore, Shard};
+use super::{RedisStore, Shard, StoreError};
 
 /// Reservation hashes of one SKU by status.
 #[derive(Debug, Clone, Default)]
@@ -40,13 +40,17 @@ pub struct SoldOutView {
 
 impl WarmResult {
     /// What the warm script answered for one bucket.
-    fn of_code(code: &str) -> anyhow::Result<Self> {
+    fn of_code(code: &str) -> Result<Self, StoreError> {
         Ok(match code {
             "CREATED" => WarmResult::Created,
             "UNCHANGED" => WarmResult::Unchanged,
             "UPDATED" => WarmResult::Updated,
             "STOCK_IN_USE" => WarmResult::StockInUse,
-            other => anyhow::bail!("warm script returned an unknown code {other:?}"),
+            other => {
+                return Err(StoreError::unexpected(format!(
+                    "warm script returned an unknown code {other:?}"
+                )))
+            }
         })
     }
 
@@ -72,7 +76,7 @@ impl RedisStore {
         shard: Shard,
         sku_id: i64,
         known_taken: Option<i64>,
-    ) -> anyhow::Result<SoldOutView> {
+    ) -> Result<SoldOutView, StoreError> {
         let mut conn = self.pool.get().await?;
         let v: Vec<i64> = self
             .scripts
@@ -108,7 +112,7 @@ impl RedisStore {
         valid_ms: i64,
         total: i32,
         buckets: u16,
-    ) -> anyhow::Result<WarmResult> {
+    ) -> Result<WarmResult, StoreError> {
         let buckets = buckets.max(1);
         let mut conn = self.pool.get().await?;
         let (starts, known): (Option<String>, Option<u16>) = redis::cmd("HMGET")
@@ -180,7 +184,7 @@ impl RedisStore {
         activity_id: i64,
         sku_id: Option<i64>,
         reason: Option<&str>,
-    ) -> anyhow::Result<bool> {
+    ) -> Result<bool, StoreError> {
         // Every bucket carries its own copy of the activity's meta and the SKU's pause: the
         // reserve script reads the buyer's bucket only. Bucket 0 says whether it exists.
         let mut found_first = false;
@@ -208,7 +212,7 @@ impl RedisStore {
         &self,
         activity_id: i64,
         sku_id: Option<i64>,
-    ) -> anyhow::Result<Option<String>> {
+    ) -> Result<Option<String>, StoreError> {
         let key = match sku_id {
             Some(sku) => self.keys.sku(activity_id, sku),
             None => self.keys.meta(activity_id),
@@ -230,7 +234,7 @@ impl RedisStore {
         &self,
         activity_id: i64,
         sku_id: i64,
-    ) -> anyhow::Result<Option<(i64, i64)>> {
+    ) -> Result<Option<(i64, i64)>, StoreError> {
         let stock = self.bucket_stock(activity_id, sku_id).await?;
         if stock.buckets.is_empty() {
             return Ok(None);
@@ -244,7 +248,7 @@ impl RedisStore {
         &self,
         activity_id: i64,
         sku_id: i64,
-    ) -> anyhow::Result<Census> {
+    ) -> Result<Census, StoreError> {
         let mut census = Census::default();
         for shard in self.shards(activity_id).await? {
             self.shard_census(shard, sku_id, &mut census).await?;
@@ -258,7 +262,7 @@ impl RedisStore {
         shard: Shard,
         sku_id: i64,
         census: &mut Census,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), StoreError> {
         let mut conn = self.pool.get().await?;
         let prefix = self.keys.reservation_prefix(shard);
         let pattern = format!("{prefix}*");

@@ -99,10 +99,13 @@ impl TxSlots {
                 // in flight landed is told by the inbox on the retry.
                 drop(deadpool_postgres::Object::take(client));
                 metrics::counter!("order_tx_timeout_total", "kind" => self.kind).increment(1);
-                Err(TxError::Transient(format!(
-                    "transaction exceeded consumer.tx_timeout_ms ({} ms)",
-                    self.tx_timeout.as_millis()
-                )))
+                Err(TxError::Transient(
+                    format!(
+                        "transaction exceeded consumer.tx_timeout_ms ({} ms)",
+                        self.tx_timeout.as_millis()
+                    )
+                    .into(),
+                ))
             }
         };
         let latency = started.elapsed();

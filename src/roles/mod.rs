@@ -4,7 +4,8 @@
 pub mod api;
 pub mod batch_tx;
 pub mod consume;
+pub mod half_messages;
 pub mod ops;
+pub mod runtime;
 pub mod scan;
 pub mod timeout_cancel;
-pub mod transactions;

@@ -30,8 +30,8 @@ use crate::pg::cancel_tx::{
 use crate::pg::errors::TxError;
 use crate::pg::order_state::StateNames;
 use crate::roles::batch_tx::TxSlots;
-use crate::roles::transactions::half_message;
-use crate::telemetry::Readiness;
+use crate::roles::half_messages::half_message;
+use crate::roles::runtime::RoleRuntime;
 
 pub struct TimeoutCancelHandler {
     slots: TxSlots,
@@ -161,7 +161,7 @@ impl TimeoutCancelHandler {
             }
         }
         // Left TRANSACTION if this fails: the check-back still answers COMMIT.
-        if let Err(e) = crate::pg::transaction_events::mark_sent(&***client, &sent).await {
+        if let Err(e) = crate::pg::half_message_events::mark_sent(&***client, &sent).await {
             warn!(error = %e, "could not mark the cancel events sent");
         }
         result.map(|(outcomes, _)| outcomes)
@@ -228,19 +228,7 @@ impl TimeoutCancelHandler {
         let limit = (batch_size.max(1) * self.slots.limiter().limit().max(1)) as i64;
         let due: Vec<String> = {
             let client = self.slots.pool().get().await?;
-            client
-                .query(
-                    "SELECT order_id FROM orders
-                     WHERE status IN ('CREATED', 'PAYING')
-                       AND expires_at <= now() - make_interval(secs => $1)
-                     ORDER BY expires_at LIMIT $2",
-                    &[&grace.as_secs_f64(), &limit],
-                )
-                .await
-                .map_err(|e| crate::pg::errors::classify(&e))?
-                .into_iter()
-                .map(|r| r.get(0))
-                .collect()
+            crate::pg::cancel_tx::overdue_orders(&**client, grace, limit).await?
         };
         let requests: Vec<CancelRequest> = due
             .iter()
@@ -278,18 +266,8 @@ impl TimeoutCancelHandler {
 
     async fn quarantine(&self, d: &Delivery, why: &str) -> Result<Option<CancelOutcome>, TxError> {
         let client = self.slots.pool().get().await?;
-        crate::pg::quarantine(
-            &**client,
-            &self.names.consumer_group,
-            d,
-            "INVALID_EVENT",
-            why,
-        )
-        .await
-        .map_err(|e| crate::pg::errors::classify(&e))?;
-        metrics::counter!("mq_quarantine_total", "reason" => "INVALID_EVENT").increment(1);
-        warn!(broker_msg_id = %d.broker_msg_id, error = why,
-              "poison cancel message quarantined with its raw body");
+        crate::roles::consume::poison::quarantine(&**client, &self.names.consumer_group, d, why)
+            .await?;
         Ok(None)
     }
 }
@@ -356,16 +334,16 @@ fn delivered(outcome: &'static str, n: u64) {
 
 /// The group's backlog (due timers not consumed yet, retries included), every 5 s until
 /// `stop`.
-fn spawn_backlog(
+fn export_backlog(
     probe: crate::mq::rocketmq::LagProbe,
     names: &crate::config::Names,
     stop: tokio_util::sync::CancellationToken,
-) -> tokio::task::JoinHandle<()> {
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     let (group, topic) = (
         names.timeout_group.clone(),
         names.order_timeout_topic.clone(),
     );
-    tokio::spawn(async move {
+    async move {
         loop {
             crate::mq::lag::export_backlog(&probe, &group, &topic).await;
             tokio::select! {
@@ -373,7 +351,7 @@ fn spawn_backlog(
                 _ = tokio::time::sleep(Duration::from_secs(5)) => {}
             }
         }
-    })
+    }
 }
 
 /// One interval's sweep: a full sweep means more may be due, so it looks again at once
@@ -410,18 +388,15 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         // Every batch in flight may hold a half per message (a batch takes its halves'
         // slots together, so batches never wait on each other).
         let in_flight = budget.max(1) * settings.consumer.batch_size.max(1);
-        let tx = crate::roles::transactions::start(&settings, pool, in_flight).await?;
+        let tx = crate::roles::half_messages::start(&settings, pool, in_flight).await?;
         handler = handler.with_transactions(tx, settings.events.transaction_local_timeout_ms);
     }
     let handler = Arc::new(handler);
     let sweeper = handler.clone();
-    let ready = Readiness::default();
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let ops = crate::telemetry::serve_ops(
+    let role = RoleRuntime::start(
+        "timeout-cancel",
         "timeout.metrics_listen",
         settings.timeout.metrics_listen,
-        ready.clone(),
-        shutdown.clone(),
     )
     .await?;
     // `budget` batches handed over at once, each up to `consumer.batch_size` messages.
@@ -438,29 +413,32 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let probe =
         crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server_list())
             .await?;
-    let backlog = spawn_backlog(probe, &names, shutdown.clone());
-    ready.set(true);
+    let backlog = role.watchdog.spawn(
+        "timeout_backlog",
+        export_backlog(probe, &names, role.shutdown.clone()),
+    );
+    role.serving();
     info!(group = %names.timeout_group, topic = %names.order_timeout_topic, budget,
           batch_size = settings.consumer.batch_size,
           sweep_grace_ms = settings.timeout.sweep_grace_ms, "timeout-cancel started");
-    // The sweep, until SIGTERM; a sweep in progress finishes its transactions first.
-    let signal = crate::shutdown::shutdown_signal();
-    tokio::pin!(signal);
+    // The sweep, until SIGTERM or a dead loop; a sweep in progress finishes its transactions
+    // first.
     let grace = Duration::from_millis(settings.timeout.sweep_grace_ms);
     let every = Duration::from_millis(settings.timeout.sweep_interval_ms);
-    loop {
-        tokio::select! {
-            _ = &mut signal => break,
-            _ = tokio::time::sleep(every) => {}
+    let died = {
+        let signal = role.stop_requested();
+        tokio::pin!(signal);
+        loop {
+            tokio::select! {
+                died = &mut signal => break died,
+                _ = tokio::time::sleep(every) => {}
+            }
+            sweep_round(&sweeper, grace, settings.consumer.batch_size).await;
         }
-        sweep_round(&sweeper, grace, settings.consumer.batch_size).await;
-    }
-    ready.set(false);
+    };
     let grace = Duration::from_secs(settings.consumer.shutdown_grace_secs);
     let _ = tokio::time::timeout(grace, consumer.shutdown()).await;
-    shutdown.cancel();
+    role.shutdown.cancel();
     let _ = backlog.await;
-    let _ = ops.await;
-    info!("timeout-cancel stopped");
-    Ok(())
+    role.finish(died).await
 }

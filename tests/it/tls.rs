@@ -137,7 +137,7 @@ async fn redis_over_tls_reserves_and_an_unknown_ca_is_refused() {
     let ids = seckill::domain::Ids::generate(1300, 0);
     let r = redis
         .reserve(&seckill::redis::ReserveArgs {
-            reservation: seckill::domain::event::ReservationRef {
+            reservation: seckill::domain::order_create::ReservationRef {
                 message_id: &ids.message_id,
                 request_id: "tls-1",
                 reservation_id: &ids.reservation_id,

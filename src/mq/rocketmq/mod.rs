@@ -27,16 +27,18 @@
 mod admin;
 mod classify;
 mod consumer;
+mod half_message;
 mod producer;
 mod runtime;
-mod transaction;
+mod sharded;
 
 pub use admin::{combine_lag, create_topics, delete_topics, Lag, LagProbe, QueueLagFacts};
 pub use classify::{classify_send_error, ErrorFacts, SendErrorClass};
 pub use consumer::{start_push_consumer, ConsumeFrom, ConsumerHandle, ConsumerOptions};
-pub use producer::{shard_index, ProducerOptions, RocketProducer};
+pub use half_message::{RocketTransactionProducer, TransactionOptions};
+pub use producer::{ProducerOptions, RocketProducer};
 pub use runtime::{MqRuntime, MqRuntimeConfig};
-pub use transaction::{RocketTransactionProducer, TransactionOptions};
+pub use sharded::shard_index;
 
 /// Prefix of the per-group retry topic through which redelivered messages arrive.
 const RETRY_TOPIC_PREFIX: &str = "%RETRY%";

@@ -22,7 +22,7 @@ use tokio_postgres::types::ToSql;
 
 use super::errors::TxError;
 use super::exec_unless_empty;
-use crate::domain::event::PoisonReason;
+use crate::domain::order_create::PoisonReason;
 use crate::domain::{Decision, OrderCreateRequested, RejectReason};
 
 mod rows;

@@ -8,11 +8,11 @@ use chrono::{DateTime, Utc};
 use tokio_postgres::types::ToSql;
 
 use super::{Batch, Inbound};
-use crate::domain::event::PoisonReason;
 use crate::domain::events::{
     cancel_if_unpaid_event_id, payload, CancelOrderIfUnpaid, OrderCreated, OrderRef,
     ReleaseReservation, TAG_CANCEL_IF_UNPAID, TAG_ORDER_CREATED, TAG_RELEASE_RESERVATION,
 };
+use crate::domain::order_create::PoisonReason;
 use crate::domain::{Decision, OrderCreateRequested, RejectReason};
 use crate::pg::rows::{CompensationRows, OutboxEvent, OutboxRows, OutboxStart};
 

@@ -241,18 +241,11 @@ async fn status(
     let redis_down = |_| ApiError::unavailable("the reservation store");
     let skus: Vec<i64> = s
         .bounded_pg(async |client| {
-            client
-                .query(
-                    "SELECT sku_id FROM activity_skus WHERE activity_id = $1 ORDER BY sku_id",
-                    &[&activity_id],
-                )
+            crate::pg::queries::activity_skus(&***client, activity_id)
                 .await
                 .map_err(|_| ApiError::unavailable("the order store"))
         })
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+        .await?;
     if skus.is_empty() {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,

@@ -4,8 +4,8 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
 
+use super::bodies::{ErrorBody, ErrorDetail};
 use crate::domain::ids::is_valid_id;
 use crate::domain::ValidationError;
 use crate::redis::ReserveResult;
@@ -58,7 +58,12 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut resp = (
             self.status,
-            Json(json!({"error": {"code": self.code, "message": self.message}})),
+            Json(ErrorBody {
+                error: ErrorDetail {
+                    code: self.code,
+                    message: &self.message,
+                },
+            }),
         )
             .into_response();
         let retry = match (self.retry_after_secs, self.status) {

@@ -19,6 +19,7 @@
 pub mod admin;
 mod admin_guard;
 mod admission;
+pub mod bodies;
 mod error;
 pub mod limits;
 mod payments;
@@ -240,7 +241,7 @@ pub async fn build_state(
     let pg = crate::pg::connect_pool(&settings.pg, settings.pg.api_pool_size).await?;
     let transactions = if settings.events.order_paid() == EventDelivery::Transaction {
         let in_flight = settings.events.transaction_in_flight;
-        Some(crate::roles::transactions::start(&settings, pg.clone(), in_flight).await?)
+        Some(crate::roles::half_messages::start(&settings, pg.clone(), in_flight).await?)
     } else {
         None
     };

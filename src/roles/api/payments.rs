@@ -14,18 +14,18 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
-use serde_json::json;
 use tracing::{info, warn};
 
+use super::bodies::Paid;
 use super::error::require_id;
 use super::{ApiError, ApiState};
 use crate::auth::signature::{verify, SIGNATURE_HEADER};
 use crate::domain::{PayOutcome, ValidationError};
 use crate::mq::{LocalOutcome, TransactionPublisher};
 use crate::pg::errors::TxError;
+use crate::pg::half_message_events::mark_sent;
 use crate::pg::order_state::{draft_paid, pay, pay_with, PaidRow, PayAttempt, Payment, StateNames};
-use crate::pg::transaction_events::mark_sent;
-use crate::roles::transactions::half_message;
+use crate::roles::half_messages::half_message;
 
 /// The notification body.
 #[derive(Debug, Deserialize)]
@@ -218,12 +218,12 @@ fn outcome_label(o: &PayOutcome) -> &'static str {
 
 fn answer(n: &Notification, outcome: PayOutcome) -> Result<Response, ApiError> {
     let paid = |repeat: bool| {
-        Json(json!({
-            "order_id": n.order_id,
-            "status": "PAID",
-            "payment_id": n.payment_id,
-            "repeat": repeat,
-        }))
+        Json(Paid {
+            order_id: &n.order_id,
+            status: "PAID",
+            payment_id: &n.payment_id,
+            repeat,
+        })
         .into_response()
     };
     let conflict = |code, message: &str| Err(ApiError::new(StatusCode::CONFLICT, code, message));

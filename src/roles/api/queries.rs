@@ -5,8 +5,10 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{TimeZone, Utc};
-use serde_json::json;
 
+use super::bodies::{
+    ReservationInRedis, ReservationOrdered, ReservationProjected, ReservationRejected,
+};
 use super::error::require_id;
 use super::{ApiError, ApiState, IdPath};
 use crate::pg::queries;
@@ -65,12 +67,12 @@ pub(super) async fn get_reservation(
             (p.get("status"), p.get("order_id"), p.get("user_id"))
         {
             if mine(me, owner.parse().ok()) {
-                return Ok(Json(json!({
-                    "reservation_id": reservation_id,
-                    "order_id": order_id,
-                    "status": status,
-                    "version": p.get("version").and_then(|v| v.parse::<i64>().ok()),
-                }))
+                return Ok(Json(ReservationProjected {
+                    reservation_id: &reservation_id,
+                    order_id,
+                    status,
+                    version: p.get("version").and_then(|v| v.parse::<i64>().ok()),
+                })
                 .into_response());
             }
         }
@@ -108,16 +110,17 @@ pub(super) async fn get_reservation(
         _ => "UNKNOWN",
     };
     let num = |k: &str| get(k).parse::<i64>().ok();
-    Ok(Json(json!({
-        "reservation_id": reservation_id,
-        "order_id": get("order_id"),
-        "status": status,
-        "mq_status": get("mq_status"),
-        "activity_id": num("activity_id"),
-        "sku_id": num("sku_id"),
-        "user_id": num("user_id"),
-        "valid_until": num("valid_until").and_then(|ms| Utc.timestamp_millis_opt(ms).single()),
-    }))
+    let (order_id, mq_status) = (get("order_id"), get("mq_status"));
+    Ok(Json(ReservationInRedis {
+        reservation_id: &reservation_id,
+        order_id: &order_id,
+        status,
+        mq_status: &mq_status,
+        activity_id: num("activity_id"),
+        sku_id: num("sku_id"),
+        user_id: num("user_id"),
+        valid_until: num("valid_until").and_then(|ms| Utc.timestamp_millis_opt(ms).single()),
+    })
     .into_response())
 }
 
@@ -161,28 +164,28 @@ async fn from_order_store(
     .map_err(|_| ApiError::unavailable("the order store"))?;
     if let Some(order) = order.filter(|o| mine(me, Some(o.order.user_id))) {
         return Ok(Some(
-            Json(json!({
-                "reservation_id": reservation_id,
-                "order_id": order.order.order_id,
-                "status": order.status,
-                "activity_id": order.order.activity_id,
-                "sku_id": order.order.sku_id,
-                "user_id": order.order.user_id,
-            }))
+            Json(ReservationOrdered {
+                reservation_id,
+                order_id: &order.order.order_id,
+                status: &order.status,
+                activity_id: order.order.activity_id,
+                sku_id: order.order.sku_id,
+                user_id: order.order.user_id,
+            })
             .into_response(),
         ));
     }
     let rejected = decision.filter(|d| d.status == "REJECTED" && mine(me, Some(d.user_id)));
     Ok(rejected.map(|d| {
-        Json(json!({
-            "reservation_id": d.reservation_id,
-            "order_id": d.order_id,
-            "status": "REJECTED",
-            "reason": d.reject_reason,
-            "activity_id": d.activity_id,
-            "sku_id": d.sku_id,
-            "user_id": d.user_id,
-        }))
+        Json(ReservationRejected {
+            reservation_id: &d.reservation_id,
+            order_id: &d.order_id,
+            status: "REJECTED",
+            reason: d.reject_reason.as_deref(),
+            activity_id: d.activity_id,
+            sku_id: d.sku_id,
+            user_id: d.user_id,
+        })
         .into_response()
     }))
 }

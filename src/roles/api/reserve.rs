@@ -9,27 +9,27 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use chrono::{TimeZone, Utc};
-use serde_json::json;
 use tracing::{debug, info, warn};
 
+use super::bodies::Queued;
 use super::{limits, ApiError, ApiState, IdPath};
-use crate::domain::event::TAG_CREATE_ORDER;
-use crate::domain::event::{ReservationFacts, ReservationRef};
 use crate::domain::ids::{new_traceparent, parse_traceparent};
+use crate::domain::order_create::TAG_CREATE_ORDER;
+use crate::domain::order_create::{ReservationFacts, ReservationRef};
 use crate::domain::request::parse_path_id;
 use crate::domain::{Ids, OrderCreateRequested, ReserveRequest, TraceContext, ValidationError};
 use crate::http::PeerAddr;
 use crate::mq::{order_create_message, SendOutcome};
-use crate::redis::{RateLimits, ReservationView, ReserveArgs, ReserveResult, SentMark};
+use crate::redis::{RateLimits, ReservationView, ReserveArgs, ReserveResult, SentMark, Shard};
 
-fn queued_body(v: &ReservationView, duplicate: bool) -> serde_json::Value {
-    json!({
-        "status": "QUEUED",
-        "reservation_id": v.reservation_id,
-        "order_id": v.order_id,
-        "valid_until": Utc.timestamp_millis_opt(v.valid_until_ms).single(),
-        "duplicate": duplicate,
-    })
+fn queued_body(v: &ReservationView, duplicate: bool) -> Queued<'_> {
+    Queued {
+        status: "QUEUED",
+        reservation_id: &v.reservation_id,
+        order_id: &v.order_id,
+        valid_until: Utc.timestamp_millis_opt(v.valid_until_ms).single(),
+        duplicate,
+    }
 }
 
 pub(super) async fn reserve(
@@ -97,18 +97,7 @@ async fn reserve_inner(
         .unwrap_or_default();
     admit(s)?;
     let req = read_request(s, body).await?;
-    let user_id = match (token_buyer, req.user_id) {
-        (Some(token), Some(body)) if token != body => {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "FORBIDDEN",
-                "user_id is not the buyer the token names",
-            ))
-        }
-        (Some(token), _) => token,
-        (None, Some(body)) => body,
-        (None, None) => return Err(ApiError::invalid(ValidationError::Missing("user_id"))),
-    };
+    let user_id = the_buyer(token_buyer, req.user_id)?;
     // The stock bucket the buyer reserves in (docs/ARCHITECTURE.md#stock-buckets): the
     // activity's count of buckets is read once per process.
     let shard = s
@@ -137,10 +126,56 @@ async fn reserve_inner(
     // Ids and trace first: every later retry of this reservation reuses them.
     let ids = Ids::generate(activity_id, shard.bucket);
     let trace = trace_context(headers);
+    let args = reserve_args(
+        s,
+        &ids,
+        &req,
+        (activity_id, sku_id, user_id),
+        &client_addr,
+        &trace,
+    );
+    let view = match reserve_in_redis(s, &args).await? {
+        ReserveResult::Reserved(v) => v,
+        ReserveResult::Duplicate(v) => {
+            return Ok((
+                "duplicate_request",
+                (StatusCode::ACCEPTED, Json(queued_body(&v, true))).into_response(),
+            ))
+        }
+        refused => return Err(refusal(s, shard, sku_id, refused)),
+    };
+    send_and_record(s, &args, req.quantity, &view, &trace).await
+}
+
+/// The buyer a request is for: the token's when there is one (a body naming someone else is
+/// refused), else the body's where the deployment trusts it.
+fn the_buyer(token: Option<i64>, body: Option<i64>) -> Result<i64, ApiError> {
+    match (token, body) {
+        (Some(token), Some(body)) if token != body => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "FORBIDDEN",
+            "user_id is not the buyer the token names",
+        )),
+        (Some(token), _) => Ok(token),
+        (None, Some(body)) => Ok(body),
+        (None, None) => Err(ApiError::invalid(ValidationError::Missing("user_id"))),
+    }
+}
+
+/// What the reservation script is asked, with the ids minted before it runs.
+fn reserve_args<'a>(
+    s: &ApiState,
+    ids: &'a Ids,
+    req: &'a ReserveRequest,
+    (activity_id, sku_id, user_id): (i64, i64, i64),
+    client_addr: &'a str,
+    trace: &'a TraceContext,
+) -> ReserveArgs<'a> {
+    let api = &s.settings.api;
     let now_ms = Utc::now().timestamp_millis();
     // The scanner must not pick the reservation up while this request is still sending it.
     let next_retry_at_ms = now_ms + (s.settings.mq.send_timeout_ms + api.resend_backoff_ms) as i64;
-    let args = ReserveArgs {
+    ReserveArgs {
         reservation: ReservationRef {
             message_id: &ids.message_id,
             request_id: &req.request_id,
@@ -155,36 +190,33 @@ async fn reserve_inner(
         traceparent: &trace.traceparent,
         valid_secs: api.reservation_valid_secs,
         limits: RateLimits {
-            client_addr: &client_addr,
+            client_addr,
             address_rate_per_sec: api.address_rate_per_sec,
             address_burst: api.address_burst,
             buyer_rate_per_sec: api.buyer_rate_per_sec,
             buyer_burst: api.buyer_burst,
         },
         channel: req.channel.as_deref().unwrap_or_default(),
-    };
-    let view = match reserve_in_redis(s, &args).await? {
-        ReserveResult::Reserved(v) => v,
-        ReserveResult::Duplicate(v) => {
-            return Ok((
-                "duplicate_request",
-                (StatusCode::ACCEPTED, Json(queued_body(&v, true))).into_response(),
-            ))
-        }
+    }
+}
+
+/// The answer to a reservation the script refused, counted; a sold-out answer is remembered
+/// for the buyer's bucket.
+fn refusal(s: &ApiState, shard: Shard, sku_id: i64, refused: ReserveResult) -> ApiError {
+    match refused {
         ReserveResult::RateLimited { by, retry_ms } => {
             metrics::counter!("rate_limited_total", "by" => if by == "ip" { "ip" } else { "u" })
                 .increment(1);
-            return Err(ApiError::from(ReserveResult::RateLimited { by, retry_ms }));
+            ApiError::from(ReserveResult::RateLimited { by, retry_ms })
         }
         ReserveResult::SoldOut => {
-            if api.sold_out_poll_ms > 0 {
+            if s.settings.api.sold_out_poll_ms > 0 {
                 s.sold_out.note(shard, sku_id);
             }
-            return Err(ApiError::from(ReserveResult::SoldOut));
+            ApiError::from(ReserveResult::SoldOut)
         }
-        refused => return Err(ApiError::from(refused)),
-    };
-    send_and_record(s, &args, req.quantity, &view, &trace).await
+        refused => ApiError::from(refused),
+    }
 }
 
 /// A sale the fail-closed check has paused takes no new reservation, and one resuming takes

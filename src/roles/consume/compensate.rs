@@ -7,11 +7,13 @@
 //! then one UPDATE of the batch's tasks.
 
 use chrono::Utc;
-use tracing::{debug, error, warn};
+use tracing::{debug, error};
 
 use crate::domain::events::ReleaseReservation;
 use crate::mq::{BatchHandler, ConsumeDecision, Delivery};
 use crate::pg::order_state::compensations_done;
+
+use super::poison;
 use crate::redis::{RedisStore, Release};
 
 pub struct CompensationHandler {
@@ -24,28 +26,10 @@ impl CompensationHandler {
     /// Processes a batch: `released`, `already_released`, `missing` or `quarantined` per
     /// message, in order; `Err` means retry the batch later (every step is idempotent).
     pub async fn process(&self, batch: &[Delivery]) -> anyhow::Result<Vec<&'static str>> {
-        let client = self.pool.get().await?;
         let mut labels: Vec<&'static str> = vec!["quarantined"; batch.len()];
-        let mut releases: Vec<(usize, ReleaseReservation)> = Vec::new();
-        for (i, d) in batch.iter().enumerate() {
-            match serde_json::from_slice::<ReleaseReservation>(&d.body) {
-                Ok(r) => releases.push((i, r)),
-                Err(e) => {
-                    crate::pg::quarantine(
-                        &**client,
-                        &self.group,
-                        d,
-                        "INVALID_EVENT",
-                        &e.to_string(),
-                    )
-                    .await?;
-                    metrics::counter!("mq_quarantine_total", "reason" => "INVALID_EVENT")
-                        .increment(1);
-                    warn!(broker_msg_id = %d.broker_msg_id, error = %e,
-                          "poison compensation message quarantined");
-                }
-            }
-        }
+        let releases: Vec<(usize, ReleaseReservation)> =
+            poison::decode_each(&self.pool, &self.group, batch).await?;
+        let client = self.pool.get().await?;
         let calls: Vec<Release<'_>> = releases
             .iter()
             .map(|(_, r)| Release {
@@ -89,12 +73,6 @@ impl CompensationHandler {
 #[async_trait::async_trait]
 impl BatchHandler for CompensationHandler {
     async fn handle(&self, batch: Vec<Delivery>) -> ConsumeDecision {
-        match self.process(&batch).await {
-            Ok(_) => ConsumeDecision::Ack,
-            Err(e) => {
-                warn!(error = %e, batch = batch.len(), "compensation failed; will be redelivered");
-                ConsumeDecision::Retry
-            }
-        }
+        poison::ack_or_retry(self.process(&batch).await, "compensation", batch.len())
     }
 }

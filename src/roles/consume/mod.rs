@@ -12,6 +12,7 @@
 pub mod compensate;
 pub mod dlq_intake;
 pub mod order_create;
+pub mod poison;
 pub mod projection;
 
 use std::sync::Arc;
@@ -21,8 +22,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::{Names, Settings};
 use crate::mq::rocketmq::ConsumerHandle;
-use crate::shutdown::Watchdog;
-use crate::telemetry::Readiness;
+use crate::roles::runtime::RoleRuntime;
 
 /// `seckill consume [--workers N]`.
 pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<()> {
@@ -39,13 +39,10 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     let handler = Arc::new(order_create::OrderCreateHandler::new(
         pool, &settings, budget,
     ));
-    let ready = Readiness::default();
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let ops = crate::telemetry::serve_ops(
+    let role = RoleRuntime::start(
+        "consumer",
         "consumer.metrics_listen",
         settings.consumer.metrics_listen,
-        ready.clone(),
-        shutdown.clone(),
     )
     .await?;
     let consumer = crate::mq::start_order_create_consumer(&settings, handler, workers).await?;
@@ -53,10 +50,9 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     // Dead letters of every group are recorded in PostgreSQL for operators.
     let dlq_pool = crate::pg::connect_pool(&settings.pg, 2).await?;
     let intakes = dlq_intake::start_intakes(&settings, dlq_pool.clone()).await?;
-    let watchdog = Watchdog::new(shutdown.clone(), ready.clone());
-    watchdog.spawn(
+    role.watchdog.spawn(
         "dlq_gauges",
-        dlq_intake::run_gauges(dlq_pool, shutdown.clone()),
+        dlq_intake::run_gauges(dlq_pool, role.shutdown.clone()),
     );
     // The backlog of this role's groups (messages and age of the oldest unconsumed one,
     // retry topics included), for /metrics.
@@ -65,38 +61,34 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
             .await?,
     );
     let groups = lag_groups(&names);
-    ready.set(true);
+    role.serving();
     info!(
         group = %names.order_create_group, topic = %names.order_create_topic, workers, budget,
         batch_size = settings.consumer.batch_size, metrics = %settings.consumer.metrics_listen,
         "consumer started"
     );
     // Every second, the consumer's lag figures, until SIGTERM or a dead background task.
-    let signal = watchdog.stop_requested();
-    tokio::pin!(signal);
-    let mut tick = 0u64;
-    let died = loop {
-        tokio::select! {
-            died = &mut signal => break died,
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {
-                // Order-create every second (it drives mq_consumer_ready), the others every 5 s.
-                let due = if tick.is_multiple_of(5) { &groups[..] } else { &groups[..1] };
-                tick += 1;
-                sample(&probe, due, &consumer).await;
+    let died = {
+        let signal = role.stop_requested();
+        tokio::pin!(signal);
+        let mut tick = 0u64;
+        loop {
+            tokio::select! {
+                died = &mut signal => break died,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {
+                    // Order-create every second (it drives mq_consumer_ready), the others
+                    // every 5 s.
+                    let due = if tick.is_multiple_of(5) { &groups[..] } else { &groups[..1] };
+                    tick += 1;
+                    sample(&probe, due, &consumer).await;
+                }
             }
         }
     };
     info!("stopping: no new messages; draining in-flight transactions");
-    ready.set(false);
     let grace = Duration::from_secs(settings.consumer.shutdown_grace_secs);
     drain(grace, [consumer, compensator, projector], intakes).await;
-    shutdown.cancel();
-    let _ = ops.await;
-    info!("consumer stopped");
-    match died {
-        Some(reason) => Err(anyhow::anyhow!(reason)),
-        None => Ok(()),
-    }
+    role.finish(died).await
 }
 
 /// Compensation and projection share the process: they are light (one Lua call and one

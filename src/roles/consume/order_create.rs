@@ -48,7 +48,9 @@ impl Core {
                 .iter()
                 .any(|i| i.property_message_id.as_deref() == Some(id.as_str()))
             {
-                return Err(TxError::Unknown(format!("injected failure for {id}")));
+                return Err(TxError::Unknown(
+                    format!("injected failure for {id}").into(),
+                ));
             }
         }
         self.slots

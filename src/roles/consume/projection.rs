@@ -6,11 +6,13 @@
 //! (docs/ARCHITECTURE.md#event-ordering). A delivered batch is one pipelined round trip.
 
 use chrono::Utc;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::domain::events::OrderEventHeader;
 use crate::mq::{BatchHandler, ConsumeDecision, Delivery};
 use crate::redis::RedisStore;
+
+use super::poison;
 
 /// How long a projection outlives its last update (buyers poll for minutes, not weeks).
 pub const PROJECTION_TTL_SECS: u64 = 7 * 24 * 3600;
@@ -26,27 +28,8 @@ impl ProjectionHandler {
     /// `Err` = retry the batch (re-applying is a no-op).
     pub async fn process(&self, batch: &[Delivery]) -> anyhow::Result<Vec<&'static str>> {
         let mut labels: Vec<&'static str> = vec!["quarantined"; batch.len()];
-        let mut events: Vec<(usize, OrderEventHeader)> = Vec::new();
-        for (i, d) in batch.iter().enumerate() {
-            match serde_json::from_slice::<OrderEventHeader>(&d.body) {
-                Ok(e) => events.push((i, e)),
-                Err(e) => {
-                    let client = self.pool.get().await?;
-                    crate::pg::quarantine(
-                        &**client,
-                        &self.group,
-                        d,
-                        "INVALID_EVENT",
-                        &e.to_string(),
-                    )
-                    .await?;
-                    metrics::counter!("mq_quarantine_total", "reason" => "INVALID_EVENT")
-                        .increment(1);
-                    warn!(broker_msg_id = %d.broker_msg_id, error = %e,
-                          "poison order event quarantined");
-                }
-            }
-        }
+        let events: Vec<(usize, OrderEventHeader)> =
+            poison::decode_each(&self.pool, &self.group, batch).await?;
         let headers: Vec<&OrderEventHeader> = events.iter().map(|(_, e)| e).collect();
         let results = self
             .redis
@@ -66,12 +49,6 @@ impl ProjectionHandler {
 #[async_trait::async_trait]
 impl BatchHandler for ProjectionHandler {
     async fn handle(&self, batch: Vec<Delivery>) -> ConsumeDecision {
-        match self.process(&batch).await {
-            Ok(_) => ConsumeDecision::Ack,
-            Err(e) => {
-                warn!(error = %e, batch = batch.len(), "projection failed; will be redelivered");
-                ConsumeDecision::Retry
-            }
-        }
+        poison::ack_or_retry(self.process(&batch).await, "projection", batch.len())
     }
 }

@@ -5,6 +5,7 @@
 //! stock that does not add up; it emits each missing event into the outbox with a
 //! deterministic id (a second run emits nothing new) and never changes business state.
 
+use crate::pg::reconcile::{self as db, ChangedOrder};
 use std::time::Instant;
 
 use chrono::{DateTime, Duration, Utc};
@@ -151,17 +152,16 @@ impl Finding {
 
 /// The event ids an order's state calls for: ORDER_CREATED always; ORDER_PAID when paid;
 /// ORDER_CANCELED and its RELEASE_RESERVATION when cancelled.
-fn wanted_event_ids(rows: &[tokio_postgres::Row]) -> Vec<String> {
-    let mut wanted: Vec<String> = Vec::with_capacity(rows.len() * 2);
-    for r in rows {
-        let (oid, rid, status, version): (String, String, String, i32) =
-            (r.get(0), r.get(1), r.get(5), r.get(6));
-        wanted.push(order_created_event_id(&oid));
-        match status.as_str() {
-            "PAID" => wanted.push(order_paid_event_id(&oid, version)),
+fn wanted_event_ids(orders: &[ChangedOrder]) -> Vec<String> {
+    let mut wanted: Vec<String> = Vec::with_capacity(orders.len() * 2);
+    for o in orders {
+        let (oid, rid) = (&o.order.order_id, &o.order.reservation_id);
+        wanted.push(order_created_event_id(oid));
+        match o.status.as_str() {
+            "PAID" => wanted.push(order_paid_event_id(oid, o.version)),
             "CANCELED" => {
-                wanted.push(order_canceled_event_id(&oid, version));
-                wanted.push(release_reservation_event_id(&rid));
+                wanted.push(order_canceled_event_id(oid, o.version));
+                wanted.push(release_reservation_event_id(rid));
             }
             _ => {}
         }
@@ -196,15 +196,8 @@ async fn missing_order_events(
     end: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> anyhow::Result<(Finding, Finding, Finding, Finding)> {
-    let rows = pg
-        .query(
-            "SELECT order_id, reservation_id, activity_id, sku_id, user_id, status, version,
-                    expires_at, payment_id
-             FROM orders WHERE updated_at >= $1 AND updated_at < $2",
-            &[&start, &end],
-        )
-        .await?;
-    let present = existing_event_ids(pg, wanted_event_ids(&rows)).await?;
+    let orders = db::changed_orders(pg, start, end).await?;
+    let present = db::outbox_has(pg, &wanted_event_ids(&orders)).await?;
     let finding = |kind| Finding {
         kind,
         ..Default::default()
@@ -213,29 +206,22 @@ async fn missing_order_events(
     let mut paid = finding("missing_order_paid");
     let mut canceled = finding("missing_order_canceled");
     let mut released = finding("missing_release_after_cancel");
-    for r in &rows {
-        let (oid, rid): (String, String) = (r.get(0), r.get(1));
-        let (status, version, expires_at): (String, i32, DateTime<Utc>) =
-            (r.get(5), r.get(6), r.get(7));
-        let facts = OrderRef {
-            order_id: oid.clone(),
-            reservation_id: rid.clone(),
-            activity_id: r.get(2),
-            sku_id: r.get(3),
-            user_id: r.get(4),
-        };
+    for o in &orders {
+        let facts = &o.order;
+        let (oid, rid) = (&facts.order_id, &facts.reservation_id);
+        let (status, version, expires_at) = (&o.status, o.version, o.expires_at);
         let order_event = |tag, event_id: String, payload, version| {
             let topic = &names.order_event_topic;
-            Emit::new(topic, tag, &oid, &event_id, payload).of_order(Some(version))
+            Emit::new(topic, tag, oid, &event_id, payload).of_order(Some(version))
         };
-        if !present.contains(&order_created_event_id(&oid)) {
-            let mut e = OrderCreated::new(&facts, expires_at);
+        if !present.contains(&order_created_event_id(oid)) {
+            let mut e = OrderCreated::new(facts, expires_at);
             e.base.reconciled_at = Some(now);
             let emit = order_event(TAG_ORDER_CREATED, e.base.event_id.clone(), payload(&e), 1);
             created.record(pg, oid.clone(), &emit).await?;
         }
-        if status == "PAID" && !present.contains(&order_paid_event_id(&oid, version)) {
-            let mut e = OrderPaid::new(&facts, version, r.get(8));
+        if status == "PAID" && !present.contains(&order_paid_event_id(oid, version)) {
+            let mut e = OrderPaid::new(facts, version, o.payment_id.clone());
             e.base.reconciled_at = Some(now);
             let emit = order_event(
                 TAG_ORDER_PAID,
@@ -248,37 +234,19 @@ async fn missing_order_events(
         if status != "CANCELED" {
             continue;
         }
-        if !present.contains(&order_canceled_event_id(&oid, version)) {
-            let mut e = OrderCanceled::new(&facts, version);
+        if !present.contains(&order_canceled_event_id(oid, version)) {
+            let mut e = OrderCanceled::new(facts, version);
             e.base.reconciled_at = Some(now);
             let id = e.base.event_id.clone();
             let emit = order_event(TAG_ORDER_CANCELED, id, payload(&e), version);
             canceled.record(pg, oid.clone(), &emit).await?;
         }
-        if !present.contains(&release_reservation_event_id(&rid)) {
-            let emit = release_after_cancel(names, &facts, now);
+        if !present.contains(&release_reservation_event_id(rid)) {
+            let emit = release_after_cancel(names, facts, now);
             released.record(pg, rid.clone(), &emit).await?;
         }
     }
     Ok((created, paid, canceled, released))
-}
-
-/// Which of `ids` the outbox holds, asked in chunks so a long window stays a few queries.
-async fn existing_event_ids(
-    pg: &impl GenericClient,
-    ids: Vec<String>,
-) -> anyhow::Result<std::collections::HashSet<String>> {
-    let mut present = std::collections::HashSet::new();
-    for chunk in ids.chunks(10_000) {
-        let rows = pg
-            .query(
-                "SELECT event_id FROM event_outbox WHERE event_id = ANY($1::text[])",
-                &[&chunk],
-            )
-            .await?;
-        present.extend(rows.into_iter().map(|r| r.get::<_, String>(0)));
-    }
-    Ok(present)
 }
 
 /// Events sent as transaction messages whose row is still TRANSACTION past
@@ -291,7 +259,7 @@ async fn past_transaction_horizon(
     now: DateTime<Utc>,
 ) -> anyhow::Result<Finding> {
     let horizon = Duration::seconds(settings.events.transaction_horizon_secs as i64);
-    let ids = crate::pg::transaction_events::requeue_stale(pg, now - horizon, 10_000).await?;
+    let ids = crate::pg::half_message_events::requeue_stale(pg, now - horizon, 10_000).await?;
     let mut f = Finding {
         kind: "transaction_past_horizon",
         found: ids.len(),
@@ -316,21 +284,13 @@ async fn expired_not_canceled(
         kind: "expired_unpaid_not_canceled",
         ..Default::default()
     };
-    for r in pg
-        .query(
-            "SELECT order_id, activity_id, sku_id, expires_at FROM orders
-             WHERE status IN ('CREATED', 'PAYING') AND expires_at < $1 AND expires_at >= $2",
-            &[&end, &start],
-        )
-        .await?
-    {
-        let oid: String = r.get(0);
+    for (oid, activity_id, sku_id, expires_at) in db::expired_unpaid(pg, start, end).await? {
         let mut e = CancelOrderIfUnpaid::new(
             reconcile_cancel_if_unpaid_event_id(&oid),
             &oid,
-            r.get(1),
-            r.get(2),
-            r.get(3),
+            activity_id,
+            sku_id,
+            expires_at,
         );
         e.reconciled_at = Some(now);
         let topic = &names.order_timeout_topic;
@@ -352,15 +312,7 @@ async fn stuck_reservations(
 ) -> anyhow::Result<()> {
     let census = redis.reservation_census(aid, sku).await?;
     if !census.reserved_ids.is_empty() {
-        let recorded: std::collections::HashSet<String> = pg
-            .query(
-                "SELECT reservation_id FROM reservations WHERE reservation_id = ANY($1::text[])",
-                &[&census.reserved_ids],
-            )
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
+        let recorded = db::recorded_reservations(pg, &census.reserved_ids).await?;
         for rid in census
             .reserved_ids
             .iter()
@@ -418,15 +370,7 @@ pub async fn reconcile(
         kind: "stock_drift",
         ..Default::default()
     };
-    let skus = pg
-        .query(
-            "SELECT s.activity_id, s.sku_id FROM activity_skus s JOIN activities a USING (activity_id)
-             WHERE a.ends_at >= $1 AND a.starts_at < $2",
-            &[&start, &now],
-        )
-        .await?;
-    for s in &skus {
-        let (aid, sku): (i64, i64) = (s.get(0), s.get(1));
+    for (aid, sku) in db::skus_in_window(pg, start, now).await? {
         stuck_reservations(pg, redis, (aid, sku), end, &mut stuck).await?;
         let inv = crate::invariants::check(pg, redis, &names.order_create_group, aid, sku).await?;
         for v in inv.violations {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use chrono::Utc;
 
 use crate::config::{Names, Settings};
-use crate::domain::event::ReservationFacts;
+use crate::domain::order_create::ReservationFacts;
 use crate::domain::Decision;
 use crate::domain::{OrderCreateRequested, TraceContext};
 use crate::mq::{order_create_message, Publisher, SendOutcome};

@@ -30,8 +30,7 @@ use tracing::{info, warn};
 
 use crate::config::Settings;
 use crate::redis::RedisStore;
-use crate::shutdown::Watchdog;
-use crate::telemetry::Readiness;
+use crate::roles::runtime::RoleRuntime;
 
 /// `seckill scan`.
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
@@ -45,16 +44,8 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
     let redis = RedisStore::connect(&settings.redis).await?;
     let pool = crate::pg::connect_pool(&settings.pg, 2).await?;
     let publisher = crate::mq::connect_publisher(&settings).await?;
-    let ready = Readiness::default();
-    let shutdown = CancellationToken::new();
-    let ops = crate::telemetry::serve_ops(
-        "scan.metrics_listen",
-        sc.metrics_listen,
-        ready.clone(),
-        shutdown.clone(),
-    )
-    .await?;
-    let watchdog = Watchdog::new(shutdown.clone(), ready.clone());
+    let role = RoleRuntime::start("scan", "scan.metrics_listen", sc.metrics_listen).await?;
+    let (watchdog, shutdown) = (&role.watchdog, &role.shutdown);
     let wake = Arc::new(Notify::new());
     let listen = relay::listen(settings.clone(), wake.clone(), shutdown.clone());
     let listener = watchdog.spawn("outbox_listen", listen);
@@ -91,15 +82,15 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
     let retention =
         retention::run_loop(retention_pool, settings.retention.clone(), shutdown.clone());
     let retention_loop = watchdog.spawn("retention", retention);
-    ready.set(true);
+    role.serving();
     info!(owner_metrics = %sc.metrics_listen, "scan started: reservation scanner and outbox relay");
     let died = tokio::select! {
-        died = watchdog.stop_requested() => died,
+        died = role.stop_requested() => died,
         _ = stop.cancelled() => None,
     };
     info!("stopping: finishing the current passes");
-    ready.set(false);
-    shutdown.cancel();
+    role.ready.set(false);
+    role.shutdown.cancel();
     let grace = Duration::from_secs(sc.shutdown_grace_secs);
     let _ = tokio::time::timeout(grace, async {
         let _ = scan_loop.await;
@@ -108,12 +99,7 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
     })
     .await;
     let _ = listener.await;
-    let _ = ops.await;
-    info!("scan stopped");
-    match died {
-        Some(reason) => Err(anyhow::anyhow!(reason)),
-        None => Ok(()),
-    }
+    role.finish(died).await
 }
 
 /// Scanner passes back to back while they find work, every `poll` otherwise.

@@ -120,5 +120,5 @@ async fn finish(
         warn!(activity_id, sku_id, transfer_id = %t.transfer_id,
               "transfer already credited: closing it only");
     }
-    redis.close_transfer(activity_id, sku_id, t).await
+    Ok(redis.close_transfer(activity_id, sku_id, t).await?)
 }

@@ -14,6 +14,7 @@ use futures::StreamExt;
 use tracing::{error, info, warn};
 
 use crate::config::Settings;
+use crate::domain::OrderCreateRequested;
 use crate::mq::{Publisher, SendOutcome};
 use crate::pg::outbox::backoff_ms;
 use crate::redis::{RedisStore, Shard};
@@ -197,8 +198,39 @@ impl Scanner {
         self.copies
             .redis
             .schedule_resend(activity_id, rid, message_id, now_ms + wait as i64, error)
-            .await
-            .map(|_| ())
+            .await?;
+        Ok(())
+    }
+
+    /// A copy refused after the reservation's validity: PostgreSQL settles it (`None`), or,
+    /// when it cannot be asked, the re-send is tried again later.
+    async fn settle_refused(
+        &self,
+        activity_id: i64,
+        rid: &str,
+        event: &OrderCreateRequested,
+        now_ms: i64,
+        error: &str,
+    ) -> Option<anyhow::Result<()>> {
+        let attempt = event.retry_count + 1;
+        match self.copies.settle(activity_id, rid, event, now_ms).await {
+            Ok(verdict) => {
+                warn!(reservation_id = %rid, message_id = %event.message_id, order_id = %event.order_id,
+                      request_id = %event.request_id, send_attempt = attempt,
+                      send_outcome = "DEFINITE_FAILURE", error = %error, verdict,
+                      "re-send refused after the reservation expired; settled from PostgreSQL");
+                None
+            }
+            Err(e) => {
+                warn!(reservation_id = %rid, message_id = %event.message_id, error = %e,
+                      "could not settle a refused reservation from PostgreSQL; retried later");
+                let id = &event.message_id;
+                Some(
+                    self.resend_later(activity_id, rid, id, attempt, now_ms, error)
+                        .await,
+                )
+            }
+        }
     }
 
     async fn resend(
@@ -224,7 +256,8 @@ impl Scanner {
                 .redis
                 .mark_sent(activity_id, &rid, &event.message_id, broker_msg_id, now_ms)
                 .await
-                .map(|_| ()),
+                .map(|_| ())
+                .map_err(anyhow::Error::from),
             SendOutcome::Unknown { error } => {
                 self.resend_later(activity_id, &rid, &event.message_id, attempt, now_ms, error)
                     .await
@@ -248,27 +281,12 @@ impl Scanner {
             // Refused after the reservation's validity: this copy is not stored, but an earlier
             // one may be, so PostgreSQL decides.
             SendOutcome::DefiniteFailure { error } => {
-                match self.copies.settle(activity_id, &rid, &event, now_ms).await {
-                    Ok(verdict) => {
-                        warn!(reservation_id = %rid, message_id = %event.message_id, order_id = %event.order_id,
-                              request_id = %event.request_id, send_attempt = attempt,
-                              send_outcome = "DEFINITE_FAILURE", error = %error, verdict,
-                              "re-send refused after the reservation expired; settled from PostgreSQL");
-                        return ("settled", rid);
-                    }
-                    Err(e) => {
-                        warn!(reservation_id = %rid, message_id = %event.message_id, error = %e,
-                              "could not settle a refused reservation from PostgreSQL; retried later");
-                        self.resend_later(
-                            activity_id,
-                            &rid,
-                            &event.message_id,
-                            attempt,
-                            now_ms,
-                            error,
-                        )
-                        .await
-                    }
+                match self
+                    .settle_refused(activity_id, &rid, &event, now_ms, error)
+                    .await
+                {
+                    Some(result) => result,
+                    None => return ("settled", rid),
                 }
             }
         };

@@ -38,7 +38,7 @@ pub(super) async fn run_loop(
                 Err(e) => {
                     // The connection may hold the long bound: it leaves the pool.
                     drop(deadpool_postgres::Object::take(client));
-                    warn!(error = %crate::pg::errors::classify(&e), "retention pass failed")
+                    warn!(error = %crate::pg::errors::classify(e), "retention pass failed")
                 }
             }
         }

@@ -10,6 +10,7 @@
 //! duplicate. Past its validity and grace it is settled from PostgreSQL instead
 //! (`pg::order_tx::withdraw`), which fences any copy still held by the dead broker.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -94,6 +95,23 @@ pub struct AwaitingStats {
     pub settled: usize,
 }
 
+impl AwaitingStats {
+    /// Adds one pass to the running total and counts it.
+    fn add(&mut self, pass: &AwaitingStats) {
+        for (verdict, n) in [
+            ("consumed", pass.consumed),
+            ("resent", pass.resent),
+            ("settled", pass.settled),
+        ] {
+            metrics::counter!("reservation_awaiting_checked_total", "verdict" => verdict)
+                .increment(n as u64);
+        }
+        self.consumed += pass.consumed;
+        self.resent += pass.resent;
+        self.settled += pass.settled;
+    }
+}
+
 /// Why a watched reservation needs no more watching, or what to do about it (pure).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -146,16 +164,13 @@ impl Copies {
             .collect();
         let ids: Vec<String> = parsed.iter().map(|(r, _)| r.message_id.clone()).collect();
         let client = self.pool.get().await?;
-        let taken: std::collections::HashSet<String> = client
-            .query(
-                "SELECT message_id FROM consumer_inbox
-                 WHERE activity_id = $1 AND consumer_group = $2 AND message_id = ANY($3)",
-                &[&shard.activity_id, &self.names.order_create_group, &ids],
-            )
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
+        let taken = crate::pg::queries::in_inbox(
+            &**client,
+            shard.activity_id,
+            &self.names.order_create_group,
+            &ids,
+        )
+        .await?;
         drop(client);
         let mut done = Vec::new();
         let mut to_resend = Vec::new();
@@ -177,25 +192,9 @@ impl Copies {
                     to_resend.push((r, event));
                 }
                 Verdict::Settle => {
-                    let Some(event) =
-                        event_from_reservation(fields, self.settings.mq.order_event_schema)
-                    else {
-                        continue;
-                    };
-                    match self
-                        .settle(shard.activity_id, &r.reservation_id, &event, now_ms)
-                        .await
-                    {
-                        Ok(outcome) => {
-                            pass.settled += 1;
-                            warn!(reservation_id = %r.reservation_id, message_id = %r.message_id,
-                                  order_id = %r.order_id, request_id = %r.request_id, verdict = outcome,
-                                  "a confirmed send never reached the consumers before the reservation expired; settled from PostgreSQL");
-                            done.push(r.reservation_id);
-                        }
-                        // The lease runs out and a later pass tries again.
-                        Err(e) => warn!(reservation_id = %r.reservation_id, error = %e,
-                                        "could not settle an unconsumed reservation; retried later"),
+                    if self.settle_expired(shard, &r, fields, now_ms).await {
+                        pass.settled += 1;
+                        done.push(r.reservation_id);
                     }
                 }
             }
@@ -207,22 +206,43 @@ impl Copies {
             .collect()
             .await;
         pass.resent = resent.len();
-        for (verdict, n) in [
-            ("consumed", pass.consumed),
-            ("resent", pass.resent),
-            ("settled", pass.settled),
-        ] {
-            metrics::counter!("reservation_awaiting_checked_total", "verdict" => verdict)
-                .increment(n as u64);
-        }
-        stats.consumed += pass.consumed;
-        stats.resent += pass.resent;
-        stats.settled += pass.settled;
+        stats.add(&pass);
         // Re-sent ones stay watched, scored by their new copy; the rest leave the index.
         self.redis
             .end_watch(shard, &done, &resent, Utc::now().timestamp_millis())
             .await?;
         Ok(remaining)
+    }
+
+    /// Settles a confirmed send that no consumer took before its reservation expired, from
+    /// PostgreSQL; false when it could not be (the lease runs out and a later pass tries again).
+    async fn settle_expired(
+        &self,
+        shard: Shard,
+        r: &ReservationHash,
+        fields: &HashMap<String, String>,
+        now_ms: i64,
+    ) -> bool {
+        let Some(event) = event_from_reservation(fields, self.settings.mq.order_event_schema)
+        else {
+            return false;
+        };
+        match self
+            .settle(shard.activity_id, &r.reservation_id, &event, now_ms)
+            .await
+        {
+            Ok(outcome) => {
+                warn!(reservation_id = %r.reservation_id, message_id = %r.message_id,
+                      order_id = %r.order_id, request_id = %r.request_id, verdict = outcome,
+                      "a confirmed send never reached the consumers before the reservation expired; settled from PostgreSQL");
+                true
+            }
+            Err(e) => {
+                warn!(reservation_id = %r.reservation_id, error = %e,
+                      "could not settle an unconsumed reservation; retried later");
+                false
+            }
+        }
     }
 
     /// Sends a confirmed but unconsumed reservation again, same message_id; it stays watched

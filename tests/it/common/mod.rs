@@ -517,7 +517,7 @@ pub async fn try_reserve(
     let now = Utc::now().timestamp_millis();
     let r = redis
         .reserve(&seckill::redis::ReserveArgs {
-            reservation: seckill::domain::event::ReservationRef {
+            reservation: seckill::domain::order_create::ReservationRef {
                 message_id: &ids.message_id,
                 request_id,
                 reservation_id: &ids.reservation_id,

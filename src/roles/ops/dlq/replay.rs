@@ -88,6 +88,18 @@ pub(super) struct Done {
     pub(super) not_observed: usize,
 }
 
+/// A message replayed and confirmed, watched in its group's inbox afterwards.
+type Watched = (String, String, String, bool);
+
+/// What one row's replay came to.
+enum Replayed {
+    /// Not sent without `--force`, and why.
+    Refused(String),
+    Failed,
+    /// Confirmed by the broker; watched when it has a message id.
+    Confirmed(Option<Watched>),
+}
+
 /// Replays `rows` at most `rate` per second, then watches the inbox for each confirmed
 /// replay's effect and records it on its audit row.
 pub(super) async fn replay(
@@ -105,84 +117,20 @@ pub(super) async fn replay(
     let pause = Duration::from_secs_f64(1.0 / plan.rate);
     let mut done = Done::default();
     // (replay_id, group, message_id, already applied before the replay)
-    let mut watch: Vec<(String, String, String, bool)> = Vec::new();
+    let mut watch: Vec<Watched> = Vec::new();
     for (row, checks) in rows {
-        let replay_id = format!("rpl_{}", ulid::Ulid::new());
-        let checks_json = serde_json::to_value(&checks)?;
-        let refusal = if checks.older_than_inbox_retention && !plan.force {
-            Some((
-                "REFUSED_OLDER_THAN_RETENTION",
-                format!(
-                    "first seen {} is older than the inbox retention ({} days)",
-                    row.first_seen, settings.retention.inbox_days
-                ),
-            ))
-        } else if !checks.schema_known && !plan.force {
-            Some((
-                "REFUSED_SCHEMA_UNKNOWN",
-                "its schema version is not one this build reads".to_string(),
-            ))
-        } else {
-            None
-        };
-        if let Some((outcome, why)) = refusal {
-            let audit = replay::ReplayAudit {
-                subject: row.subject,
-                actor: plan.actor,
-                reason: plan.reason,
-                outcome,
-                replay_id: &replay_id,
-                confirmed: false,
-                checks: &checks_json,
-            };
-            replay::record(client, &audit).await?;
-            bar.println(format!("{}: refused, {why}; use --force", row.subject));
-            done.refused += 1;
-            bar.inc(1);
-            continue;
-        }
-        let outcome = publisher
-            .send(
-                replay_message(&row, &replay_id),
-                settings.mq.send_timeout_ms.max(1000),
-            )
-            .await;
-        let confirmed = matches!(outcome, crate::mq::SendOutcome::Confirmed { .. });
-        let forced = checks.older_than_inbox_retention || !checks.schema_known;
-        let label = if forced {
-            format!("{}_FORCED", outcome.label().to_uppercase())
-        } else {
-            outcome.label().to_uppercase()
-        };
-        let audit = replay::ReplayAudit {
-            subject: row.subject,
-            actor: plan.actor,
-            reason: plan.reason,
-            outcome: &label,
-            replay_id: &replay_id,
-            confirmed,
-            checks: &checks_json,
-        };
-        replay::record(client, &audit).await?;
-        tracing::info!(subject = %row.subject, consumer_group = %row.consumer_group, topic = %row.topic,
-                       message_id = row.message_id.as_deref().unwrap_or(""),
-                       reservation_id = row.reservation_id.as_deref().unwrap_or(""),
-                       order_id = row.order_id.as_deref().unwrap_or(""), replay_id = %replay_id,
-                       previous_status = %row.status, outcome = %label,
-                       already_applied = checks.already_applied.as_deref().unwrap_or(""),
-                       "replayed");
-        if confirmed {
-            done.confirmed += 1;
-            if let Some(id) = row.message_id.clone() {
-                watch.push((
-                    replay_id,
-                    row.consumer_group.clone(),
-                    id,
-                    checks.already_applied.is_some(),
-                ));
+        match replay_one(settings, client, publisher, &row, &checks, plan).await? {
+            Replayed::Refused(why) => {
+                bar.println(format!("{}: refused, {why}; use --force", row.subject));
+                done.refused += 1;
+                bar.inc(1);
+                continue;
             }
-        } else {
-            done.failed += 1;
+            Replayed::Failed => done.failed += 1,
+            Replayed::Confirmed(watched) => {
+                done.confirmed += 1;
+                watch.extend(watched);
+            }
         }
         bar.inc(1);
         tokio::time::sleep(pause).await;
@@ -192,12 +140,102 @@ pub(super) async fn replay(
     Ok(done)
 }
 
+/// Why a row is not replayed without `--force`: older than the inbox's memory, or a schema
+/// this build does not read.
+fn refusal(
+    settings: &Settings,
+    row: &ReplayRow,
+    checks: &Checks,
+    plan: &Plan<'_>,
+) -> Option<(&'static str, String)> {
+    if plan.force {
+        None
+    } else if checks.older_than_inbox_retention {
+        Some((
+            "REFUSED_OLDER_THAN_RETENTION",
+            format!(
+                "first seen {} is older than the inbox retention ({} days)",
+                row.first_seen, settings.retention.inbox_days
+            ),
+        ))
+    } else if !checks.schema_known {
+        Some((
+            "REFUSED_SCHEMA_UNKNOWN",
+            "its schema version is not one this build reads".to_string(),
+        ))
+    } else {
+        None
+    }
+}
+
+/// Sends one row again with its original message id (or records why not), audited either way.
+async fn replay_one(
+    settings: &Settings,
+    client: &mut tokio_postgres::Client,
+    publisher: &dyn crate::mq::Publisher,
+    row: &ReplayRow,
+    checks: &Checks,
+    plan: &Plan<'_>,
+) -> anyhow::Result<Replayed> {
+    let replay_id = format!("rpl_{}", ulid::Ulid::new());
+    let checks_json = serde_json::to_value(checks)?;
+    let mut audit = replay::ReplayAudit {
+        subject: row.subject,
+        actor: plan.actor,
+        reason: plan.reason,
+        outcome: "",
+        replay_id: &replay_id,
+        confirmed: false,
+        checks: &checks_json,
+    };
+    if let Some((outcome, why)) = refusal(settings, row, checks, plan) {
+        audit.outcome = outcome;
+        replay::record(client, &audit).await?;
+        return Ok(Replayed::Refused(why));
+    }
+    let outcome = publisher
+        .send(
+            replay_message(row, &replay_id),
+            settings.mq.send_timeout_ms.max(1000),
+        )
+        .await;
+    let confirmed = matches!(outcome, crate::mq::SendOutcome::Confirmed { .. });
+    let forced = checks.older_than_inbox_retention || !checks.schema_known;
+    let label = if forced {
+        format!("{}_FORCED", outcome.label().to_uppercase())
+    } else {
+        outcome.label().to_uppercase()
+    };
+    audit.outcome = &label;
+    audit.confirmed = confirmed;
+    replay::record(client, &audit).await?;
+    tracing::info!(subject = %row.subject, consumer_group = %row.consumer_group, topic = %row.topic,
+                   message_id = row.message_id.as_deref().unwrap_or(""),
+                   reservation_id = row.reservation_id.as_deref().unwrap_or(""),
+                   order_id = row.order_id.as_deref().unwrap_or(""), replay_id = %replay_id,
+                   previous_status = %row.status, outcome = %label,
+                   already_applied = checks.already_applied.as_deref().unwrap_or(""),
+                   "replayed");
+    if !confirmed {
+        return Ok(Replayed::Failed);
+    }
+    let watched = row.message_id.clone().map(|id| {
+        (
+            replay_id.clone(),
+            row.consumer_group.clone(),
+            id,
+            checks.already_applied.is_some(),
+        )
+    });
+    Ok(Replayed::Confirmed(watched))
+}
+
 /// Watches the groups' inbox until every replayed message shows up or `verify` passes, and
 /// records each effect: `APPLIED:<decision>` (the replay was processed), `DUPLICATE` (the inbox
 /// already held it: a no-op) or `NOT_OBSERVED` (not processed within the window).
 async fn observe_effects(
     client: &tokio_postgres::Client,
-    mut watch: Vec<(String, String, String, bool)>,
+    mut watch: Vec<Watched>,
     verify: Duration,
     done: &mut Done,
 ) -> anyhow::Result<()> {

@@ -13,8 +13,8 @@ use tracing::warn;
 use crate::config::Settings;
 use crate::mq::rocketmq::{RocketTransactionProducer, TransactionOptions};
 use crate::mq::{Delivery, LocalOutcome, OutMessage, TransactionChecker, TransactionPublisher};
+use crate::pg::half_message_events::{verdict, Verdict};
 use crate::pg::outbox::outbox_message;
-use crate::pg::transaction_events::{verdict, Verdict};
 
 /// The half message's property carrying the local transaction's deadline (epoch ms): past it
 /// the transaction refuses to commit, and the check-back may answer ROLLBACK.
