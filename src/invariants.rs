@@ -1,10 +1,12 @@
-//! The invariants (docs/ARCHITECTURE.md#invariants), checked with plain SQL and Redis reads.
+//! The invariants (docs/ARCHITECTURE.md#invariants), checked from PostgreSQL's books
+//! (`pg::books`) and Redis reads.
 //! Used by `seckill-bench load`, the demo and the integration tests; a violation is a bug,
 //! never noise.
 
 use serde::Serialize;
 use tokio_postgres::GenericClient;
 
+use crate::pg::books;
 use crate::redis::RedisStore;
 
 /// The figures of one activity SKU that the invariants relate.
@@ -83,44 +85,21 @@ async fn pg_figures(
     activity_id: i64,
     sku_id: i64,
 ) -> anyhow::Result<SkuFigures> {
-    let mut f = SkuFigures {
-        activity_id,
-        sku_id,
-        ..Default::default()
-    };
-    let row = pg
-        .query_opt(
-            "SELECT total_stock, remaining_stock FROM sku_stock
-             WHERE activity_id = $1 AND sku_id = $2",
-            &[&activity_id, &sku_id],
-        )
+    let b = books::sku_books(pg, activity_id, sku_id)
         .await?
         .ok_or_else(|| anyhow::anyhow!("activity {activity_id} SKU {sku_id} not in PostgreSQL"))?;
-    f.pg_total = row.get(0);
-    f.pg_remaining = row.get(1);
-    let row = pg
-        .query_one(
-            "SELECT
-               (SELECT count(*) FROM orders WHERE activity_id = $1 AND sku_id = $2 AND status <> 'CANCELED'),
-               (SELECT coalesce(sum(delta), 0)::int8 FROM stock_ledger WHERE activity_id = $1 AND sku_id = $2),
-               (SELECT count(*) FROM reservations WHERE activity_id = $1 AND sku_id = $2 AND status = 'REJECTED'),
-               (SELECT count(*) FROM compensation_tasks WHERE activity_id = $1 AND sku_id = $2 AND status = 'PENDING')",
-            &[&activity_id, &sku_id],
-        )
-        .await?;
-    f.valid_orders = row.get(0);
-    f.ledger_sum = row.get(1);
-    f.rejected = row.get(2);
-    f.pending_compensations = row.get(3);
-    f.quarantined = pg
-        .query_one(
-            "SELECT count(*) FROM quarantined_messages WHERE consumer_group = $1 AND status = 'QUARANTINED'",
-            &[&consumer_group],
-        )
-        .await?
-        .get(0);
-
-    Ok(f)
+    Ok(SkuFigures {
+        activity_id,
+        sku_id,
+        pg_total: b.total,
+        pg_remaining: b.remaining,
+        valid_orders: b.valid_orders,
+        ledger_sum: b.ledger_sum,
+        rejected: b.rejected,
+        pending_compensations: b.pending_compensations,
+        quarantined: books::quarantined(pg, consumer_group).await?,
+        ..Default::default()
+    })
 }
 
 /// Invariants 1, 2, 3 and 5, and conservation within PostgreSQL.
@@ -169,21 +148,8 @@ async fn one_valid_order_per_buyer(
     f: &SkuFigures,
     v: &mut Vec<String>,
 ) -> anyhow::Result<()> {
-    let (activity_id, sku_id) = (f.activity_id, f.sku_id);
-    for row in pg
-        .query(
-            "SELECT user_id, count(*) FROM orders
-             WHERE activity_id = $1 AND sku_id = $2 AND status <> 'CANCELED'
-             GROUP BY user_id HAVING count(*) > 1 LIMIT 20",
-            &[&activity_id, &sku_id],
-        )
-        .await?
-    {
-        v.push(format!(
-            "buyer {} holds {} valid orders",
-            row.get::<_, i64>(0),
-            row.get::<_, i64>(1)
-        ));
+    for (user_id, n) in books::buyers_with_several_orders(pg, f.activity_id, f.sku_id).await? {
+        v.push(format!("buyer {user_id} holds {n} valid orders"));
     }
     Ok(())
 }
@@ -196,49 +162,15 @@ async fn one_effect_per_order(
     consumer_group: &str,
     v: &mut Vec<String>,
 ) -> anyhow::Result<()> {
-    let (activity_id, sku_id) = (f.activity_id, f.sku_id);
     // 3. each order is the effect of exactly one message of the group, with one ledger debit.
-    //    One aggregate over a union, no join: its cost stays linear whatever the planner
-    //    believes about the tables' sizes (with stale statistics a join of aggregates became
-    //    a nested loop re-sorting the ledger once per order: minutes for 30,000 orders).
-    //    An order older than the inbox's retention mark (plus a minute: its inbox row was
-    //    written a moment before it) may have lost its inbox row to retention: none is then
-    //    fine, two never are.
-    for row in pg
-        .query(
-            "SELECT order_id, sum(effect)::int8, sum(debit)::int8 FROM (
-               SELECT order_id, 1 AS is_order, 0 AS effect, 0 AS debit, created_at FROM orders
-               WHERE activity_id = $1 AND sku_id = $2
-               UNION ALL
-               SELECT order_id, 0, 1, 0, NULL FROM consumer_inbox
-               WHERE consumer_group = $3 AND decision = 'CREATED'
-               UNION ALL
-               SELECT order_id, 0, 0, 1, NULL FROM stock_ledger
-               WHERE activity_id = $1 AND sku_id = $2 AND reason = 'ORDER_CREATED'
-             ) u
-             GROUP BY order_id
-             HAVING max(is_order) = 1
-                AND (sum(effect) > 1 OR sum(debit) <> 1
-                     OR (sum(effect) = 0 AND max(created_at) >= coalesce(
-                           (SELECT purged_before + interval '1 minute' FROM retention_marks
-                            WHERE table_name = 'consumer_inbox'), '-infinity')))
-             LIMIT 50",
-            &[&activity_id, &sku_id, &consumer_group],
-        )
-        .await?
-    {
-        let (order_id, effects, debits): (String, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    let wrong =
+        books::orders_without_one_effect(pg, f.activity_id, f.sku_id, consumer_group).await?;
+    for (order_id, effects, debits) in wrong {
         v.push(format!(
             "order {order_id}: {effects} creating messages, {debits} ledger debits (want 1 and 1)"
         ));
     }
-    let stuck: i64 = pg
-        .query_one(
-            "SELECT count(*) FROM consumer_inbox WHERE consumer_group = $1 AND status = 'PROCESSING'",
-            &[&consumer_group],
-        )
-        .await?
-        .get(0);
+    let stuck = books::inbox_processing(pg, consumer_group).await?;
     if stuck > 0 {
         v.push(format!("{stuck} inbox rows left PROCESSING after commit"));
     }
@@ -251,17 +183,7 @@ async fn paid_never_canceled(
     f: &SkuFigures,
     v: &mut Vec<String>,
 ) -> anyhow::Result<()> {
-    let (activity_id, sku_id) = (f.activity_id, f.sku_id);
-    let paid_canceled: i64 = pg
-        .query_one(
-            "SELECT count(*) FROM orders o
-             WHERE o.activity_id = $1 AND o.sku_id = $2 AND o.paid_at IS NOT NULL
-               AND (o.status = 'CANCELED' OR EXISTS (SELECT 1 FROM stock_ledger l
-                      WHERE l.order_id = o.order_id AND l.reason = 'ORDER_CANCELED'))",
-            &[&activity_id, &sku_id],
-        )
-        .await?
-        .get(0);
+    let paid_canceled = books::paid_and_canceled(pg, f.activity_id, f.sku_id).await?;
     if paid_canceled > 0 {
         v.push(format!("{paid_canceled} paid orders were cancelled"));
     }
@@ -274,26 +196,11 @@ async fn conserved_per_bucket(
     f: &SkuFigures,
     v: &mut Vec<String>,
 ) -> anyhow::Result<()> {
-    let (activity_id, sku_id) = (f.activity_id, f.sku_id);
     // ... and per stock bucket (docs/ARCHITECTURE.md#stock-buckets): each row's units taken and
     // given back are its own ledger entries, and each valid order's unit is its bucket's.
-    for row in pg
-        .query(
-            "SELECT b.bucket, b.total_stock::int8, b.remaining_stock::int8,
-                    (SELECT coalesce(sum(delta), 0)::int8 FROM stock_ledger l
-                     WHERE l.activity_id = b.activity_id AND l.sku_id = b.sku_id
-                       AND l.bucket = b.bucket),
-                    (SELECT count(*) FROM orders o
-                     WHERE o.activity_id = b.activity_id AND o.sku_id = b.sku_id
-                       AND o.stock_bucket = b.bucket AND o.status <> 'CANCELED')
-             FROM stock_buckets b WHERE b.activity_id = $1 AND b.sku_id = $2
-             ORDER BY b.bucket",
-            &[&activity_id, &sku_id],
-        )
-        .await?
+    for (bucket, total, remaining, ledger, orders) in
+        books::bucket_books(pg, f.activity_id, f.sku_id).await?
     {
-        let (bucket, total, remaining, ledger, orders): (i16, i64, i64, i64, i64) =
-            (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
         if ledger != remaining - total || total != remaining + orders {
             v.push(format!(
                 "bucket {bucket}: total {total}, remaining {remaining}, ledger {ledger}, valid orders {orders}"
@@ -365,15 +272,12 @@ async fn check_redis(
     }
     // ... and between the two: every live Redis reservation is either still in flight, an
     // order, or a rejection whose compensation has not run yet.
-    let recorded: i64 = if census.reserved_ids.is_empty() {
+    let recorded = if census.reserved_ids.is_empty() {
         0
     } else {
-        pg.query_one(
-            "SELECT count(*) FROM reservations WHERE reservation_id = ANY($1::text[])",
-            &[&census.reserved_ids],
-        )
-        .await?
-        .get(0)
+        crate::pg::reconcile::recorded_reservations(pg, &census.reserved_ids)
+            .await?
+            .len() as i64
     };
     f.unrecorded = f.redis_reserved - recorded;
     if recorded != f.valid_orders + f.pending_compensations {

@@ -81,7 +81,7 @@ async fn fill(
     let events = reserve_all(settings, args, redis).await?;
     let reserve_secs = reserve_started.elapsed().as_secs_f64();
     let publish_started = Instant::now();
-    let topic = settings.names().order_create_topic;
+    let topic = seckill::mq::Names::of(settings).order_create_topic;
     let unconfirmed = publish_all(&publisher, &topic, args, redis, &events).await?;
     let publish_secs = publish_started.elapsed().as_secs_f64();
     println!(
@@ -264,7 +264,7 @@ async fn drain(
     let mut report = invariants::check(
         &**pg,
         redis,
-        &settings.names().order_create_group,
+        &seckill::mq::Names::of(settings).order_create_group,
         args.activity_id,
         args.sku_id,
     )

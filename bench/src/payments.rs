@@ -217,7 +217,7 @@ async fn one_mode(
     drop(c);
 
     // The roles: the API and the relay (scan), and a collector of the events.
-    let names = s.names();
+    let names = seckill::mq::Names::of(&s);
     let arrivals = Arc::new(Arrivals::default());
     let group = format!("CG_{}_BENCH_COLLECTOR", s.env);
     let consumer = seckill::mq::start_consumer(

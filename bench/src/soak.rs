@@ -104,7 +104,7 @@ pub async fn run(settings: Settings, args: SoakArgs) -> anyhow::Result<bool> {
         &settings.mq.name_server_list(),
     )
     .await?;
-    let n = settings.names();
+    let n = seckill::mq::Names::of(&settings);
     let groups = [
         (
             "order_create",

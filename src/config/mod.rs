@@ -12,7 +12,6 @@
 
 mod api;
 mod mq;
-mod names;
 mod stores;
 mod workers;
 
@@ -23,7 +22,6 @@ use thiserror::Error;
 
 pub use api::{ApiSettings, AuthSettings, BuyerIdentity, PaymentSettings, MIN_ADMIN_TOKEN_BYTES};
 pub use mq::{EventDelivery, EventSettings, MqSettings};
-pub use names::Names;
 pub use stores::{PgSettings, PgTls, RedisMode, RedisSettings};
 pub use workers::{
     ConsumerSettings, RetentionSettings, ScanSettings, TelemetrySettings, TimeoutSettings,
@@ -109,10 +107,6 @@ impl Settings {
         Self::load_from(Path::new(&dir))
     }
 
-    pub fn names(&self) -> Names {
-        Names::new(&self.env)
-    }
-
     /// Checks every value a role relies on; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if !is_ident(&self.env) {
@@ -162,32 +156,6 @@ impl Settings {
         }
         Ok(())
     }
-
-    /// The worker budget (docs/ARCHITECTURE.md#worker-budget):
-    /// Timeout-cancel transactions one `timeout-cancel` process runs at once:
-    /// `safe_concurrency × cancel_share / instances`, at least 1.
-    pub fn cancel_budget(&self) -> usize {
-        worker_budget(
-            self.pg.safe_concurrency,
-            self.pg.cancel_share,
-            self.pg.instances,
-        )
-    }
-
-    /// `safe_concurrency × order_share / instances`, at least 1.
-    pub fn worker_budget(&self) -> usize {
-        worker_budget(
-            self.pg.safe_concurrency,
-            self.pg.order_share,
-            self.pg.instances,
-        )
-    }
-}
-
-/// `budget = pg_safe_concurrency × order_share / instances` (e.g. 240 × 0.7 / 12 = 14), floor, ≥ 1.
-pub fn worker_budget(safe_concurrency: u32, order_share: f64, instances: u32) -> usize {
-    let raw = f64::from(safe_concurrency) * order_share / f64::from(instances.max(1));
-    (raw.floor() as usize).max(1)
 }
 
 #[cfg(test)]
@@ -202,23 +170,5 @@ mod tests {
                 .as_path(),
         )
         .unwrap()
-    }
-
-    #[test]
-    fn budget_matches_the_documented_example() {
-        assert_eq!(worker_budget(240, 0.7, 12), 14);
-        assert_eq!(worker_budget(8, 0.7, 1), 5);
-        assert_eq!(worker_budget(1, 0.1, 4), 1);
-    }
-
-    #[test]
-    fn names_carry_the_environment_prefix() {
-        let n = Names::new("PROD");
-        assert_eq!(n.order_create_topic, "PROD_SECKILL_ORDER_CREATE_V1");
-        assert_eq!(n.order_create_group, "CG_SECKILL_ORDER_CREATE_PG_V1");
-        assert_eq!(
-            Names::new("T1").order_create_group,
-            "CG_T1_SECKILL_ORDER_CREATE_PG_V1"
-        );
     }
 }

@@ -8,7 +8,10 @@
 
 pub mod batching;
 pub mod lag;
+mod names;
 pub mod rocketmq;
+
+pub use names::Names;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -305,7 +308,7 @@ pub async fn connect_publisher(settings: &Settings) -> anyhow::Result<Arc<dyn Pu
     let rt = runtime()?;
     let mut opts = rocketmq::ProducerOptions::new(
         settings.mq.name_server_list(),
-        settings.names().producer_group,
+        Names::of(settings).producer_group,
     );
     opts.send_timeout_ms = settings.mq.send_timeout_ms;
     opts.retries = settings.mq.send_retries;
@@ -364,7 +367,7 @@ pub async fn start_order_create_consumer(
     handler: SharedHandler,
     workers: usize,
 ) -> anyhow::Result<rocketmq::ConsumerHandle> {
-    let names = settings.names();
+    let names = Names::of(settings);
     start_consumer(
         settings,
         &names.order_create_group,

@@ -1,6 +1,7 @@
 //! PostgreSQL: pools, migrations, and the transactions that make the source of truth.
 
 pub mod audit;
+pub mod books;
 pub mod cancel_tx;
 pub mod dlq;
 pub mod errors;
@@ -182,6 +183,23 @@ pub async fn migrate(settings: &PgSettings) -> anyhow::Result<Vec<u32>> {
         .iter()
         .map(|m| m.version())
         .collect())
+}
+
+/// Bounds this session's statements at `secs` (a one-shot scan or a purge, not the hot path).
+pub async fn set_statement_timeout(
+    client: &impl tokio_postgres::GenericClient,
+    secs: u64,
+) -> Result<(), tokio_postgres::Error> {
+    client
+        .batch_execute(&format!("SET statement_timeout = '{secs}s'"))
+        .await
+}
+
+/// Gives this session back the pool's statement bound (`pg.statement_timeout_ms`).
+pub async fn reset_statement_timeout(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<(), tokio_postgres::Error> {
+    client.batch_execute("RESET statement_timeout").await
 }
 
 /// Keeps a message that can never be processed, with its raw body, for an operator.

@@ -11,6 +11,20 @@ use tokio_postgres::GenericClient;
 /// Channel the writers `NOTIFY` after adding outbox rows; the relay `LISTEN`s on it.
 pub const OUTBOX_CHANNEL: &str = "seckill_outbox";
 
+/// Wakes the relays: the outbox has new rows.
+pub async fn notify(client: &impl GenericClient) -> Result<(), tokio_postgres::Error> {
+    client
+        .batch_execute(&format!("NOTIFY {OUTBOX_CHANNEL}"))
+        .await
+}
+
+/// Subscribes this connection to [`notify`]'s wake-ups.
+pub async fn listen(client: &tokio_postgres::Client) -> Result<(), tokio_postgres::Error> {
+    client
+        .batch_execute(&format!("LISTEN {OUTBOX_CHANNEL}"))
+        .await
+}
+
 /// One outbox row, claimed for sending.
 #[derive(Debug, Clone)]
 pub struct OutboxRow {

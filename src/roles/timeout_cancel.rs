@@ -6,7 +6,7 @@
 //! the Redis release through compensation).
 //!
 //! Each delivered batch becomes one transaction (`pg::cancel_tx`), with the order consumer's
-//! discipline (`roles::batch_tx`): at most `Settings::cancel_budget` at once, bounded in time,
+//! discipline (`roles::batch_tx`): at most `limiter::cancel_budget` at once, bounded in time,
 //! retried in-process while transient, split into one per message on failure. With
 //! `events.order_canceled = "transaction"`, a batch's ORDER_CANCELED events are transaction
 //! messages (docs/ARCHITECTURE.md#delivering-events): drafted, stored as half messages
@@ -61,7 +61,7 @@ enum Parsed {
 impl TimeoutCancelHandler {
     /// `budget` transactions at once, on `pool` (`budget + 1` connections).
     pub fn new(pool: deadpool_postgres::Pool, settings: &Settings, budget: usize) -> Self {
-        let n = settings.names();
+        let n = crate::mq::Names::of(settings);
         Self {
             slots: TxSlots::new(pool, settings, budget, "cancel"),
             names: CancelNames {
@@ -336,7 +336,7 @@ fn delivered(outcome: &'static str, n: u64) {
 /// `stop`.
 fn export_backlog(
     probe: crate::mq::rocketmq::LagProbe,
-    names: &crate::config::Names,
+    names: &crate::mq::Names,
     stop: tokio_util::sync::CancellationToken,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
     let (group, topic) = (
@@ -380,8 +380,8 @@ async fn sweep_round(sweeper: &TimeoutCancelHandler, grace: Duration, batch: usi
 }
 
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
-    let names = settings.names();
-    let budget = settings.cancel_budget();
+    let names = crate::mq::Names::of(&settings);
+    let budget = crate::limiter::cancel_budget(&settings.pg);
     let pool = crate::pg::connect_pool(&settings.pg, budget + 1).await?;
     let mut handler = TimeoutCancelHandler::new(pool.clone(), &settings, budget);
     if settings.events.order_canceled() == EventDelivery::Transaction {

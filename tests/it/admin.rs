@@ -334,7 +334,7 @@ async fn an_unreadable_lag_closes_admission_once_reservations_went_out() {
     .unwrap();
     state.lag = Some(seckill::mq::lag::LagSource {
         probe: Arc::new(probe),
-        group: env.settings.names().order_create_group,
+        group: env.names().order_create_group,
         topic: format!("NO_ROUTE_{}", env.id.to_uppercase()),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

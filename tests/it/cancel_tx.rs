@@ -17,7 +17,7 @@ use seckill::roles::timeout_cancel::TimeoutCancelHandler;
 /// Creates one order per `(sku, user)` through the order consumer; returns their ids.
 async fn orders(env: &TestEnv, activity_id: i64, buyers: &[(i64, i64)]) -> Vec<String> {
     let h = OrderCreateHandler::new(env.pool(2).await, &env.settings, 1);
-    let topic = env.settings.names().order_create_topic;
+    let topic = env.names().order_create_topic;
     let mut ids = Vec::new();
     for &(sku, user) in buyers {
         let e = common::event(activity_id, sku, user, 300);
@@ -36,7 +36,7 @@ fn cancel(env: &TestEnv, event_id: String, order_id: &str) -> Delivery {
         "expires_at": Utc::now() - chrono::Duration::seconds(1),
     });
     let mut d = delivery(
-        &env.settings.names().order_timeout_topic,
+        &env.names().order_timeout_topic,
         Some(&event_id),
         serde_json::to_vec(&body).unwrap(),
     );
@@ -62,7 +62,7 @@ async fn a_batch_of_cancels_is_one_transaction_where_each_message_keeps_its_own_
     let o = orders(&env, 40, &[(1, 1), (1, 2), (1, 3), (1, 4), (2, 5), (2, 6)]).await;
     // o[2] is paid in time; then every order but o[3] is past its deadline by the database's
     // clock. o[3]'s message says it expired: only the database's clock decides.
-    let n = env.settings.names();
+    let n = env.names();
     let names = StateNames {
         order_event_topic: n.order_event_topic.clone(),
         compensate_topic: n.compensate_topic.clone(),
@@ -257,7 +257,7 @@ async fn the_sweep_cancels_orders_whose_timer_is_late_and_the_timer_then_finds_t
     let o = orders(&env, 42, &[(1, 1), (1, 2), (1, 3), (1, 4)]).await;
     // o[0], o[1]: 10 s past their deadline, no cancel yet (a late timer); o[2]: 1 s past, within
     // the grace (its timer is on its way); o[3]: paid in time, then past its deadline.
-    let n = env.settings.names();
+    let n = env.names();
     let names = StateNames {
         order_event_topic: n.order_event_topic.clone(),
         compensate_topic: n.compensate_topic.clone(),

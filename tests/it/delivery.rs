@@ -41,7 +41,7 @@ async fn paid_event_in(mode: EventDelivery, activity: i64) -> BTreeSet<String> {
     env.activity(activity, 1, 5).await;
     let orders = created_orders(&env, activity, &[1]).await;
     let oid = orders[0].order_id.clone();
-    let names = env.settings.names();
+    let names = env.names();
     let (collector, consumer, group) = collect_events(&env).await;
     let api = common::start_api(env.settings.clone()).await;
 
@@ -161,7 +161,7 @@ async fn canceled_events_in(mode: EventDelivery, activity: i64) -> BTreeSet<Stri
     env.settings.events.order_canceled = Some(mode);
     env.activity(activity, 1, 5).await;
     let orders = created_orders(&env, activity, &[1, 2]).await;
-    let names = env.settings.names();
+    let names = env.names();
     let (collector, consumer, group) = collect_events(&env).await;
     let pool = env.pool(3).await;
     expire_every_order(&pool).await;
@@ -449,7 +449,7 @@ async fn answering(
         event_id: event_id.to_string(),
         seen: Mutex::default(),
     });
-    let names = env.settings.names();
+    let names = env.names();
     let producer = RocketTransactionProducer::start(
         &seckill::mq::runtime().unwrap(),
         TransactionOptions {
@@ -533,7 +533,7 @@ async fn a_producer_killed_after_the_half_before_its_transaction_is_rolled_back_
     })
     .await;
     assert!(!answers.seen().contains(&LocalOutcome::Commit));
-    let names = env.settings.names();
+    let names = env.names();
     caught_up(&env, &group, &names.order_event_topic).await;
     assert!(collector.paid(&oid).is_empty(), "nothing delivered");
     assert_eq!(
@@ -620,7 +620,7 @@ async fn killed_after_commit(activity: i64, stall_first: bool) {
         !collector.paid(&oid).is_empty()
     })
     .await;
-    let names = env.settings.names();
+    let names = env.names();
     caught_up(&env, &group, &names.order_event_topic).await;
     let paid = collector.paid(&oid);
     assert_eq!(paid.len(), 1, "delivered once");
@@ -677,7 +677,7 @@ async fn a_timeout_cancel_killed_after_its_commit_has_its_batch_committed_by_the
         answers.seen().contains(&LocalOutcome::Commit)
     })
     .await;
-    let names = env.settings.names();
+    let names = env.names();
     for ids in &orders {
         let oid = &ids.order_id;
         eventually(60, "ORDER_CANCELED delivered", || async {

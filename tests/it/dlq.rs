@@ -19,7 +19,7 @@ async fn a_message_failing_every_time_is_dead_lettered_recorded_and_discardable(
     env.settings.consumer.max_reconsume_times = 1;
     env.settings.pg.statement_timeout_ms = 200;
     env.activity(950, 1, 5).await;
-    let names = env.settings.names();
+    let names = env.names();
 
     // Every attempt times out on the locked stock row: a transient failure, each time.
     let locker_pool = env.pool(1).await;
@@ -95,7 +95,7 @@ async fn a_message_failing_every_time_is_dead_lettered_recorded_and_discardable(
         .await;
     }
     // Both replays consumed: a second order could no longer appear.
-    let names = env.settings.names();
+    let names = env.names();
     common::caught_up(&env, &names.order_create_group, &names.order_create_topic).await;
     assert_eq!(
         env.count("SELECT count(*) FROM orders").await,
@@ -145,7 +145,7 @@ async fn a_message_failing_every_time_is_dead_lettered_recorded_and_discardable(
 /// The dead letter's row: where it came from, why it died, its raw payload, OPEN.
 async fn assert_recorded(
     c: &tokio_postgres::Client,
-    names: &seckill::config::Names,
+    names: &seckill::mq::Names,
     e: &seckill::domain::OrderCreateRequested,
 ) {
     let r = c
@@ -256,7 +256,7 @@ async fn replay_past_retention(env: &TestEnv, c: &tokio_postgres::Client, id: &s
 async fn a_replay_racing_the_normal_redelivery_of_the_same_message_has_one_effect() {
     let env = TestEnv::without_topics().await;
     env.activity(951, 1, 5).await;
-    let names = env.settings.names();
+    let names = env.names();
     let h = Arc::new(OrderCreateHandler::new(env.pool(6).await, &env.settings, 4));
     let e = event(951, 1, 7, 300);
     let normal = common::delivery_of(&names.order_create_topic, &e);
@@ -305,7 +305,7 @@ async fn a_replay_racing_the_normal_redelivery_of_the_same_message_has_one_effec
 async fn discarding_an_order_create_dead_letter_gives_its_unit_back_once_after_a_dry_run() {
     let env = TestEnv::without_topics().await;
     env.activity(955, 1, 5).await;
-    let names = env.settings.names();
+    let names = env.names();
     let redis = env.redis().await;
     // A reservation whose message died: its unit and the buyer's slot are held in Redis.
     let r = reserve_only(&redis, 955, 7, 60_000).await;

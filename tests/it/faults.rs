@@ -170,7 +170,7 @@ async fn consumer_killed_after_commit_before_ack_the_redelivery_hits_the_inbox()
 async fn relay_killed_after_the_send_before_the_mark_sends_again_and_is_applied_once() {
     let env = TestEnv::with_topics().await;
     env.activity(902, 1, 5).await;
-    let names = env.settings.names();
+    let names = env.names();
     // An expired reservation: the order transaction rejects it and writes one compensation
     // event to the outbox (a RELEASE_RESERVATION for the Redis unit).
     let redis = env.redis().await;
@@ -333,7 +333,7 @@ async fn one_message_failing_its_batch_does_not_hold_back_the_others() {
     let env = TestEnv::without_topics().await;
     env.activity(960, 1, 10).await;
     let h = OrderCreateHandler::new(env.pool(3).await, &env.settings, 2);
-    let topic = env.settings.names().order_create_topic;
+    let topic = env.names().order_create_topic;
     let events: Vec<_> = (1..=5).map(|u| common::event(960, 1, u, 300)).collect();
     let batch: Vec<Delivery> = events
         .iter()
@@ -454,7 +454,7 @@ async fn consumer_killed_inside_the_transaction_commits_nothing_and_the_redelive
     let e = common::event(962, 1, 9, 300);
     let sent = publisher
         .send(
-            seckill::mq::order_create_message(&env.settings.names().order_create_topic, &e),
+            seckill::mq::order_create_message(&env.names().order_create_topic, &e),
             3000,
         )
         .await;

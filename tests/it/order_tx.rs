@@ -22,7 +22,7 @@ async fn same_message_delivered_100_times_concurrently_makes_one_order() {
     let env = TestEnv::without_topics().await;
     env.activity(1, 1, 10).await;
     let h = handler(&env, 8).await;
-    let topic = env.settings.names().order_create_topic;
+    let topic = env.names().order_create_topic;
     let e = event(1, 1, 42, 300);
     let d = delivery_of(&topic, &e);
     let calls = (0..100).map(|_| {
@@ -47,7 +47,7 @@ async fn same_message_delivered_100_times_concurrently_makes_one_order() {
     let inv = seckill::invariants::check(
         &**env.pool(1).await.get().await.unwrap(),
         &env.redis().await,
-        &env.settings.names().order_create_group,
+        &env.names().order_create_group,
         1,
         1,
     )
@@ -68,7 +68,7 @@ async fn order_row_ledger_outbox_and_inbox_are_written_together() {
     let env = TestEnv::without_topics().await;
     env.activity(1, 1, 10).await;
     let h = handler(&env, 1).await;
-    let n = env.settings.names();
+    let n = env.names();
     let e = event(1, 1, 7, 300);
     let decisions = h
         .process(&[delivery_of(&n.order_create_topic, &e)])
@@ -146,7 +146,7 @@ async fn poison_bodies_are_quarantined_with_their_raw_body_and_acknowledged() {
     let env = TestEnv::without_topics().await;
     env.activity(1, 1, 10).await;
     let h = handler(&env, 1).await;
-    let topic = env.settings.names().order_create_topic;
+    let topic = env.names().order_create_topic;
     let mut unsupported = serde_json::to_value(event(1, 1, 1, 300)).unwrap();
     unsupported["schema_version"] = 9.into();
     let mut missing = serde_json::to_value(event(1, 1, 2, 300)).unwrap();
@@ -197,7 +197,7 @@ async fn expired_reservation_is_rejected_with_exactly_one_compensation() {
     let env = TestEnv::without_topics().await;
     env.activity(1, 1, 10).await;
     let h = handler(&env, 1).await;
-    let topic = env.settings.names().order_create_topic;
+    let topic = env.names().order_create_topic;
     let e = event(1, 1, 5, -1);
     let d = delivery_of(&topic, &e);
     assert_eq!(
@@ -242,7 +242,7 @@ async fn one_reservation_under_many_message_ids_makes_one_order() {
     let env = TestEnv::without_topics().await;
     env.activity(1, 1, 10).await;
     let h = handler(&env, 8).await;
-    let topic = env.settings.names().order_create_topic;
+    let topic = env.names().order_create_topic;
     let base = event(1, 1, 11, 300);
     let calls = (0..20).map(|_| {
         let mut e = base.clone();
@@ -271,7 +271,7 @@ async fn one_buyer_with_many_reservations_gets_one_order_and_the_rest_are_compen
     let env = TestEnv::without_topics().await;
     env.activity(1, 1, 10).await;
     let h = handler(&env, 8).await;
-    let topic = env.settings.names().order_create_topic;
+    let topic = env.names().order_create_topic;
     let calls = (0..10).map(|_| {
         let h = h.clone();
         let d = delivery_of(&topic, &event(1, 1, 77, 300));
@@ -301,7 +301,7 @@ async fn a_batch_larger_than_the_stock_left_gets_what_is_left_and_rejects_the_re
     let env = TestEnv::without_topics().await;
     env.activity(1, 1, 3).await;
     let h = handler(&env, 1).await;
-    let topic = env.settings.names().order_create_topic;
+    let topic = env.names().order_create_topic;
     let events: Vec<_> = (1..=5).map(|u| event(1, 1, u, 300)).collect();
     let batch: Vec<_> = events.iter().map(|e| delivery_of(&topic, e)).collect();
     let decisions = h.process(&batch).await.unwrap();
@@ -349,7 +349,7 @@ async fn a_batch_over_several_skus_takes_each_skus_stock_once() {
     let env = TestEnv::without_topics().await;
     env.activity_skus(1, &[(1, 5), (2, 5)]).await;
     let h = handler(&env, 1).await;
-    let topic = env.settings.names().order_create_topic;
+    let topic = env.names().order_create_topic;
     let created = |d: &[Decision]| {
         d.iter()
             .filter(|d| matches!(d, Decision::Created { .. }))
@@ -411,7 +411,7 @@ async fn a_transient_failure_rolls_everything_back_and_asks_for_redelivery() {
         )
         .await
         .unwrap();
-    let topic = env.settings.names().order_create_topic;
+    let topic = env.names().order_create_topic;
     let e = event(1, 1, 9, 300);
     let d = delivery_of(&topic, &e);
     let err = h.process(std::slice::from_ref(&d)).await.unwrap_err();
@@ -433,7 +433,7 @@ async fn many_buyers_at_once_never_deadlock_and_never_oversell() {
     let env = TestEnv::without_topics().await;
     env.activity(1, 1, 30).await;
     let h = handler(&env, 8).await;
-    let topic = env.settings.names().order_create_topic;
+    let topic = env.names().order_create_topic;
     let calls = (1..=60).map(|user| {
         let h = h.clone();
         let d = delivery_of(&topic, &event(1, 1, user, 300));
@@ -476,7 +476,7 @@ async fn calls_far_past_the_budget_are_gathered_and_never_run_more_transactions_
         &env.settings,
         2,
     ));
-    let topic = env.settings.names().order_create_topic;
+    let topic = env.names().order_create_topic;
     // 64 batches at once, as `consume --workers 64` would hand over.
     let calls = (1..=64).map(|user| {
         let h = h.clone();

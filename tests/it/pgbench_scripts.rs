@@ -186,7 +186,7 @@ async fn consumer_shapes(env: &TestEnv, batch: usize) -> Vec<String> {
     .into();
     let pool = seckill::pg::connect_pool(&pg, 2).await.unwrap();
     let handler = OrderCreateHandler::new(pool, &env.settings, 1);
-    let topic = env.settings.names().order_create_topic;
+    let topic = env.names().order_create_topic;
     // A first batch warms the connection (prepared statements, settings), as in a running
     // consumer; the second is the one compared.
     for round in 0..2 {

@@ -546,7 +546,7 @@ async fn a_poison_message_on_the_topic_is_quarantined_and_acknowledged() {
     let outcome = publisher
         .send(
             OutMessage {
-                topic: env.settings.names().order_create_topic,
+                topic: env.names().order_create_topic,
                 tag: "CREATE_ORDER".into(),
                 keys: vec!["poison".into()],
                 properties: vec![("message_id".into(), "evt_poison".into())],
@@ -571,7 +571,7 @@ async fn a_poison_message_on_the_topic_is_quarantined_and_acknowledged() {
     // Acknowledged: the handler answered ACK (never RETRY, which would send it back for a
     // redelivery) and the group's committed offset passed it, so the broker has nothing left
     // to deliver again.
-    let names = env.settings.names();
+    let names = env.names();
     common::caught_up(&env, &names.order_create_group, &names.order_create_topic).await;
     use std::sync::atomic::Ordering::SeqCst;
     assert_eq!(

@@ -27,7 +27,7 @@ async fn reconcile_emits_exactly_the_missing_events_once_and_changes_no_order() 
     let env = TestEnv::without_topics().await;
     env.activity(960, 1, 10).await;
     let redis = env.redis().await;
-    let names = env.settings.names();
+    let names = env.names();
     let orders = three_orders(&env).await;
     let pool = env.pool(2).await;
     let mut c = pool.get().await.unwrap();

@@ -30,7 +30,7 @@ use seckill::roles::scan::{outbox_message, Relay, Scanner};
 use seckill::roles::timeout_cancel::TimeoutCancelHandler;
 
 fn state_names(env: &TestEnv) -> StateNames {
-    let n = env.settings.names();
+    let n = env.names();
     StateNames {
         order_event_topic: n.order_event_topic,
         compensate_topic: n.compensate_topic,
@@ -160,7 +160,7 @@ async fn rejected_as_expired(
     event.reservation_valid_until = Utc::now() - chrono::Duration::seconds(1);
     event.reservation_created_at = event.reservation_valid_until - chrono::Duration::seconds(300);
     let order_handler = OrderCreateHandler::new(env.pool(2).await, &env.settings, 1);
-    let d = delivery_of(&env.settings.names().order_create_topic, &event);
+    let d = delivery_of(&env.names().order_create_topic, &event);
     assert_eq!(
         order_handler.process(&[d]).await.unwrap(),
         vec![Decision::Rejected(RejectReason::Expired)]
@@ -175,7 +175,7 @@ async fn compensation_consumer(
     Arc<CompensationHandler>,
     seckill::mq::rocketmq::ConsumerHandle,
 ) {
-    let names = env.settings.names();
+    let names = env.names();
     let comp = Arc::new(CompensationHandler {
         redis: redis.clone(),
         pool: env.pool(2).await,
@@ -201,7 +201,7 @@ async fn an_expired_backlog_is_compensated_once_through_the_relay_even_when_rede
     env.activity(20, 1, 5).await;
     let redis = env.redis().await;
     let settings = Arc::new(env.settings.clone());
-    let names = env.settings.names();
+    let names = env.names();
     let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
 
     // The reservation's message reaches the consumer after its validity ended.
@@ -273,7 +273,7 @@ async fn an_expired_backlog_is_compensated_once_through_the_relay_even_when_rede
 
 async fn created_orders(env: &TestEnv, activity_id: i64, n: i64) -> Vec<String> {
     let h = OrderCreateHandler::new(env.pool(2).await, &env.settings, 1);
-    let topic = env.settings.names().order_create_topic;
+    let topic = env.names().order_create_topic;
     let mut ids = Vec::new();
     for user in 1..=n {
         let e = common::event(activity_id, 1, user, 300);
@@ -295,7 +295,7 @@ fn cancel_delivery(
         "order_id": order_id, "expires_at": expires_at,
     });
     delivery(
-        &env.settings.names().order_timeout_topic,
+        &env.names().order_timeout_topic,
         None,
         serde_json::to_vec(&body).unwrap(),
     )
@@ -497,7 +497,7 @@ async fn pay_and_cancel_raced_100_times_each_never_both_win() {
 #[tokio::test]
 async fn order_events_are_projected_by_version_so_stale_and_repeated_events_are_no_ops() {
     let env = TestEnv::without_topics().await;
-    let names = env.settings.names();
+    let names = env.names();
     let h = seckill::roles::consume::projection::ProjectionHandler {
         redis: env.redis().await,
         pool: env.pool(1).await,
@@ -552,7 +552,7 @@ async fn a_batch_of_releases_gives_each_unit_back_once_in_one_round_trip() {
     let env = TestEnv::without_topics().await;
     env.activity(21, 1, 5).await;
     let redis = env.redis().await;
-    let names = env.settings.names();
+    let names = env.names();
     let a = reserve_only(&redis, 21, 1, 60_000).await;
     let b = reserve_only(&redis, 21, 2, 60_000).await;
     assert_eq!(redis.sku_stock(21, 1).await.unwrap(), Some((5, 3)));
@@ -680,7 +680,7 @@ impl seckill::mq::Publisher for CallLog {
 async fn the_relay_sends_immediate_events_in_one_batch_call_in_version_order_and_timers_one_by_one()
 {
     let env = TestEnv::with_topics().await;
-    let names = env.settings.names();
+    let names = env.names();
     let pool = env.pool(2).await;
     let c = pool.get().await.unwrap();
     let orders = 10;
@@ -864,7 +864,7 @@ async fn a_confirmed_send_the_consumers_never_took_is_sent_again_with_the_same_m
     let consumer = seckill::mq::start_order_create_consumer(&env.settings, handler, 2)
         .await
         .unwrap();
-    let topic = env.settings.names().order_create_topic;
+    let topic = env.names().order_create_topic;
     // Two reservations the broker confirmed 20 s ago; only the first copy reached the
     // consumers (the second one's broker died holding it: it was never sent here at all).
     let sent_at = Utc::now().timestamp_millis() - 20_000;

@@ -97,10 +97,10 @@ async fn the_invariants_allow_an_inbox_row_purged_by_retention_and_nothing_else(
     let env = TestEnv::without_topics().await;
     env.activity(60, 1, 5).await;
     let h = OrderCreateHandler::new(env.pool(2).await, &env.settings, 1);
-    let topic = env.settings.names().order_create_topic;
+    let topic = env.names().order_create_topic;
     let e = common::event(60, 1, 1, 300);
     h.process(&[common::delivery_of(&topic, &e)]).await.unwrap();
-    let group = env.settings.names().order_create_group;
+    let group = env.names().order_create_group;
     let redis = env.redis().await;
     let pool = env.pool(1).await;
     let c = pool.get().await.unwrap();

@@ -168,7 +168,7 @@ async fn timeout_cancel_exports_its_groups_backlog_with_the_retry_topic() {
 #[tokio::test]
 async fn a_scratch_environments_topics_are_deleted_only_when_confirmed() {
     let env = TestEnv::with_topics().await;
-    let topic = env.settings.names().order_create_topic;
+    let topic = env.names().order_create_topic;
     let probe = |id: &str| seckill::mq::OutMessage {
         topic: topic.clone(),
         tag: "PROBE".into(),

@@ -295,7 +295,7 @@ async fn every_instance_restarted_in_turn_behind_haproxy_fails_no_buyer_and_lose
     let report = seckill::invariants::check(
         &**client,
         &env.redis().await,
-        &env.settings.names().order_create_group,
+        &env.names().order_create_group,
         991,
         1,
     )

@@ -431,7 +431,7 @@ async fn one_of_two_brokers_killed_mid_sale_loses_and_doubles_nothing() {
         .expect("topics on both brokers");
     env.activity(983, 1, STOCK).await;
     let roles = start_roles(&env, 1, THROTTLED).await;
-    let names = env.settings.names();
+    let names = env.names();
     let topic = names.order_create_topic.clone();
     let probe = seckill::mq::rocketmq::LagProbe::new(
         &seckill::mq::runtime().unwrap(),
@@ -683,7 +683,7 @@ async fn the_broker_restarted_between_a_half_message_and_its_commit_delivers_the
         !collector.paid(&oid).is_empty()
     })
     .await;
-    caught_up(&env, &group, &env.settings.names().order_event_topic).await;
+    caught_up(&env, &group, &env.names().order_event_topic).await;
     let paid = collector.paid(&oid);
     assert_eq!(paid.len(), 1, "delivered once");
     assert_eq!(paid[0].properties["message_id"], event_id);
@@ -730,7 +730,7 @@ fn both_name_servers() -> bool {
 
 /// Waits until the name server at `addr`, asked alone, routes the order topic to the broker.
 async fn routes_on(addr: &str, env: &TestEnv) {
-    let names = env.settings.names();
+    let names = env.names();
     let probe = seckill::mq::rocketmq::LagProbe::new(&seckill::mq::runtime().unwrap(), addr)
         .await
         .unwrap();

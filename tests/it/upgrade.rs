@@ -126,7 +126,7 @@ async fn a_v1_backlog_then_v2_messages_become_orders_each_with_what_its_schema_c
 async fn a_v2_message_quarantined_by_a_v1_consumer_is_replayed_once_and_audited() {
     let env = TestEnv::with_topics().await;
     env.activity(971, 1, 5).await;
-    let names = env.settings.names();
+    let names = env.names();
     let redis = env.redis().await;
     let ids = reserve_only(&redis, 971, 31, 600_000).await;
     let fields = redis.reservation(971, &ids.reservation_id).await.unwrap();

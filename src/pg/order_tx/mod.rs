@@ -65,7 +65,7 @@ pub struct TxNames {
 impl TxNames {
     /// The order-create group's names: its inbox, its source topic and where its outcomes go.
     pub fn order_create(settings: &crate::config::Settings) -> Self {
-        let n = settings.names();
+        let n = crate::mq::Names::of(settings);
         Self {
             consumer_group: n.order_create_group,
             source_topic: n.order_create_topic,

@@ -49,9 +49,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::auth::buyer::BuyerAuth;
-use crate::config::{BuyerIdentity, EventDelivery, Names, Settings};
+use crate::config::{BuyerIdentity, EventDelivery, Settings};
 use crate::gather::{Gather, GatherSettings};
 use crate::mq::lag::LagSource;
+use crate::mq::Names;
 use crate::mq::{Publisher, TransactionPublisher};
 use crate::redis::{RedisStore, SentMark};
 use crate::shutdown::Watchdog;
@@ -257,7 +258,7 @@ pub async fn build_state(
     Ok(ApiState {
         auth,
         sent_marks: Arc::new(sent_marks(&redis)),
-        names: Arc::new(settings.names()),
+        names: Arc::new(crate::mq::Names::of(&settings)),
         inflight: Arc::new(Semaphore::new(settings.api.max_inflight)),
         admission: Arc::new(admission::Admission::with_ramp(Duration::from_secs(
             settings.api.resume_ramp_secs,
@@ -450,7 +451,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let settings = Arc::new(settings);
     let mq = crate::mq::hot_path_publisher(&settings).await?;
     let mut state = build_state(settings.clone(), mq).await?;
-    let names = settings.names();
+    let names = crate::mq::Names::of(&settings);
     state.lag = Some(LagSource {
         probe: Arc::new(
             crate::mq::rocketmq::LagProbe::new(

@@ -57,7 +57,7 @@ pub async fn start_intakes(
     settings: &Settings,
     pool: deadpool_postgres::Pool,
 ) -> anyhow::Result<Vec<crate::mq::rocketmq::ConsumerHandle>> {
-    let names = settings.names();
+    let names = crate::mq::Names::of(settings);
     let mut handles = Vec::new();
     for (group, topic) in names.dead_letter_sources() {
         let intake = std::sync::Arc::new(DlqIntake {
@@ -71,7 +71,7 @@ pub async fn start_intakes(
             crate::mq::start_consumer(
                 settings,
                 &intake_group,
-                &crate::config::Names::dlq_topic(&group),
+                &crate::mq::Names::dlq_topic(&group),
                 intake,
                 settings.consumer.dlq_intake_workers,
                 16,

@@ -20,8 +20,9 @@ use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
-use crate::config::{Names, Settings};
+use crate::config::Settings;
 use crate::mq::rocketmq::ConsumerHandle;
+use crate::mq::Names;
 use crate::roles::runtime::RoleRuntime;
 
 /// `seckill consume [--workers N]`.
@@ -31,9 +32,9 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     // within the worker budget, under the adaptive limit. Calls past the budget only wait in
     // memory (and join the next transaction), they cannot overload PostgreSQL.
     let workers = workers.unwrap_or(settings.consumer.listener_calls).max(1);
-    let budget = settings.worker_budget().min(workers);
+    let budget = crate::limiter::order_budget(&settings.pg).min(workers);
     metrics::gauge!("worker_budget").set(budget as f64);
-    let names = settings.names();
+    let names = crate::mq::Names::of(&settings);
     // One connection per transaction slot plus one spare, so a worker never waits on another's.
     let pool = crate::pg::connect_pool(&settings.pg, budget + 1).await?;
     let handler = Arc::new(order_create::OrderCreateHandler::new(
@@ -72,10 +73,13 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
         let signal = role.stop_requested();
         tokio::pin!(signal);
         let mut tick = 0u64;
+        // The first sample is taken at once: the figures are on /metrics from the start.
+        let mut every = tokio::time::interval(Duration::from_secs(1));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 died = &mut signal => break died,
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {
+                _ = every.tick() => {
                     // Order-create every second (it drives mq_consumer_ready), the others
                     // every 5 s.
                     let due = if tick.is_multiple_of(5) { &groups[..] } else { &groups[..1] };
@@ -96,7 +100,7 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
 async fn start_side_groups(
     settings: &Settings,
 ) -> anyhow::Result<(ConsumerHandle, ConsumerHandle)> {
-    let names = settings.names();
+    let names = crate::mq::Names::of(settings);
     let compensation = Arc::new(compensate::CompensationHandler {
         redis: crate::redis::RedisStore::connect(&settings.redis).await?,
         pool: crate::pg::connect_pool(&settings.pg, settings.consumer.compensate_workers).await?,

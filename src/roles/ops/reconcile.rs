@@ -20,7 +20,6 @@ use crate::domain::events::{
     OrderCanceled, OrderCreated, OrderPaid, OrderRef, ReleaseReservation, TAG_CANCEL_IF_UNPAID,
     TAG_ORDER_CANCELED, TAG_ORDER_CREATED, TAG_ORDER_PAID, TAG_RELEASE_RESERVATION,
 };
-use crate::pg::outbox::OUTBOX_CHANNEL;
 use crate::pg::rows::{OutboxEvent, OutboxRows, OutboxStart};
 use crate::redis::RedisStore;
 
@@ -170,11 +169,7 @@ fn wanted_event_ids(orders: &[ChangedOrder]) -> Vec<String> {
 }
 
 /// The RELEASE_RESERVATION a cancelled order's unit goes back with.
-fn release_after_cancel(
-    names: &crate::config::Names,
-    facts: &OrderRef,
-    now: DateTime<Utc>,
-) -> Emit {
+fn release_after_cancel(names: &crate::mq::Names, facts: &OrderRef, now: DateTime<Utc>) -> Emit {
     let mut e = ReleaseReservation::new(facts, "ORDER_CANCELED");
     e.reconciled_at = Some(now);
     Emit::new(
@@ -191,7 +186,7 @@ fn release_after_cancel(
 /// of a cancelled one) and writes each again with the id its writer gives it.
 async fn missing_order_events(
     pg: &impl GenericClient,
-    names: &crate::config::Names,
+    names: &crate::mq::Names,
     start: DateTime<Utc>,
     end: DateTime<Utc>,
     now: DateTime<Utc>,
@@ -275,7 +270,7 @@ async fn past_transaction_horizon(
 /// Expired unpaid orders nobody cancelled: a fresh cancel trigger each (deterministic id).
 async fn expired_not_canceled(
     pg: &impl GenericClient,
-    names: &crate::config::Names,
+    names: &crate::mq::Names,
     start: DateTime<Utc>,
     end: DateTime<Utc>,
     now: DateTime<Utc>,
@@ -346,7 +341,7 @@ pub async fn reconcile(
     args: &ReconcileArgs,
 ) -> anyhow::Result<ReconcileReport> {
     let started = Instant::now();
-    let names = settings.names();
+    let names = crate::mq::Names::of(settings);
     let now = Utc::now();
     let start = now - Duration::hours(args.window_hours);
     let end = now - Duration::seconds(args.grace_secs);
@@ -385,8 +380,7 @@ pub async fn reconcile(
         created, paid, canceled, released, expired, horizon, stuck, stock,
     ];
     if report.emitted() > 0 {
-        pg.batch_execute(&format!("NOTIFY {OUTBOX_CHANNEL}"))
-            .await?;
+        crate::pg::outbox::notify(pg).await?;
     }
     report.duration_secs = started.elapsed().as_secs_f64();
     Ok(report)
@@ -437,9 +431,7 @@ pub async fn run(settings: Settings, args: ReconcileArgs) -> anyhow::Result<bool
     let (client, conn) = crate::pg::connect_one(&settings.pg).await?;
     let conn = tokio::spawn(conn);
     // A one-shot scan over the window, not the hot path: it gets a longer statement bound.
-    client
-        .batch_execute("SET statement_timeout = '300s'")
-        .await?;
+    crate::pg::set_statement_timeout(&client, 300).await?;
     let redis = RedisStore::connect(&settings.redis).await?;
     let report = reconcile(&settings, &client, &redis, &args).await?;
     if args.json {

@@ -9,7 +9,7 @@ use crate::config::Settings;
 
 /// `(topic, queues)` of every topic the pipeline uses.
 pub fn topic_plan(settings: &Settings) -> Vec<(String, u32)> {
-    let n = settings.names();
+    let n = crate::mq::Names::of(settings);
     let mut plan = vec![
         (
             n.order_create_topic.clone(),
@@ -22,7 +22,7 @@ pub fn topic_plan(settings: &Settings) -> Vec<(String, u32)> {
     // Dead-letter topics exist (readable) before the first message dies, so the DLQ intake
     // can subscribe at start-up; the broker would otherwise create them write-only.
     for (group, _) in n.dead_letter_sources() {
-        plan.push((crate::config::Names::dlq_topic(&group), 1));
+        plan.push((crate::mq::Names::dlq_topic(&group), 1));
     }
     plan
 }
@@ -39,7 +39,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
 
 /// Every topic of this environment: the plan's, and the consumer groups' retry topics.
 pub fn environment_topics(settings: &Settings) -> Vec<String> {
-    let n = settings.names();
+    let n = crate::mq::Names::of(settings);
     let mut topics: Vec<String> = topic_plan(settings).into_iter().map(|(t, _)| t).collect();
     for (group, _) in n.dead_letter_sources() {
         topics.push(crate::mq::lag::retry_topic(&group));

@@ -8,10 +8,11 @@ use std::sync::Arc;
 
 use chrono::Utc;
 
-use crate::config::{Names, Settings};
+use crate::config::Settings;
 use crate::domain::order_create::ReservationFacts;
 use crate::domain::Decision;
 use crate::domain::{OrderCreateRequested, TraceContext};
+use crate::mq::Names;
 use crate::mq::{order_create_message, Publisher, SendOutcome};
 use crate::pg::order_tx::{withdraw, Inbound, TxNames};
 use crate::redis::reservation::ReservationHash;
@@ -74,7 +75,7 @@ impl Copies {
         settings: Arc<Settings>,
     ) -> Self {
         Self {
-            names: settings.names(),
+            names: crate::mq::Names::of(&settings),
             tx_names: TxNames::order_create(&settings),
             redis,
             pool,

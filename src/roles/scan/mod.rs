@@ -56,7 +56,7 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
     if sc.unconsumed_resend_ms > 0 {
         // What a dead broker holds goes out again through the live ones
         // (docs/ARCHITECTURE.md#a-dead-brokers-messages).
-        let names = settings.names();
+        let names = crate::mq::Names::of(&settings);
         let probe = Arc::new(
             crate::mq::rocketmq::LagProbe::new(
                 &crate::mq::runtime()?,

@@ -17,7 +17,7 @@ use tracing::{error, info, warn};
 use crate::config::Settings;
 use crate::mq::{OutMessage, Publisher, SendOutcome};
 use crate::pg::outbox::outbox_message;
-use crate::pg::outbox::{self, backoff_ms, OutboxRow, OUTBOX_CHANNEL};
+use crate::pg::outbox::{self, backoff_ms, OutboxRow};
 
 use super::unconsumed::{Progress, ProgressReader};
 
@@ -263,11 +263,7 @@ pub(super) async fn listen(
                         })
                         .await;
                 });
-                if client
-                    .batch_execute(&format!("LISTEN {OUTBOX_CHANNEL}"))
-                    .await
-                    .is_ok()
-                {
+                if outbox::listen(&client).await.is_ok() {
                     tokio::select! {
                         _ = shutdown.cancelled() => { driver.abort(); return; }
                         _ = &mut driver => {}

@@ -23,14 +23,10 @@ pub(super) async fn run_loop(
             // VACUUM, may take longer than pg.statement_timeout_ms (it failed every pass of
             // make soak with the 2 s bound). The connection gets its bound back afterwards.
             let pass = async {
-                client
-                    .batch_execute(&format!(
-                        "SET statement_timeout = '{}s'",
-                        RETENTION_STATEMENT_TIMEOUT_SECS
-                    ))
+                crate::pg::set_statement_timeout(&**client, RETENTION_STATEMENT_TIMEOUT_SECS)
                     .await?;
                 let done = crate::pg::retention::purge_all(&**client, &rt).await;
-                client.batch_execute("RESET statement_timeout").await?;
+                crate::pg::reset_statement_timeout(&**client).await?;
                 done
             };
             match pass.await {

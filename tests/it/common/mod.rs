@@ -27,6 +27,11 @@ pub struct TestEnv {
 }
 
 impl TestEnv {
+    /// This environment's topic and group names.
+    pub fn names(&self) -> seckill::mq::Names {
+        seckill::mq::Names::of(&self.settings)
+    }
+
     /// A fresh, migrated schema and key prefix, and this environment's topics on the broker.
     pub async fn with_topics() -> Self {
         Self::new(true).await
@@ -201,7 +206,7 @@ pub async fn caught_up(env: &TestEnv, group: &str, topic: &str) {
 /// reservation of the activity waits for a re-send. From then on nothing can create another
 /// order for it, so a count taken after this proves an absence without a fixed sleep.
 pub async fn quiescent(env: &TestEnv, activity_id: i64) {
-    let names = env.settings.names();
+    let names = seckill::mq::Names::of(&env.settings);
     let redis = env.redis().await;
     eventually(60, "no reservation waits for a re-send", || async {
         redis.pending_count(activity_id).await.unwrap() == 0
@@ -271,7 +276,7 @@ impl TestEnv {
         seckill::invariants::check(
             &**client,
             &self.redis().await,
-            &self.settings.names().order_create_group,
+            &seckill::mq::Names::of(&self.settings).order_create_group,
             activity_id,
             sku_id,
         )
@@ -789,7 +794,7 @@ pub async fn post_notification(
 /// created by the order consumer's handler (no broker involved).
 pub async fn created_orders(env: &TestEnv, activity_id: i64, users: &[i64]) -> Vec<Ids> {
     let redis = env.redis().await;
-    let names = env.settings.names();
+    let names = seckill::mq::Names::of(&env.settings);
     let handler = seckill::roles::consume::order_create::OrderCreateHandler::new(
         env.pool(2).await,
         &env.settings,
@@ -860,7 +865,7 @@ pub async fn collect_events(
     let handle = seckill::mq::start_consumer(
         &env.settings,
         &group,
-        &env.settings.names().order_event_topic,
+        &seckill::mq::Names::of(&env.settings).order_event_topic,
         collector.clone(),
         2,
         16,

@@ -20,6 +20,11 @@ pub struct Names {
 }
 
 impl Names {
+    /// The names of the settings' environment (`env`).
+    pub fn of(settings: &crate::config::Settings) -> Self {
+        Self::new(&settings.env)
+    }
+
     /// The broker's dead-letter topic of a consumer group.
     pub fn dlq_topic(group: &str) -> String {
         format!("%DLQ%{group}")
@@ -62,5 +67,21 @@ impl Names {
             producer_group: format!("PG_{infix}SECKILL_PRODUCER_V1"),
             transaction_producer_group: format!("PG_{infix}SECKILL_TX_PRODUCER_V1"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_carry_the_environment_prefix() {
+        let n = Names::new("PROD");
+        assert_eq!(n.order_create_topic, "PROD_SECKILL_ORDER_CREATE_V1");
+        assert_eq!(n.order_create_group, "CG_SECKILL_ORDER_CREATE_PG_V1");
+        assert_eq!(
+            Names::new("T1").order_create_group,
+            "CG_T1_SECKILL_ORDER_CREATE_PG_V1"
+        );
     }
 }
