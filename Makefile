@@ -49,7 +49,7 @@ bench-payments-small: ## make bench-payments in seconds on the debug build: it r
 	SECKILL_ENV=bench target/debug/seckill-bench payments --orders 100 --concurrency 8 --rounds 1
 
 limits: services-up ## Only the naive limits (pgbench, redis-benchmark, direct PostgreSQL); last line LIMITS ...
-	scripts/limits.sh
+	bench/limits/limits.sh
 
 test: services-up ## The whole test suite against the real services, the operator files, schemathesis, a small soak, then the faults on the shared services
 	SECKILL_ENV=test cargo test --workspace --all-targets --features failpoints -- --test-threads=4

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make bench: the machine's naive limits (scripts/limits.sh) and the pipeline's own figures,
+# make bench: the machine's naive limits (bench/limits/limits.sh) and the pipeline's own figures,
 # measured in one run on this machine, then each figure as a ratio to its limit.
 #
 #   1. limits: pgbench with the order transaction (one per transaction and batched),
@@ -29,6 +29,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+source scripts/ready-lib.sh
 export SECKILL_ENV=bench
 RUN_DIR="${SECKILL_RUN_DIR:-$HOME/.cache/seckill/run}/bench"
 mkdir -p "$RUN_DIR"
@@ -43,7 +44,6 @@ fi
 
 log() { printf '[bench] %s\n' "$*" >&2; }
 field() { sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<<"$1"; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "nan" }'; }
 
 scripts/services-up.sh >&2
 # A run leaves its reservations in Redis (hundreds of thousands of keys): the next run starts
@@ -86,7 +86,7 @@ stop() { # name
 stop_all() { for n in "${!PID[@]}"; do stop "$n"; done; }
 trap stop_all EXIT
 wait_ready() { # url
-  for _ in $(seq 1 150); do curl -fsS "$1" >/dev/null 2>&1 && return 0; sleep 0.2; done
+  until_ready "$1" && return 0
   log "$1 not ready; logs in $RUN_DIR"; return 1
 }
 cpu_args() { # the --cpu flags for the processes running now
@@ -208,8 +208,10 @@ baseline_sale() {
     --stock "$SALE_STOCK" --scenario baseline-sale | tail -1)"
   log "$BASE_SALE"
 }
-sale_ratios() { # the sale's figures, as in RATIOS
-  echo "sale_vs_direct_pg=$(ratio "$(field "$SALE" req_per_s)" "$(field "$BASE_SALE" req_per_s)") sale_p99_vs_direct_pg=$(ratio "$(field "$SALE" api_p99_ms)" "$(field "$BASE_SALE" api_p99_ms)") sale_vs_front_door=$(ratio "$(field "$SALE" req_per_s)" "$(field "$SALE_FRONT" req_per_s)") sale_p99_ms=$(field "$SALE" api_p99_ms) direct_pg_sale_p99_ms=$(field "$BASE_SALE" api_p99_ms) within_3s_pct=$(field "$SALE" within_3s_pct)"
+record_lines() { # NAME... : each scenario's line (the variable NAME) into $RUN_DIR/lines/NAME
+  rm -rf "$RUN_DIR/lines" && mkdir -p "$RUN_DIR/lines"
+  local name
+  for name in "$@"; do printf '%s\n' "${!name:-}" >"$RUN_DIR/lines/$name"; done
 }
 
 # BENCH_ONLY=sale (make bench-sale): the sale's three runs alone, minutes instead of the whole
@@ -229,18 +231,14 @@ if [[ "${BENCH_ONLY:-}" == sale ]]; then
   stop_all
   trap - EXIT
   redis_clean
-  violations=0
-  for line in "$SALE" "$SALE_FRONT" "$BASE_SALE"; do
-    [[ "$line" == *" OK "* ]] || violations=$((violations + 1))
-  done
-  echo "SALE_RATIOS $(sale_ratios) violations=$violations"
-  [[ "$violations" == 0 ]]
+  record_lines SALE SALE_FRONT BASE_SALE
+  "$BENCH" ratios --dir "$RUN_DIR/lines" --sale-only
   exit
 fi
 
 # --- 1. limits -------------------------------------------------------------------------------
 log "limits (pgbench, redis-benchmark, direct PostgreSQL), ${LIMITS_SECONDS}s each"
-DIRECT_PG_CLIENTS="$CONC" scripts/limits.sh | tee "$RUN_DIR/limits.out" >&2
+DIRECT_PG_CLIENTS="$CONC" bench/limits/limits.sh | tee "$RUN_DIR/limits.out" >&2
 LIMITS="$(grep '^LIMITS ' "$RUN_DIR/limits.out" | tail -1)"
 [[ -n "$LIMITS" ]] || { echo "RATIOS FAILED reason=no_limits"; exit 1; }
 log "broker raw send rate"
@@ -378,43 +376,8 @@ trap - EXIT
 redis_clean
 
 # --- ratios ----------------------------------------------------------------------------------
-single_tps="$(field "$LIMITS" pgbench_single_tps)"
-batch_ops="$(field "$LIMITS" pgbench_batch_orders_per_s)"
-soldout_pg="$(field "$LIMITS" direct_pg_soldout_per_s)"
-orders_ps="$(field "$B_BATCH" orders_per_s)"
-violations=0
-for line in "$RELAY" "$I_BATCHED" "$I_SINGLE" "$T_OFF" "$T_ON" "$T_OFF2" "$T_ON2" "$SALE_FRONT" "$BASE_SOLDOUT" "$BASE_BUY" "$BASE_SALE"; do
-  [[ "$line" == *" OK "* ]] || violations=$((violations + 1))
-done
-for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT_REDIS" "$SOLDOUT" "$SALE" "$MANY" "$DUPS" "$OPEN"; do
-  v="$(field "$line" violations)"
-  violations=$((violations + ${v:-1}))
-  [[ "$line" == *" OK "* ]] || violations=$((violations + 1))
-done
-{
-  echo
-  echo "== limits (this machine, this run) =="
-  echo "$LIMITS"
-  echo "$BROKER1"
-  echo "$BROKER32"
-  echo "== pipeline =="
-  for line in "$B_BATCH" "$B_WIDE" "$B_SINGLE" "$RELAY" "$I_BATCHED" "$I_SINGLE" "$T_OFF" "$T_ON" "$T_OFF2" "$T_ON2" "$A_BATCHED" "$A_SINGLE" "$SOLDOUT_REDIS" "$SOLDOUT" "$SALE" "$SALE_FRONT" "$MANY" "$DUPS" "$OPEN"; do
-    echo "$line"
-  done
-  echo "== ratios =="
-  echo "consumer orders/s (batched) $orders_ps vs pgbench one order/tx $single_tps and batched $batch_ops"
-  echo "consumer orders/s, --workers 64: $(field "$B_WIDE" orders_per_s); one order per transaction: $(field "$B_SINGLE" orders_per_s)"
-  echo "outbox relay events/s $(field "$RELAY" events_per_s) vs the broker's one-message sends/s $(field "$BROKER1" msgs_per_s)"
-  echo "accepted/s batched $(field "$A_BATCHED" accepted_per_s) vs unbatched $(field "$A_SINGLE" accepted_per_s) (whole pipeline running)"
-  echo "accepted/s batched $(field "$I_BATCHED" accepted_per_s) vs unbatched $(field "$I_SINGLE" accepted_per_s) (send path alone, consumer stopped)"
-  echo "accepted/s with tokens and rate limits $(field "$T_ON" accepted_per_s) and $(field "$T_ON2" accepted_per_s) vs body user_id, no limits $(field "$T_OFF" accepted_per_s) and $(field "$T_OFF2" accepted_per_s) (send path alone, alternating)"
-  echo "$BASE_SOLDOUT"
-  echo "$BASE_BUY"
-  echo "$BASE_SALE"
-  echo "sold-out answers/s $(field "$SOLDOUT" sold_out_per_s) vs direct PostgreSQL over HTTP $(field "$BASE_SOLDOUT" sold_out_per_s) and pgbench $soldout_pg, $CONC clients"
-  echo "the sale, answers/s $(field "$SALE" req_per_s) (p99 $(field "$SALE" api_p99_ms) ms) vs direct PostgreSQL over HTTP $(field "$BASE_SALE" req_per_s) (p99 $(field "$BASE_SALE" api_p99_ms) ms)"
-  echo "accepted/s $(field "$A_BATCHED" accepted_per_s) vs direct PostgreSQL purchases over HTTP $(field "$BASE_BUY" accepted_per_s) and pgbench $(field "$LIMITS" direct_pg_buy_per_s)"
-} | tee "$RUN_DIR/summary.txt"
-RATIOS="RATIOS order_vs_pgbench_single=$(ratio "$orders_ps" "$single_tps") order_batch1_vs_pgbench_single=$(ratio "$(field "$B_SINGLE" orders_per_s)" "$single_tps") order_vs_pgbench_batch=$(ratio "$orders_ps" "$batch_ops") accept_batched_vs_unbatched=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$A_SINGLE" accepted_per_s)") soldout_vs_direct_pg=$(ratio "$(field "$SOLDOUT" sold_out_per_s)" "$(field "$BASE_SOLDOUT" sold_out_per_s)") soldout_vs_pgbench_direct=$(ratio "$(field "$SOLDOUT" sold_out_per_s)" "$soldout_pg") soldout_memory_vs_redis=$(ratio "$(field "$SOLDOUT" sold_out_per_s)" "$(field "$SOLDOUT_REDIS" sold_out_per_s)") accept_vs_direct_pg_buy=$(ratio "$(field "$A_BATCHED" accepted_per_s)" "$(field "$BASE_BUY" accepted_per_s)") $(sale_ratios) workers64_vs_budget=$(ratio "$(field "$B_WIDE" orders_per_s)" "$orders_ps") relay_vs_broker_single=$(ratio "$(field "$RELAY" events_per_s)" "$(field "$BROKER1" msgs_per_s)") send_path_batched_vs_unbatched=$(ratio "$(field "$I_BATCHED" accepted_per_s)" "$(field "$I_SINGLE" accepted_per_s)") trust_on_vs_off=$(ratio "$(( $(field "$T_ON" accepted_per_s) + $(field "$T_ON2" accepted_per_s) ))" "$(( $(field "$T_OFF" accepted_per_s) + $(field "$T_OFF2" accepted_per_s) ))") violations=$violations"
-echo "$RATIOS"
-[[ "$violations" == 0 ]]
+# Each scenario's line in a file of its name; seckill-bench does the arithmetic and the verdicts.
+record_lines LIMITS BROKER1 BROKER32 B_BATCH B_WIDE B_SINGLE RELAY I_BATCHED I_SINGLE T_OFF T_ON \
+  T_OFF2 T_ON2 A_BATCHED A_SINGLE SOLDOUT_REDIS SOLDOUT SALE SALE_FRONT MANY DUPS OPEN \
+  BASE_SOLDOUT BASE_BUY BASE_SALE
+"$BENCH" ratios --dir "$RUN_DIR/lines" | tee "$RUN_DIR/summary.txt"

@@ -23,6 +23,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+source scripts/ready-lib.sh
 export SECKILL_ENV=chaos
 REQUESTS="${CHAOS_REQUESTS:-8000}"
 BUYERS="${CHAOS_BUYERS:-7000}"
@@ -82,10 +83,7 @@ start() { # role
   PID[$1]=$!
 }
 wait_ready() { # role
-  for _ in $(seq 1 150); do
-    curl -fsS "http://127.0.0.1:${PORT[$1]}/readyz" >/dev/null 2>&1 && return 0
-    sleep 0.2
-  done
+  until_ready "http://127.0.0.1:${PORT[$1]}/readyz" 30 "${PID[$1]}" && return 0
   log "$1 not ready after 30 s (log $LOG_DIR/$1.log)"
   return 1
 }

@@ -1,6 +1,8 @@
 # Shared by scripts/demo.sh and scripts/demo-cluster.sh (sourced, not run). Expects BIN (the
 # seckill binary) and RUN_DIR (where the logs go); keeps the started roles' pids in `pids`.
 
+source "$(dirname "${BASH_SOURCE[0]}")/ready-lib.sh"
+
 # setup ARGS...: a one-shot `seckill` command; its log lines go to setup.log, and a failure
 # ends the demo with DEMO FAILED reason=setup_<command>.
 setup() {
@@ -24,8 +26,7 @@ stop_roles() {
 wait_ready() {
   local url
   for url in "$@"; do
-    for _ in $(seq 1 150); do curl -fsS "$url" >/dev/null 2>&1 && break; sleep 0.2; done
-    curl -fsS "$url" >/dev/null 2>&1 || {
+    until_ready "$url" || {
       echo "[demo] $url not ready; logs in $RUN_DIR"; tail -20 "$RUN_DIR"/*.log
       echo "DEMO FAILED reason=roles_not_ready"; exit 1
     }

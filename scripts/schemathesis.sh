@@ -20,6 +20,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+source scripts/ready-lib.sh
 started=$SECONDS
 
 # Pinned: 4.32.5 needs Python >= 3.11 (checked with 3.11.7). Bump here and the venv is rebuilt.
@@ -156,14 +157,10 @@ log "schema $PG_SCHEMA migrated, FUZZ topics present, activity 1 / sku 1 on sale
 stage=roles
 wait_ready() { # name, url, pid, seconds
   local name="$1" url="$2" pid="$3" secs="$4"
-  for _ in $(seq 1 $((secs * 5))); do
-    curl -fsS -m 2 "$url" >/dev/null 2>&1 && return 0
-    if ! kill -0 "$pid" 2>/dev/null; then
-      tail -30 "$RUN_DIR/$name.log"; detail="reason=${name}_exited"; return 1
-    fi
-    sleep 0.2
-  done
-  tail -30 "$RUN_DIR/$name.log"; detail="reason=${name}_not_ready"; return 1
+  until_ready "$url" "$secs" "$pid" && return 0
+  tail -30 "$RUN_DIR/$name.log"
+  if kill -0 "$pid" 2>/dev/null; then detail="reason=${name}_not_ready"; else detail="reason=${name}_exited"; fi
+  return 1
 }
 # The api goes first in pids: it is stopped first, while the consumer can still take its orders.
 "$BIN" api >"$RUN_DIR/api.log" 2>&1 &

@@ -14,6 +14,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+source scripts/ready-lib.sh
 export SECKILL_ENV=soak
 DURATION="${SOAK_DURATION_SECS:-600}"
 RATE="${SOAK_RATE:-300}"
@@ -52,11 +53,8 @@ STOCK=$(awk -v r="$RATE" -v d="$DURATION" 'BEGIN { printf "%d", r * d * 1.2 + 10
 declare -A PID=() PORT=([api]=27100 [consume]=27101 [scan]=27102 [timeout-cancel]=27103)
 ROLES=(api consume scan timeout-cancel)
 start() { "$BIN" "$1" >>"$LOG_DIR/$1.log" 2>&1 & PID[$1]=$!; }
-wait_ready() {
-  for _ in $(seq 1 150); do
-    curl -fsS "http://127.0.0.1:${PORT[$1]}/readyz" >/dev/null 2>&1 && return 0
-    sleep 0.2
-  done
+wait_ready() { # role
+  until_ready "http://127.0.0.1:${PORT[$1]}/readyz" 30 "${PID[$1]}" && return 0
   log "$1 not ready after 30 s (log $LOG_DIR/$1.log)"
   return 1
 }

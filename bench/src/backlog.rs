@@ -4,7 +4,7 @@
 //! publishes their ORDER_CREATE_REQUESTED messages in broker batches and marks them sent, then
 //! waits until PostgreSQL has recorded every one. The figure is orders per second from the
 //! first to the last order's commit (`order_commits.committed_at`): what a running `seckill consume` sustains,
-//! comparable with `pgbench` running the same transaction (`scripts/limits.sh`). Then it
+//! comparable with `pgbench` running the same transaction (`bench/limits/limits.sh`). Then it
 //! checks the invariants of the SKU.
 //!
 //! `--fill-only` and `--drain-only` split the two halves, so that the backlog can be filled

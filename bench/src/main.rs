@@ -12,6 +12,7 @@ mod bench;
 mod broker;
 mod cpu;
 mod payments;
+mod ratios;
 mod report;
 mod reserve;
 mod soak;
@@ -53,6 +54,9 @@ enum Command {
     /// The payment path's ORDER_PAID through the outbox and as a transaction message, side by
     /// side: events/s, notification-to-delivery latency, PostgreSQL work per event.
     Payments(payments::PaymentsArgs),
+    /// The arithmetic of `make bench`: reads each scenario's summary line from a directory,
+    /// prints the summary and the RATIOS line; non-zero exit when a scenario failed.
+    Ratios(ratios::RatiosArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -69,6 +73,7 @@ fn main() -> std::process::ExitCode {
             Command::Timers(args) => timers::run(settings, args).await,
             Command::Reserve(args) => reserve::run(settings, args).await,
             Command::Payments(args) => payments::run(settings, args).await,
+            Command::Ratios(args) => ratios::run(args),
         }
     })
 }

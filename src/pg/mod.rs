@@ -57,7 +57,7 @@ mod embedded {
 /// left to itself PostgreSQL switches to a generic plan after five runs, and one made while
 /// the inbox was nearly empty (a fresh deployment, the first seconds of a sale) scans the
 /// whole inbox on every batch until the next ANALYZE. Seen with `pgbench -M prepared` running
-/// the same statements on a fresh schema (scripts/limits.sh): the batched transaction fell
+/// the same statements on a fresh schema (bench/limits/limits.sh): the batched transaction fell
 /// from 140 to 60 a second within 8 s. Planning each run costs far less than that.
 pub fn pg_config(settings: &PgSettings) -> anyhow::Result<tokio_postgres::Config> {
     let mut cfg: tokio_postgres::Config = settings

@@ -1,4 +1,4 @@
-//! The pgbench scripts that `scripts/limits.sh` measures the order consumer against must run
+//! The pgbench scripts that `bench/limits/limits.sh` measures the order consumer against must run
 //! the consumer's own statements in the consumer's order, or the ratios in BENCHMARKS.md
 //! compare different work. This test puts a recording proxy between the consumer and
 //! PostgreSQL, lets the real handler create orders (a batch of one, then a full batch), and
@@ -151,7 +151,7 @@ fn shape(sql: &str) -> String {
 /// The statements of a pgbench script, in order (comments and meta-commands left out).
 fn script_shapes(file: &str) -> Vec<String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("scripts/limits")
+        .join("bench/limits")
         .join(file);
     let text = std::fs::read_to_string(&path).unwrap();
     let sql: String = text
@@ -236,13 +236,23 @@ async fn the_pgbench_order_scripts_run_the_consumers_statements_in_its_order() {
     let batch_size = env.settings.consumer.batch_size;
     let batch = consumer_shapes(&env, batch_size).await;
     assert_eq!(script_shapes("order_batch.sql"), batch);
-    // scripts/limits.sh runs order_batch.sql with the consumer's configured batch size.
-    let limits =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/limits.sh"))
-            .unwrap();
+    // bench/limits/limits.sh runs order_batch.sql with the consumer's configured batch size
+    // (config/default.toml; no overlay of the tests changes it).
+    let limits = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/limits/limits.sh");
+    let out = std::process::Command::new("bash")
+        .arg(&limits)
+        .arg("--batch-size")
+        .output()
+        .unwrap();
     assert!(
-        limits.contains(r#"sec == "[consumer]" && $1 == "batch_size""#),
-        "limits.sh no longer reads consumer.batch_size"
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        batch_size.to_string(),
+        "limits.sh would batch another number of orders than the consumer"
     );
     env.cleanup().await;
 }
@@ -252,7 +262,7 @@ async fn the_pgbench_order_scripts_run_the_consumers_statements_in_its_order() {
 #[test]
 fn the_limits_schema_includes_every_migration() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let schema = std::fs::read_to_string(root.join("scripts/limits/schema.sql")).unwrap();
+    let schema = std::fs::read_to_string(root.join("bench/limits/schema.sql")).unwrap();
     let mut migrations: Vec<String> = std::fs::read_dir(root.join("sql"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -263,7 +273,7 @@ fn the_limits_schema_includes_every_migration() {
     for m in &migrations {
         assert!(
             schema.contains(&format!("\\ir ../../sql/{m}")),
-            "scripts/limits/schema.sql does not include sql/{m}"
+            "bench/limits/schema.sql does not include sql/{m}"
         );
     }
 }

@@ -1,4 +1,4 @@
--- scripts/limits.sh: private schema for the naive-limit measurements. Dropped and recreated
+-- bench/limits/limits.sh: private schema for the naive-limit measurements. Dropped and recreated
 -- at the start of every run and dropped at its end; it never touches the project's schemas.
 --
 -- The order-path tables are the project's own, created by its migrations (sql/V*.sql) in this

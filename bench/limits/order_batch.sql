@@ -1,4 +1,4 @@
--- scripts/limits.sh, measurement 2: the same order transaction as order_single.sql for a
+-- bench/limits/limits.sh, measurement 2: the same order transaction as order_single.sql for a
 -- batch of :batch messages (-D batch=32, the consumer's consumer.batch_size), set-based like
 -- src/pg/order_tx/mod.rs: one multi-row statement per step, SAVEPOINT + unlocked stock read
 -- pipelined, the ledger/outbox/inbox/NOTIFY step pipelined, then one conditional decrement of

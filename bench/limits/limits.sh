@@ -19,7 +19,7 @@
 #                       script then takes about 1.5 minutes)
 #      DIRECT_PG_CLIENTS clients of measurement 4 (default 64; capped, with a warning, to the
 #                       connections PostgreSQL has free)
-# Usage: scripts/limits.sh [--json]
+# Usage: bench/limits/limits.sh [--json | --batch-size]
 # Progress goes to stderr; the LAST line on stdout is the result, either
 #   LIMITS pgbench_single_tps=<f> pgbench_single_clients=<n> pgbench_batch_orders_per_s=<f>
 #          pgbench_batch_size=<n> redis_reserve_per_s=<f> direct_pg_buy_per_s=<f>
@@ -27,9 +27,9 @@
 # or, with --json, the same figures as one JSON object.
 set -euo pipefail
 export LC_ALL=C
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
-here="$root/scripts/limits"
+here="$root/bench/limits"
 
 # --- settings ----------------------------------------------------------------------------
 SECS="${LIMITS_SECONDS:-10}"
@@ -65,8 +65,10 @@ json=0
 for arg in "$@"; do
   case "$arg" in
     --json) json=1 ;;
+    # What measurement 2 would batch, then stop (its test compares it with the settings).
+    --batch-size) echo "$BATCH"; exit 0 ;;
     -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2; exit 0 ;;
-    *) die "unknown argument: $arg (usage: scripts/limits.sh [--json])" ;;
+    *) die "unknown argument: $arg (usage: bench/limits/limits.sh [--json | --batch-size])" ;;
   esac
 done
 [[ "$SECS" =~ ^[1-9][0-9]*$ ]] || die "LIMITS_SECONDS must be a positive integer (got '$SECS')"

@@ -1,4 +1,4 @@
--- scripts/limits.sh, measurement 4: the naive baseline, buying straight from PostgreSQL, in
+-- bench/limits/limits.sh, measurement 4: the naive baseline, buying straight from PostgreSQL, in
 -- its best naive form: ONE autocommit statement per request (no BEGIN/COMMIT round trips,
 -- the row lock held for that statement and its commit only). It decrements the stock row if
 -- any is left and inserts the order from the row that came back; with stock 0 the UPDATE finds

@@ -1,4 +1,4 @@
--- scripts/limits.sh, measurement 1: the project's order transaction for ONE message, as
+-- bench/limits/limits.sh, measurement 1: the project's order transaction for ONE message, as
 -- src/pg/order_tx/mod.rs runs it for a batch of one (happy path: fresh message, fresh
 -- reservation, stock left). The same statements in the same order and the same round trips
 -- (tests/it/pgbench_scripts.rs records what the consumer sends and compares):

@@ -1,0 +1,429 @@
+//! `seckill-bench ratios`: the arithmetic of `make bench`. `scripts/bench.sh` runs the scenarios
+//! (it drives pgbench, redis-benchmark and the roles) and keeps each one's last line in a file
+//! named after the scenario; this reads them, decides each scenario's verdict, and prints the
+//! summary and the `RATIOS` line, each figure a ratio to its baseline measured in the same run
+//! (BENCHMARKS.md, "What is measured, and against what").
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+/// `seckill-bench ratios`.
+#[derive(Debug, clap::Args)]
+pub struct RatiosArgs {
+    /// The directory holding one file per scenario, each the scenario's summary line.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Only the sale's three runs (`make bench-sale`): prints `SALE_RATIOS ...`.
+    #[arg(long)]
+    pub sale_only: bool,
+}
+
+/// One scenario's summary line: `PREFIX [OK|FAILED] key=value ...`.
+#[derive(Debug, Clone, Default)]
+pub struct Line {
+    pub text: String,
+    ok: bool,
+    fields: HashMap<String, String>,
+}
+
+impl Line {
+    pub fn parse(text: &str) -> Self {
+        let text = text.trim().to_owned();
+        let mut words = text.split_whitespace();
+        words.next();
+        let ok = text.split_whitespace().nth(1) == Some("OK");
+        let fields = words
+            .filter_map(|w| w.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        Line { text, ok, fields }
+    }
+
+    /// The scenario passed its own verdict.
+    pub fn ok(&self) -> bool {
+        self.ok
+    }
+
+    /// A figure of the line; `None` when absent or not a number.
+    pub fn num(&self, key: &str) -> Option<f64> {
+        self.fields.get(key)?.parse().ok()
+    }
+
+    /// A field as written (`-` when absent), for the summary.
+    pub fn raw(&self, key: &str) -> &str {
+        self.fields.get(key).map(String::as_str).unwrap_or("-")
+    }
+}
+
+/// `a / b` to two places; `nan` when either is missing or the baseline is not positive.
+pub fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+        _ => "nan".to_owned(),
+    }
+}
+
+fn sum(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    Some(a? + b?)
+}
+
+/// The scenarios' lines by name, as `scripts/bench.sh` wrote them.
+pub struct Lines(HashMap<String, Line>);
+
+impl Lines {
+    pub fn read(dir: &Path) -> anyhow::Result<Self> {
+        let mut lines = HashMap::new();
+        for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+            let path = entry?.path();
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            let text = std::fs::read_to_string(&path)?;
+            let last = text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
+            lines.insert(name.to_owned(), Line::parse(last));
+        }
+        Ok(Lines(lines))
+    }
+
+    /// A scenario's line; an empty one (no verdict, no figures) when it never ran.
+    pub fn get(&self, name: &str) -> Line {
+        self.0.get(name).cloned().unwrap_or_default()
+    }
+
+    fn num(&self, name: &str, key: &str) -> Option<f64> {
+        self.get(name).num(key)
+    }
+}
+
+/// Scenarios judged by their verdict alone.
+const VERDICT_ONLY: [&str; 11] = [
+    "RELAY",
+    "I_BATCHED",
+    "I_SINGLE",
+    "T_OFF",
+    "T_ON",
+    "T_OFF2",
+    "T_ON2",
+    "SALE_FRONT",
+    "BASE_SOLDOUT",
+    "BASE_BUY",
+    "BASE_SALE",
+];
+
+/// Scenarios through the pipeline: their verdict, and the invariant violations they counted
+/// (a line without the count counts as one).
+const WITH_VIOLATIONS: [&str; 11] = [
+    "B_BATCH",
+    "B_WIDE",
+    "B_SINGLE",
+    "A_BATCHED",
+    "A_SINGLE",
+    "SOLDOUT_REDIS",
+    "SOLDOUT",
+    "SALE",
+    "MANY",
+    "DUPS",
+    "OPEN",
+];
+
+/// How many scenarios failed, counting each pipeline scenario's own violations too.
+pub fn violations(lines: &Lines) -> u64 {
+    let mut v = VERDICT_ONLY.iter().filter(|n| !lines.get(n).ok()).count() as u64;
+    for name in WITH_VIOLATIONS {
+        let line = lines.get(name);
+        v += line.num("violations").map_or(1, |n| n as u64);
+        v += u64::from(!line.ok());
+    }
+    v
+}
+
+/// The sale's figures, as in `RATIOS` and `SALE_RATIOS`.
+pub fn sale_ratios(l: &Lines) -> String {
+    let (sale, front, base) = (l.get("SALE"), l.get("SALE_FRONT"), l.get("BASE_SALE"));
+    format!(
+        "sale_vs_direct_pg={} sale_p99_vs_direct_pg={} sale_vs_front_door={} sale_p99_ms={} direct_pg_sale_p99_ms={} within_3s_pct={}",
+        ratio(sale.num("req_per_s"), base.num("req_per_s")),
+        ratio(sale.num("api_p99_ms"), base.num("api_p99_ms")),
+        ratio(sale.num("req_per_s"), front.num("req_per_s")),
+        sale.raw("api_p99_ms"),
+        base.raw("api_p99_ms"),
+        sale.raw("within_3s_pct"),
+    )
+}
+
+/// The `RATIOS` line of a whole run.
+pub fn ratios(l: &Lines) -> String {
+    let single_tps = l.num("LIMITS", "pgbench_single_tps");
+    let orders = l.num("B_BATCH", "orders_per_s");
+    let accepted = |n: &str| l.num(n, "accepted_per_s");
+    let sold_out = |n: &str| l.num(n, "sold_out_per_s");
+    let trust_on = sum(accepted("T_ON"), accepted("T_ON2"));
+    let trust_off = sum(accepted("T_OFF"), accepted("T_OFF2"));
+    [
+        ("order_vs_pgbench_single", ratio(orders, single_tps)),
+        (
+            "order_batch1_vs_pgbench_single",
+            ratio(l.num("B_SINGLE", "orders_per_s"), single_tps),
+        ),
+        (
+            "order_vs_pgbench_batch",
+            ratio(orders, l.num("LIMITS", "pgbench_batch_orders_per_s")),
+        ),
+        (
+            "accept_batched_vs_unbatched",
+            ratio(accepted("A_BATCHED"), accepted("A_SINGLE")),
+        ),
+        (
+            "soldout_vs_direct_pg",
+            ratio(sold_out("SOLDOUT"), sold_out("BASE_SOLDOUT")),
+        ),
+        (
+            "soldout_vs_pgbench_direct",
+            ratio(
+                sold_out("SOLDOUT"),
+                l.num("LIMITS", "direct_pg_soldout_per_s"),
+            ),
+        ),
+        (
+            "soldout_memory_vs_redis",
+            ratio(sold_out("SOLDOUT"), sold_out("SOLDOUT_REDIS")),
+        ),
+        (
+            "accept_vs_direct_pg_buy",
+            ratio(accepted("A_BATCHED"), accepted("BASE_BUY")),
+        ),
+        ("", sale_ratios(l)),
+        (
+            "workers64_vs_budget",
+            ratio(l.num("B_WIDE", "orders_per_s"), orders),
+        ),
+        (
+            "relay_vs_broker_single",
+            ratio(
+                l.num("RELAY", "events_per_s"),
+                l.num("BROKER1", "msgs_per_s"),
+            ),
+        ),
+        (
+            "send_path_batched_vs_unbatched",
+            ratio(accepted("I_BATCHED"), accepted("I_SINGLE")),
+        ),
+        ("trust_on_vs_off", ratio(trust_on, trust_off)),
+        ("violations", violations(l).to_string()),
+    ]
+    .iter()
+    .map(|(k, v)| {
+        if k.is_empty() {
+            v.clone()
+        } else {
+            format!("{k}={v}")
+        }
+    })
+    .collect::<Vec<_>>()
+    .join(" ")
+}
+
+/// The human summary of a whole run (`summary.txt`).
+pub fn summary(l: &Lines) -> String {
+    let mut out = vec![
+        String::new(),
+        "== limits (this machine, this run) ==".to_owned(),
+    ];
+    out.extend(["LIMITS", "BROKER1", "BROKER32"].map(|n| l.get(n).text));
+    out.push("== pipeline ==".to_owned());
+    let pipeline = [
+        "B_BATCH",
+        "B_WIDE",
+        "B_SINGLE",
+        "RELAY",
+        "I_BATCHED",
+        "I_SINGLE",
+        "T_OFF",
+        "T_ON",
+        "T_OFF2",
+        "T_ON2",
+        "A_BATCHED",
+        "A_SINGLE",
+        "SOLDOUT_REDIS",
+        "SOLDOUT",
+        "SALE",
+        "SALE_FRONT",
+        "MANY",
+        "DUPS",
+        "OPEN",
+    ];
+    out.extend(pipeline.map(|n| l.get(n).text));
+    out.push("== ratios ==".to_owned());
+    let f = |n: &str, k: &str| l.get(n).raw(k).to_owned();
+    out.push(format!(
+        "consumer orders/s (batched) {} vs pgbench one order/tx {} and batched {}",
+        f("B_BATCH", "orders_per_s"),
+        f("LIMITS", "pgbench_single_tps"),
+        f("LIMITS", "pgbench_batch_orders_per_s")
+    ));
+    out.push(format!(
+        "consumer orders/s, --workers 64: {}; one order per transaction: {}",
+        f("B_WIDE", "orders_per_s"),
+        f("B_SINGLE", "orders_per_s")
+    ));
+    out.push(format!(
+        "outbox relay events/s {} vs the broker's one-message sends/s {}",
+        f("RELAY", "events_per_s"),
+        f("BROKER1", "msgs_per_s")
+    ));
+    for (a, b, what) in [
+        ("A_BATCHED", "A_SINGLE", "whole pipeline running"),
+        ("I_BATCHED", "I_SINGLE", "send path alone, consumer stopped"),
+    ] {
+        out.push(format!(
+            "accepted/s batched {} vs unbatched {} ({what})",
+            f(a, "accepted_per_s"),
+            f(b, "accepted_per_s")
+        ));
+    }
+    out.push(format!(
+        "accepted/s with tokens and rate limits {} and {} vs body user_id, no limits {} and {} (send path alone, alternating)",
+        f("T_ON", "accepted_per_s"),
+        f("T_ON2", "accepted_per_s"),
+        f("T_OFF", "accepted_per_s"),
+        f("T_OFF2", "accepted_per_s")
+    ));
+    out.extend(["BASE_SOLDOUT", "BASE_BUY", "BASE_SALE"].map(|n| l.get(n).text));
+    out.push(format!(
+        "sold-out answers/s {} vs direct PostgreSQL over HTTP {} and pgbench {}, {} clients",
+        f("SOLDOUT", "sold_out_per_s"),
+        f("BASE_SOLDOUT", "sold_out_per_s"),
+        f("LIMITS", "direct_pg_soldout_per_s"),
+        f("LIMITS", "direct_pg_clients")
+    ));
+    out.push(format!(
+        "the sale, answers/s {} (p99 {} ms) vs direct PostgreSQL over HTTP {} (p99 {} ms)",
+        f("SALE", "req_per_s"),
+        f("SALE", "api_p99_ms"),
+        f("BASE_SALE", "req_per_s"),
+        f("BASE_SALE", "api_p99_ms")
+    ));
+    out.push(format!(
+        "accepted/s {} vs direct PostgreSQL purchases over HTTP {} and pgbench {}",
+        f("A_BATCHED", "accepted_per_s"),
+        f("BASE_BUY", "accepted_per_s"),
+        f("LIMITS", "direct_pg_buy_per_s")
+    ));
+    out.join("\n")
+}
+
+/// Prints the summary (whole runs) and the ratios line; `false` when a scenario failed.
+pub fn run(args: RatiosArgs) -> anyhow::Result<bool> {
+    let lines = Lines::read(&args.dir)?;
+    if args.sale_only {
+        let failed = ["SALE", "SALE_FRONT", "BASE_SALE"]
+            .iter()
+            .filter(|n| !lines.get(n).ok())
+            .count();
+        println!("SALE_RATIOS {} violations={failed}", sale_ratios(&lines));
+        return Ok(failed == 0);
+    }
+    println!("{}", summary(&lines));
+    let line = format!("RATIOS {}", ratios(&lines));
+    println!("{line}");
+    Ok(violations(&lines) == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(pairs: &[(&str, &str)]) -> Lines {
+        Lines(
+            pairs
+                .iter()
+                .map(|(n, t)| (n.to_string(), Line::parse(t)))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn a_ratio_is_two_places_or_nan() {
+        assert_eq!(ratio(Some(3.0), Some(2.0)), "1.50");
+        assert_eq!(ratio(Some(3.0), Some(0.0)), "nan");
+        assert_eq!(ratio(None, Some(2.0)), "nan");
+        assert_eq!(ratio(Some(1.0), None), "nan");
+    }
+
+    #[test]
+    fn a_line_gives_its_verdict_and_figures() {
+        let l = Line::parse("BENCH OK scenario=hot-sku req_per_s=7778.4 violations=0 note=x=y");
+        assert!(l.ok());
+        assert_eq!(l.num("req_per_s"), Some(7778.4));
+        assert_eq!(l.num("scenario"), None);
+        assert_eq!(l.raw("note"), "x=y");
+        assert!(!Line::parse("BENCH FAILED req_per_s=1").ok());
+        // "OK" elsewhere in the line is not the verdict.
+        assert!(!Line::parse("BENCH FAILED reason=OK").ok());
+        assert!(!Line::parse("").ok());
+    }
+
+    #[test]
+    fn every_missing_or_failed_scenario_is_a_violation() {
+        let all_ok: Vec<(&str, &str)> = VERDICT_ONLY
+            .iter()
+            .map(|n| (*n, "X OK"))
+            .chain(WITH_VIOLATIONS.iter().map(|n| (*n, "X OK violations=0")))
+            .collect();
+        assert_eq!(violations(&lines(&all_ok)), 0);
+        let mut some = all_ok.clone();
+        some[0].1 = "X FAILED"; // a verdict-only scenario failed
+        some[VERDICT_ONLY.len()].1 = "X OK violations=3"; // three broken invariants
+        some[VERDICT_ONLY.len() + 1].1 = "X OK"; // no count: one
+        assert_eq!(violations(&lines(&some)), 1 + 3 + 1);
+        // Nothing ran at all: every scenario counts.
+        assert_eq!(
+            violations(&lines(&[])),
+            (VERDICT_ONLY.len() + 2 * WITH_VIOLATIONS.len()) as u64
+        );
+    }
+
+    #[test]
+    fn the_ratios_line_relates_each_figure_to_its_baseline() {
+        let l = lines(&[
+            (
+                "LIMITS",
+                "LIMITS pgbench_single_tps=2000 pgbench_batch_orders_per_s=16000",
+            ),
+            (
+                "B_BATCH",
+                "BACKLOG_batched OK orders_per_s=8000 violations=0",
+            ),
+            (
+                "B_WIDE",
+                "BACKLOG_workers64 OK orders_per_s=8800 violations=0",
+            ),
+            ("T_ON", "BENCH OK accepted_per_s=900"),
+            ("T_ON2", "BENCH OK accepted_per_s=1000"),
+            ("T_OFF", "BENCH OK accepted_per_s=1000"),
+            ("T_OFF2", "BENCH OK accepted_per_s=1000"),
+            (
+                "SALE",
+                "BENCH OK req_per_s=12000 api_p99_ms=50 within_3s_pct=100.00",
+            ),
+            ("BASE_SALE", "BENCH OK req_per_s=8000 api_p99_ms=40"),
+        ]);
+        let r = ratios(&l);
+        for want in [
+            "order_vs_pgbench_single=4.00",
+            "order_vs_pgbench_batch=0.50",
+            "workers64_vs_budget=1.10",
+            "trust_on_vs_off=0.95",
+            "sale_vs_direct_pg=1.50",
+            "sale_p99_vs_direct_pg=1.25",
+            "sale_vs_front_door=nan",
+            "within_3s_pct=100.00",
+            "accept_batched_vs_unbatched=nan",
+        ] {
+            assert!(r.contains(want), "{want} not in {r}");
+        }
+        assert!(r.ends_with(&format!("violations={}", violations(&l))));
+    }
+}
