@@ -1,4 +1,4 @@
-# Sourced by the scripts that start roles (bench, chaos, demo, schemathesis, soak): the one
+# Sourced by the scripts that start roles (chaos, demo, schemathesis, soak): the one
 # readiness wait they share.
 
 # until_ready URL [SECONDS=30] [PID]: returns 0 once URL answers 2xx; 1 after SECONDS, or as

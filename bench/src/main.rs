@@ -15,6 +15,7 @@ mod payments;
 mod ratios;
 mod report;
 mod reserve;
+mod run;
 mod soak;
 mod timers;
 
@@ -57,6 +58,9 @@ enum Command {
     /// The arithmetic of `make bench`: reads each scenario's summary line from a directory,
     /// prints the summary and the RATIOS line; non-zero exit when a scenario failed.
     Ratios(ratios::RatiosArgs),
+    /// The scenarios of `make bench` in order (after scripts/bench.sh measured the limits),
+    /// each a line under the run directory, then the ratios; non-zero exit when one failed.
+    Run(run::RunArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -74,6 +78,7 @@ fn main() -> std::process::ExitCode {
             Command::Reserve(args) => reserve::run(settings, args).await,
             Command::Payments(args) => payments::run(settings, args).await,
             Command::Ratios(args) => ratios::run(args),
+            Command::Run(args) => run::run(settings, args).await,
         }
     })
 }

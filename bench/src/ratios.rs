@@ -18,6 +18,9 @@ pub struct RatiosArgs {
     /// Only the sale's three runs (`make bench-sale`): prints `SALE_RATIOS ...`.
     #[arg(long)]
     pub sale_only: bool,
+    /// Also write what is printed to this file (`summary.txt`).
+    #[arg(long)]
+    pub summary: Option<PathBuf>,
 }
 
 /// One scenario's summary line: `PREFIX [OK|FAILED] key=value ...`.
@@ -317,18 +320,22 @@ pub fn summary(l: &Lines) -> String {
 /// Prints the summary (whole runs) and the ratios line; `false` when a scenario failed.
 pub fn run(args: RatiosArgs) -> anyhow::Result<bool> {
     let lines = Lines::read(&args.dir)?;
-    if args.sale_only {
+    let (text, ok) = if args.sale_only {
         let failed = ["SALE", "SALE_FRONT", "BASE_SALE"]
             .iter()
             .filter(|n| !lines.get(n).ok())
             .count();
-        println!("SALE_RATIOS {} violations={failed}", sale_ratios(&lines));
-        return Ok(failed == 0);
+        let text = format!("SALE_RATIOS {} violations={failed}", sale_ratios(&lines));
+        (text, failed == 0)
+    } else {
+        let text = format!("{}\nRATIOS {}", summary(&lines), ratios(&lines));
+        (text, violations(&lines) == 0)
+    };
+    println!("{text}");
+    if let Some(file) = &args.summary {
+        std::fs::write(file, format!("{text}\n"))?;
     }
-    println!("{}", summary(&lines));
-    let line = format!("RATIOS {}", ratios(&lines));
-    println!("{line}");
-    Ok(violations(&lines) == 0)
+    Ok(ok)
 }
 
 #[cfg(test)]

@@ -30,6 +30,21 @@ impl Names {
         format!("%DLQ%{group}")
     }
 
+    /// The group that records `source_group`'s dead letters: one intake group per source, as
+    /// one group over all DLQ topics would mix subscriptions.
+    pub fn dlq_intake_group_of(&self, source_group: &str) -> String {
+        let short = if source_group.contains("ORDER_CREATE") {
+            "ORDER_CREATE"
+        } else if source_group.contains("COMPENSATE") {
+            "COMPENSATE"
+        } else if source_group.contains("TIMEOUT") {
+            "TIMEOUT"
+        } else {
+            "PROJECTION"
+        };
+        format!("{}_{short}", self.dlq_intake_group)
+    }
+
     /// `(consumer group, the topic it consumes)` of every group whose dead letters are kept.
     pub fn dead_letter_sources(&self) -> Vec<(String, String)> {
         vec![

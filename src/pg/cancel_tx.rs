@@ -21,11 +21,12 @@ use tokio_postgres::types::ToSql;
 use super::errors::TxError;
 use super::exec_unless_empty;
 use super::order_state::StateNames;
-use super::outbox::OUTBOX_CHANNEL;
-use super::rows::{CompensationRows, LedgerMove, LedgerRows, OutboxEvent, OutboxRows, OutboxStart};
+use super::rows::{
+    CompensationRows, InboxClaims, InboxOutcomes, LedgerMove, LedgerRows, OutboxEvent, OutboxRows,
+    OutboxStart,
+};
 use crate::domain::events::{
     payload, OrderCanceled, OrderRef, ReleaseReservation, TAG_ORDER_CANCELED,
-    TAG_RELEASE_RESERVATION,
 };
 use crate::domain::CancelOutcome;
 
@@ -235,33 +236,14 @@ async fn claim_inbox(
     let candidates: Vec<usize> = (0..items.len())
         .filter(|&i| first.get(items[i].message_id.as_str()) == Some(&i))
         .collect();
-    let ids: Vec<&str> = candidates
-        .iter()
-        .map(|&i| items[i].message_id.as_str())
-        .collect();
-    let orders: Vec<&str> = candidates
-        .iter()
-        .map(|&i| items[i].order_id.as_str())
-        .collect();
-    let stmt = tx
-        .prepare_cached(
-            "INSERT INTO consumer_inbox (consumer_group, message_id, topic, order_id, status, activity_id)
-             SELECT $1, t.m, $2, t.o, 'PROCESSING',
-                    coalesce((SELECT o.activity_id FROM orders o WHERE o.order_id = t.o LIMIT 1), 0)
-             FROM unnest($3::text[], $4::text[]) AS t(m, o)
-             ON CONFLICT DO NOTHING
-             RETURNING message_id",
-        )
+    // A cancel message names its order, not its activity: the claim takes the order's.
+    let mut claims = InboxClaims::default();
+    for &i in &candidates {
+        claims.push(&items[i].message_id, None, &items[i].order_id, 0, None);
+    }
+    let fresh = claims
+        .claim(tx, &names.consumer_group, &names.source_topic)
         .await?;
-    let fresh: HashSet<String> = tx
-        .query(
-            &stmt,
-            &[&names.consumer_group, &names.source_topic, &ids, &orders],
-        )
-        .await?
-        .into_iter()
-        .map(|r| r.get(0))
-        .collect();
     Ok(candidates
         .into_iter()
         .filter(|&i| fresh.contains(&items[i].message_id))
@@ -424,18 +406,9 @@ fn canceled_rows(
         });
         let mut release = ReleaseReservation::new(f, "ORDER_CANCELED");
         release.occurred_at = Some(now);
-        out.outbox.push(OutboxEvent {
-            event_id: release.event_id.clone(),
-            activity_id: f.activity_id,
-            topic: &names.state.compensate_topic,
-            tag: TAG_RELEASE_RESERVATION,
-            key: &f.reservation_id,
-            aggregate: None,
-            payload: payload(&release),
-            deliver_at: None,
-            first_send_at: None,
-            start: OutboxStart::Pending,
-        });
+        let topic = &names.state.compensate_topic;
+        out.outbox
+            .push(OutboxEvent::release(&release, topic, &f.reservation_id));
     }
     out
 }
@@ -457,21 +430,14 @@ async fn write_outcomes(
         outbox,
         in_transaction,
     } = canceled_rows(names, canceled, drafts);
-    let (mut settled, mut decisions): (Vec<&str>, Vec<String>) = (Vec::new(), Vec::new());
+    let mut settled = InboxOutcomes::default();
     for &i in owned {
         if !matches!(outcomes[i], CancelOutcome::NotYetExpired { .. }) {
-            settled.push(items[i].message_id.as_str());
-            decisions.push(outcomes[i].label().to_uppercase());
+            let decision = outcomes[i].label().to_uppercase();
+            settled.push(items[i].message_id.clone(), "SUCCEEDED", decision);
         }
     }
-    let inbox_rows = exec_unless_empty(
-        tx,
-        settled.is_empty(),
-        "UPDATE consumer_inbox i SET status = 'SUCCEEDED', decision = t.d, updated_at = now()
-         FROM unnest($2::text[], $3::text[]) AS t(m, d)
-         WHERE i.consumer_group = $1 AND i.message_id = t.m",
-        [&names.consumer_group, &settled, &decisions],
-    );
+    let inbox_rows = settled.settle(tx, &names.consumer_group);
     let unclaim = exec_unless_empty(
         tx,
         early.is_empty(),
@@ -482,7 +448,7 @@ async fn write_outcomes(
         if outbox.is_empty() {
             return Ok(());
         }
-        tx.batch_execute(&format!("NOTIFY {OUTBOX_CHANNEL}")).await
+        super::outbox::notify(&**tx).await
     };
     let (r1, r2, r3, r4, r5, r6) = futures::join!(
         ledger.insert(tx),
@@ -492,12 +458,10 @@ async fn write_outcomes(
         unclaim,
         notify
     );
-    r1?;
-    r2?;
-    r3?;
-    r4?;
-    r5?;
-    r6?;
+    // Every statement ran to its end; the first error, if any, is the transaction's.
+    [r1, r2, r3, r4, r5, r6]
+        .into_iter()
+        .collect::<Result<(), _>>()?;
     Ok(in_transaction)
 }
 

@@ -210,25 +210,17 @@ pub async fn quarantine(
     reason: &str,
     error: &str,
 ) -> Result<u64, tokio_postgres::Error> {
-    let props = serde_json::to_value(&d.properties).unwrap_or_default();
-    client
-        .execute(
-            "INSERT INTO quarantined_messages
-               (consumer_group, topic, message_id, broker_msg_id, reason, error, raw_body, properties, delivery_attempt)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-            &[
-                &group,
-                &d.topic,
-                &d.properties.get("message_id"),
-                &d.broker_msg_id,
-                &reason,
-                &error,
-                &d.body,
-                &props,
-                &d.reconsume_times,
-            ],
-        )
-        .await
+    let mut rows = rows::QuarantineRows::default();
+    rows.push(rows::Poison {
+        message_id: d.properties.get("message_id").cloned(),
+        broker_msg_id: d.broker_msg_id.clone(),
+        reason: reason.to_owned(),
+        error: error.to_owned(),
+        body: d.body.clone(),
+        properties: serde_json::to_value(&d.properties).unwrap_or_default(),
+        delivery_attempt: d.reconsume_times,
+    });
+    rows.insert_with(client, group, &d.topic).await
 }
 
 /// Runs one set-based statement of a transaction (prepared once per connection), unless it has

@@ -7,7 +7,6 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::Client;
 
 use super::errors::TxError;
-use super::outbox::OUTBOX_CHANNEL;
 use super::rows::{OutboxEvent, OutboxRows, OutboxStart};
 use crate::domain::events::{payload, OrderPaid, TAG_ORDER_PAID};
 use crate::domain::PayOutcome;
@@ -187,8 +186,7 @@ async fn write_paid_event(
             paid.amount_cents = Some(r.get(5));
             paid.base.occurred_at = Some(Utc::now());
             insert_paid(tx, &paid, version, names, OutboxStart::Pending).await?;
-            tx.batch_execute(&format!("NOTIFY {OUTBOX_CHANNEL}"))
-                .await?;
+            super::outbox::notify(tx).await?;
         }
         PaidRow::Transaction { draft, .. } => {
             if draft.version != version {

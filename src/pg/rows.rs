@@ -4,12 +4,16 @@
 //! and call `insert`, so the event contract and the ledger cannot drift between writers. Each
 //! insert is one set-based statement (`unnest`), prepared once per connection on the hot paths.
 
+use std::collections::HashSet;
+
 use chrono::{DateTime, Utc};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::GenericClient;
 
 use super::exec_unless_empty;
-use crate::domain::events::compensation_task_id;
+use crate::domain::events::{
+    compensation_task_id, payload, ReleaseReservation, TAG_RELEASE_RESERVATION,
+};
 
 type Tx<'t> = deadpool_postgres::Transaction<'t>;
 
@@ -156,6 +160,25 @@ pub struct OutboxEvent<'a> {
     pub start: OutboxStart,
 }
 
+impl<'a> OutboxEvent<'a> {
+    /// A RELEASE_RESERVATION on the compensation topic, keyed by its reservation: the unit goes
+    /// back to Redis through the compensation consumer; unversioned, relayed at once.
+    pub fn release(release: &ReleaseReservation, topic: &'a str, key: &'a str) -> Self {
+        OutboxEvent {
+            event_id: release.event_id.clone(),
+            activity_id: release.activity_id,
+            topic,
+            tag: TAG_RELEASE_RESERVATION,
+            key,
+            aggregate: None,
+            payload: payload(release),
+            deliver_at: None,
+            first_send_at: None,
+            start: OutboxStart::Pending,
+        }
+    }
+}
+
 /// `event_outbox`: events written in the business transaction, in the order they are relayed.
 #[derive(Debug, Default)]
 pub struct OutboxRows {
@@ -241,5 +264,199 @@ impl OutboxRows {
             return Ok(0);
         }
         client.execute(INSERT_OUTBOX, &self.params()).await
+    }
+}
+
+/// `consumer_inbox`, first half: the messages one transaction claims. A row already there
+/// (`ON CONFLICT DO NOTHING`) means another transaction processed that message: a duplicate.
+#[derive(Debug, Default)]
+pub struct InboxClaims<'a> {
+    message_ids: Vec<&'a str>,
+    reservation_ids: Vec<Option<&'a str>>,
+    order_ids: Vec<&'a str>,
+    attempts: Vec<i32>,
+    activity_ids: Vec<Option<i64>>,
+}
+
+/// The claim: the row's activity is the message's, or (when the message does not carry it)
+/// the order's, looked up in the same statement.
+const CLAIM_INBOX: &str = "INSERT INTO consumer_inbox
+       (consumer_group, message_id, topic, reservation_id, order_id, status, delivery_attempt,
+        activity_id)
+     SELECT $1, t.m, $2, t.r, t.o, 'PROCESSING', t.a,
+            coalesce(t.act, (SELECT o.activity_id FROM orders o WHERE o.order_id = t.o LIMIT 1), 0)
+     FROM unnest($3::text[], $4::text[], $5::text[], $6::int[], $7::int8[]) AS t(m, r, o, a, act)
+     ON CONFLICT DO NOTHING
+     RETURNING message_id";
+
+impl<'a> InboxClaims<'a> {
+    pub fn push(
+        &mut self,
+        message_id: &'a str,
+        reservation_id: Option<&'a str>,
+        order_id: &'a str,
+        delivery_attempt: i32,
+        activity_id: Option<i64>,
+    ) {
+        self.message_ids.push(message_id);
+        self.reservation_ids.push(reservation_id);
+        self.order_ids.push(order_id);
+        self.attempts.push(delivery_attempt);
+        self.activity_ids.push(activity_id);
+    }
+
+    /// Claims every row in one statement; returns the message ids this transaction now owns.
+    pub async fn claim(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        consumer_group: &str,
+        topic: &str,
+    ) -> Result<HashSet<String>, tokio_postgres::Error> {
+        if self.message_ids.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let stmt = tx.prepare_cached(CLAIM_INBOX).await?;
+        let params: [&(dyn ToSql + Sync); 7] = [
+            &consumer_group,
+            &topic,
+            &self.message_ids,
+            &self.reservation_ids,
+            &self.order_ids,
+            &self.attempts,
+            &self.activity_ids,
+        ];
+        Ok(tx
+            .query(&stmt, &params)
+            .await?
+            .into_iter()
+            .map(|row| row.get::<_, String>(0))
+            .collect())
+    }
+}
+
+/// `consumer_inbox`, second half: what each owned message came to (its status and decision),
+/// written in the same transaction.
+#[derive(Debug, Default)]
+pub struct InboxOutcomes {
+    message_ids: Vec<String>,
+    statuses: Vec<&'static str>,
+    decisions: Vec<String>,
+}
+
+impl InboxOutcomes {
+    pub fn push(&mut self, message_id: String, status: &'static str, decision: String) {
+        self.message_ids.push(message_id);
+        self.statuses.push(status);
+        self.decisions.push(decision);
+    }
+
+    pub async fn settle(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        consumer_group: &str,
+    ) -> Result<(), tokio_postgres::Error> {
+        super::exec_unless_empty(
+            tx,
+            self.message_ids.is_empty(),
+            "UPDATE consumer_inbox i SET status = t.st, decision = t.d, updated_at = now()
+             FROM unnest($2::text[], $3::text[], $4::text[]) AS t(m, st, d)
+             WHERE i.consumer_group = $1 AND i.message_id = t.m",
+            [
+                &consumer_group,
+                &self.message_ids,
+                &self.statuses,
+                &self.decisions,
+            ],
+        )
+        .await
+    }
+}
+
+/// `quarantined_messages`: bodies a consumer can never read, kept raw with their properties
+/// and why, for an operator (`seckill dlq list --quarantined`).
+#[derive(Debug, Default)]
+pub struct QuarantineRows {
+    message_ids: Vec<Option<String>>,
+    broker_msg_ids: Vec<String>,
+    reasons: Vec<String>,
+    errors: Vec<String>,
+    bodies: Vec<Vec<u8>>,
+    properties: Vec<serde_json::Value>,
+    attempts: Vec<i32>,
+}
+
+/// The quarantine rows: `$1` the group, `$2` the topic, then one array per column.
+const INSERT_QUARANTINE: &str = "INSERT INTO quarantined_messages
+       (consumer_group, topic, message_id, broker_msg_id, reason, error, raw_body,
+        properties, delivery_attempt)
+     SELECT $1, $2, t.m, t.b, t.r, t.e, t.body, t.p, t.a
+     FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::bytea[],
+                 $8::jsonb[], $9::int[]) AS t(m, b, r, e, body, p, a)";
+
+/// One unreadable message.
+#[derive(Debug)]
+pub struct Poison {
+    pub message_id: Option<String>,
+    pub broker_msg_id: String,
+    pub reason: String,
+    pub error: String,
+    pub body: Vec<u8>,
+    pub properties: serde_json::Value,
+    pub delivery_attempt: i32,
+}
+
+impl QuarantineRows {
+    pub fn push(&mut self, p: Poison) {
+        self.message_ids.push(p.message_id);
+        self.broker_msg_ids.push(p.broker_msg_id);
+        self.reasons.push(p.reason);
+        self.errors.push(p.error);
+        self.bodies.push(p.body);
+        self.properties.push(p.properties);
+        self.attempts.push(p.delivery_attempt);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.broker_msg_ids.is_empty()
+    }
+
+    fn params<'a>(&'a self, group: &'a &'a str, topic: &'a &'a str) -> [&'a (dyn ToSql + Sync); 9] {
+        [
+            group,
+            topic,
+            &self.message_ids,
+            &self.broker_msg_ids,
+            &self.reasons,
+            &self.errors,
+            &self.bodies,
+            &self.properties,
+            &self.attempts,
+        ]
+    }
+
+    /// In the order transaction (the statement prepared once per connection).
+    pub async fn insert(
+        &self,
+        tx: &Tx<'_>,
+        group: &str,
+        topic: &str,
+    ) -> Result<(), tokio_postgres::Error> {
+        let params = self.params(&group, &topic);
+        exec_unless_empty(tx, self.is_empty(), INSERT_QUARANTINE, params).await
+    }
+
+    /// With any client (a consumer outside a transaction); returns the rows written.
+    pub async fn insert_with(
+        &self,
+        client: &impl GenericClient,
+        group: &str,
+        topic: &str,
+    ) -> Result<u64, tokio_postgres::Error> {
+        if self.is_empty() {
+            return Ok(0);
+        }
+        client
+            .execute(INSERT_QUARANTINE, &self.params(&group, &topic))
+            .await
     }
 }

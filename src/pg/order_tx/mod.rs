@@ -18,7 +18,6 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Duration, Utc};
 use deadpool_postgres::Client;
-use tokio_postgres::types::ToSql;
 
 use super::errors::TxError;
 use super::exec_unless_empty;
@@ -27,10 +26,10 @@ use crate::domain::{Decision, OrderCreateRequested, RejectReason};
 
 mod rows;
 mod stock;
-use super::rows::{LedgerMove, LedgerRows, OutboxRows};
+use super::rows::{InboxClaims, LedgerMove, LedgerRows, OutboxRows, Poison, QuarantineRows};
 use rows::{
-    home_bucket, push_created, push_release, InboxOutcomes, OrderRows, QuarantineRows,
-    RejectionRows, ReservationRows,
+    home_bucket, inbox_outcomes, push_created, push_release, OrderRows, RejectionRows,
+    ReservationRows,
 };
 use stock::{group_by_sku, take_stock_locked, take_stock_optimistically};
 
@@ -217,32 +216,20 @@ async fn quarantine_poison(tx: &Tx<'_>, b: &mut Batch<'_>) -> Result<(), tokio_p
     let mut rows = QuarantineRows::default();
     for (idx, item) in b.items.iter().enumerate() {
         if let Err(reason) = &item.event {
-            rows.push(item, reason);
+            rows.push(Poison {
+                message_id: item.property_message_id.clone(),
+                broker_msg_id: item.broker_msg_id.clone(),
+                reason: reason.code().to_string(),
+                error: reason.to_string(),
+                body: item.raw_body.clone(),
+                properties: item.properties.clone(),
+                delivery_attempt: item.delivery_attempt,
+            });
             b.decisions[idx] = Some(Decision::Quarantined(reason.code()));
         }
     }
-    exec_unless_empty(
-        tx,
-        rows.broker_msg_ids.is_empty(),
-        "INSERT INTO quarantined_messages
-           (consumer_group, topic, message_id, broker_msg_id, reason, error, raw_body,
-            properties, delivery_attempt)
-         SELECT $1, $2, t.m, t.b, t.r, t.e, t.body, t.p, t.a
-         FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::bytea[],
-                     $8::jsonb[], $9::int[]) AS t(m, b, r, e, body, p, a)",
-        [
-            &b.names.consumer_group,
-            &b.names.source_topic,
-            &rows.message_ids,
-            &rows.broker_msg_ids,
-            &rows.reasons,
-            &rows.errors,
-            &rows.bodies,
-            &rows.properties,
-            &rows.attempts,
-        ],
-    )
-    .await
+    rows.insert(tx, &b.names.consumer_group, &b.names.source_topic)
+        .await
 }
 
 /// Step 2, inbox: the first writer of (group, message_id) owns the message's effect. Returns
@@ -259,43 +246,16 @@ async fn claim_inbox(tx: &Tx<'_>, b: &mut Batch<'_>) -> Result<Vec<usize>, tokio
             }
         }
     }
-    let fresh: HashSet<String> = if candidates.is_empty() {
-        HashSet::new()
-    } else {
-        let stmt = tx
-            .prepare_cached(
-                "INSERT INTO consumer_inbox
-                   (consumer_group, message_id, topic, reservation_id, order_id, status, delivery_attempt,
-                    activity_id)
-                 SELECT $1, t.m, $2, t.r, t.o, 'PROCESSING', t.a, t.act
-                 FROM unnest($3::text[], $4::text[], $5::text[], $6::int[], $7::int8[])
-                      AS t(m, r, o, a, act)
-                 ON CONFLICT DO NOTHING
-                 RETURNING message_id",
-            )
-            .await?;
-        let field = |f: fn(&OrderCreateRequested) -> &str| -> Vec<&str> {
-            candidates.iter().map(|&i| f(b.ev(i))).collect()
-        };
-        let m = field(|e| &e.message_id);
-        let r = field(|e| &e.reservation_id);
-        let o = field(|e| &e.order_id);
-        let a: Vec<i32> = candidates
-            .iter()
-            .map(|&i| b.items[i].delivery_attempt)
-            .collect();
-        let act: Vec<i64> = candidates.iter().map(|&i| b.ev(i).activity_id).collect();
-        let params: [&(dyn ToSql + Sync); 7] = [
-            &b.names.consumer_group,
-            &b.names.source_topic,
-            &m,
-            &r,
-            &o,
-            &a,
-            &act,
-        ];
-        returned_ids(tx.query(&stmt, &params).await?)
-    };
+    let mut claims = InboxClaims::default();
+    for &i in &candidates {
+        let e = b.ev(i);
+        let attempt = b.items[i].delivery_attempt;
+        let r = Some(e.reservation_id.as_str());
+        claims.push(&e.message_id, r, &e.order_id, attempt, Some(e.activity_id));
+    }
+    let fresh = claims
+        .claim(tx, &b.names.consumer_group, &b.names.source_topic)
+        .await?;
     let mut owned: Vec<usize> = Vec::new();
     for idx in candidates {
         if fresh.contains(&b.ev(idx).message_id) {
@@ -453,7 +413,7 @@ async fn write_outcomes(
         rejections.push(e, reason);
         push_release(&mut outbox, b, e, reason);
     }
-    let inbox = InboxOutcomes::of(b, owned, rejected);
+    let inbox = inbox_outcomes(b, owned, rejected);
 
     let reject = exec_unless_empty(
         tx,
@@ -463,26 +423,13 @@ async fn write_outcomes(
          WHERE r.reservation_id = t.id",
         [&rejections.reservation_ids, &rejections.reasons],
     );
-    let inbox = exec_unless_empty(
-        tx,
-        inbox.message_ids.is_empty(),
-        "UPDATE consumer_inbox i SET status = t.st, decision = t.d, updated_at = now()
-         FROM unnest($2::text[], $3::text[], $4::text[]) AS t(m, st, d)
-         WHERE i.consumer_group = $1 AND i.message_id = t.m",
-        [
-            &b.names.consumer_group,
-            &inbox.message_ids,
-            &inbox.statuses,
-            &inbox.decisions,
-        ],
-    );
+    let inbox = inbox.settle(tx, &b.names.consumer_group);
     // Wakes the outbox relays on commit (a NOTIFY is delivered only if the transaction commits).
     let notify = async {
         if outbox.is_empty() {
             return Ok::<_, tokio_postgres::Error>(());
         }
-        tx.batch_execute(&format!("NOTIFY {}", super::outbox::OUTBOX_CHANNEL))
-            .await
+        crate::pg::outbox::notify(&**tx).await
     };
     // Every statement runs to its answer; the first error (in statement order) is returned.
     let (r1, r2, r3, r4, r5, r6) = futures::join!(
@@ -493,13 +440,8 @@ async fn write_outcomes(
         inbox,
         notify
     );
-    r1?;
-    r2?;
-    r3?;
-    r4?;
-    r5?;
-    r6?;
-    Ok(())
+    // Every statement ran to its end; the first error, if any, is the transaction's.
+    [r1, r2, r3, r4, r5, r6].into_iter().collect()
 }
 
 /// The first column of every row a `RETURNING id` gave back.

@@ -7,38 +7,13 @@ use std::collections::HashMap;
 use chrono::{DateTime, Utc};
 use tokio_postgres::types::ToSql;
 
-use super::{Batch, Inbound};
+use super::Batch;
 use crate::domain::events::{
     cancel_if_unpaid_event_id, payload, CancelOrderIfUnpaid, OrderCreated, OrderRef,
-    ReleaseReservation, TAG_CANCEL_IF_UNPAID, TAG_ORDER_CREATED, TAG_RELEASE_RESERVATION,
+    ReleaseReservation, TAG_CANCEL_IF_UNPAID, TAG_ORDER_CREATED,
 };
-use crate::domain::order_create::PoisonReason;
 use crate::domain::{Decision, OrderCreateRequested, RejectReason};
-use crate::pg::rows::{CompensationRows, OutboxEvent, OutboxRows, OutboxStart};
-
-/// `quarantined_messages`: poison with its raw body.
-#[derive(Default)]
-pub(super) struct QuarantineRows {
-    pub(super) message_ids: Vec<Option<String>>,
-    pub(super) broker_msg_ids: Vec<String>,
-    pub(super) reasons: Vec<String>,
-    pub(super) errors: Vec<String>,
-    pub(super) bodies: Vec<Vec<u8>>,
-    pub(super) properties: Vec<serde_json::Value>,
-    pub(super) attempts: Vec<i32>,
-}
-
-impl QuarantineRows {
-    pub(super) fn push(&mut self, item: &Inbound, reason: &PoisonReason) {
-        self.message_ids.push(item.property_message_id.clone());
-        self.broker_msg_ids.push(item.broker_msg_id.clone());
-        self.reasons.push(reason.code().to_string());
-        self.errors.push(reason.to_string());
-        self.bodies.push(item.raw_body.clone());
-        self.properties.push(item.properties.clone());
-        self.attempts.push(item.delivery_attempt);
-    }
-}
+use crate::pg::rows::{CompensationRows, InboxOutcomes, OutboxEvent, OutboxRows, OutboxStart};
 
 /// `reservations`: the decision row of each reservation (`ORDERED`, or `REJECTED` with why).
 #[derive(Default)]
@@ -189,18 +164,8 @@ pub(super) fn push_release(
     release.message_id = Some(e.message_id.clone());
     release.occurred_at = Some(b.now);
     release.traceparent = Some(e.trace.traceparent.clone());
-    out.push(OutboxEvent {
-        event_id: release.event_id.clone(),
-        activity_id: e.activity_id,
-        topic: &b.names.compensate_topic,
-        tag: TAG_RELEASE_RESERVATION,
-        key: &e.reservation_id,
-        aggregate: None,
-        payload: payload(&release),
-        deliver_at: None,
-        first_send_at: None,
-        start: OutboxStart::Pending,
-    });
+    let topic = &b.names.compensate_topic;
+    out.push(OutboxEvent::release(&release, topic, &e.reservation_id));
 }
 
 fn order_facts(e: &OrderCreateRequested) -> OrderRef {
@@ -235,33 +200,23 @@ impl RejectionRows {
     }
 }
 
-/// `consumer_inbox`: the outcome of every message this batch owns.
-pub(super) struct InboxOutcomes {
-    pub(super) message_ids: Vec<String>,
-    pub(super) statuses: Vec<&'static str>,
-    pub(super) decisions: Vec<String>,
-}
-
-impl InboxOutcomes {
-    pub(super) fn of(b: &Batch<'_>, owned: &[usize], rejected: &[(usize, RejectReason)]) -> Self {
-        let rejected: HashMap<usize, RejectReason> = rejected.iter().copied().collect();
-        let mut out = Self {
-            message_ids: Vec::with_capacity(owned.len()),
-            statuses: Vec::with_capacity(owned.len()),
-            decisions: Vec::with_capacity(owned.len()),
+/// What each owned message came to, for its inbox row.
+pub(super) fn inbox_outcomes(
+    b: &Batch<'_>,
+    owned: &[usize],
+    rejected: &[(usize, RejectReason)],
+) -> InboxOutcomes {
+    let rejected: HashMap<usize, RejectReason> = rejected.iter().copied().collect();
+    let mut out = InboxOutcomes::default();
+    for &i in owned {
+        let (status, decision) = if let Some(r) = rejected.get(&i) {
+            ("REJECTED", r.code().to_string())
+        } else if b.decisions[i] == Some(Decision::DuplicateReservation) {
+            ("SUCCEEDED", "DUPLICATE_RESERVATION".to_string())
+        } else {
+            ("SUCCEEDED", "CREATED".to_string())
         };
-        for &i in owned {
-            let (status, decision) = if let Some(r) = rejected.get(&i) {
-                ("REJECTED", r.code().to_string())
-            } else if b.decisions[i] == Some(Decision::DuplicateReservation) {
-                ("SUCCEEDED", "DUPLICATE_RESERVATION".to_string())
-            } else {
-                ("SUCCEEDED", "CREATED".to_string())
-            };
-            out.message_ids.push(b.ev(i).message_id.clone());
-            out.statuses.push(status);
-            out.decisions.push(decision);
-        }
-        out
+        out.push(b.ev(i).message_id.clone(), status, decision);
     }
+    out
 }

@@ -65,8 +65,7 @@ pub async fn start_intakes(
             source_group: group.clone(),
             source_topic: topic,
         });
-        // One intake group over all DLQ topics would mix subscriptions; one group per source.
-        let intake_group = format!("{}_{}", names.dlq_intake_group, short(&group));
+        let intake_group = names.dlq_intake_group_of(&group);
         handles.push(
             crate::mq::start_consumer(
                 settings,
@@ -80,19 +79,6 @@ pub async fn start_intakes(
         );
     }
     Ok(handles)
-}
-
-/// A short, stable suffix for a group name (its purpose part).
-fn short(group: &str) -> &'static str {
-    if group.contains("ORDER_CREATE") {
-        "ORDER_CREATE"
-    } else if group.contains("COMPENSATE") {
-        "COMPENSATE"
-    } else if group.contains("TIMEOUT") {
-        "TIMEOUT"
-    } else {
-        "PROJECTION"
-    }
 }
 
 /// Keeps `mq_dlq_messages` and `mq_dlq_oldest_age_seconds` current until `shutdown`.

@@ -41,8 +41,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
 pub fn environment_topics(settings: &Settings) -> Vec<String> {
     let n = crate::mq::Names::of(settings);
     let mut topics: Vec<String> = topic_plan(settings).into_iter().map(|(t, _)| t).collect();
+    // The retry topics the broker made for every group of the environment: its own groups
+    // and the groups that take their dead letters in.
     for (group, _) in n.dead_letter_sources() {
         topics.push(crate::mq::lag::retry_topic(&group));
+        topics.push(crate::mq::lag::retry_topic(&n.dlq_intake_group_of(&group)));
     }
     topics
 }

@@ -130,7 +130,10 @@ impl TestEnv {
     /// to fail its start-up registration with the name server).
     pub async fn cleanup(self) {
         if self.settings.env.starts_with('T') && self.settings.env != "PROD" {
-            let topics = seckill::roles::ops::topics::environment_topics(&self.settings);
+            let mut topics = seckill::roles::ops::topics::environment_topics(&self.settings);
+            // The retry topic of the tests' own event collector group (collect_events).
+            let collector = format!("CG_{}_EVENT_COLLECTOR", self.settings.env);
+            topics.push(seckill::mq::lag::retry_topic(&collector));
             // A test that stopped the broker leaves them to the next prune; never fail on it.
             let delete = seckill::mq::delete_topics(&self.settings, &topics);
             let _ = tokio::time::timeout(Duration::from_secs(10), delete).await;
@@ -448,11 +451,21 @@ pub async fn cli_async(env: &TestEnv, args: &[&str]) -> std::process::Output {
         .expect("binary runs")
 }
 
-/// Asserts a role's `/metrics` exposes every name.
+/// Asserts a role's `/metrics` exposes every name within 20 s (a gauge sampled from the
+/// broker appears at the role's first sample that reads it).
 pub async fn assert_metrics(url: &str, names: &[&str]) {
-    let text = reqwest::get(url).await.unwrap().text().await.unwrap();
-    for name in names {
-        assert!(text.contains(name), "{url} lacks {name}");
+    let started = std::time::Instant::now();
+    loop {
+        let text = reqwest::get(url).await.unwrap().text().await.unwrap();
+        let missing: Vec<&&str> = names.iter().filter(|n| !text.contains(**n)).collect();
+        if missing.is_empty() {
+            return;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "{url} lacks {missing:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
 }
 

@@ -200,6 +200,31 @@ struct Listing {
     json: bool,
 }
 
+/// One listed row: its id, when it came, (group, message_id), then two columns and the error.
+type TableRow<'a> = (
+    i64,
+    chrono::DateTime<chrono::Utc>,
+    (&'a String, Option<&'a str>),
+    [String; 3],
+);
+
+/// Prints a listing of dead letters or quarantined messages: `widths` of its fourth and fifth
+/// columns (the error runs to the end of the line).
+fn print_table<'a>(
+    header: [&str; 5],
+    widths: [usize; 2],
+    rows: impl Iterator<Item = TableRow<'a>>,
+) {
+    let [w4, w5] = widths;
+    let [id, when, subject, fourth, fifth] = header;
+    println!("{id:>6}  {when:<20}  {subject:<40}  {fourth:<w4$}  {fifth:<w5$}  error");
+    for (id, when, (group, message_id), [fourth, fifth, error]) in rows {
+        let subject = format!("{group} / {}", message_id.unwrap_or("-"));
+        let when = when.format("%Y-%m-%d %H:%M:%S").to_string();
+        println!("{id:>6}  {when:<20}  {subject:<40}  {fourth:<w4$}  {fifth:<w5$}  {error}");
+    }
+}
+
 async fn list_dead_letters(client: &tokio_postgres::Client, l: Listing) -> anyhow::Result<bool> {
     let status = l.status.unwrap_or_else(|| "OPEN".into()).to_uppercase();
     anyhow::ensure!(
@@ -211,25 +236,20 @@ async fn list_dead_letters(client: &tokio_postgres::Client, l: Listing) -> anyho
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(true);
     }
-    println!(
-        "{:>6}  {:<20}  {:<40}  {:>8}  {:<10}  error",
-        "id", "first seen", "group / message_id", "attempts", "status"
-    );
-    for r in &rows {
-        println!(
-            "{:>6}  {:<20}  {:<40}  {:>8}  {:<10}  {}",
-            r.dlq_id,
-            r.first_seen.format("%Y-%m-%d %H:%M:%S"),
-            format!(
-                "{} / {}",
-                r.consumer_group,
-                r.message_id.as_deref().unwrap_or("-")
-            ),
-            r.attempts,
-            r.status,
-            r.last_error.as_deref().unwrap_or("-")
-        );
-    }
+    let header = [
+        "id",
+        "first seen",
+        "group / message_id",
+        "attempts",
+        "status",
+    ];
+    let table = rows.iter().map(|r| {
+        let subject = (&r.consumer_group, r.message_id.as_deref());
+        let error = r.last_error.as_deref().unwrap_or("-");
+        let cells = [r.attempts.to_string(), r.status.clone(), error.to_owned()];
+        (r.dlq_id, r.first_seen, subject, cells)
+    });
+    print_table(header, [8, 10], table);
     println!("{} dead letter(s)", rows.len());
     Ok(true)
 }
@@ -248,25 +268,13 @@ async fn list_quarantined(client: &tokio_postgres::Client, l: Listing) -> anyhow
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(true);
     }
-    println!(
-        "{:>6}  {:<20}  {:<40}  {:<18}  {:<11}  error",
-        "id", "received", "group / message_id", "reason", "status"
-    );
-    for r in &rows {
-        println!(
-            "{:>6}  {:<20}  {:<40}  {:<18}  {:<11}  {}",
-            r.quarantine_id,
-            r.received_at.format("%Y-%m-%d %H:%M:%S"),
-            format!(
-                "{} / {}",
-                r.consumer_group,
-                r.message_id.as_deref().unwrap_or("-")
-            ),
-            r.reason,
-            r.status,
-            r.error
-        );
-    }
+    let header = ["id", "received", "group / message_id", "reason", "status"];
+    let table = rows.iter().map(|r| {
+        let subject = (&r.consumer_group, r.message_id.as_deref());
+        let cells = [r.reason.clone(), r.status.clone(), r.error.clone()];
+        (r.quarantine_id, r.received_at, subject, cells)
+    });
+    print_table(header, [18, 11], table);
     println!("{} quarantined message(s)", rows.len());
     Ok(true)
 }

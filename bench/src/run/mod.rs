@@ -1,0 +1,170 @@
+//! `seckill-bench run`: the scenarios of `make bench`, in order, each a line kept under the
+//! run directory's `lines/`, then the ratios (`crate::ratios`). `scripts/bench.sh` prepares
+//! the services, builds, measures the machine's limits with pgbench and redis-benchmark
+//! (`bench/limits/limits.sh`) and hands over to this; BENCHMARKS.md says what each scenario
+//! is compared with.
+
+mod procs;
+mod scenarios;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use seckill::config::Settings;
+
+use crate::ratios::Line;
+use procs::Procs;
+
+/// `seckill-bench run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// The `seckill` binary the roles run from.
+    #[arg(long)]
+    pub seckill: PathBuf,
+    /// Logs, outputs, `lines/` and `summary.txt`.
+    #[arg(long)]
+    pub run_dir: PathBuf,
+    /// The file whose last `LIMITS ...` line holds the machine's limits (limits.sh's output).
+    #[arg(long)]
+    pub limits: Option<PathBuf>,
+    /// Smaller runs, for a smoke test.
+    #[arg(long)]
+    pub quick: bool,
+    /// Only the sale's three runs (`make bench-sale`); last line SALE_RATIOS.
+    #[arg(long)]
+    pub only_sale: bool,
+    /// Requests in flight from the load generator.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// The nice level of consume and scan (10 as shipped; 0 to compare without weights).
+    #[arg(long, default_value_t = 10)]
+    pub waiting_nice: i32,
+}
+
+/// How big each part of the run is.
+#[derive(Debug, Clone, Copy)]
+pub struct Sizes {
+    pub sale_requests: usize,
+    pub sale_buyers: usize,
+    pub sale_stock: i64,
+    pub backlog: usize,
+    pub backlog_single: usize,
+    pub api_requests: usize,
+}
+
+impl Sizes {
+    pub fn of(quick: bool) -> Self {
+        if quick {
+            Sizes {
+                sale_requests: 10_000,
+                sale_buyers: 6_000,
+                sale_stock: 1_000,
+                backlog: 5_000,
+                backlog_single: 1_000,
+                api_requests: 5_000,
+            }
+        } else {
+            Sizes {
+                sale_requests: 100_000,
+                sale_buyers: 60_000,
+                sale_stock: 10_000,
+                backlog: 30_000,
+                backlog_single: 5_000,
+                api_requests: 30_000,
+            }
+        }
+    }
+}
+
+/// The ports of `config/bench.toml`.
+pub const API: &str = "http://127.0.0.1:28080";
+pub const API_READY: &str = "http://127.0.0.1:28080/readyz";
+pub const CONSUME_READY: &str = "http://127.0.0.1:29101/readyz";
+pub const CONSUME_METRICS: &str = "http://127.0.0.1:29101/metrics";
+pub const SCAN_READY: &str = "http://127.0.0.1:29102/readyz";
+pub const BASELINE: &str = "http://127.0.0.1:28090";
+pub const BASELINE_READY: &str = "http://127.0.0.1:28090/readyz";
+
+/// One run: its processes, its database and the lines gathered so far.
+pub struct Run {
+    pub procs: Procs,
+    pub sizes: Sizes,
+    pub concurrency: usize,
+    pub pg: tokio_postgres::Client,
+    pub schema: String,
+    pub lines: BTreeMap<&'static str, Line>,
+}
+
+impl Run {
+    /// Keeps a scenario's line for the ratios.
+    pub fn keep(&mut self, name: &'static str, line: Line) -> Line {
+        self.lines.insert(name, line.clone());
+        line
+    }
+
+    /// Writes every kept line to `lines/<name>` (what `seckill-bench ratios` reads).
+    fn write_lines(&self) -> anyhow::Result<PathBuf> {
+        let dir = self.procs.dir.join("lines");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        for (name, line) in &self.lines {
+            std::fs::write(dir.join(name), format!("{}\n", line.text))?;
+        }
+        Ok(dir)
+    }
+
+    /// `SELECT count(*) ...` on this run's schema (`{s}` in `sql` is the schema).
+    pub async fn count(&self, sql: &str) -> i64 {
+        let sql = sql.replace("{s}", &self.schema);
+        match self.pg.query_one(sql.as_str(), &[]).await {
+            Ok(row) => row.get(0),
+            Err(e) => {
+                eprintln!("[bench] count failed: {e}");
+                -1
+            }
+        }
+    }
+}
+
+pub async fn run(settings: Settings, args: RunArgs) -> anyhow::Result<bool> {
+    let procs = Procs::new(
+        args.seckill.clone(),
+        args.run_dir.clone(),
+        args.waiting_nice,
+    )?;
+    let (pg, conn) = seckill::pg::connect_one(&settings.pg).await?;
+    tokio::spawn(conn);
+    let mut run = Run {
+        procs,
+        sizes: Sizes::of(args.quick),
+        concurrency: args.concurrency,
+        pg,
+        schema: settings.pg.schema.clone(),
+        lines: BTreeMap::new(),
+    };
+    let outcome = if args.only_sale {
+        scenarios::only_sale(&mut run).await
+    } else {
+        let limits = args
+            .limits
+            .as_ref()
+            .context("--limits FILE is needed for a whole run")?;
+        let text = std::fs::read_to_string(limits)?;
+        let line = text
+            .lines()
+            .rfind(|l| l.starts_with("LIMITS "))
+            .context("no LIMITS line in the limits output")?;
+        run.keep("LIMITS", Line::parse(line));
+        scenarios::whole(&mut run).await
+    };
+    // Whatever happened, nothing started here outlives the run.
+    run.procs.stop_all().await;
+    outcome?;
+    let dir = run.write_lines()?;
+    crate::ratios::run(crate::ratios::RatiosArgs {
+        dir,
+        sale_only: args.only_sale,
+        summary: Some(run.procs.dir.join("summary.txt")),
+    })
+}

@@ -1,0 +1,543 @@
+//! The scenarios of one `make bench` run, in the order they run (BENCHMARKS.md, "What is
+//! measured, and against what"): the broker's raw rate, the order consumer on a backlog, the
+//! relay on the events that left, the API (batched and unbatched sends, the trust layer, sold
+//! out, the sale and its front door, many SKUs, duplicates, open loop), then the same routes
+//! answered straight from PostgreSQL.
+
+use std::time::{Duration, Instant};
+
+use super::procs::{poll_until, wait_ready};
+use super::{
+    Run, API, API_READY, BASELINE, BASELINE_READY, CONSUME_METRICS, CONSUME_READY, SCAN_READY,
+};
+use crate::ratios::Line;
+
+fn s(v: impl ToString) -> String {
+    v.to_string()
+}
+
+/// Restarts the consumer (extra `args` to `seckill consume`) and waits for its queues.
+async fn consume(run: &mut Run, args: &[&str], nice: Option<i32>) -> anyhow::Result<()> {
+    run.procs.stop("consume").await;
+    let mut all = vec!["consume"];
+    all.extend_from_slice(args);
+    run.procs.start("consume", &all, nice)?;
+    wait_ready(CONSUME_READY).await?;
+    // Queue assignment.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    Ok(())
+}
+
+/// Starts the API (with the current overrides) and waits until it is ready.
+async fn api(run: &mut Run) -> anyhow::Result<()> {
+    run.procs.start("api", &["api"], None)?;
+    wait_ready(API_READY).await
+}
+
+/// The order consumer alone on a backlog: filled while no consumer runs, then drained by a
+/// fresh one at nice 0, as pgbench runs (its rate against the database's, like for like).
+async fn backlog(
+    run: &mut Run,
+    label: &str,
+    stock: i64,
+    messages: usize,
+    consume_args: &[&str],
+) -> anyhow::Result<Line> {
+    let a = run.procs.activity(stock, 1).await?;
+    run.procs.stop("consume").await;
+    let base = |mode: &str| {
+        vec![
+            s("backlog"),
+            s("--activity-id"),
+            s(a),
+            s("--messages"),
+            s(messages),
+            s(mode),
+        ]
+    };
+    run.procs
+        .bench_line(&format!("backlog-{label}-fill"), &base("--fill-only"))
+        .await?;
+    let mut all = vec!["consume"];
+    all.extend_from_slice(consume_args);
+    run.procs.start("consume", &all, Some(0))?;
+    let mut drain = base("--drain-only");
+    drain.extend([s("--summary-prefix"), format!("BACKLOG_{label}")]);
+    let line = run
+        .procs
+        .bench_line(&format!("backlog-{label}"), &drain)
+        .await?;
+    run.procs.stop("consume").await;
+    Ok(line)
+}
+
+/// Waits (up to 3 minutes) until the relay has published every outbox row due now, so a
+/// scenario's figures carry its own background work, not its predecessors'.
+async fn quiesce(run: &Run) {
+    let sql = "SELECT count(*) FROM {s}.event_outbox \
+               WHERE status = 'PENDING' AND next_attempt_at <= now()";
+    let started = Instant::now();
+    let quiet = poll_until(
+        Duration::from_secs(180),
+        Duration::from_millis(200),
+        || async move { run.count(sql).await == 0 },
+    )
+    .await;
+    if quiet {
+        eprintln!(
+            "[bench] quiet: outbox drained ({:.1} s)",
+            started.elapsed().as_secs_f64()
+        );
+    } else {
+        eprintln!("[bench] outbox still has pending rows; measuring anyway");
+    }
+}
+
+/// One `seckill-bench load` through the API: `(activity, sku, skus, requests, buyers)`.
+async fn api_bench(
+    run: &Run,
+    label: &str,
+    (a, sku, skus, requests, buyers): (i64, i64, usize, usize, usize),
+    extra: &[String],
+) -> anyhow::Result<Line> {
+    quiesce(run).await;
+    let mut args = vec![
+        s("load"),
+        s("--api"),
+        s(API),
+        s("--activity-id"),
+        s(a),
+        s("--sku-id"),
+        s(sku),
+        s("--skus"),
+        s(skus),
+        s("--requests"),
+        s(requests),
+        s("--buyers"),
+        s(buyers),
+        s("--concurrency"),
+        s(run.concurrency),
+        s("--scenario"),
+        s(label),
+        s("--summary-prefix"),
+        s("BENCH"),
+    ];
+    args.extend(run.procs.cpu_args().await);
+    args.extend_from_slice(extra);
+    run.procs.bench_line(&format!("bench-{label}"), &args).await
+}
+
+/// Accepted reservations/s through a fresh API, every request a new buyer (the activity holds
+/// as many units as requests: every one must be accepted); `one_send_each` turns batched
+/// sends off. `env` applies to the API and the load generator alike.
+async fn accept_run(
+    run: &mut Run,
+    label: &str,
+    one_send_each: bool,
+    a: i64,
+    env: &[(&str, &str)],
+    extra: &[&str],
+) -> anyhow::Result<Line> {
+    let mut vars = env.to_vec();
+    if one_send_each {
+        vars.push(("SECKILL__MQ__SEND_BATCH_MAX", "1"));
+    }
+    run.procs.set_env(&vars);
+    api(run).await?;
+    let n = run.sizes.api_requests;
+    let mut args = vec![
+        s("--dup-request-share"),
+        s(0),
+        s("--repeat-buyer-share"),
+        s(0),
+        s("--stock"),
+        s(n),
+    ];
+    args.extend(extra.iter().map(s));
+    let line = api_bench(run, label, (a, 1, 1, n, n), &args).await;
+    run.procs.stop("api").await;
+    run.procs.set_env(&[]);
+    line
+}
+
+/// The sale through the whole pipeline, then through the front door alone (the consumer
+/// stopped: the API, Redis and the broker have the cores), after which the consumer turns
+/// that backlog into orders. Needs api, consume and scan running.
+async fn sale_pair(run: &mut Run) -> anyhow::Result<()> {
+    let z = run.sizes;
+    eprintln!(
+        "[bench] the sale: {} requests by {} buyers for {} units",
+        z.sale_requests, z.sale_buyers, z.sale_stock
+    );
+    pg_statements(run, None).await;
+    let a = run.procs.activity(z.sale_stock, 1).await?;
+    let sale_shape = |a| (a, 1, 1, z.sale_requests, z.sale_buyers);
+    let sale = api_bench(run, "hot-sku", sale_shape(a), &[]).await?;
+    run.keep("SALE", sale);
+    let statements = run.procs.dir.join("sale-pg-statements.txt");
+    pg_statements(run, Some(&statements)).await;
+    // The order roles' own view of this run, before the consumer is stopped for the next one.
+    if let Ok(r) = reqwest::get(CONSUME_METRICS).await {
+        let text = r.text().await.unwrap_or_default();
+        std::fs::write(run.procs.dir.join("consume-sale.metrics"), text)?;
+    }
+    eprintln!("[bench] the same sale, the front door alone (the consumer stopped)");
+    run.procs.stop("consume").await;
+    let a = run.procs.activity(z.sale_stock, 1).await?;
+    let front = api_bench(
+        run,
+        "hot-sku-front-door",
+        sale_shape(a),
+        &[s("--load-only")],
+    )
+    .await?;
+    let accepted = front.num("accepted").unwrap_or(0.0) as i64;
+    run.keep("SALE_FRONT", front);
+    consume(run, &[], None).await?;
+    let sql = format!("SELECT count(*) FROM {{s}}.reservations WHERE activity_id = {a}");
+    let (r, q) = (&*run, sql.as_str());
+    poll_until(
+        Duration::from_secs(180),
+        Duration::from_millis(200),
+        || async move { r.count(q).await >= accepted },
+    )
+    .await;
+    Ok(())
+}
+
+/// The same sale answered by the direct-PostgreSQL server (started with stock for `a`).
+async fn baseline_sale(run: &mut Run, a: i64) -> anyhow::Result<()> {
+    let z = run.sizes;
+    let line = baseline_load(
+        run,
+        "baseline-sale",
+        a,
+        z.sale_requests,
+        z.sale_buyers,
+        &[s("--stock"), s(z.sale_stock)],
+    )
+    .await?;
+    run.keep("BASE_SALE", line);
+    Ok(())
+}
+
+/// One `seckill-bench load --load-only` against the baseline server.
+async fn baseline_load(
+    run: &Run,
+    label: &str,
+    a: i64,
+    requests: usize,
+    buyers: usize,
+    extra: &[String],
+) -> anyhow::Result<Line> {
+    let mut args = vec![
+        s("load"),
+        s("--api"),
+        s(BASELINE),
+        s("--activity-id"),
+        s(a),
+        s("--sku-id"),
+        s(1),
+        s("--requests"),
+        s(requests),
+        s("--buyers"),
+        s(buyers),
+        s("--concurrency"),
+        s(run.concurrency),
+        s("--load-only"),
+        s("--scenario"),
+        s(label),
+    ];
+    args.extend_from_slice(extra);
+    run.procs.bench_line(label, &args).await
+}
+
+/// Where PostgreSQL's time goes during the sale, when the server has pg_stat_statements
+/// loaded (the bench does not change the server's settings): `None` resets the statistics,
+/// `Some(file)` saves the top statements by total time.
+async fn pg_statements(run: &Run, save: Option<&std::path::Path>) {
+    let loaded = match run.pg.query_one("SHOW shared_preload_libraries", &[]).await {
+        Ok(row) => row.get::<_, String>(0).contains("pg_stat_statements"),
+        Err(_) => false,
+    };
+    let ready = loaded
+        && run
+            .pg
+            .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            .await
+            .is_ok();
+    if !ready {
+        return;
+    }
+    let Some(file) = save else {
+        let _ = run
+            .pg
+            .batch_execute("SELECT pg_stat_statements_reset()")
+            .await;
+        return;
+    };
+    let rows = run
+        .pg
+        .query(
+            "SELECT calls, round(total_exec_time::numeric, 1)::text,
+                    round((total_exec_time / calls)::numeric, 3)::text, rows, wal_bytes::text,
+                    left(regexp_replace(query, '\\s+', ' ', 'g'), 110)
+             FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 25",
+            &[],
+        )
+        .await;
+    let mut text = String::from("calls | total_ms | mean_ms | rows | wal_bytes | query\n");
+    for r in rows.unwrap_or_default() {
+        let (calls, total, mean, n, wal, q): (i64, String, String, i64, String, String) =
+            (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5));
+        text.push_str(&format!("{calls} | {total} | {mean} | {n} | {wal} | {q}\n"));
+    }
+    let _ = std::fs::write(file, text);
+}
+
+/// `make bench-sale`: the sale's three runs alone.
+pub async fn only_sale(run: &mut Run) -> anyhow::Result<()> {
+    consume(run, &[], None).await?;
+    run.procs.start("scan", &["scan"], None)?;
+    wait_ready(SCAN_READY).await?;
+    api(run).await?;
+    sale_pair(run).await?;
+    run.procs.stop_all().await;
+    let a = chrono::Utc::now().timestamp();
+    let stock = format!("{a}:1:{}", run.sizes.sale_stock);
+    run.procs
+        .start_baseline(&[s("--pool"), s(16), s("--stock"), stock])?;
+    wait_ready(BASELINE_READY).await?;
+    baseline_sale(run, a).await
+}
+
+/// The whole of `make bench` after the limits.
+pub async fn whole(run: &mut Run) -> anyhow::Result<()> {
+    broker(run).await?;
+    order_consumer(run).await?;
+    relay(run).await?;
+    send_path(run).await?;
+    through_the_api(run).await?;
+    baseline(run).await
+}
+
+/// The broker's raw send rate, one message per call and batched.
+async fn broker(run: &mut Run) -> anyhow::Result<()> {
+    eprintln!("[bench] broker raw send rate");
+    for (name, batch, senders) in [("BROKER1", 1, 16), ("BROKER32", 32, 4)] {
+        let args = [
+            s("broker"),
+            s("--batch"),
+            s(batch),
+            s("--senders"),
+            s(senders),
+            s("--seconds"),
+            s(5),
+        ];
+        let line = run.procs.bench_line(&name.to_lowercase(), &args).await?;
+        run.keep(name, line);
+    }
+    Ok(())
+}
+
+/// The order consumer on a backlog, one hot SKU: batched, with `--workers` far past the
+/// budget, and one order per transaction. These orders' timers are written due at once (a
+/// lead longer than the pay window), so the relay then relays both kinds of event, as a relay
+/// catching up on a backlog does.
+async fn order_consumer(run: &mut Run) -> anyhow::Result<()> {
+    eprintln!("[bench] order consumer on a backlog, one hot SKU");
+    let z = run.sizes;
+    let lead = ("SECKILL__SCAN__TIMER_LEAD_SECS", "86400");
+    run.procs.set_env(&[lead]);
+    let stock = (z.backlog * 2) as i64;
+    let line = backlog(run, "batched", stock, z.backlog, &[]).await?;
+    run.keep("B_BATCH", line);
+    let line = backlog(run, "workers64", stock, z.backlog, &["--workers", "64"]).await?;
+    run.keep("B_WIDE", line);
+    run.procs
+        .set_env(&[lead, ("SECKILL__CONSUMER__BATCH_SIZE", "1")]);
+    let stock = (z.backlog_single * 2) as i64;
+    let line = backlog(run, "single", stock, z.backlog_single, &[]).await?;
+    run.keep("B_SINGLE", line);
+    run.procs.set_env(&[]);
+    consume(run, &[], None).await
+}
+
+/// A fresh relay draining the events the backlogs left in the outbox, alone.
+async fn relay(run: &mut Run) -> anyhow::Result<()> {
+    let sql = "SELECT count(*) FROM {s}.event_outbox \
+               WHERE status = 'PENDING' AND next_attempt_at <= now()";
+    let rows = run.count(sql).await;
+    eprintln!("[bench] outbox relay on a backlog of {rows} events");
+    let started = Instant::now();
+    run.procs.start("scan", &["scan"], None)?;
+    let r = &*run;
+    poll_until(
+        Duration::from_secs(180),
+        Duration::from_millis(100),
+        || async move { r.count(sql).await == 0 },
+    )
+    .await;
+    let secs = started.elapsed().as_secs_f64();
+    let left = run.count(sql).await;
+    let verdict = if left == 0 { "OK" } else { "FAILED" };
+    let text = format!(
+        "RELAY {verdict} rows={rows} left={left} seconds={secs:.2} events_per_s={:.0}",
+        rows as f64 / secs
+    );
+    eprintln!("[bench] {text}");
+    run.keep("RELAY", Line::parse(&text));
+    wait_ready(SCAN_READY).await
+}
+
+/// The send path alone (the consumer stopped: the load generator, the API, Redis and the
+/// broker have the cores): batched against one send each, then the trust layer's cost in two
+/// alternating pairs (a pair moves by 10-20 % from run to run here). With the consumer
+/// stopped this long the order queue's lag passes the fail-closed bound: these runs get the
+/// whole validity, both sides.
+async fn send_path(run: &mut Run) -> anyhow::Result<()> {
+    run.procs.stop("consume").await;
+    let n = run.sizes.api_requests as i64;
+    let only = ["--load-only"];
+    let mut activities = Vec::new();
+    for (name, label, single) in [
+        ("I_BATCHED", "accept-batched-send-path", false),
+        ("I_SINGLE", "accept-unbatched-send-path", true),
+    ] {
+        let a = run.procs.activity(n, 1).await?;
+        activities.push(a);
+        eprintln!("[bench] {label}: accepted reservations/s");
+        let line = accept_run(run, label, single, a, &[], &only).await?;
+        run.keep(name, line);
+    }
+    let open = ("SECKILL__API__FAIL_CLOSED_SHARE", "1.0");
+    let off = [open, ("SECKILL__AUTH__BUYERS", "body")];
+    let on = [
+        open,
+        ("SECKILL__API__BUYER_RATE_PER_SEC", "5"),
+        ("SECKILL__API__BUYER_BURST", "10"),
+        ("SECKILL__API__ADDRESS_RATE_PER_SEC", "10000000"),
+        ("SECKILL__API__ADDRESS_BURST", "10000000"),
+    ];
+    for (name, label, env) in [
+        ("T_OFF", "accept-trust-off-1", &off[..]),
+        ("T_ON", "accept-trust-on-1", &on[..]),
+        ("T_OFF2", "accept-trust-off-2", &off[..]),
+        ("T_ON2", "accept-trust-on-2", &on[..]),
+    ] {
+        let a = run.procs.activity(n, 1).await?;
+        activities.push(a);
+        let line = accept_run(run, label, false, a, env, &only).await?;
+        run.keep(name, line);
+    }
+    consume(run, &[], None).await?;
+    // The next scenarios start once the consumer has turned that backlog into orders.
+    let accepted: f64 = ["I_BATCHED", "I_SINGLE", "T_OFF", "T_ON", "T_OFF2", "T_ON2"]
+        .iter()
+        .filter_map(|n| run.lines.get(n)?.num("accepted"))
+        .sum();
+    let ids: Vec<String> = activities.iter().map(|a| a.to_string()).collect();
+    let sql = format!(
+        "SELECT count(*) FROM {{s}}.reservations WHERE activity_id IN ({})",
+        ids.join(", ")
+    );
+    let (r, q) = (&*run, sql.as_str());
+    poll_until(
+        Duration::from_secs(180),
+        Duration::from_millis(200),
+        || async move { r.count(q).await as f64 >= accepted },
+    )
+    .await;
+    Ok(())
+}
+
+/// Through the API with the whole pipeline running: batched and unbatched sends, sold-out
+/// answers from Redis and from the API's memory, the sale and its front door, many SKUs,
+/// duplicate-heavy traffic (every order then paid), an open loop.
+async fn through_the_api(run: &mut Run) -> anyhow::Result<()> {
+    let z = run.sizes;
+    let n = z.api_requests;
+    for (name, label, single) in [
+        ("A_BATCHED", "accept-batched", false),
+        ("A_SINGLE", "accept-unbatched", true),
+    ] {
+        let a = run.procs.activity(n as i64, 1).await?;
+        let line = accept_run(run, label, single, a, &[], &[]).await?;
+        run.keep(name, line);
+    }
+    // Sold out: every answer from Redis (the API's memory off), then with it on.
+    for (name, label, memory) in [
+        ("SOLDOUT_REDIS", "sold-out-redis", false),
+        ("SOLDOUT", "sold-out", true),
+    ] {
+        if !memory {
+            run.procs
+                .set_env(&[("SECKILL__API__SOLD_OUT_POLL_MS", "0")]);
+        }
+        api(run).await?;
+        run.procs.set_env(&[]);
+        let a = run.procs.activity(0, 1).await?;
+        let line = api_bench(run, label, (a, 1, 1, n, n), &[]).await?;
+        run.keep(name, line);
+        if !memory {
+            run.procs.stop("api").await;
+        }
+    }
+    sale_pair(run).await?;
+    let a = run.procs.activity(z.sale_stock / 10, 20).await?;
+    let line = api_bench(run, "many-skus", (a, 1, 20, n / 2, n / 2), &[]).await?;
+    run.keep("MANY", line);
+    let a = run.procs.activity(z.sale_stock, 1).await?;
+    let dups = [
+        "--dup-request-share",
+        "0.4",
+        "--repeat-buyer-share",
+        "0.3",
+        "--pay-share",
+        "1.0",
+    ]
+    .map(s);
+    let line = api_bench(run, "duplicates", (a, 1, 1, n / 2, n / 8), &dups).await?;
+    run.keep("DUPS", line);
+    let a = run.procs.activity(z.sale_stock, 1).await?;
+    let rate = [s("--rate"), s(2000)];
+    let line = api_bench(run, "open-loop", (a, 1, 1, n / 2, n / 2), &rate).await?;
+    run.keep("OPEN", line);
+    run.procs.stop_all().await;
+    Ok(())
+}
+
+/// The baseline a team would otherwise build: the same route, one statement straight to
+/// PostgreSQL: sold-out answers, purchases, and the same sale.
+async fn baseline(run: &mut Run) -> anyhow::Result<()> {
+    let z = run.sizes;
+    let buy_a = chrono::Utc::now().timestamp();
+    let sale_a = buy_a + 1;
+    run.procs.start_baseline(&[
+        s("--pool"),
+        s(16),
+        s("--stock"),
+        s("1:1:0"),
+        s("--stock"),
+        format!("{buy_a}:1:2000000000"),
+        s("--stock"),
+        format!("{sale_a}:1:{}", z.sale_stock),
+    ])?;
+    wait_ready(BASELINE_READY).await?;
+    eprintln!("[bench] baseline (direct PostgreSQL over HTTP): sold-out answers and purchases");
+    let n = z.api_requests;
+    let line = baseline_load(run, "baseline-sold-out", 1, n, n, &[s("--stock"), s(0)]).await?;
+    run.keep("BASE_SOLDOUT", line);
+    let buy = [
+        "--stock",
+        "2000000000",
+        "--dup-request-share",
+        "0",
+        "--repeat-buyer-share",
+        "0",
+    ]
+    .map(s);
+    let line = baseline_load(run, "baseline-buy", buy_a, n / 3, n / 3, &buy).await?;
+    run.keep("BASE_BUY", line);
+    baseline_sale(run, sale_a).await
+}
