@@ -93,6 +93,25 @@ async fn quiesce(run: &Run) {
     }
 }
 
+/// The arguments every `seckill-bench load` of the run shares: where, which SKU, how much.
+fn load_args(
+    run: &Run,
+    api: &str,
+    (a, sku): (i64, i64),
+    requests: usize,
+    buyers: usize,
+) -> Vec<String> {
+    let mut args = vec![s("load"), s("--api"), s(api), s("--activity-id"), s(a)];
+    args.extend([s("--sku-id"), s(sku), s("--requests"), s(requests)]);
+    args.extend([
+        s("--buyers"),
+        s(buyers),
+        s("--concurrency"),
+        s(run.concurrency),
+    ]);
+    args
+}
+
 /// One `seckill-bench load` through the API: `(activity, sku, skus, requests, buyers)`.
 async fn api_bench(
     run: &Run,
@@ -101,27 +120,16 @@ async fn api_bench(
     extra: &[String],
 ) -> anyhow::Result<Line> {
     quiesce(run).await;
-    let mut args = vec![
-        s("load"),
-        s("--api"),
-        s(API),
-        s("--activity-id"),
-        s(a),
-        s("--sku-id"),
-        s(sku),
-        s("--skus"),
-        s(skus),
-        s("--requests"),
-        s(requests),
-        s("--buyers"),
-        s(buyers),
-        s("--concurrency"),
-        s(run.concurrency),
-        s("--scenario"),
-        s(label),
-        s("--summary-prefix"),
-        s("BENCH"),
+    let mut args = load_args(run, API, (a, sku), requests, buyers);
+    let tail = [
+        "--skus",
+        &s(skus),
+        "--scenario",
+        label,
+        "--summary-prefix",
+        "BENCH",
     ];
+    args.extend(tail.map(s));
     args.extend(run.procs.cpu_args().await);
     args.extend_from_slice(extra);
     run.procs.bench_line(&format!("bench-{label}"), &args).await
@@ -230,24 +238,8 @@ async fn baseline_load(
     buyers: usize,
     extra: &[String],
 ) -> anyhow::Result<Line> {
-    let mut args = vec![
-        s("load"),
-        s("--api"),
-        s(BASELINE),
-        s("--activity-id"),
-        s(a),
-        s("--sku-id"),
-        s(1),
-        s("--requests"),
-        s(requests),
-        s("--buyers"),
-        s(buyers),
-        s("--concurrency"),
-        s(run.concurrency),
-        s("--load-only"),
-        s("--scenario"),
-        s(label),
-    ];
+    let mut args = load_args(run, BASELINE, (a, 1), requests, buyers);
+    args.extend(["--load-only", "--scenario", label].map(s));
     args.extend_from_slice(extra);
     run.procs.bench_line(label, &args).await
 }
