@@ -275,9 +275,7 @@ async fn check_redis(
     let recorded = if census.reserved_ids.is_empty() {
         0
     } else {
-        crate::pg::reconcile::recorded_reservations(pg, &census.reserved_ids)
-            .await?
-            .len() as i64
+        books::recorded_count(pg, &census.reserved_ids).await?
     };
     f.unrecorded = f.redis_reserved - recorded;
     if recorded != f.valid_orders + f.pending_compensations {

@@ -178,3 +178,17 @@ pub async fn bucket_books(
         .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
         .collect())
 }
+
+/// How many of `reservation_ids` PostgreSQL recorded a decision for (ordered or rejected).
+pub async fn recorded_count(
+    pg: &impl GenericClient,
+    reservation_ids: &[String],
+) -> Result<i64, Error> {
+    Ok(pg
+        .query_one(
+            "SELECT count(*) FROM reservations WHERE reservation_id = ANY($1::text[])",
+            &[&reservation_ids],
+        )
+        .await?
+        .get(0))
+}
