@@ -31,12 +31,18 @@ pub async fn decode_each<T: DeserializeOwned>(
     batch: &[Delivery],
 ) -> anyhow::Result<Vec<(usize, T)>> {
     let mut good = Vec::with_capacity(batch.len());
+    // One connection for the batch's poison, taken only if there is any.
+    let mut client = None;
     for (i, d) in batch.iter().enumerate() {
         match serde_json::from_slice::<T>(&d.body) {
             Ok(v) => good.push((i, v)),
             Err(e) => {
-                let client = pool.get().await?;
-                quarantine(&**client, group, d, &e.to_string()).await?;
+                if client.is_none() {
+                    client = Some(pool.get().await?);
+                }
+                if let Some(c) = &client {
+                    quarantine(&***c, group, d, &e.to_string()).await?;
+                }
             }
         }
     }
