@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 use crate::config::{Settings, TelemetrySettings};
 use crate::roles::ops::activity::CreateArgs;
+use crate::roles::ops::resync::ResyncArgs;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -98,6 +99,9 @@ pub enum TopicsCommand {
 pub enum ActivityCommand {
     /// Create an activity and its SKU stock, and warm Redis (idempotent).
     Create(CreateArgs),
+    /// Rebuild the activity's Redis state from PostgreSQL (stock, buyers, request ids):
+    /// fence, wait for the backlog, rebuild, resume; `--dry-run` first (audited).
+    Resync(ResyncArgs),
 }
 
 /// What a binary of this project does around its command: load the configuration (exit 2

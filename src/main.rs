@@ -46,6 +46,9 @@ fn main() -> std::process::ExitCode {
             } => roles::ops::activity::create(&settings, &args)
                 .await
                 .map(|_| true),
+            Command::Activity {
+                command: ActivityCommand::Resync(args),
+            } => roles::ops::resync::run(settings, args).await,
             Command::Reconcile(args) => roles::ops::reconcile::run(settings, args).await,
             Command::Dlq { command } => roles::ops::dlq::run(settings, command).await,
             Command::Outbox { command } => roles::ops::outbox::run(settings, command).await,

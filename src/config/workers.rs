@@ -125,6 +125,9 @@ pub struct ScanSettings {
     /// on the brokers that answer is sent again (docs/ARCHITECTURE.md#a-dead-brokers-messages);
     /// 0: never.
     pub unconsumed_resend_ms: u64,
+    /// How often the scanner looks for activities fenced after Redis lost writes, and rebuilds
+    /// those whose backlog has drained (docs/ARCHITECTURE.md#when-redis-forgets).
+    pub resync_poll_ms: u64,
     /// Outbox rows one relay claims at a time.
     pub relay_batch: usize,
     /// How long a relay owns the rows it claimed before another may send them again.
@@ -153,6 +156,9 @@ impl ScanSettings {
         }
         if self.scanner_lease_ms < 100 {
             return Err(invalid("scan.scanner_lease_ms", "must be at least 100"));
+        }
+        if self.resync_poll_ms < 100 || self.resync_poll_ms > 60_000 {
+            return Err(invalid("scan.resync_poll_ms", "must be in 100..=60000"));
         }
         if self.scanner_poll_ms == 0 || self.relay_poll_ms == 0 {
             return Err(invalid(

@@ -5,6 +5,7 @@ pub mod books;
 pub mod cancel_tx;
 pub mod dlq;
 pub mod errors;
+pub mod fences;
 pub mod half_message_events;
 pub mod order_state;
 pub mod order_tx;

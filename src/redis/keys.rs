@@ -28,6 +28,13 @@ impl Shard {
     }
 }
 
+impl Default for Shard {
+    /// No activity's shard (activity 0): a placeholder until one is named.
+    fn default() -> Self {
+        Self::new(0, 0, 1)
+    }
+}
+
 impl From<i64> for Shard {
     fn from(activity_id: i64) -> Self {
         Self::new(activity_id, 0, 1)

@@ -12,9 +12,11 @@
 mod buckets;
 mod error;
 mod keys;
+mod marks;
 mod pipeline;
 pub mod pool;
 mod projection;
+mod rebuild;
 mod recovery;
 pub mod reservation;
 mod reserve;
@@ -24,6 +26,10 @@ mod stock;
 pub use buckets::{BucketStock, OpenTransfer, SkuBuckets};
 pub use error::StoreError;
 pub use keys::{bucket_tag, Keys, Shard};
+pub use marks::{Mark, Marks, ShardTrust};
+pub use rebuild::{
+    RebuildReservation, RebuildShard, RebuildSku, ShardSnapshot, SkuSnapshot, Survivor,
+};
 pub use recovery::{Claimed, RETIRE_AFTER_END_MS};
 pub use reserve::{RateLimits, ReservationView, ReserveArgs, ReserveResult};
 pub use send_state::{Release, SentMark};
@@ -50,6 +56,8 @@ pub struct RedisStore {
     scripts: std::sync::Arc<Scripts>,
     /// Stock buckets per warmed activity, read once from its meta (fixed once warmed).
     buckets: std::sync::Arc<std::sync::RwLock<HashMap<i64, u16>>>,
+    /// The highest (epoch, seq) this process has seen per shard (docs/ARCHITECTURE.md#when-redis-forgets).
+    marks: Marks,
 }
 
 struct Scripts {
@@ -92,6 +100,7 @@ impl RedisStore {
                 transfer_in: Script::new(include_str!("lua/transfer_in.lua")),
             }),
             buckets: Default::default(),
+            marks: Marks::default(),
         };
         store.ping().await.with_context(|| {
             format!(

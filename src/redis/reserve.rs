@@ -3,6 +3,7 @@
 
 use deadpool_redis::redis::AsyncCommands;
 
+use super::marks::Mark;
 use super::{RedisStore, StoreError, RESERVATION_TTL_MARGIN_SECS};
 use crate::domain::order_create::ReservationRef;
 
@@ -47,6 +48,23 @@ pub enum ReserveResult {
         reason: String,
     },
     NotFound,
+    /// The activity is fenced: its Redis state is being rebuilt from PostgreSQL
+    /// (docs/ARCHITECTURE.md#when-redis-forgets). Nothing changed.
+    Fenced {
+        reason: String,
+    },
+    /// This call found Redis behind what it had answered before (and fenced the shard), or
+    /// the activity's keys gone while this process had seen reservations in it. Nothing
+    /// changed.
+    Lost {
+        reason: String,
+    },
+    /// Resuming after a rebuild: this request is not in the share admitted yet (`percent`),
+    /// all are again in `secs`.
+    Ramp {
+        percent: u32,
+        secs: u64,
+    },
 }
 
 /// Arguments of one reservation attempt; ids are minted by the caller beforehand.
@@ -96,8 +114,9 @@ impl RedisStore {
         let shard = self
             .shard_of(a.reservation.activity_id, a.reservation.reservation_id)
             .await?;
+        let seen = self.marks.seen(shard);
         let mut conn = self.pool.get().await?;
-        let parts: Vec<String> = self
+        let mut parts: Vec<String> = self
             .scripts
             .reserve
             .key(k.meta(shard))
@@ -129,9 +148,27 @@ impl RedisStore {
             .arg(a.limits.buyer_rate_per_sec)
             .arg(a.limits.buyer_burst)
             .arg(a.channel)
+            .arg(seen.map_or(0, |m| m.epoch))
+            .arg(seen.map_or(0, |m| m.seq))
             .invoke_async(&mut *conn)
             .await?;
+        drop(conn);
+        let mark = Mark::of_reply(&mut parts)?;
         let code = parts.first().map(String::as_str).unwrap_or("");
+        if code == "NOT_FOUND" && seen.is_some_and(|m| m.epoch > 0 || m.seq > 0) && mark.is_zero() {
+            // The meta that carried the sequence is gone while this process saw reservations
+            // in the shard: every key of it may be.
+            return Ok(ReserveResult::Lost {
+                reason: format!(
+                    "the activity's keys are gone from Redis (this process had seen epoch {} seq {})",
+                    seen.map_or(0, |m| m.epoch),
+                    seen.map_or(0, |m| m.seq)
+                ),
+            });
+        }
+        if code != "LOST" {
+            self.marks.saw(shard, mark);
+        }
         Ok(match code {
             "OK" => ReserveResult::Reserved(view(&parts)),
             "DUPLICATE_REQUEST" => ReserveResult::Duplicate(view(&parts)),
@@ -153,6 +190,16 @@ impl RedisStore {
                 reason: parts.get(1).cloned().unwrap_or_default(),
             },
             "NOT_FOUND" => ReserveResult::NotFound,
+            "FENCED" => ReserveResult::Fenced {
+                reason: parts.get(1).cloned().unwrap_or_default(),
+            },
+            "LOST" => ReserveResult::Lost {
+                reason: parts.get(1).cloned().unwrap_or_default(),
+            },
+            "RAMP" => ReserveResult::Ramp {
+                percent: parts.get(1).and_then(|v| v.parse().ok()).unwrap_or(10),
+                secs: parts.get(2).and_then(|v| v.parse().ok()).unwrap_or(1),
+            },
             other => {
                 return Err(StoreError::unexpected(format!(
                     "reserve script returned an unknown code {other:?}"

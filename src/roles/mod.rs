@@ -6,6 +6,7 @@ pub mod batch_tx;
 pub mod consume;
 pub mod half_messages;
 pub mod ops;
+pub mod resync;
 pub mod runtime;
 pub mod scan;
 pub mod timeout_cancel;

@@ -153,4 +153,10 @@ pub const METRICS: &[Metric] = &[
     histogram("mq_consume_batch_size", "Messages per batch a consumer handles"),
     histogram("mq_publish_batch_size", "Messages per broker call of the API's batched sends"),
     histogram("order_tx_batch_size", "Messages per order transaction"),
+    counter("redis_loss_detected_total", "Activities fenced because Redis was found behind what it had answered, by signal (sequence, meta_missing, compensation_missing, suspect_flag, operator)"),
+    counter("redis_restarts_seen_total", "Times this API saw the Redis server's run id change (a restart or another server)"),
+    counter("redis_rebuild_total", "Rebuilds of a fenced activity's Redis state from PostgreSQL, by result (ok, failed)"),
+    gauge("redis_fenced_activities", "Activities fenced now: refusing reservations until their Redis state is rebuilt"),
+    histogram_in("redis_rebuild_duration_seconds", Unit::Seconds, "How long a rebuild of an activity's Redis state from PostgreSQL took"),
+    histogram_in("redis_fence_duration_seconds", Unit::Seconds, "How long an activity stayed fenced, detection to resumption"),
 ];

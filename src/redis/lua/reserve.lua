@@ -7,12 +7,32 @@
 --       7 sku_id, 8 activity_id, 9 next_retry_at_ms, 10 reservation key prefix,
 --       11 traceparent, 12 reservation key ttl seconds, 13 address rate per second,
 --       14 address burst, 15 buyer rate per second, 16 buyer burst (a rate of 0: no limit),
---       17 the buyer's sales channel ("" when none)
--- Returns {code, reservation_id, message_id, order_id, mq_status, status, valid_until_ms, created_at_ms}
+--       17 the buyer's sales channel ("" when none), 18 19 the highest (epoch, seq) of this
+--       shard the caller has seen (docs/ARCHITECTURE.md#when-redis-forgets)
+-- Returns {code, epoch, seq, ...}: the shard's epoch and reservation sequence, then for OK
+-- {reservation_id, message_id, order_id, mq_status, status, valid_until_ms, created_at_ms}
 local now = tonumber(ARGV[1])
 local meta = redis.call('HMGET', KEYS[1], 'starts_at_ms', 'ends_at_ms', 'valid_ms', 'paused',
-  'paused_reason', 'buckets')
-if not meta[1] then return {'NOT_FOUND'} end
+  'paused_reason', 'buckets', 'epoch', 'seq', 'suspect', 'resumed_at_ms', 'ramp_ms')
+local epoch, seq = tonumber(meta[7] or '0'), tonumber(meta[8] or '0')
+local function out(t)
+  table.insert(t, 2, tostring(epoch))
+  table.insert(t, 3, tostring(seq))
+  return t
+end
+-- Fenced: this Redis lost writes it had acknowledged, and the activity waits for its rebuild
+-- from PostgreSQL. Nothing is answered from state that may be behind, repeats included.
+if meta[9] then return out({'FENCED', meta[9]}) end
+if not meta[1] then return out({'NOT_FOUND'}) end
+-- Every reservation advances the shard's sequence; a caller that saw a later one (or a later
+-- epoch: a rebuild's) is looking at Redis after it forgot: fence the shard, here and for all.
+local seen_epoch, seen_seq = tonumber(ARGV[18]) or 0, tonumber(ARGV[19]) or 0
+if epoch < seen_epoch or (epoch == seen_epoch and seq < seen_seq) then
+  local why = string.format('Redis is behind what it answered: epoch %d seq %d, seen epoch %d seq %d',
+    epoch, seq, seen_epoch, seen_seq)
+  redis.call('HSET', KEYS[1], 'suspect', why, 'suspect_at_ms', ARGV[1])
+  return out({'LOST', why})
+end
 
 -- Abuse limits (docs/ARCHITECTURE.md#abuse-limits): a token bucket per client address and per
 -- buyer, taken before anything else, repeats included. Both are read first and written only
@@ -40,9 +60,9 @@ end
 local ip_rate, ip_burst = tonumber(ARGV[13]) or 0, tonumber(ARGV[14]) or 0
 local u_rate, u_burst = tonumber(ARGV[15]) or 0, tonumber(ARGV[16]) or 0
 local ip_take, ip_wait = bucket(KEYS[7], ip_rate, ip_burst)
-if ip_wait > 0 then return {'RATE_LIMITED', 'ip', tostring(ip_wait)} end
+if ip_wait > 0 then return out({'RATE_LIMITED', 'ip', tostring(ip_wait)}) end
 local u_take, u_wait = bucket(KEYS[8], u_rate, u_burst)
-if u_wait > 0 then return {'RATE_LIMITED', 'u', tostring(u_wait)} end
+if u_wait > 0 then return out({'RATE_LIMITED', 'u', tostring(u_wait)}) end
 for _, t in ipairs({{KEYS[7], ip_take}, {KEYS[8], u_take}}) do
   if t[2] then
     -- A full bucket needs no key: it expires once it would have refilled.
@@ -58,28 +78,42 @@ if existing then
   -- that request: refuse it rather than answer with the other SKU's reservation.
   local h = redis.call('HMGET', ARGV[10] .. existing,
     'message_id', 'order_id', 'mq_status', 'status', 'valid_until', 'created_at', 'sku_id')
-  if h[7] and h[7] ~= ARGV[7] then return {'REQUEST_ID_REUSED', existing, h[7]} end
-  return {'DUPLICATE_REQUEST', existing, h[1] or '', h[2] or '', h[3] or '', h[4] or '',
-          h[5] or '', h[6] or ''}
+  if h[7] and h[7] ~= ARGV[7] then return out({'REQUEST_ID_REUSED', existing, h[7]}) end
+  return out({'DUPLICATE_REQUEST', existing, h[1] or '', h[2] or '', h[3] or '', h[4] or '',
+          h[5] or '', h[6] or ''})
 end
 -- An operator's pause, of the whole activity or of this SKU (the admin listener sets it).
-if meta[4] == '1' then return {'PAUSED', meta[5] or ''} end
-if now < tonumber(meta[1]) then return {'NOT_STARTED'} end
-if now >= tonumber(meta[2]) then return {'ENDED'} end
+if meta[4] == '1' then return out({'PAUSED', meta[5] or ''}) end
+if now < tonumber(meta[1]) then return out({'NOT_STARTED'}) end
+if now >= tonumber(meta[2]) then return out({'ENDED'}) end
 local sku = redis.call('HMGET', KEYS[2], 'remaining', 'paused', 'paused_reason')
 local remaining = sku[1]
-if not remaining then return {'NOT_FOUND'} end
-if sku[2] == '1' then return {'PAUSED', sku[3] or ''} end
+if not remaining then return out({'NOT_FOUND'}) end
+if sku[2] == '1' then return out({'PAUSED', sku[3] or ''}) end
 local holder = redis.call('HGET', KEYS[3], ARGV[2])
-if holder then return {'ALREADY_PURCHASED', holder} end
+if holder then return out({'ALREADY_PURCHASED', holder}) end
 if tonumber(remaining) <= 0 then
   -- A split SKU's bucket counts the buyers it refused: the rebalancer moves leftovers from
   -- the other buckets to one that refuses (docs/ARCHITECTURE.md#moving-leftovers).
   if meta[6] and tonumber(meta[6]) > 1 then redis.call('HINCRBY', KEYS[2], 'refused', 1) end
-  return {'SOLD_OUT'}
+  return out({'SOLD_OUT'})
+end
+
+-- Resuming after a rebuild: a share of new reservations growing from 10 % to all over the
+-- ramp, spread evenly over arrivals (the same share on every API instance).
+if meta[10] then
+  local since, ramp = now - tonumber(meta[10]), tonumber(meta[11] or '0')
+  if since < ramp then
+    local share = 0.1 + 0.9 * since / ramp
+    local n = redis.call('HINCRBY', KEYS[1], 'ramp_n', 1) - 1
+    if math.floor((n + 1) * share) <= math.floor(n * share) then
+      return out({'RAMP', tostring(math.floor(share * 100)), tostring(math.ceil((ramp - since) / 1000))})
+    end
+  end
 end
 
 redis.call('HINCRBY', KEYS[2], 'remaining', -1)
+seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
 -- Every reservation ever made, never given back: an API instance answering SOLD_OUT from memory
 -- sees a unit released and taken again between two of its polls (sold_out_view.lua).
 redis.call('HINCRBY', KEYS[2], 'taken', 1)
@@ -98,4 +132,4 @@ if ARGV[17] and ARGV[17] ~= '' then redis.call('HSET', rk, 'channel', ARGV[17]) 
 redis.call('EXPIRE', rk, tonumber(ARGV[12]))
 redis.call('ZADD', KEYS[5], tonumber(ARGV[9]), ARGV[4])
 redis.call('ZADD', KEYS[6], now, ARGV[4])
-return {'OK', ARGV[4], ARGV[5], ARGV[6], 'MQ_PENDING', 'RESERVED', tostring(valid_until), ARGV[1]}
+return out({'OK', ARGV[4], ARGV[5], ARGV[6], 'MQ_PENDING', 'RESERVED', tostring(valid_until), ARGV[1]})

@@ -10,6 +10,9 @@ use crate::domain::ids::is_valid_id;
 use crate::domain::ValidationError;
 use crate::redis::ReserveResult;
 
+/// `Retry-After` of a fenced activity: its rebuild waits for the order backlog to drain.
+const FENCED_RETRY_SECS: u64 = 5;
+
 /// A JSON error with a stable code: `{"error": {"code", "message"}}`.
 #[derive(Debug)]
 pub struct ApiError {
@@ -140,6 +143,19 @@ impl From<ReserveResult> for ApiError {
                 } else {
                     format!("the sale is paused by an operator: {reason}")
                 },
+            ),
+            ReserveResult::Fenced { .. } | ReserveResult::Lost { .. } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "SALE_PAUSED",
+                "the sale is paused while its reservations are rebuilt from the order database",
+            )
+            .retry_after(FENCED_RETRY_SECS),
+            ReserveResult::Ramp { percent, secs } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "SALE_PAUSED",
+                format!(
+                    "resuming after a rebuild: {percent}% of new reservations admitted, all in {secs}s"
+                ),
             ),
             ReserveResult::NotFound => ApiError::new(
                 StatusCode::NOT_FOUND,

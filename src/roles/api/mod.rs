@@ -395,6 +395,16 @@ fn spawn_companions(
             closing.clone(),
         ),
     );
+    watchdog.spawn(
+        "shard watch",
+        crate::roles::resync::watch_marks(
+            state.redis.clone(),
+            state.pg.clone(),
+            Duration::from_millis(api.admission_check_ms),
+            state.settings.redis.mode == crate::config::RedisMode::Cluster,
+            closing.clone(),
+        ),
+    );
     if api.sold_out_poll_ms > 0 {
         watchdog.spawn(
             "sold-out poller",

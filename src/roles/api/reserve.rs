@@ -142,9 +142,30 @@ async fn reserve_inner(
                 (StatusCode::ACCEPTED, Json(queued_body(&v, true))).into_response(),
             ))
         }
+        ReserveResult::Lost { reason } => {
+            lost(s, activity_id, &reason).await;
+            return Err(ApiError::from(ReserveResult::Lost { reason }));
+        }
         refused => return Err(refusal(s, shard, sku_id, refused)),
     };
     send_and_record(s, &args, req.quantity, &view, &trace).await
+}
+
+/// Redis answered behind what this process saw it answer: the activity is fenced until its
+/// rebuild (docs/ARCHITECTURE.md#when-redis-forgets). A fence that cannot be recorded is
+/// logged; the shard's own mark, set by the script, still refuses every reservation.
+async fn lost(s: &ApiState, activity_id: i64, reason: &str) {
+    let signal = if reason.contains("gone") {
+        "meta_missing"
+    } else {
+        "sequence"
+    };
+    let by = crate::roles::resync::actor("api");
+    if let Err(e) =
+        crate::roles::resync::raise(&s.pg, &s.redis, activity_id, signal, reason, &by).await
+    {
+        warn!(activity_id, error = %format!("{e:#}"), "fence not recorded; the scanner records it from Redis");
+    }
 }
 
 /// The buyer a request is for: the token's when there is one (a body naming someone else is

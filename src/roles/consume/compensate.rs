@@ -7,7 +7,7 @@
 //! then one UPDATE of the batch's tasks.
 
 use chrono::Utc;
-use tracing::{debug, error};
+use tracing::{debug, warn};
 
 use crate::domain::events::ReleaseReservation;
 use crate::mq::{BatchHandler, ConsumeDecision, Delivery};
@@ -48,6 +48,8 @@ impl CompensationHandler {
             .map(|(_, r)| r.reservation_id.as_str())
             .collect();
         compensations_done(&**client, &done).await?;
+        drop(client);
+        let mut forgotten: Vec<i64> = Vec::new();
         for ((i, release), result) in releases.iter().zip(&results) {
             let label = match result.as_str() {
                 "RELEASED" => "released",
@@ -55,16 +57,33 @@ impl CompensationHandler {
                 _ => "missing",
             };
             if label == "missing" {
-                // The reservation hash is gone (TTL or data loss): nothing to give back in
-                // Redis; reconcile reports the stock drift.
-                error!(reservation_id = %release.reservation_id, activity_id = release.activity_id,
-                       "compensation found no reservation in Redis");
+                // The reservation hash is gone: Redis forgot it (its TTL outlives any sale).
+                // Nothing is given back here; the activity is fenced and its rebuild from
+                // PostgreSQL counts this unit (docs/ARCHITECTURE.md#when-redis-forgets).
+                warn!(reservation_id = %release.reservation_id, activity_id = release.activity_id,
+                      "compensation found no reservation in Redis: the activity's Redis state is rebuilt");
+                if !forgotten.contains(&release.activity_id) {
+                    forgotten.push(release.activity_id);
+                }
             }
             metrics::counter!("compensation_total", "result" => label).increment(1);
             debug!(reservation_id = %release.reservation_id, reason = %release.reason,
                   result = label, delivery_attempt = batch[*i].reconsume_times,
                   "compensation applied");
             labels[*i] = label;
+        }
+        for activity_id in forgotten {
+            let detail = "a compensation found no reservation in Redis";
+            let by = crate::roles::resync::actor("consume");
+            crate::roles::resync::raise(
+                &self.pool,
+                &self.redis,
+                activity_id,
+                "compensation_missing",
+                detail,
+                &by,
+            )
+            .await?;
         }
         Ok(labels)
     }

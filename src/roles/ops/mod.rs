@@ -2,7 +2,8 @@
 //!
 //! - `migrate`: the database migrations in `sql/`;
 //! - `topics`: the pipeline's broker topics;
-//! - `activity`: a flash-sale activity, its stock, and Redis warmed for it;
+//! - `activity`: a flash-sale activity, its stock, and Redis warmed for it; `activity resync`
+//!   rebuilds its Redis state from PostgreSQL (`resync`);
 //! - `dlq`: list, show, replay and discard dead letters;
 //! - `reconcile`: the drift check that emits missing events and changes no business state;
 //! - `outbox`: DEAD outbox rows back to PENDING (audited);
@@ -14,4 +15,5 @@ pub mod dlq;
 pub mod migrate;
 pub mod outbox;
 pub mod reconcile;
+pub mod resync;
 pub mod topics;

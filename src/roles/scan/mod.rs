@@ -51,6 +51,7 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
     let listener = watchdog.spawn("outbox_listen", listen);
     // The scanner's own connection: it settles refused, uncertain reservations (rare).
     let settle_pool = crate::pg::connect_pool(&settings.pg, 1).await?;
+    let redis_for_resync = redis.clone();
     let mut scanner = Scanner::new(redis, settle_pool, publisher.clone(), settings.clone());
     let mut relay = Relay::new(pool, publisher, settings.clone());
     if sc.unconsumed_resend_ms > 0 {
@@ -75,6 +76,8 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
             topic: names.compensate_topic,
         }));
     }
+    let resync = resync_loop(&settings, redis_for_resync, shutdown.clone()).await?;
+    let resync_loop = watchdog.spawn("resync", resync);
     let poll = Duration::from_millis(sc.scanner_poll_ms);
     let scan_loop = watchdog.spawn("resend", scan_loop(scanner, poll, shutdown.clone()));
     let relay_loop = watchdog.spawn("relay", relay_loop(relay, wake, shutdown.clone()));
@@ -96,10 +99,33 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
         let _ = scan_loop.await;
         let _ = relay_loop.await;
         let _ = retention_loop.await;
+        let _ = resync_loop.await;
     })
     .await;
     let _ = listener.await;
     role.finish(died).await
+}
+
+/// The fenced activities' rebuilds (docs/ARCHITECTURE.md#when-redis-forgets), on their own
+/// connection and broker admin client.
+async fn resync_loop(
+    settings: &Arc<Settings>,
+    redis: RedisStore,
+    stop: CancellationToken,
+) -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    let probe =
+        crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server_list())
+            .await?;
+    let resync = crate::roles::resync::Resync {
+        settings: settings.clone(),
+        // The advisory lock's, the rebuild's and a fence's connections at once.
+        pg: crate::pg::connect_pool(&settings.pg, 4).await?,
+        redis,
+        probe: Some(Arc::new(probe)),
+        by: crate::roles::resync::actor("scan"),
+    };
+    let every = Duration::from_millis(settings.scan.resync_poll_ms);
+    Ok(crate::roles::resync::run_loop(resync, every, stop))
 }
 
 /// Scanner passes back to back while they find work, every `poll` otherwise.

@@ -1,0 +1,231 @@
+//! The Redis half of a rebuild (docs/ARCHITECTURE.md#when-redis-forgets): what one shard holds
+//! now ([`ShardSnapshot`]), and writing a shard's rebuilt state ([`RebuildShard`]) with
+//! absolute values, so a rebuild run twice leaves the same state.
+
+use std::collections::{BTreeMap, HashMap};
+
+use deadpool_redis::redis::{self, AsyncCommands};
+
+use super::{RedisStore, Shard, StoreError};
+
+/// One SKU's stock hash in one shard, as found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SkuSnapshot {
+    pub sku_id: i64,
+    /// `None`: the hash is gone.
+    pub total: Option<i64>,
+    pub remaining: Option<i64>,
+    pub moved_in: i64,
+    pub moved_out: i64,
+    pub taken: i64,
+    /// The SKU's buyers set: user id → reservation id.
+    pub buyers: HashMap<String, String>,
+}
+
+/// A reservation hash Redis holds with its unit (status RESERVED).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Survivor {
+    pub reservation_id: String,
+    pub sku_id: i64,
+    pub user_id: String,
+    pub req_field: String,
+}
+
+/// One shard as found before a rebuild.
+#[derive(Debug, Clone, Default)]
+pub struct ShardSnapshot {
+    pub shard: Shard,
+    pub meta_present: bool,
+    pub skus: Vec<SkuSnapshot>,
+    /// The request index: `<user>:<request_id>` → reservation id.
+    pub requests: HashMap<String, String>,
+    /// Reservation hashes still holding a unit.
+    pub reserved: Vec<Survivor>,
+    /// Every reservation hash present, whatever its status.
+    pub present: usize,
+}
+
+/// One SKU of a shard as the rebuild writes it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RebuildSku {
+    pub sku_id: i64,
+    pub total: i64,
+    pub remaining: i64,
+    pub taken: i64,
+    pub buyers: BTreeMap<String, String>,
+}
+
+/// A reservation hash as the rebuild writes it (the facts PostgreSQL recorded).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RebuildReservation {
+    pub reservation_id: String,
+    pub fields: Vec<(&'static str, String)>,
+    /// Seconds the hash is kept.
+    pub ttl_secs: u64,
+}
+
+/// A shard's whole rebuilt state.
+#[derive(Debug, Clone, Default)]
+pub struct RebuildShard {
+    pub shard: Shard,
+    pub starts_at_ms: i64,
+    pub ends_at_ms: i64,
+    pub valid_ms: i64,
+    pub skus: Vec<RebuildSku>,
+    pub requests: BTreeMap<String, String>,
+    pub reservations: Vec<RebuildReservation>,
+    /// Recorded reservations to take off the re-send and watch indexes (they were consumed).
+    pub consumed: Vec<String>,
+}
+
+/// Hash fields written per HSET: far under any argument limit.
+const CHUNK: usize = 500;
+
+impl RedisStore {
+    /// What one shard holds now for the activity's `skus`.
+    pub async fn snapshot_shard(
+        &self,
+        shard: Shard,
+        skus: &[i64],
+    ) -> Result<ShardSnapshot, StoreError> {
+        let k = &self.keys;
+        let mut conn = self.pool.get().await?;
+        let meta_present: bool = conn.exists(k.meta(shard)).await?;
+        let mut out = ShardSnapshot {
+            shard,
+            meta_present,
+            ..Default::default()
+        };
+        for &sku_id in skus {
+            let v: Vec<Option<i64>> = redis::cmd("HMGET")
+                .arg(k.sku(shard, sku_id))
+                .arg(&["total", "remaining", "moved_in", "moved_out", "taken"])
+                .query_async(&mut *conn)
+                .await?;
+            let f = |i: usize| v.get(i).copied().flatten();
+            let buyers: HashMap<String, String> = conn.hgetall(k.buyers(shard, sku_id)).await?;
+            out.skus.push(SkuSnapshot {
+                sku_id,
+                total: f(0),
+                remaining: f(1),
+                moved_in: f(2).unwrap_or(0),
+                moved_out: f(3).unwrap_or(0),
+                taken: f(4).unwrap_or(0),
+                buyers,
+            });
+        }
+        out.requests = conn.hgetall(k.requests(shard)).await?;
+        drop(conn);
+        self.reserved_hashes(shard, &mut out).await?;
+        Ok(out)
+    }
+
+    /// Adds the shard's reservation hashes to the snapshot: the count, and those holding.
+    async fn reserved_hashes(
+        &self,
+        shard: Shard,
+        out: &mut ShardSnapshot,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.pool.get().await?;
+        let prefix = self.keys.reservation_prefix(shard);
+        let pattern = format!("{prefix}*");
+        let slot = self.keys.slot(shard);
+        let mut cursor = 0u64;
+        loop {
+            let (next, keys) = conn.scan_page(slot, cursor, &pattern).await?;
+            if !keys.is_empty() {
+                let mut pipe = redis::pipe();
+                for key in &keys {
+                    pipe.cmd("HMGET")
+                        .arg(key)
+                        .arg(&["status", "sku_id", "user_id", "req_field"]);
+                }
+                type Row = (Option<String>, Option<i64>, Option<String>, Option<String>);
+                let rows: Vec<Row> = pipe.query_async(&mut *conn).await?;
+                for (key, (status, sku, user, req)) in keys.iter().zip(rows) {
+                    out.present += 1;
+                    if status.as_deref() != Some("RESERVED") {
+                        continue;
+                    }
+                    out.reserved.push(Survivor {
+                        reservation_id: key.trim_start_matches(prefix.as_str()).to_string(),
+                        sku_id: sku.unwrap_or(0),
+                        user_id: user.unwrap_or_default(),
+                        req_field: req.unwrap_or_default(),
+                    });
+                }
+            }
+            cursor = next;
+            if cursor == 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Writes a shard's rebuilt state with absolute values (the shard stays fenced: the caller
+    /// lifts the fence once every shard is written).
+    pub async fn write_shard(&self, r: &RebuildShard) -> Result<(), StoreError> {
+        let k = &self.keys;
+        let s = r.shard;
+        let mut pipe = redis::pipe();
+        pipe.cmd("HSET")
+            .arg(k.meta(s))
+            .arg("starts_at_ms")
+            .arg(r.starts_at_ms)
+            .arg("ends_at_ms")
+            .arg(r.ends_at_ms)
+            .arg("valid_ms")
+            .arg(r.valid_ms)
+            .arg("buckets")
+            .arg(s.buckets)
+            .ignore();
+        for sku in &r.skus {
+            pipe.cmd("HSET")
+                .arg(k.sku(s, sku.sku_id))
+                .arg("total")
+                .arg(sku.total)
+                .arg("remaining")
+                .arg(sku.remaining)
+                .arg("taken")
+                .arg(sku.taken)
+                .ignore();
+            let buyers = k.buyers(s, sku.sku_id);
+            pipe.del(&buyers).ignore();
+            hset_chunks(&mut pipe, &buyers, &sku.buyers);
+        }
+        let requests = k.requests(s);
+        pipe.del(&requests).ignore();
+        hset_chunks(&mut pipe, &requests, &r.requests);
+        for rsv in &r.reservations {
+            let key = k.reservation(s, &rsv.reservation_id);
+            pipe.hset_multiple(&key, &rsv.fields).ignore();
+            pipe.expire(&key, rsv.ttl_secs as i64).ignore();
+        }
+        for ids in r.consumed.chunks(CHUNK) {
+            for index in [k.pending(s), k.pending_since(s), k.awaiting(s)] {
+                pipe.cmd("ZREM").arg(index).arg(ids).ignore();
+            }
+        }
+        let mut conn = self.pool.get().await?;
+        let () = pipe.query_async(&mut *conn).await?;
+        if s.bucket == 0 {
+            // Outside the shard's hash tag (the activities list) or on bucket 0's: apart.
+            let _: () = conn.sadd(k.activities(), s.activity_id).await?;
+            let skus: Vec<i64> = r.skus.iter().map(|x| x.sku_id).collect();
+            if !skus.is_empty() {
+                let _: () = conn.sadd(k.skus(s.activity_id), skus).await?;
+            }
+        }
+        if let Ok(mut m) = self.buckets.write() {
+            m.insert(s.activity_id, s.buckets);
+        }
+        Ok(())
+    }
+}
+
+fn hset_chunks(pipe: &mut redis::Pipeline, key: &str, map: &BTreeMap<String, String>) {
+    let pairs: Vec<(&String, &String)> = map.iter().collect();
+    for chunk in pairs.chunks(CHUNK) {
+        pipe.hset_multiple(key, chunk).ignore();
+    }
+}

@@ -1,0 +1,352 @@
+//! When Redis forgets (docs/ARCHITECTURE.md#when-redis-forgets): a process that sees an
+//! activity's Redis state behind what it answered raises a fence ([`raise`]): every shard of
+//! the activity refuses new reservations (503 SALE_PAUSED) and PostgreSQL records it. The
+//! scanner ([`Resync::pass`]) then waits until every message sent before the fence has been
+//! consumed, rebuilds the activity's Redis state from PostgreSQL ([`plan`]), and lifts the
+//! fence with a new epoch, resuming through the ramp. `seckill activity resync` runs the same
+//! rebuild on an operator's word.
+
+pub mod plan;
+mod watch;
+
+pub use watch::watch_marks;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use chrono::Utc;
+use serde::Serialize;
+use tracing::{debug, info, warn};
+
+use crate::config::Settings;
+use crate::mq::rocketmq::LagProbe;
+use crate::pg::fences::{self, Fence};
+use crate::redis::{RedisStore, RETIRE_AFTER_END_MS};
+use plan::{ActivityFacts, Diff};
+
+/// Who is acting, for the fence's record: role, host and process.
+pub fn actor(role: &str) -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "host".to_string());
+    format!("{role}@{host}:{}", std::process::id())
+}
+
+/// The activity as PostgreSQL defines it; `None` when it does not know it.
+pub async fn activity_facts(
+    client: &impl tokio_postgres::GenericClient,
+    activity_id: i64,
+) -> anyhow::Result<Option<ActivityFacts>> {
+    let Some((starts, ends, valid_secs, skus, buckets)) =
+        crate::pg::queries::activity(client, activity_id).await?
+    else {
+        return Ok(None);
+    };
+    Ok(Some(ActivityFacts {
+        activity_id,
+        starts_at_ms: starts.timestamp_millis(),
+        ends_at_ms: ends.timestamp_millis(),
+        valid_ms: i64::from(valid_secs) * 1000,
+        skus: skus.into_iter().map(|(s, t)| (s, i64::from(t))).collect(),
+        buckets: buckets.max(1) as u16,
+    }))
+}
+
+/// Fences the activity: every shard refuses new reservations, and PostgreSQL records the
+/// fence (or the one already open is joined). `None` when there is nothing to protect: an
+/// activity PostgreSQL does not know, or one that ended long ago (its keys retired).
+pub async fn raise(
+    pg: &deadpool_postgres::Pool,
+    redis: &RedisStore,
+    activity_id: i64,
+    signal: &'static str,
+    detail: &str,
+    by: &str,
+) -> anyhow::Result<Option<Fence>> {
+    let client = pg.get().await?;
+    let Some(facts) = activity_facts(&**client, activity_id).await? else {
+        return Ok(None);
+    };
+    let now_ms = Utc::now().timestamp_millis();
+    if now_ms > facts.ends_at_ms + RETIRE_AFTER_END_MS {
+        return Ok(None);
+    }
+    // Redis first: the shards stop admitting at once, even if PostgreSQL is slow to answer
+    // (the scanner records a fence it finds only in Redis).
+    let reason = format!("{signal}: {detail}");
+    redis
+        .fence(activity_id, facts.buckets, &reason, now_ms)
+        .await
+        .context("fencing the activity's shards")?;
+    let opened = fences::open(&**client, activity_id, signal, detail, by).await?;
+    let Some((fence, new)) = opened else {
+        return Ok(None);
+    };
+    if new {
+        metrics::counter!("redis_loss_detected_total", "signal" => signal).increment(1);
+        warn!(
+            activity_id,
+            fence_id = fence.fence_id,
+            signal,
+            detail,
+            detected_by = by,
+            "Redis lost acknowledged writes: activity fenced until rebuilt from PostgreSQL"
+        );
+    }
+    Ok(Some(fence))
+}
+
+/// What one rebuild did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Rebuilt {
+    pub activity_id: i64,
+    pub diff: Diff,
+    /// Passes needed: PostgreSQL changed under the first ones.
+    pub attempts: u32,
+    pub rebuild_secs: f64,
+    pub written: bool,
+}
+
+/// How many times a rebuild starts over when PostgreSQL changed while it wrote.
+const REBUILD_ATTEMPTS: u32 = 5;
+
+/// The rebuild: PostgreSQL's reservations and each shard's state read, the plan written
+/// (`write`) or only reported.
+pub struct Resync {
+    pub settings: Arc<Settings>,
+    pub pg: deadpool_postgres::Pool,
+    pub redis: RedisStore,
+    /// Where the consumers' progress is read; `None`: the drain is not checked (the operator's
+    /// `--no-drain-check`).
+    pub probe: Option<Arc<LagProbe>>,
+    pub by: String,
+}
+
+impl Resync {
+    /// The rebuilt state of the activity, written when `write`. Starts over (bounded) when
+    /// PostgreSQL's books of the activity changed while it read and wrote.
+    pub async fn rebuild(&self, activity_id: i64, write: bool) -> anyhow::Result<Rebuilt> {
+        let started = Instant::now();
+        let client = self.pg.get().await?;
+        for attempt in 1..=REBUILD_ATTEMPTS {
+            let before = fences::fingerprint(&**client, activity_id).await?;
+            let facts = activity_facts(&**client, activity_id)
+                .await?
+                .with_context(|| format!("activity {activity_id} is not in PostgreSQL"))?;
+            let skus: Vec<i64> = facts.skus.iter().map(|(s, _)| *s).collect();
+            // Redis first: a reservation recorded between the two reads is then counted once,
+            // as PostgreSQL's.
+            let mut snapshots = Vec::new();
+            for shard in facts.shards() {
+                snapshots.push(self.redis.snapshot_shard(shard, &skus).await?);
+            }
+            let recorded = fences::recorded(&**client, activity_id).await?;
+            let now_ms = Utc::now().timestamp_millis();
+            let plan = plan::plan(&facts, &recorded, &snapshots, now_ms);
+            if write {
+                for shard in &plan.shards {
+                    self.redis.write_shard(shard).await?;
+                }
+            }
+            let after = fences::fingerprint(&**client, activity_id).await?;
+            if !write || before == after {
+                for w in &plan.diff.warnings {
+                    warn!(activity_id, warning = %w, "rebuild");
+                }
+                return Ok(Rebuilt {
+                    activity_id,
+                    diff: plan.diff,
+                    attempts: attempt,
+                    rebuild_secs: started.elapsed().as_secs_f64(),
+                    written: write,
+                });
+            }
+            debug!(
+                activity_id,
+                attempt, "PostgreSQL changed during the rebuild: again"
+            );
+        }
+        anyhow::bail!(
+            "activity {activity_id}: PostgreSQL kept changing during {REBUILD_ATTEMPTS} rebuilds"
+        )
+    }
+
+    /// Every message sent for the activity before the fence (and in the sends' own time
+    /// after it) is consumed into PostgreSQL: the order-create group has taken its topic up
+    /// to then, and its retry topic is caught up.
+    pub async fn drained(&self, fence: &Fence) -> anyhow::Result<bool> {
+        if fence.drained_at.is_some() {
+            return Ok(true);
+        }
+        let mq = &self.settings.mq;
+        // A send under way when the fence went up stores its message within its timeout.
+        let grace_ms = (mq.send_timeout_ms + 1000) as i64;
+        let since_ms = fence.detected_at.timestamp_millis() + grace_ms;
+        if Utc::now().timestamp_millis() < since_ms {
+            return Ok(false);
+        }
+        let Some(probe) = &self.probe else {
+            return Ok(true);
+        };
+        let names = crate::mq::Names::of(&self.settings);
+        let (group, topic) = (&names.order_create_group, &names.order_create_topic);
+        if probe.taken_until_ms(group, topic).await? < since_ms {
+            return Ok(false);
+        }
+        let retry = crate::mq::lag::retry_topic(group);
+        match probe.taken_until_ms(group, &retry).await {
+            Ok(t) if t < since_ms => return Ok(false),
+            Ok(_) => {}
+            // Created at a group's first failed delivery: none yet is nothing to wait for.
+            Err(e) => debug!(error = %e, "retry topic not read; taken as empty"),
+        }
+        let client = self.pg.get().await?;
+        fences::mark_drained(&**client, fence.fence_id).await?;
+        Ok(true)
+    }
+
+    /// Rebuilds the fenced activity and lifts its fence: each shard takes the fence's id as its
+    /// epoch and resumes through the ramp. One process at a time per activity (an advisory
+    /// lock); `None` when another holds it.
+    pub async fn rebuild_and_resume(&self, fence: &Fence) -> anyhow::Result<Option<Rebuilt>> {
+        let lock = self.pg.get().await?;
+        let key = fence.activity_id;
+        let got: bool = lock
+            .query_one(
+                "SELECT pg_try_advisory_lock(hashtext('seckill.resync'), $1::int4)",
+                &[&(key as i32)],
+            )
+            .await?
+            .get(0);
+        if !got {
+            return Ok(None);
+        }
+        let result = self.rebuild_and_resume_locked(fence).await;
+        let _ = lock
+            .execute(
+                "SELECT pg_advisory_unlock(hashtext('seckill.resync'), $1::int4)",
+                &[&(key as i32)],
+            )
+            .await;
+        let r = result;
+        let label = if r.is_ok() { "ok" } else { "failed" };
+        metrics::counter!("redis_rebuild_total", "result" => label).increment(1);
+        r.map(Some)
+    }
+
+    async fn rebuild_and_resume_locked(&self, fence: &Fence) -> anyhow::Result<Rebuilt> {
+        let activity_id = fence.activity_id;
+        let client = self.pg.get().await?;
+        // Still open? Another process may have finished it meanwhile.
+        if fences::open_of(&**client, activity_id)
+            .await?
+            .map(|f| f.fence_id)
+            != Some(fence.fence_id)
+        {
+            anyhow::bail!("fence {} was closed meanwhile", fence.fence_id);
+        }
+        let facts = activity_facts(&**client, activity_id)
+            .await?
+            .with_context(|| format!("activity {activity_id} is not in PostgreSQL"))?;
+        let now_ms = Utc::now().timestamp_millis();
+        // A crash after an earlier pass lifted the fence and before it closed in PostgreSQL
+        // left the shards open: closed again for this pass.
+        self.redis
+            .fence(
+                activity_id,
+                facts.buckets,
+                "rebuilding from PostgreSQL",
+                now_ms,
+            )
+            .await?;
+        let rebuilt = self.rebuild(activity_id, true).await?;
+        metrics::histogram!("redis_rebuild_duration_seconds").record(rebuilt.rebuild_secs);
+        let ramp_ms = self.settings.api.resume_ramp_secs * 1000;
+        let now_ms = Utc::now().timestamp_millis();
+        for shard in facts.shards() {
+            self.redis
+                .unfence(shard, fence.fence_id, now_ms, ramp_ms)
+                .await?;
+        }
+        let record = serde_json::to_value(&rebuilt)?;
+        let fenced_secs = fences::close(&**client, fence.fence_id, &record).await?;
+        metrics::histogram!("redis_fence_duration_seconds").record(fenced_secs);
+        info!(
+            activity_id,
+            fence_id = fence.fence_id,
+            fenced_secs,
+            rebuild_secs = rebuilt.rebuild_secs,
+            attempts = rebuilt.attempts,
+            requests_restored = rebuilt.diff.requests_restored,
+            reservations_written = rebuilt.diff.reservations_written,
+            "activity rebuilt from PostgreSQL: reservations resume through the ramp"
+        );
+        Ok(rebuilt)
+    }
+
+    /// Shards fenced in Redis with no open fence in PostgreSQL (the process that fenced them
+    /// died before recording it): recorded now.
+    async fn adopt_flags(&self) -> anyhow::Result<()> {
+        for activity_id in self.redis.activities().await? {
+            let shards = self.redis.shards(activity_id).await?;
+            let trust = self.redis.shard_trust(&shards).await?;
+            let Some(reason) = trust.iter().find_map(|t| t.suspect.clone()) else {
+                continue;
+            };
+            let client = self.pg.get().await?;
+            if fences::open_of(&**client, activity_id).await?.is_none() {
+                raise(
+                    &self.pg,
+                    &self.redis,
+                    activity_id,
+                    "suspect_flag",
+                    &reason,
+                    &self.by,
+                )
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One pass of the scanner's loop: fences found only in Redis recorded; each open fence
+    /// whose activity has drained rebuilt and lifted.
+    pub async fn pass(&self) -> anyhow::Result<usize> {
+        self.adopt_flags().await?;
+        let open = {
+            let client = self.pg.get().await?;
+            fences::open_fences(&**client).await?
+        };
+        metrics::gauge!("redis_fenced_activities").set(open.len() as f64);
+        let mut resumed = 0;
+        for fence in &open {
+            if !self.drained(fence).await? {
+                continue;
+            }
+            match self.rebuild_and_resume(fence).await {
+                Ok(Some(_)) => resumed += 1,
+                Ok(None) => {}
+                Err(e) => warn!(activity_id = fence.activity_id, fence_id = fence.fence_id,
+                                error = %format!("{e:#}"), "rebuild failed; tried again next pass"),
+            }
+        }
+        if resumed > 0 {
+            let client = self.pg.get().await?;
+            let left = fences::open_fences(&**client).await?.len();
+            metrics::gauge!("redis_fenced_activities").set(left as f64);
+        }
+        Ok(resumed)
+    }
+}
+
+/// Runs [`Resync::pass`] every `every` until `stop`.
+pub async fn run_loop(resync: Resync, every: Duration, stop: tokio_util::sync::CancellationToken) {
+    while !stop.is_cancelled() {
+        if let Err(e) = resync.pass().await {
+            warn!(error = %format!("{e:#}"), "resync pass failed");
+        }
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
