@@ -29,6 +29,7 @@ mod rate_limits;
 mod reconcile;
 mod recovery;
 mod redis_cluster;
+mod redis_loss;
 mod retention;
 mod roles;
 mod rolling_restart;

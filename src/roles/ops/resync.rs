@@ -90,6 +90,17 @@ pub async fn run(settings: Settings, args: ResyncArgs) -> anyhow::Result<bool> {
     let fence = resync::raise(&pg, &redis, id, "operator", &args.reason, &by)
         .await?
         .with_context(|| format!("activity {id} is not in PostgreSQL, or ended long ago"))?;
+    // The action is audited when taken: a scanner may finish the rebuild it started.
+    let client = pg.get().await?;
+    audit::record(
+        &**client,
+        &by,
+        "activity_resync",
+        &format!("activity:{id}"),
+        &json!({"reason": args.reason, "fence_id": fence.fence_id}),
+    )
+    .await?;
+    drop(client);
     eprintln!(
         "activity {id} fenced (fence {}): waiting for the order backlog sent before it",
         fence.fence_id
@@ -118,15 +129,6 @@ pub async fn run(settings: Settings, args: ResyncArgs) -> anyhow::Result<bool> {
         eprintln!("a scanner is rebuilding the activity right now: it lifts the fence");
         return Ok(true);
     };
-    let client = pg.get().await?;
-    audit::record(
-        &**client,
-        &by,
-        "activity_resync",
-        &format!("activity:{id}"),
-        &json!({"reason": args.reason, "fence_id": fence.fence_id, "rebuilt": rebuilt}),
-    )
-    .await?;
     print_report(&args, &rebuilt, Some(fence.fence_id));
     Ok(true)
 }

@@ -99,6 +99,8 @@ pub async fn raise(
 #[derive(Debug, Clone, Serialize)]
 pub struct Rebuilt {
     pub activity_id: i64,
+    /// Whether the rebuild changes (or changed) any count: a healthy activity's does not.
+    pub changes: bool,
     pub diff: Diff,
     /// Passes needed: PostgreSQL changed under the first ones.
     pub attempts: u32,
@@ -154,6 +156,7 @@ impl Resync {
                 }
                 return Ok(Rebuilt {
                     activity_id,
+                    changes: plan.diff.changes_anything(),
                     diff: plan.diff,
                     attempts: attempt,
                     rebuild_secs: started.elapsed().as_secs_f64(),

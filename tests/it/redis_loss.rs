@@ -1,0 +1,325 @@
+//! When Redis forgets writes it acknowledged (docs/ARCHITECTURE.md#when-redis-forgets): the API
+//! finds Redis behind what it answered and fences the activity, the scanner rebuilds the
+//! activity from PostgreSQL once the backlog has drained, and buyers are answered as before
+//! the loss; `seckill activity resync` does the same on an operator's word. The loss here is
+//! written by hand (the state as it was before the last reservations); the fault test that
+//! loses the last second of a real Redis's writes is in `redis_loss_faults`.
+
+use std::collections::HashMap;
+
+use deadpool_redis::redis::AsyncCommands;
+use serde_json::Value;
+
+use crate::common::{
+    self, cli, eventually, free_port, reserve_as, spawn, wait_ready, Proc, TestEnv,
+};
+
+/// Redis as it was before these reservations `(user, reservation_id, request_id)` of one SKU:
+/// their buyers, request ids and hashes gone, their units back, the sequence back by as many
+/// (`rewind_seq`: an operator's drift has no sequence to go back).
+pub async fn forget(
+    env: &TestEnv,
+    activity: i64,
+    sku: i64,
+    gone: &[(i64, String, String)],
+    rewind_seq: bool,
+) {
+    let redis = env.redis().await;
+    let k = &redis.keys;
+    let mut conn = redis.pool.get().await.unwrap();
+    for (user, rid, request) in gone {
+        let _: () = conn.hdel(k.buyers(activity, sku), user).await.unwrap();
+        let _: () = conn
+            .hdel(k.requests(activity), format!("{user}:{request}"))
+            .await
+            .unwrap();
+        let _: () = conn.del(k.reservation(activity, rid)).await.unwrap();
+    }
+    let n = gone.len() as i64;
+    let _: () = conn
+        .hincr(k.sku(activity, sku), "remaining", n)
+        .await
+        .unwrap();
+    if rewind_seq {
+        let _: () = conn.hincr(k.meta(activity), "seq", -n).await.unwrap();
+    }
+}
+
+/// The error code of a JSON error body.
+fn code(body: &Value) -> &str {
+    body["error"]["code"].as_str().unwrap_or("")
+}
+
+struct Roles {
+    api: Proc,
+    base: String,
+    ops: u16,
+    scan: Proc,
+    consume: Proc,
+}
+
+/// api (with its ops port), consume and scan; the scanner resumes through a `ramp_secs` ramp.
+async fn start(env: &TestEnv, ramp_secs: u64) -> Roles {
+    let (api_port, ops) = (free_port(), free_port());
+    let api = spawn(
+        env,
+        &["api"],
+        "",
+        &[
+            ("SECKILL__API__LISTEN", format!("127.0.0.1:{api_port}")),
+            ("SECKILL__API__METRICS_LISTEN", format!("127.0.0.1:{ops}")),
+        ],
+    );
+    let scan_port = free_port();
+    let scan = spawn(
+        env,
+        &["scan"],
+        "",
+        &[
+            (
+                "SECKILL__SCAN__METRICS_LISTEN",
+                format!("127.0.0.1:{scan_port}"),
+            ),
+            ("SECKILL__SCAN__RESYNC_POLL_MS", "200".to_string()),
+            ("SECKILL__API__RESUME_RAMP_SECS", ramp_secs.to_string()),
+        ],
+    );
+    let (consume, consume_port) = common::spawn_consume(env, "2", "");
+    for port in [api_port, scan_port, consume_port] {
+        wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
+    }
+    Roles {
+        api,
+        base: format!("http://127.0.0.1:{api_port}"),
+        ops,
+        scan,
+        consume,
+    }
+}
+
+impl Roles {
+    async fn stop(mut self) {
+        let _ = self.api.terminate(20).await;
+        let _ = self.scan.terminate(20).await;
+        let _ = self.consume.terminate(40).await;
+    }
+}
+
+/// Users `users` reserve SKU 1 of `activity` (request id `r<user>`), each answered 202;
+/// their reservation ids, once PostgreSQL holds all their orders.
+async fn reserved(
+    env: &TestEnv,
+    base: &str,
+    activity: i64,
+    users: std::ops::RangeInclusive<i64>,
+) -> HashMap<i64, String> {
+    let mut ids = HashMap::new();
+    for u in users.clone() {
+        let (status, body) = reserve_as(base, activity, 1, u, &format!("r{u}")).await;
+        assert_eq!(status, 202, "buyer {u}: {body}");
+        ids.insert(u, body["reservation_id"].as_str().unwrap().to_string());
+    }
+    let want = ids.len() as i64;
+    let sql = format!("SELECT count(*) FROM orders WHERE activity_id = {activity}");
+    eventually(60, "every reservation an order", || async {
+        env.count(&sql).await == want
+    })
+    .await;
+    ids
+}
+
+#[tokio::test]
+async fn redis_behind_what_it_answered_fences_the_activity_until_rebuilt_from_postgresql() {
+    let env = TestEnv::with_topics().await;
+    env.activity(501, 1, 20).await;
+    let roles = start(&env, 10).await;
+    let ids = reserved(&env, &roles.base, 501, 1..=6).await;
+
+    // Redis forgets the last three reservations, its sequence with them.
+    let gone: Vec<(i64, String, String)> = (4..=6)
+        .map(|u| (u, ids[&u].clone(), format!("r{u}")))
+        .collect();
+    forget(&env, 501, 1, &gone, true).await;
+
+    // The next reservation finds Redis behind what this API saw: refused, and so is a retry
+    // whose request id Redis no longer knows (it would otherwise get a second reservation).
+    let (status, body) = reserve_as(&roles.base, 501, 1, 7, "r7").await;
+    assert_eq!(
+        (status.as_u16(), code(&body)),
+        (503, "SALE_PAUSED"),
+        "{body}"
+    );
+    let (status, body) = reserve_as(&roles.base, 501, 1, 5, "r5").await;
+    assert_eq!(
+        (status.as_u16(), code(&body)),
+        (503, "SALE_PAUSED"),
+        "{body}"
+    );
+    // The fault bit: a fence recorded from the sequence, by the API.
+    let fences = "SELECT count(*) FROM redis_fences WHERE activity_id = 501 \
+                  AND signal = 'sequence' AND detected_by LIKE 'api@%'";
+    assert_eq!(env.count(fences).await, 1);
+
+    // The scanner rebuilds once the backlog drained, and the sale resumes through its ramp:
+    // buyer 5's retry answers its first reservation, never a second one.
+    let mut ramped = 0;
+    let mut answer = None;
+    for _ in 0..600 {
+        let (status, body) = reserve_as(&roles.base, 501, 1, 5, "r5").await;
+        if status == 202 {
+            answer = Some(body);
+            break;
+        }
+        assert_eq!(code(&body), "SALE_PAUSED", "{body}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let body = answer.expect("resumed within 60 s");
+    assert_eq!(body["reservation_id"].as_str(), Some(ids[&5].as_str()));
+    assert_eq!(body["duplicate"], true);
+    // Buyer 6 with a new request id already holds an order: not a second 202.
+    let (status, body) = reserve_as(&roles.base, 501, 1, 6, "another").await;
+    assert_eq!(code(&body), "ALREADY_PURCHASED", "{status} {body}");
+    // A new buyer is admitted through the ramp (the first arrivals of a ramp wait).
+    for _ in 0..300 {
+        let (status, body) = reserve_as(&roles.base, 501, 1, 7, "r7").await;
+        if status == 202 {
+            break;
+        }
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("resuming"),
+            "{body}"
+        );
+        ramped += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(ramped > 0, "the first arrival of a ramp waits");
+    let closed = "SELECT count(*) FROM redis_fences WHERE activity_id = 501 \
+                  AND resumed_at IS NOT NULL AND (rebuild->'diff'->>'requests_restored')::int = 3";
+    eventually(10, "the fence closed with its rebuild", || async {
+        env.count(closed).await == 1
+    })
+    .await;
+    let sql = "SELECT count(*) FROM orders WHERE activity_id = 501";
+    eventually(30, "buyer 7's order", || async {
+        env.count(sql).await == 7
+    })
+    .await;
+    let report = env.invariants(501, 1).await;
+    assert!(report.ok(), "{:?}", report.violations);
+    let metrics = reqwest::get(format!("http://127.0.0.1:{}/metrics", roles.ops))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("redis_loss_detected_total{signal=\"sequence\"} 1"),
+        "{metrics}"
+    );
+    roles.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn activity_resync_reports_first_then_rebuilds_and_audits() {
+    let env = TestEnv::with_topics().await;
+    env.activity(502, 1, 10).await;
+    let roles = start(&env, 0).await;
+    let ids = reserved(&env, &roles.base, 502, 1..=3).await;
+    // Drift an operator might find: buyer 3 and its unit forgotten, no sequence to show it.
+    forget(&env, 502, 1, &[(3, ids[&3].clone(), "r3".into())], false).await;
+    let redis = env.redis().await;
+    let remaining = || async {
+        let mut c = redis.pool.get().await.unwrap();
+        let v: i64 = c.hget(redis.keys.sku(502, 1), "remaining").await.unwrap();
+        v
+    };
+    assert_eq!(remaining().await, 8);
+
+    let dry = cli(
+        &env,
+        &[
+            "activity",
+            "resync",
+            "--activity-id",
+            "502",
+            "--dry-run",
+            "--json",
+        ],
+    );
+    assert!(
+        dry.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
+    let report: Value = serde_json::from_slice(&dry.stdout).unwrap();
+    let r = &report["rebuilt"];
+    assert_eq!(r["written"], false);
+    assert_eq!(r["changes"], true);
+    assert_eq!(r["diff"]["requests_restored"], 1);
+    assert_eq!(r["diff"]["skus"][0]["remaining_before"], 8);
+    assert_eq!(r["diff"]["skus"][0]["remaining_after"], 7);
+    assert_eq!(r["diff"]["skus"][0]["buyers_restored"], 1);
+    assert_eq!(remaining().await, 8, "a dry run writes nothing");
+
+    let run = cli(
+        &env,
+        &[
+            "activity",
+            "resync",
+            "--activity-id",
+            "502",
+            "--json",
+            "--reason",
+            "drift",
+        ],
+    );
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert_eq!(remaining().await, 7);
+    let mut c = redis.pool.get().await.unwrap();
+    let holder: Option<String> = c.hget(redis.keys.buyers(502, 1), 3).await.unwrap();
+    assert_eq!(holder.as_deref(), Some(ids[&3].as_str()));
+    let status: Option<String> = c
+        .hget(redis.keys.reservation(502, &ids[&3]), "status")
+        .await
+        .unwrap();
+    assert_eq!(status.as_deref(), Some("RESERVED"));
+    let (st, body) = reserve_as(&roles.base, 502, 1, 3, "r3").await;
+    assert_eq!(
+        (st.as_u16(), body["reservation_id"].as_str()),
+        (202, Some(ids[&3].as_str()))
+    );
+
+    // Recorded and audited; a second look finds nothing to change.
+    let fence =
+        "SELECT count(*) FROM redis_fences WHERE activity_id = 502 AND signal = 'operator' \
+                 AND detail = 'drift' AND resumed_at IS NOT NULL";
+    assert_eq!(env.count(fence).await, 1);
+    let audit = "SELECT count(*) FROM admin_audit WHERE target = 'activity:502' \
+                 AND action IN ('activity_resync_dry_run', 'activity_resync')";
+    assert_eq!(env.count(audit).await, 2);
+    let again = cli(
+        &env,
+        &[
+            "activity",
+            "resync",
+            "--activity-id",
+            "502",
+            "--dry-run",
+            "--json",
+        ],
+    );
+    let report: Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(report["rebuilt"]["changes"], false, "{report}");
+    let inv = env.invariants(502, 1).await;
+    assert!(inv.ok(), "{:?}", inv.violations);
+    roles.stop().await;
+    env.cleanup().await;
+}
