@@ -4,6 +4,9 @@
 # SECKILL_REDIS_CLUSTER_DIR. Idempotent: nodes already answering are left alone, and a cluster
 # already formed is not formed again. Prints the seed list for SECKILL__REDIS__CLUSTER_NODES.
 #
+# `--node PORT` starts that one node only (if it is down) and returns once it answers, without
+# waiting for the cluster's state: a fault test brings a node back on its own.
+#
 # Environment: SECKILL_REDIS_CLUSTER_DIR (~/.cache/seckill/redis-cluster),
 # SECKILL_REDIS_CLUSTER_PORT (7001: nodes on that port and the five after it).
 set -euo pipefail
@@ -12,6 +15,11 @@ DIR="${SECKILL_REDIS_CLUSTER_DIR:-$HOME/.cache/seckill/redis-cluster}"
 BASE="${SECKILL_REDIS_CLUSTER_PORT:-7001}"
 PORTS=()
 for i in 0 1 2 3 4 5; do PORTS+=("$((BASE + i))"); done
+ONLY=""
+if [[ "${1:-}" == "--node" ]]; then
+  ONLY="${2:?--node needs a port}"
+  PORTS=("$ONLY")
+fi
 
 log() { echo "redis-cluster-up: $*"; }
 
@@ -49,6 +57,8 @@ for port in "${PORTS[@]}"; do
   done
   answers "$port" || { log "node $port is not ready after 60 s (see $DIR/$port/redis.log)"; exit 1; }
 done
+
+[[ -n "$ONLY" ]] && exit 0
 
 state() { redis-cli -h 127.0.0.1 -p "$BASE" cluster info 2>/dev/null | tr -d '\r' | sed -n 's/^cluster_state://p'; }
 known() { redis-cli -h 127.0.0.1 -p "$BASE" cluster info 2>/dev/null | tr -d '\r' | sed -n 's/^cluster_known_nodes://p'; }

@@ -169,43 +169,7 @@ impl RedisStore {
         if code != "LOST" {
             self.marks.saw(shard, mark);
         }
-        Ok(match code {
-            "OK" => ReserveResult::Reserved(view(&parts)),
-            "DUPLICATE_REQUEST" => ReserveResult::Duplicate(view(&parts)),
-            "ALREADY_PURCHASED" => ReserveResult::AlreadyPurchased {
-                reservation_id: parts.get(1).cloned().unwrap_or_default(),
-            },
-            "REQUEST_ID_REUSED" => ReserveResult::RequestIdReused {
-                reservation_id: parts.get(1).cloned().unwrap_or_default(),
-                sku_id: parts.get(2).cloned().unwrap_or_default(),
-            },
-            "SOLD_OUT" => ReserveResult::SoldOut,
-            "NOT_STARTED" => ReserveResult::NotStarted,
-            "ENDED" => ReserveResult::Ended,
-            "RATE_LIMITED" => ReserveResult::RateLimited {
-                by: parts.get(1).cloned().unwrap_or_default(),
-                retry_ms: parts.get(2).and_then(|v| v.parse().ok()).unwrap_or(1000),
-            },
-            "PAUSED" => ReserveResult::Paused {
-                reason: parts.get(1).cloned().unwrap_or_default(),
-            },
-            "NOT_FOUND" => ReserveResult::NotFound,
-            "FENCED" => ReserveResult::Fenced {
-                reason: parts.get(1).cloned().unwrap_or_default(),
-            },
-            "LOST" => ReserveResult::Lost {
-                reason: parts.get(1).cloned().unwrap_or_default(),
-            },
-            "RAMP" => ReserveResult::Ramp {
-                percent: parts.get(1).and_then(|v| v.parse().ok()).unwrap_or(10),
-                secs: parts.get(2).and_then(|v| v.parse().ok()).unwrap_or(1),
-            },
-            other => {
-                return Err(StoreError::unexpected(format!(
-                    "reserve script returned an unknown code {other:?}"
-                )))
-            }
-        })
+        parse_reply(code, &parts)
     }
 
     /// The activity of an older reservation whose id does not name it (`rsv_<ulid>`), from the
@@ -229,4 +193,40 @@ impl RedisStore {
             .hget(self.keys.requests(shard), format!("{user_id}:{request_id}"))
             .await?)
     }
+}
+
+/// The reserve script's reply (code first, the mark already taken off) as a result.
+fn parse_reply(code: &str, parts: &[String]) -> Result<ReserveResult, StoreError> {
+    let part = |i: usize| parts.get(i).cloned().unwrap_or_default();
+    Ok(match code {
+        "OK" => ReserveResult::Reserved(view(parts)),
+        "DUPLICATE_REQUEST" => ReserveResult::Duplicate(view(parts)),
+        "ALREADY_PURCHASED" => ReserveResult::AlreadyPurchased {
+            reservation_id: part(1),
+        },
+        "REQUEST_ID_REUSED" => ReserveResult::RequestIdReused {
+            reservation_id: part(1),
+            sku_id: part(2),
+        },
+        "SOLD_OUT" => ReserveResult::SoldOut,
+        "NOT_STARTED" => ReserveResult::NotStarted,
+        "ENDED" => ReserveResult::Ended,
+        "RATE_LIMITED" => ReserveResult::RateLimited {
+            by: part(1),
+            retry_ms: parts.get(2).and_then(|v| v.parse().ok()).unwrap_or(1000),
+        },
+        "PAUSED" => ReserveResult::Paused { reason: part(1) },
+        "NOT_FOUND" => ReserveResult::NotFound,
+        "FENCED" => ReserveResult::Fenced { reason: part(1) },
+        "LOST" => ReserveResult::Lost { reason: part(1) },
+        "RAMP" => ReserveResult::Ramp {
+            percent: parts.get(1).and_then(|v| v.parse().ok()).unwrap_or(10),
+            secs: parts.get(2).and_then(|v| v.parse().ok()).unwrap_or(1),
+        },
+        other => {
+            return Err(StoreError::unexpected(format!(
+                "reserve script returned an unknown code {other:?}"
+            )))
+        }
+    })
 }

@@ -30,6 +30,7 @@ mod reconcile;
 mod recovery;
 mod redis_cluster;
 mod redis_loss;
+mod redis_loss_faults;
 mod retention;
 mod roles;
 mod rolling_restart;

@@ -554,7 +554,7 @@ fn node_port(line: &str) -> u16 {
 
 /// The port of the healthy primary serving `slot`, and of a healthy replica of it, as the
 /// cluster sees them now (either may be missing while a failover settles).
-fn primary_and_replica(slot: u16) -> (Option<u16>, Option<u16>) {
+pub(crate) fn primary_and_replica(slot: u16) -> (Option<u16>, Option<u16>) {
     let nodes = cluster_nodes();
     let serves = |line: &str| {
         line.split_whitespace().skip(8).any(|range| {
@@ -576,7 +576,7 @@ fn primary_and_replica(slot: u16) -> (Option<u16>, Option<u16>) {
 }
 
 /// [`primary_and_replica`] once both are there (within 60 s).
-async fn settled_primary_and_replica(slot: u16) -> (u16, u16) {
+pub(crate) async fn settled_primary_and_replica(slot: u16) -> (u16, u16) {
     for _ in 0..600 {
         if let (Some(primary), Some(replica)) = primary_and_replica(slot) {
             return (primary, replica);

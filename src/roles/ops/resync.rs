@@ -105,25 +105,19 @@ pub async fn run(settings: Settings, args: ResyncArgs) -> anyhow::Result<bool> {
         "activity {id} fenced (fence {}): waiting for the order backlog sent before it",
         fence.fence_id
     );
-    let deadline = Instant::now() + Duration::from_secs(args.wait_secs);
-    let fence = loop {
-        let client = pg.get().await?;
-        let Some(open) = fences::open_of(&**client, id).await? else {
+    let fence = match await_drained(&r, &pg, id, args.wait_secs).await? {
+        Wait::Drained(fence) => fence,
+        Wait::Finished => {
             eprintln!("the scanner finished the rebuild meanwhile");
             return Ok(true);
-        };
-        drop(client);
-        if r.drained(&open).await? {
-            break open;
         }
-        if Instant::now() >= deadline {
+        Wait::TimedOut => {
             eprintln!(
                 "the backlog did not drain within {} s: the fence stays, the scanner rebuilds once it has",
                 args.wait_secs
             );
             return Ok(false);
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
     };
     let Some(rebuilt) = r.rebuild_and_resume(&fence).await? else {
         eprintln!("a scanner is rebuilding the activity right now: it lifts the fence");
@@ -131,6 +125,38 @@ pub async fn run(settings: Settings, args: ResyncArgs) -> anyhow::Result<bool> {
     };
     print_report(&args, &rebuilt, Some(fence.fence_id));
     Ok(true)
+}
+
+/// How the wait for the backlog ended.
+enum Wait {
+    Drained(fences::Fence),
+    /// The fence was closed by someone else (a scanner) meanwhile.
+    Finished,
+    TimedOut,
+}
+
+/// Waits (polling every 500 ms, at most `wait_secs`) until the activity's open fence has drained.
+async fn await_drained(
+    r: &Resync,
+    pg: &deadpool_postgres::Pool,
+    activity_id: i64,
+    wait_secs: u64,
+) -> anyhow::Result<Wait> {
+    let deadline = Instant::now() + Duration::from_secs(wait_secs);
+    loop {
+        let client = pg.get().await?;
+        let Some(open) = fences::open_of(&**client, activity_id).await? else {
+            return Ok(Wait::Finished);
+        };
+        drop(client);
+        if r.drained(&open).await? {
+            return Ok(Wait::Drained(open));
+        }
+        if Instant::now() >= deadline {
+            return Ok(Wait::TimedOut);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 fn print_report(args: &ResyncArgs, r: &resync::Rebuilt, fence_id: Option<i64>) {

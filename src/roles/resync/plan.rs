@@ -94,11 +94,13 @@ pub struct Plan {
 }
 
 /// One holder of a unit in a shard.
-struct Holder<'a> {
-    reservation_id: &'a str,
+struct Holder {
+    reservation_id: String,
     sku_id: i64,
     user_id: String,
     req_field: String,
+    /// Not recorded by PostgreSQL yet.
+    in_flight: bool,
 }
 
 /// Builds the plan (pure: no I/O, `now_ms` given).
@@ -111,35 +113,11 @@ pub fn plan(
     let known: HashSet<&str> = recorded.iter().map(|r| r.reservation_id.as_str()).collect();
     let mut out = Plan::default();
     for snap in snapshots {
-        let b = snap.shard.bucket;
         let here: Vec<&Recorded> = recorded
             .iter()
-            .filter(|r| reservation_bucket(&r.reservation_id) == b)
+            .filter(|r| reservation_bucket(&r.reservation_id) == snap.shard.bucket)
             .collect();
-        // Recorded holders first: where a buyer has both, the order is theirs.
-        let mut holders: Vec<Holder<'_>> = here
-            .iter()
-            .filter(|r| r.holds)
-            .map(|r| Holder {
-                reservation_id: &r.reservation_id,
-                sku_id: r.sku_id,
-                user_id: r.user_id.to_string(),
-                req_field: format!("{}:{}", r.user_id, r.request_id),
-            })
-            .collect();
-        let in_flight: Vec<Holder<'_>> = snap
-            .reserved
-            .iter()
-            .filter(|s| !known.contains(s.reservation_id.as_str()))
-            .map(|s| Holder {
-                reservation_id: &s.reservation_id,
-                sku_id: s.sku_id,
-                user_id: s.user_id.clone(),
-                req_field: s.req_field.clone(),
-            })
-            .collect();
-        let in_flight_count = |sku: i64| in_flight.iter().filter(|h| h.sku_id == sku).count();
-        let mut skus_change: Vec<SkuChange> = Vec::new();
+        let holders = holders(&here, snap, &known);
         let mut shard = RebuildShard {
             shard: snap.shard,
             starts_at_ms: facts.starts_at_ms,
@@ -147,93 +125,125 @@ pub fn plan(
             valid_ms: facts.valid_ms,
             ..Default::default()
         };
-        holders.extend(in_flight.iter().map(|h| Holder {
-            reservation_id: h.reservation_id,
-            sku_id: h.sku_id,
-            user_id: h.user_id.clone(),
-            req_field: h.req_field.clone(),
-        }));
-        for &(sku_id, total_pg) in &facts.skus {
-            let found = snap.skus.iter().find(|s| s.sku_id == sku_id);
-            let share = found
-                .and_then(|s| s.total)
-                .unwrap_or_else(|| bucket_share(total_pg, b, facts.buckets.max(1)));
-            let (moved_in, moved_out) = found.map_or((0, 0), |s| (s.moved_in, s.moved_out));
-            let mut buyers: BTreeMap<String, String> = BTreeMap::new();
-            let mut held = 0i64;
-            for h in holders.iter().filter(|h| h.sku_id == sku_id) {
-                held += 1;
-                buyers
-                    .entry(h.user_id.clone())
-                    .or_insert_with(|| h.reservation_id.to_string());
-            }
-            let mut remaining = share + moved_in - moved_out - held;
-            if remaining < 0 {
-                out.diff.warnings.push(format!(
-                    "bucket {b} sku {sku_id}: {held} units held but the bucket has {} \
-                     (share {share}, moved in {moved_in}, out {moved_out}); remaining set to 0",
-                    share + moved_in - moved_out
-                ));
-                remaining = 0;
-            }
-            let before = found.map(|s| &s.buyers);
-            let restored = buyers
-                .iter()
-                .filter(|(u, r)| before.and_then(|m| m.get(*u)) != Some(*r))
-                .count();
-            let removed = before.map_or(0, |m| {
-                m.iter().filter(|(u, r)| buyers.get(*u) != Some(*r)).count()
-            });
-            let recorded_here = here.iter().filter(|r| r.sku_id == sku_id).count() as i64;
-            skus_change.push(SkuChange {
-                bucket: b,
-                sku_id,
-                remaining_before: found.and_then(|s| s.remaining),
-                remaining_after: remaining,
-                buyers_before: before.map_or(0, |m| m.len()),
-                buyers_after: buyers.len(),
-                buyers_restored: restored,
-                buyers_removed: removed,
-                in_flight: in_flight_count(sku_id),
-            });
-            shard.skus.push(RebuildSku {
-                sku_id,
-                total: share,
-                remaining,
-                // Past anything an API instance has seen: its sold-out view reads winners again.
-                taken: found
-                    .map_or(0, |s| s.taken)
-                    .max(recorded_here + in_flight_count(sku_id) as i64)
-                    + 1,
-                buyers,
-            });
+        for &(sku_id, total) in &facts.skus {
+            let (sku, change) =
+                plan_sku(facts, snap, (sku_id, total), &holders, &here, &mut out.diff);
+            shard.skus.push(sku);
+            out.diff.skus.push(change);
         }
-        for h in &holders {
-            if !h.req_field.is_empty() {
-                shard
-                    .requests
-                    .entry(h.req_field.clone())
-                    .or_insert_with(|| h.reservation_id.to_string());
-            }
+        for h in holders.iter().filter(|h| !h.req_field.is_empty()) {
+            shard
+                .requests
+                .entry(h.req_field.clone())
+                .or_insert_with(|| h.reservation_id.clone());
         }
-        out.diff.requests_before += snap.requests.len();
-        out.diff.requests_after += shard.requests.len();
-        out.diff.requests_restored += shard
+        let d = &mut out.diff;
+        d.requests_before += snap.requests.len();
+        d.requests_after += shard.requests.len();
+        d.requests_restored += shard
             .requests
             .iter()
             .filter(|(f, r)| snap.requests.get(*f) != Some(*r))
             .count();
-        out.diff.meta_restored += usize::from(!snap.meta_present);
-        out.diff.reservations_written += here.len();
+        d.meta_restored += usize::from(!snap.meta_present);
+        d.reservations_written += here.len();
         shard.reservations = here
             .iter()
             .map(|r| reservation_hash(facts.activity_id, r, now_ms))
             .collect();
         shard.consumed = here.iter().map(|r| r.reservation_id.clone()).collect();
-        out.diff.skus.extend(skus_change);
         out.shards.push(shard);
     }
     out
+}
+
+/// The shard's holders: recorded reservations that hold their unit first (where a buyer has
+/// both, the order is theirs), then those Redis holds that PostgreSQL has not recorded.
+fn holders(here: &[&Recorded], snap: &ShardSnapshot, known: &HashSet<&str>) -> Vec<Holder> {
+    let recorded = here.iter().filter(|r| r.holds).map(|r| Holder {
+        reservation_id: r.reservation_id.clone(),
+        sku_id: r.sku_id,
+        user_id: r.user_id.to_string(),
+        req_field: format!("{}:{}", r.user_id, r.request_id),
+        in_flight: false,
+    });
+    let in_flight = snap
+        .reserved
+        .iter()
+        .filter(|s| !known.contains(s.reservation_id.as_str()))
+        .map(|s| Holder {
+            reservation_id: s.reservation_id.clone(),
+            sku_id: s.sku_id,
+            user_id: s.user_id.clone(),
+            req_field: s.req_field.clone(),
+            in_flight: true,
+        });
+    recorded.chain(in_flight).collect()
+}
+
+/// One SKU of one shard: its stock, buyers and `taken`, and what changes.
+fn plan_sku(
+    facts: &ActivityFacts,
+    snap: &ShardSnapshot,
+    (sku_id, total_pg): (i64, i64),
+    holders: &[Holder],
+    here: &[&Recorded],
+    diff: &mut Diff,
+) -> (RebuildSku, SkuChange) {
+    let b = snap.shard.bucket;
+    let found = snap.skus.iter().find(|s| s.sku_id == sku_id);
+    let share = found
+        .and_then(|s| s.total)
+        .unwrap_or_else(|| bucket_share(total_pg, b, facts.buckets.max(1)));
+    let (moved_in, moved_out) = found.map_or((0, 0), |s| (s.moved_in, s.moved_out));
+    let mine: Vec<&Holder> = holders.iter().filter(|h| h.sku_id == sku_id).collect();
+    let mut buyers: BTreeMap<String, String> = BTreeMap::new();
+    for h in &mine {
+        buyers
+            .entry(h.user_id.clone())
+            .or_insert_with(|| h.reservation_id.clone());
+    }
+    let held = mine.len() as i64;
+    let mut remaining = share + moved_in - moved_out - held;
+    if remaining < 0 {
+        diff.warnings.push(format!(
+            "bucket {b} sku {sku_id}: {held} units held but the bucket has {} \
+             (share {share}, moved in {moved_in}, out {moved_out}); remaining set to 0",
+            share + moved_in - moved_out
+        ));
+        remaining = 0;
+    }
+    let before = found.map(|s| &s.buyers);
+    let in_flight = mine.iter().filter(|h| h.in_flight).count();
+    let change = SkuChange {
+        bucket: b,
+        sku_id,
+        remaining_before: found.and_then(|s| s.remaining),
+        remaining_after: remaining,
+        buyers_before: before.map_or(0, |m| m.len()),
+        buyers_after: buyers.len(),
+        buyers_restored: buyers
+            .iter()
+            .filter(|(u, r)| before.and_then(|m| m.get(*u)) != Some(*r))
+            .count(),
+        buyers_removed: before.map_or(0, |m| {
+            m.iter().filter(|(u, r)| buyers.get(*u) != Some(*r)).count()
+        }),
+        in_flight,
+    };
+    let recorded_here = here.iter().filter(|r| r.sku_id == sku_id).count() as i64;
+    let sku = RebuildSku {
+        sku_id,
+        total: share,
+        remaining,
+        // Past anything an API instance has seen: its sold-out view reads winners again.
+        taken: found
+            .map_or(0, |s| s.taken)
+            .max(recorded_here + in_flight as i64)
+            + 1,
+        buyers,
+    };
+    (sku, change)
 }
 
 /// The hash of a recorded reservation: its facts, `RESERVED` while it holds its unit,
