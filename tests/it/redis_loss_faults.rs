@@ -28,6 +28,8 @@ struct OwnRedis {
     port: u16,
     dir: PathBuf,
     proc: Option<Proc>,
+    /// When the server was last started.
+    started: chrono::DateTime<chrono::Utc>,
 }
 
 impl OwnRedis {
@@ -41,6 +43,7 @@ impl OwnRedis {
             port,
             dir,
             proc: None,
+            started: chrono::Utc::now(),
         };
         r.run().await;
         r
@@ -48,6 +51,7 @@ impl OwnRedis {
 
     /// Starts the server over what its directory holds, and waits until it answers.
     async fn run(&mut self) {
+        self.started = chrono::Utc::now();
         let child = std::process::Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
             .args([
@@ -293,7 +297,7 @@ async fn redis_forgetting_its_last_second_mid_sale_tells_no_buyer_twice() {
     answered(&history, at_snapshot + 40).await;
     let (seq_before, keys_before) = seq_and_keys(&env, ACTIVITY).await;
     redis.crash_back_to(&snapshot).await;
-    let restarted = chrono::Utc::now();
+    let restarted = redis.started;
     let (seq_after, keys_after) = seq_and_keys(&env, ACTIVITY).await;
     // The fault bit: Redis came back without writes it had acknowledged.
     assert!(
