@@ -323,3 +323,53 @@ async fn activity_resync_reports_first_then_rebuilds_and_audits() {
     roles.stop().await;
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_compensation_for_a_forgotten_reservation_warns_and_fences_once() {
+    use seckill::domain::events::{OrderRef, ReleaseReservation};
+    use seckill::roles::consume::compensate::CompensationHandler;
+    let env = TestEnv::without_topics().await;
+    env.activity(503, 1, 5).await;
+    let redis = env.redis().await;
+    let ids = common::reserve_only(&redis, 503, 9, 60_000).await;
+    // Redis forgets the reservation; then its order is cancelled and the release arrives,
+    // twice (a redelivery).
+    let mut c = redis.pool.get().await.unwrap();
+    let _: () = c
+        .del(redis.keys.reservation(503, &ids.reservation_id))
+        .await
+        .unwrap();
+    let release = ReleaseReservation::new(
+        &OrderRef {
+            order_id: ids.order_id.clone(),
+            reservation_id: ids.reservation_id.clone(),
+            activity_id: 503,
+            sku_id: 1,
+            user_id: 9,
+        },
+        "ORDER_CANCELED",
+    );
+    let body = serde_json::to_vec(&release).unwrap();
+    let handler = CompensationHandler {
+        redis: redis.clone(),
+        pool: env.pool(2).await,
+        group: env.names().compensate_group,
+    };
+    let topic = env.names().compensate_topic;
+    for _ in 0..2 {
+        let d = common::delivery(&topic, None, body.clone());
+        assert_eq!(handler.process(&[d]).await.unwrap(), ["missing"]);
+    }
+    // No unit given back from nothing; one fence, from the consumer's signal; the shard
+    // refuses reservations until the rebuild.
+    assert_eq!(redis.sku_stock(503, 1).await.unwrap(), Some((5, 4)));
+    let fences = "SELECT count(*) FROM redis_fences WHERE activity_id = 503 \
+                  AND signal = 'compensation_missing' AND detected_by LIKE 'consume@%'";
+    assert_eq!(env.count(fences).await, 1);
+    let (_, r) = common::try_reserve(&redis, 503, 10, "x", 60_000).await;
+    assert!(
+        matches!(r, seckill::redis::ReserveResult::Fenced { .. }),
+        "{r:?}"
+    );
+    env.cleanup().await;
+}

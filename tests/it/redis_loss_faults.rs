@@ -176,8 +176,7 @@ fn accepted(h: &History) -> usize {
 
 /// The meta's reservation sequence of the activity, and the keys Redis holds (on a cluster:
 /// the node the seed answers from).
-async fn seq_and_keys(env: &TestEnv, activity: i64) -> (i64, i64) {
-    let redis = env.redis().await;
+async fn seq_and_keys(redis: &seckill::redis::RedisStore, activity: i64) -> (i64, i64) {
     let mut c = redis.pool.get().await.unwrap();
     let seq: Option<i64> = c.hget(redis.keys.meta(activity), "seq").await.unwrap();
     let keys: i64 = deadpool_redis::redis::cmd("DBSIZE")
@@ -295,10 +294,10 @@ async fn redis_forgetting_its_last_second_mid_sale_tells_no_buyer_twice() {
     let snapshot = redis.snapshot();
     let at_snapshot = accepted(&history);
     answered(&history, at_snapshot + 40).await;
-    let (seq_before, keys_before) = seq_and_keys(&env, ACTIVITY).await;
+    let (seq_before, keys_before) = seq_and_keys(&env.redis().await, ACTIVITY).await;
     redis.crash_back_to(&snapshot).await;
     let restarted = redis.started;
-    let (seq_after, keys_after) = seq_and_keys(&env, ACTIVITY).await;
+    let (seq_after, keys_after) = seq_and_keys(&env.redis().await, ACTIVITY).await;
     // The fault bit: Redis came back without writes it had acknowledged.
     assert!(
         seq_after < seq_before,
@@ -333,6 +332,18 @@ fn signal(pid: &str, sig: &str) {
     assert!(ok.success(), "kill {sig} {pid}");
 }
 
+/// Sends SIGCONT when dropped.
+struct Continue(String);
+
+impl Drop for Continue {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.0])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
 fn cluster_up(args: &[&str]) {
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/redis-cluster-up.sh");
@@ -350,7 +361,9 @@ async fn a_cluster_primary_lost_before_its_replica_copied_tells_no_buyer_twice()
     const ACTIVITY: i64 = 992;
     let env = TestEnv::with_topics().await.on_redis_cluster();
     env.activity(ACTIVITY, 1, STOCK).await;
-    let slot = env.redis().await.keys.slot(ACTIVITY);
+    // Connected before the fault: a new cluster connection waits on a seed that is stopped.
+    let store = env.redis().await;
+    let slot = store.keys.slot(ACTIVITY);
     let (primary, replica) = crate::sale_faults::settled_primary_and_replica(slot).await;
     let (roles, base) = start_roles(&env).await;
     let history: History = Arc::default();
@@ -361,9 +374,11 @@ async fn a_cluster_primary_lost_before_its_replica_copied_tells_no_buyer_twice()
     answered(&history, STOCK as usize / 3).await;
     let (primary_pid, replica_pid) = (node_pid(primary), node_pid(replica));
     signal(&replica_pid, "-STOP");
+    // Whatever happens next, the node is not left stopped for the tests after this one.
+    let _resume = Continue(replica_pid.clone());
     let at_stop = accepted(&history);
     answered(&history, at_stop + 40).await;
-    let (seq_before, _) = seq_and_keys(&env, ACTIVITY).await;
+    let (seq_before, _) = seq_and_keys(&store, ACTIVITY).await;
     signal(&primary_pid, "-KILL");
     signal(&replica_pid, "-KILL");
     // The replica comes back from its own append-only file and takes the slots over; the old
@@ -386,7 +401,7 @@ async fn a_cluster_primary_lost_before_its_replica_copied_tells_no_buyer_twice()
     .await;
     let restarted = chrono::Utc::now();
     cluster_up(&[]);
-    let (seq_after, _) = seq_and_keys(&env, ACTIVITY).await;
+    let (seq_after, _) = seq_and_keys(&store, ACTIVITY).await;
     assert!(
         seq_after < seq_before,
         "writes lost: seq {seq_before} -> {seq_after}"
