@@ -57,6 +57,8 @@ pub enum ReserveResult {
     /// the activity's keys gone while this process had seen reservations in it. Nothing
     /// changed.
     Lost {
+        /// `sequence` (the script found the shard behind) or `meta_missing`.
+        signal: &'static str,
         reason: String,
     },
     /// Resuming after a rebuild: this request is not in the share admitted yet (`percent`),
@@ -159,6 +161,7 @@ impl RedisStore {
             // The meta that carried the sequence is gone while this process saw reservations
             // in the shard: every key of it may be.
             return Ok(ReserveResult::Lost {
+                signal: "meta_missing",
                 reason: format!(
                     "the activity's keys are gone from Redis (this process had seen epoch {} seq {})",
                     seen.map_or(0, |m| m.epoch),
@@ -218,7 +221,10 @@ fn parse_reply(code: &str, parts: &[String]) -> Result<ReserveResult, StoreError
         "PAUSED" => ReserveResult::Paused { reason: part(1) },
         "NOT_FOUND" => ReserveResult::NotFound,
         "FENCED" => ReserveResult::Fenced { reason: part(1) },
-        "LOST" => ReserveResult::Lost { reason: part(1) },
+        "LOST" => ReserveResult::Lost {
+            signal: "sequence",
+            reason: part(1),
+        },
         "RAMP" => ReserveResult::Ramp {
             percent: parts.get(1).and_then(|v| v.parse().ok()).unwrap_or(10),
             secs: parts.get(2).and_then(|v| v.parse().ok()).unwrap_or(1),

@@ -50,16 +50,20 @@ fn code(body: &Value) -> &str {
     body["error"]["code"].as_str().unwrap_or("")
 }
 
-struct Roles {
+/// The roles of a sale in which Redis forgets.
+pub(crate) struct Roles {
     api: Proc,
-    base: String,
+    /// The API's base URL.
+    pub(crate) base: String,
+    /// The API's ops port (`/metrics`).
     ops: u16,
     scan: Proc,
     consume: Proc,
 }
 
-/// api (with its ops port), consume and scan; the scanner resumes through a `ramp_secs` ramp.
-async fn start(env: &TestEnv, ramp_secs: u64) -> Roles {
+/// api (with its ops port), `consume` with `failpoints` and `scan` polling for fences every
+/// 200 ms and resuming through a `ramp_secs` ramp.
+pub(crate) async fn start(env: &TestEnv, ramp_secs: u64, failpoints: &str) -> Roles {
     let (api_port, ops) = (free_port(), free_port());
     let api = spawn(
         env,
@@ -84,7 +88,7 @@ async fn start(env: &TestEnv, ramp_secs: u64) -> Roles {
             ("SECKILL__API__RESUME_RAMP_SECS", ramp_secs.to_string()),
         ],
     );
-    let (consume, consume_port) = common::spawn_consume(env, "2", "");
+    let (consume, consume_port) = common::spawn_consume(env, "2", failpoints);
     for port in [api_port, scan_port, consume_port] {
         wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
     }
@@ -98,7 +102,7 @@ async fn start(env: &TestEnv, ramp_secs: u64) -> Roles {
 }
 
 impl Roles {
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         let _ = self.api.terminate(20).await;
         let _ = self.scan.terminate(20).await;
         let _ = self.consume.terminate(40).await;
@@ -132,7 +136,7 @@ async fn reserved(
 async fn redis_behind_what_it_answered_fences_the_activity_until_rebuilt_from_postgresql() {
     let env = TestEnv::with_topics().await;
     env.activity(501, 1, 20).await;
-    let roles = start(&env, 10).await;
+    let roles = start(&env, 10, "").await;
     let ids = reserved(&env, &roles.base, 501, 1..=6).await;
 
     // Redis forgets the last three reservations, its sequence with them.
@@ -227,7 +231,7 @@ async fn redis_behind_what_it_answered_fences_the_activity_until_rebuilt_from_po
 async fn activity_resync_reports_first_then_rebuilds_and_audits() {
     let env = TestEnv::with_topics().await;
     env.activity(502, 1, 10).await;
-    let roles = start(&env, 0).await;
+    let roles = start(&env, 0, "").await;
     let ids = reserved(&env, &roles.base, 502, 1..=3).await;
     // Drift an operator might find: buyer 3 and its unit forgotten, no sequence to show it.
     forget(&env, 502, 1, &[(3, ids[&3].clone(), "r3".into())], false).await;

@@ -18,7 +18,7 @@ use deadpool_redis::redis::AsyncCommands;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use crate::common::{self, eventually, free_port, spawn, wait_ready, Proc, TestEnv};
+use crate::common::{self, eventually, free_port, Proc, TestEnv};
 
 const STOCK: i32 = 300;
 const BUYERS: i64 = 900;
@@ -186,38 +186,10 @@ async fn seq_and_keys(redis: &seckill::redis::RedisStore, activity: i64) -> (i64
     (seq.unwrap_or(0), keys)
 }
 
-/// api, scan (rebuilds polled every 200 ms, a 5 s ramp) and a consumer throttled below the
-/// buyers' rate (an order backlog stands when Redis forgets); the API's base URL.
-async fn start_roles(env: &TestEnv) -> (Vec<Proc>, String) {
-    let (api_port, scan_port) = (free_port(), free_port());
-    let api = spawn(
-        env,
-        &["api"],
-        "",
-        &[("SECKILL__API__LISTEN", format!("127.0.0.1:{api_port}"))],
-    );
-    let scan = spawn(
-        env,
-        &["scan"],
-        "",
-        &[
-            (
-                "SECKILL__SCAN__METRICS_LISTEN",
-                format!("127.0.0.1:{scan_port}"),
-            ),
-            ("SECKILL__SCAN__RESYNC_POLL_MS", "200".to_string()),
-            ("SECKILL__API__RESUME_RAMP_SECS", "5".to_string()),
-        ],
-    );
-    let (consume, consume_port) =
-        common::spawn_consume(env, "2", "consume-inside-transaction=sleep(50)");
-    for port in [api_port, scan_port, consume_port] {
-        wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
-    }
-    (
-        vec![api, scan, consume],
-        format!("http://127.0.0.1:{api_port}"),
-    )
+/// The roles, the consumer throttled below the buyers' rate (an order backlog stands when
+/// Redis forgets), resuming through a 5 s ramp.
+async fn start_roles(env: &TestEnv) -> crate::redis_loss::Roles {
+    crate::redis_loss::start(env, 5, "consume-inside-transaction=sleep(50)").await
 }
 
 fn client() -> reqwest::Client {
@@ -284,7 +256,8 @@ async fn redis_forgetting_its_last_second_mid_sale_tells_no_buyer_twice() {
     let mut env = TestEnv::with_topics().await;
     env.settings.redis.url = redis.url().into();
     env.activity(ACTIVITY, 1, STOCK).await;
-    let (roles, base) = start_roles(&env).await;
+    let roles = start_roles(&env).await;
+    let base = roles.base.clone();
     let history: History = Arc::default();
     let load = start_load(&base, ACTIVITY, &history);
 
@@ -307,7 +280,7 @@ async fn redis_forgetting_its_last_second_mid_sale_tells_no_buyer_twice() {
     load.await.unwrap();
     winners_ask_again(&base, ACTIVITY, &history).await;
     verdict(&env, ACTIVITY, &history, restarted, seq_before - seq_after).await;
-    drop(roles);
+    roles.stop().await;
     env.cleanup().await;
 }
 
@@ -365,7 +338,8 @@ async fn a_cluster_primary_lost_before_its_replica_copied_tells_no_buyer_twice()
     let store = env.redis().await;
     let slot = store.keys.slot(ACTIVITY);
     let (primary, replica) = crate::sale_faults::settled_primary_and_replica(slot).await;
-    let (roles, base) = start_roles(&env).await;
+    let roles = start_roles(&env).await;
+    let base = roles.base.clone();
     let history: History = Arc::default();
     let load = start_load(&base, ACTIVITY, &history);
 
@@ -410,7 +384,7 @@ async fn a_cluster_primary_lost_before_its_replica_copied_tells_no_buyer_twice()
     load.await.unwrap();
     winners_ask_again(&base, ACTIVITY, &history).await;
     verdict(&env, ACTIVITY, &history, restarted, seq_before - seq_after).await;
-    drop(roles);
+    roles.stop().await;
     env.cleanup().await;
 }
 
@@ -456,21 +430,7 @@ async fn verdict(
     );
     let paused = h.iter().filter(|a| a.code == "SALE_PAUSED").count();
 
-    eventually(
-        240,
-        "the pipeline converged with every invariant holding",
-        || async {
-            let r = env.invariants(activity, 1).await;
-            r.ok() && r.figures.unrecorded == 0
-        },
-    )
-    .await;
-    let r = env.invariants(activity, 1).await;
-    assert_eq!(
-        r.figures.valid_orders, STOCK as i64,
-        "sold out exactly: {:?}",
-        r.figures
-    );
+    let r = common::sold_out_converged(env, STOCK, activity).await;
     assert_eq!(
         r.figures.rejected, 0,
         "no 202 ended rejected: {:?}",

@@ -194,26 +194,6 @@ where
     accepted.load(Ordering::SeqCst)
 }
 
-/// Waits until every Redis reservation is recorded in PostgreSQL and the invariants hold.
-async fn converged(env: &TestEnv, activity: i64) -> seckill::invariants::Report {
-    eventually(
-        240,
-        "the pipeline converged with every invariant holding",
-        || async {
-            let r = env.invariants(activity, 1).await;
-            r.ok() && r.figures.unrecorded == 0
-        },
-    )
-    .await;
-    let r = env.invariants(activity, 1).await;
-    assert_eq!(
-        r.figures.valid_orders, STOCK as i64,
-        "sold out exactly: {:?}",
-        r.figures
-    );
-    r
-}
-
 async fn finish(mut roles: Roles, env: TestEnv) {
     let _ = roles.api.terminate(20).await;
     let _ = roles.scan.terminate(20).await;
@@ -251,7 +231,7 @@ async fn every_consumer_killed_and_restarted_during_a_sale_loses_and_doubles_not
     })
     .await;
     assert!(accepted >= STOCK as usize, "accepted {accepted}");
-    let report = converged(&env, 980).await;
+    let report = common::sold_out_converged(&env, STOCK, 980).await;
     assert!(report.ok(), "{:?}", report.violations);
     // It bit: the killed consumers had committed orders whose messages they never ACKed; the
     // new ones got them again and the inbox absorbed them.
@@ -306,7 +286,7 @@ async fn the_broker_killed_and_restarted_mid_sale_loses_and_doubles_nothing() {
     })
     .await;
     assert!(accepted > 0);
-    let report = converged(&env, 981).await;
+    let report = common::sold_out_converged(&env, STOCK, 981).await;
     assert!(report.ok(), "{:?}", report.violations);
     // It bit: sends the API could not confirm while the broker was down, which the scanner
     // then re-sent and the broker confirmed.
@@ -372,7 +352,7 @@ async fn postgresql_restarted_mid_sale_rolls_back_retries_and_loses_nothing() {
     })
     .await;
     assert!(accepted >= STOCK as usize, "accepted {accepted}");
-    let report = converged(&env, 982).await;
+    let report = common::sold_out_converged(&env, STOCK, 982).await;
     assert!(report.ok(), "{:?}", report.violations);
     // It bit: order transactions cut by the restart and rolled back, then retried in-process
     // or redelivered by the broker.
@@ -492,7 +472,7 @@ async fn one_of_two_brokers_killed_mid_sale_loses_and_doubles_nothing() {
     assert!(accepted >= STOCK as usize, "accepted {accepted}");
     // The second broker stays dead: what it held reaches the consumers as the scanner's
     // copies through the live one.
-    let report = converged(&env, 983).await;
+    let report = common::sold_out_converged(&env, STOCK, 983).await;
     assert!(report.ok(), "{:?}", report.violations);
     let resent = metric(
         roles.scan_port,
@@ -523,7 +503,7 @@ async fn one_of_two_brokers_killed_mid_sale_loses_and_doubles_nothing() {
         "evidence: {} duplicates absorbed after the broker came back",
         metric(consumer_port, "mq_duplicate_message_total", "").await - before
     );
-    let report = converged(&env, 983).await;
+    let report = common::sold_out_converged(&env, STOCK, 983).await;
     assert!(report.ok(), "{:?}", report.violations);
     finish(roles, env).await;
     probe.shutdown().await;
@@ -618,7 +598,7 @@ async fn a_redis_primary_failed_over_mid_sale_loses_and_doubles_nothing() {
     })
     .await;
     assert!(accepted >= STOCK as usize, "accepted {accepted}");
-    let report = converged(&env, 984).await;
+    let report = common::sold_out_converged(&env, STOCK, 984).await;
     assert!(report.ok(), "{:?}", report.violations);
     // It bit: the slot moved from one node to the other during the sale.
     let (now_primary, _) = primary_and_replica(slot);
@@ -844,7 +824,7 @@ async fn each_name_server_killed_in_turn_mid_sale_loses_and_doubles_nothing() {
     })
     .await;
     assert!(accepted > 0);
-    let report = converged(&env, 985).await;
+    let report = common::sold_out_converged(&env, STOCK, 985).await;
     assert!(report.ok(), "{:?}", report.violations);
     for activity in [986, 987] {
         let r = env.invariants(activity, 1).await;

@@ -142,9 +142,9 @@ async fn reserve_inner(
                 (StatusCode::ACCEPTED, Json(queued_body(&v, true))).into_response(),
             ))
         }
-        ReserveResult::Lost { reason } => {
-            lost(s, activity_id, &reason).await;
-            return Err(ApiError::from(ReserveResult::Lost { reason }));
+        ReserveResult::Lost { signal, reason } => {
+            lost(s, activity_id, signal, &reason).await;
+            return Err(ApiError::from(ReserveResult::Lost { signal, reason }));
         }
         refused => return Err(refusal(s, shard, sku_id, refused)),
     };
@@ -154,12 +154,7 @@ async fn reserve_inner(
 /// Redis answered behind what this process saw it answer: the activity is fenced until its
 /// rebuild (docs/ARCHITECTURE.md#when-redis-forgets). A fence that cannot be recorded is
 /// logged; the shard's own mark, set by the script, still refuses every reservation.
-async fn lost(s: &ApiState, activity_id: i64, reason: &str) {
-    let signal = if reason.contains("gone") {
-        "meta_missing"
-    } else {
-        "sequence"
-    };
+async fn lost(s: &ApiState, activity_id: i64, signal: &'static str, reason: &str) {
     let by = crate::roles::resync::actor("api");
     if let Err(e) =
         crate::roles::resync::raise(&s.pg, &s.redis, activity_id, signal, reason, &by).await

@@ -87,14 +87,21 @@ pub async fn run(settings: Settings, args: ResyncArgs) -> anyhow::Result<bool> {
         print_report(&args, &rebuilt, None);
         return Ok(true);
     }
-    let fence = resync::raise(&pg, &redis, id, "operator", &args.reason, &by)
+    fence_and_rebuild(&args, &r).await
+}
+
+/// Fences the activity (audited), waits for its backlog, rebuilds and resumes it; `false` when
+/// that did not finish within `--wait-secs` (the fence stays for the scanner).
+async fn fence_and_rebuild(args: &ResyncArgs, r: &Resync) -> anyhow::Result<bool> {
+    let (pg, redis, by, id) = (&r.pg, &r.redis, &r.by, args.activity_id);
+    let fence = resync::raise(pg, redis, id, "operator", &args.reason, by)
         .await?
         .with_context(|| format!("activity {id} is not in PostgreSQL, or ended long ago"))?;
     // The action is audited when taken: a scanner may finish the rebuild it started.
     let client = pg.get().await?;
     audit::record(
         &**client,
-        &by,
+        by,
         "activity_resync",
         &format!("activity:{id}"),
         &json!({"reason": args.reason, "fence_id": fence.fence_id}),
@@ -105,7 +112,7 @@ pub async fn run(settings: Settings, args: ResyncArgs) -> anyhow::Result<bool> {
         "activity {id} fenced (fence {}): waiting for the order backlog sent before it",
         fence.fence_id
     );
-    let fence = match await_drained(&r, &pg, id, args.wait_secs).await? {
+    let fence = match await_drained(r, pg, id, args.wait_secs).await? {
         Wait::Drained(fence) => fence,
         Wait::Finished => {
             eprintln!("the scanner finished the rebuild meanwhile");
@@ -120,10 +127,22 @@ pub async fn run(settings: Settings, args: ResyncArgs) -> anyhow::Result<bool> {
         }
     };
     let Some(rebuilt) = r.rebuild_and_resume(&fence).await? else {
-        eprintln!("a scanner is rebuilding the activity right now: it lifts the fence");
-        return Ok(true);
+        // A scanner holds the rebuild: done when it has lifted the fence.
+        eprintln!("a scanner is rebuilding the activity: waiting for it to lift the fence");
+        let deadline = Instant::now() + Duration::from_secs(args.wait_secs);
+        while Instant::now() < deadline {
+            let client = pg.get().await?;
+            if fences::open_of(&**client, id).await?.is_none() {
+                eprintln!("the scanner rebuilt the activity and lifted the fence");
+                return Ok(true);
+            }
+            drop(client);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        eprintln!("the fence is still up after {} s", args.wait_secs);
+        return Ok(false);
     };
-    print_report(&args, &rebuilt, Some(fence.fence_id));
+    print_report(args, &rebuilt, Some(fence.fence_id));
     Ok(true)
 }
 

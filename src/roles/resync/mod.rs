@@ -209,7 +209,7 @@ impl Resync {
 
     /// Rebuilds the fenced activity and lifts its fence: each shard takes the fence's id as its
     /// epoch and resumes through the ramp. One process at a time per activity (an advisory
-    /// lock); `None` when another holds it.
+    /// lock); `None` when another holds it, or closed the fence already.
     pub async fn rebuild_and_resume(&self, fence: &Fence) -> anyhow::Result<Option<Rebuilt>> {
         let lock = self.pg.get().await?;
         let key = fence.activity_id;
@@ -223,14 +223,22 @@ impl Resync {
         if !got {
             return Ok(None);
         }
-        let result = self.rebuild_and_resume_locked(fence).await;
+        // Still open? Another process may have finished it before this one got the lock.
+        let open = fences::open_of(&**lock, key).await?.map(|f| f.fence_id);
+        let result = if open == Some(fence.fence_id) {
+            Some(self.rebuild_and_resume_locked(fence).await)
+        } else {
+            None
+        };
         let _ = lock
             .execute(
                 "SELECT pg_advisory_unlock(hashtext('seckill.resync'), $1::int4)",
                 &[&(key as i32)],
             )
             .await;
-        let r = result;
+        let Some(r) = result else {
+            return Ok(None);
+        };
         let label = if r.is_ok() { "ok" } else { "failed" };
         metrics::counter!("redis_rebuild_total", "result" => label).increment(1);
         r.map(Some)
@@ -239,14 +247,6 @@ impl Resync {
     async fn rebuild_and_resume_locked(&self, fence: &Fence) -> anyhow::Result<Rebuilt> {
         let activity_id = fence.activity_id;
         let client = self.pg.get().await?;
-        // Still open? Another process may have finished it meanwhile.
-        if fences::open_of(&**client, activity_id)
-            .await?
-            .map(|f| f.fence_id)
-            != Some(fence.fence_id)
-        {
-            anyhow::bail!("fence {} was closed meanwhile", fence.fence_id);
-        }
         let facts = activity_facts(&**client, activity_id)
             .await?
             .with_context(|| format!("activity {activity_id} is not in PostgreSQL"))?;

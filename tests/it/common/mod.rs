@@ -171,6 +171,32 @@ impl TestEnv {
     }
 }
 
+/// Waits until every Redis reservation of SKU 1 is recorded in PostgreSQL and the invariants
+/// hold, then asserts the SKU sold out exactly (`stock` valid orders).
+pub async fn sold_out_converged(
+    env: &TestEnv,
+    stock: i32,
+    activity: i64,
+) -> seckill::invariants::Report {
+    eventually(
+        240,
+        "the pipeline converged with every invariant holding",
+        || async {
+            let r = env.invariants(activity, 1).await;
+            r.ok() && r.figures.unrecorded == 0
+        },
+    )
+    .await;
+    let r = env.invariants(activity, 1).await;
+    assert_eq!(
+        r.figures.valid_orders,
+        i64::from(stock),
+        "sold out exactly: {:?}",
+        r.figures
+    );
+    r
+}
+
 /// Polls `f` until it returns true or `secs` pass.
 pub async fn eventually<F, Fut>(secs: u64, what: &str, mut f: F)
 where
