@@ -1,7 +1,7 @@
 //! Buyer identity from a verified token (docs/ARCHITECTURE.md#security-model).
 //!
-//! The shop's login (or its gateway) signs a JWT for the buyer: EdDSA or ES256 with a private
-//! key only it holds; the API verifies with the public keys of a JWKS file, chosen by the
+//! The shop's login (or its gateway) signs a JWT for the buyer: EdDSA, ES256, RS256 or PS256
+//! with a private key only it holds (RSA keys of 2048 bits at least); the API verifies with the public keys of a JWKS file, chosen by the
 //! token's `kid`, so keys rotate by publishing the new key beside the old one. HS256 with a
 //! shared secret is for development only (`seckill token mint`) and refused in `PROD`.
 //! The buyer is the token's `sub`, a positive integer.
@@ -154,7 +154,8 @@ fn parse_buyer(sub: &str) -> Option<i64> {
     crate::domain::request::parse_path_id(sub, "sub").ok()
 }
 
-/// The JWKS file's keys: Ed25519 (`OKP`, EdDSA) and P-256 (`EC`, ES256), each with a `kid`.
+/// The JWKS file's keys: Ed25519 (`OKP`, EdDSA), P-256 (`EC`, ES256) and RSA (`RSA`, RS256 or
+/// PS256 as its `alg` says), each with a `kid`.
 fn load_jwks(path: &Path) -> Result<HashMap<String, (Algorithm, DecodingKey)>, ConfigError> {
     const KEY: &str = "auth.jwks_file";
     let text = std::fs::read_to_string(path)
@@ -175,11 +176,12 @@ fn load_jwks(path: &Path) -> Result<HashMap<String, (Algorithm, DecodingKey)>, C
             AlgorithmParameters::EllipticCurve(p) if p.curve == EllipticCurve::P256 => {
                 Algorithm::ES256
             }
+            AlgorithmParameters::RSA(p) => rsa_algorithm(&kid, jwk.common.key_algorithm, &p.n)?,
             _ => {
                 return Err(ConfigError::invalid(
                     KEY,
                     format!(
-                    "key `{kid}`: only Ed25519 (EdDSA) and P-256 (ES256) keys verify buyer tokens"
+                    "key `{kid}`: only Ed25519 (EdDSA), P-256 (ES256) and RSA (RS256, PS256) keys verify buyer tokens"
                 ),
                 ))
             }
@@ -194,6 +196,37 @@ fn load_jwks(path: &Path) -> Result<HashMap<String, (Algorithm, DecodingKey)>, C
         }
     }
     Ok(keys)
+}
+
+/// The one algorithm an RSA key of the JWKS verifies: its `alg` (RS256 or PS256; RS256 when
+/// it names none, as the identity providers that sign RS256 by default publish), and only for
+/// a modulus of 2048 bits or more.
+fn rsa_algorithm(
+    kid: &str,
+    alg: Option<jsonwebtoken::jwk::KeyAlgorithm>,
+    n: &str,
+) -> Result<Algorithm, ConfigError> {
+    use base64::Engine;
+    use jsonwebtoken::jwk::KeyAlgorithm;
+    const KEY: &str = "auth.jwks_file";
+    let modulus = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(n.trim_end_matches('='))
+        .map_err(|e| ConfigError::invalid(KEY, format!("key `{kid}`: modulus: {e}")))?;
+    let bits = modulus.iter().skip_while(|b| **b == 0).count() * 8;
+    if bits < 2048 {
+        return Err(ConfigError::invalid(
+            KEY,
+            format!("key `{kid}`: an RSA key of {bits} bits; 2048 at least"),
+        ));
+    }
+    match alg {
+        None | Some(KeyAlgorithm::RS256) => Ok(Algorithm::RS256),
+        Some(KeyAlgorithm::PS256) => Ok(Algorithm::PS256),
+        Some(other) => Err(ConfigError::invalid(
+            KEY,
+            format!("key `{kid}`: {other:?}; RSA keys verify RS256 or PS256"),
+        )),
+    }
 }
 
 /// What a token says, to sign one.
@@ -226,7 +259,8 @@ pub fn mint_dev(secret: &SecretString, spec: &TokenSpec<'_>) -> anyhow::Result<S
     )?)
 }
 
-/// A token signed with a private key (PKCS#8 PEM; `EdDSA` for Ed25519, `ES256` for P-256)
+/// A token signed with a private key (PKCS#8 PEM; `EdDSA` for Ed25519, `ES256` for P-256,
+/// `RS256` or `PS256` for RSA)
 /// under `kid`, the way a shop's login signs them; the tests use it with fixture keys.
 pub fn mint_with_key(
     alg: Algorithm,
@@ -237,7 +271,8 @@ pub fn mint_with_key(
     let key = match alg {
         Algorithm::EdDSA => EncodingKey::from_ed_pem(pem)?,
         Algorithm::ES256 => EncodingKey::from_ec_pem(pem)?,
-        other => anyhow::bail!("{other:?}: buyer tokens are EdDSA or ES256"),
+        Algorithm::RS256 | Algorithm::PS256 => EncodingKey::from_rsa_pem(pem)?,
+        other => anyhow::bail!("{other:?}: buyer tokens are EdDSA, ES256, RS256 or PS256"),
     };
     let mut header = Header::new(alg);
     header.kid = Some(kid.to_string());
@@ -266,6 +301,68 @@ mod tests {
             audience: "seckill",
             issuer: "",
         }
+    }
+
+    fn fixture(name: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name)
+    }
+
+    fn with_jwks(path: &Path) -> Result<BuyerAuth, ConfigError> {
+        BuyerAuth::from_settings(&AuthSettings {
+            jwks_file: path.display().to_string(),
+            ..settings("")
+        })
+    }
+
+    #[test]
+    fn rsa_tokens_verify_with_the_algorithm_their_key_names_only() {
+        let auth = with_jwks(&fixture("buyer-jwks.json")).unwrap();
+        let pem = std::fs::read(fixture("buyer-signer-d.pem")).unwrap();
+        let token = |alg, kid| mint_with_key(alg, &pem, kid, &spec(60)).unwrap();
+        assert_eq!(auth.verify(&token(Algorithm::RS256, "test-d")), Ok(42));
+        assert_eq!(auth.verify(&token(Algorithm::PS256, "test-e")), Ok(42));
+        // The same RSA key under a kid that names the other padding, or an EC key's kid.
+        for (alg, kid) in [
+            (Algorithm::PS256, "test-d"),
+            (Algorithm::RS256, "test-e"),
+            (Algorithm::RS256, "test-c"),
+        ] {
+            assert_eq!(
+                auth.verify(&token(alg, kid)),
+                Err(AuthFailure::Invalid),
+                "{alg:?} {kid}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_short_or_unknown_rsa_key_fails_at_start_naming_the_key() {
+        let dir = std::env::temp_dir().join(format!("seckill-jwks-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let jwks = dir.join("jwks.json");
+        let modulus = |bytes: usize| {
+            use base64::Engine;
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(vec![0xC5u8; bytes])
+        };
+        let write = |alg: &str, n: String| {
+            let key =
+                serde_json::json!({"kty": "RSA", "kid": "k", "alg": alg, "n": n, "e": "AQAB"});
+            std::fs::write(&jwks, serde_json::json!({"keys": [key]}).to_string()).unwrap();
+        };
+        write("RS256", modulus(128));
+        let e = with_jwks(&jwks).err().expect("a 1024-bit key is refused");
+        assert!(
+            e.to_string().contains("auth.jwks_file") && e.to_string().contains("1024 bits"),
+            "{e}"
+        );
+        write("RS512", modulus(256));
+        let e = with_jwks(&jwks).err().expect("RS512 is not accepted");
+        assert!(e.to_string().contains("RS256 or PS256"), "{e}");
+        write("RS256", modulus(256));
+        assert!(with_jwks(&jwks).is_ok());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
