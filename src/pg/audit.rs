@@ -3,6 +3,14 @@
 
 use tokio_postgres::GenericClient;
 
+/// The actor of a CLI command: `cli:$USER`.
+pub fn cli_actor() -> String {
+    format!(
+        "cli:{}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+    )
+}
+
 /// Records that `actor` did `action` on `target`, with what it came to.
 pub async fn record(
     client: &impl GenericClient,

@@ -92,11 +92,11 @@ impl RedisStore {
 
     /// The trust fields of each shard's meta, in one pipeline per slot.
     pub async fn shard_trust(&self, shards: &[Shard]) -> Result<Vec<ShardTrust>, StoreError> {
-        let mut out = Vec::with_capacity(shards.len());
+        let mut out = vec![ShardTrust::default(); shards.len()];
         for group in self.by_slot(shards) {
             let mut pipe = redis::pipe();
-            for s in &group {
-                pipe.cmd("HMGET").arg(self.keys.meta(*s)).arg(&[
+            for &i in &group {
+                pipe.cmd("HMGET").arg(self.keys.meta(shards[i])).arg(&[
                     "starts_at_ms",
                     "epoch",
                     "seq",
@@ -106,30 +106,18 @@ impl RedisStore {
             let mut conn = self.pool.get().await?;
             type Row = (Option<String>, Option<i64>, Option<i64>, Option<String>);
             let rows: Vec<Row> = pipe.query_async(&mut *conn).await?;
-            for (s, (starts, epoch, seq, suspect)) in group.into_iter().zip(rows) {
-                out.push((
-                    s,
-                    ShardTrust {
-                        present: starts.is_some(),
-                        mark: Mark {
-                            epoch: epoch.unwrap_or(0),
-                            seq: seq.unwrap_or(0),
-                        },
-                        suspect,
+            for (i, (starts, epoch, seq, suspect)) in group.into_iter().zip(rows) {
+                out[i] = ShardTrust {
+                    present: starts.is_some(),
+                    mark: Mark {
+                        epoch: epoch.unwrap_or(0),
+                        seq: seq.unwrap_or(0),
                     },
-                ));
+                    suspect,
+                };
             }
         }
-        // Back in the order asked.
-        Ok(shards
-            .iter()
-            .map(|s| {
-                out.iter()
-                    .find(|(t, _)| t == s)
-                    .map(|(_, v)| v.clone())
-                    .unwrap_or_default()
-            })
-            .collect())
+        Ok(out)
     }
 
     /// Fences every shard of the activity (`buckets` of them): the reserve script answers
@@ -146,8 +134,8 @@ impl RedisStore {
             .collect();
         for group in self.by_slot(&shards) {
             let mut pipe = redis::pipe();
-            for s in &group {
-                let meta = self.keys.meta(*s);
+            for i in group {
+                let meta = self.keys.meta(shards[i]);
                 pipe.cmd("HSETNX")
                     .arg(&meta)
                     .arg("suspect")
@@ -198,11 +186,12 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Shards grouped by the pipeline slot they go in (all in one on a single server).
-    fn by_slot(&self, shards: &[Shard]) -> Vec<Vec<Shard>> {
-        let mut groups: std::collections::BTreeMap<u16, Vec<Shard>> = Default::default();
-        for s in shards {
-            groups.entry(self.slot(*s)).or_default().push(*s);
+    /// The positions of `shards` grouped by the pipeline slot they go in (all in one on a
+    /// single server).
+    fn by_slot(&self, shards: &[Shard]) -> Vec<Vec<usize>> {
+        let mut groups: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+        for (i, s) in shards.iter().enumerate() {
+            groups.entry(self.slot(*s)).or_default().push(i);
         }
         groups.into_values().collect()
     }

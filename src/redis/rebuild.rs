@@ -82,28 +82,46 @@ pub struct RebuildShard {
 const CHUNK: usize = 500;
 
 impl RedisStore {
-    /// What one shard holds now for the activity's `skus`.
+    /// What one shard holds now for the activity's `skus`: its meta, stock hashes, buyers and
+    /// request index in one pipeline, then its reservation hashes.
     pub async fn snapshot_shard(
         &self,
         shard: Shard,
         skus: &[i64],
     ) -> Result<ShardSnapshot, StoreError> {
         let k = &self.keys;
+        let mut pipe = redis::pipe();
+        pipe.exists(k.meta(shard)).hgetall(k.requests(shard));
+        for &sku_id in skus {
+            pipe.cmd("HMGET").arg(k.sku(shard, sku_id)).arg(&[
+                "total",
+                "remaining",
+                "moved_in",
+                "moved_out",
+                "taken",
+            ]);
+            pipe.hgetall(k.buyers(shard, sku_id));
+        }
         let mut conn = self.pool.get().await?;
-        let meta_present: bool = conn.exists(k.meta(shard)).await?;
+        let mut replies = pipe
+            .query_async::<Vec<redis::Value>>(&mut *conn)
+            .await?
+            .into_iter();
+        drop(conn);
+        let mut next = || {
+            replies
+                .next()
+                .ok_or_else(|| StoreError::unexpected("a snapshot call got no answer"))
+        };
         let mut out = ShardSnapshot {
             shard,
-            meta_present,
+            meta_present: redis::from_redis_value(&next()?)?,
+            requests: redis::from_redis_value(&next()?)?,
             ..Default::default()
         };
         for &sku_id in skus {
-            let v: Vec<Option<i64>> = redis::cmd("HMGET")
-                .arg(k.sku(shard, sku_id))
-                .arg(&["total", "remaining", "moved_in", "moved_out", "taken"])
-                .query_async(&mut *conn)
-                .await?;
+            let v: Vec<Option<i64>> = redis::from_redis_value(&next()?)?;
             let f = |i: usize| v.get(i).copied().flatten();
-            let buyers: HashMap<String, String> = conn.hgetall(k.buyers(shard, sku_id)).await?;
             out.skus.push(SkuSnapshot {
                 sku_id,
                 total: f(0),
@@ -111,55 +129,23 @@ impl RedisStore {
                 moved_in: f(2).unwrap_or(0),
                 moved_out: f(3).unwrap_or(0),
                 taken: f(4).unwrap_or(0),
-                buyers,
+                buyers: redis::from_redis_value(&next()?)?,
             });
         }
-        out.requests = conn.hgetall(k.requests(shard)).await?;
-        drop(conn);
-        self.reserved_hashes(shard, &mut out).await?;
-        Ok(out)
-    }
-
-    /// Adds the shard's reservation hashes to the snapshot: the count, and those holding.
-    async fn reserved_hashes(
-        &self,
-        shard: Shard,
-        out: &mut ShardSnapshot,
-    ) -> Result<(), StoreError> {
-        let mut conn = self.pool.get().await?;
-        let prefix = self.keys.reservation_prefix(shard);
-        let pattern = format!("{prefix}*");
-        let slot = self.keys.slot(shard);
-        let mut cursor = 0u64;
-        loop {
-            let (next, keys) = conn.scan_page(slot, cursor, &pattern).await?;
-            if !keys.is_empty() {
-                let mut pipe = redis::pipe();
-                for key in &keys {
-                    pipe.cmd("HMGET")
-                        .arg(key)
-                        .arg(&["status", "sku_id", "user_id", "req_field"]);
-                }
-                type Row = (Option<String>, Option<i64>, Option<String>, Option<String>);
-                let rows: Vec<Row> = pipe.query_async(&mut *conn).await?;
-                for (key, (status, sku, user, req)) in keys.iter().zip(rows) {
-                    out.present += 1;
-                    if status.as_deref() != Some("RESERVED") {
-                        continue;
-                    }
-                    out.reserved.push(Survivor {
-                        reservation_id: key.trim_start_matches(prefix.as_str()).to_string(),
-                        sku_id: sku.unwrap_or(0),
-                        user_id: user.unwrap_or_default(),
-                        req_field: req.unwrap_or_default(),
-                    });
-                }
+        let fields = ["status", "sku_id", "user_id", "req_field"];
+        for (id, mut f) in self.reservation_fields(shard, &fields).await? {
+            out.present += 1;
+            if f[0].as_deref() != Some("RESERVED") {
+                continue;
             }
-            cursor = next;
-            if cursor == 0 {
-                return Ok(());
-            }
+            out.reserved.push(Survivor {
+                reservation_id: id,
+                sku_id: f[1].as_deref().and_then(|v| v.parse().ok()).unwrap_or(0),
+                user_id: f[2].take().unwrap_or_default(),
+                req_field: f[3].take().unwrap_or_default(),
+            });
         }
+        Ok(out)
     }
 
     /// Writes a shard's rebuilt state with absolute values (the shard stays fenced: the caller

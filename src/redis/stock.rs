@@ -263,39 +263,51 @@ impl RedisStore {
         sku_id: i64,
         census: &mut Census,
     ) -> Result<(), StoreError> {
+        let sku = sku_id.to_string();
+        for (id, f) in self
+            .reservation_fields(shard, &["sku_id", "status"])
+            .await?
+        {
+            if f[0].as_deref() != Some(sku.as_str()) {
+                continue;
+            }
+            let status = f[1].clone().unwrap_or_default();
+            if status == "RESERVED" {
+                census.reserved_ids.push(id);
+            }
+            *census.by_status.entry(status).or_default() += 1;
+        }
+        Ok(())
+    }
+
+    /// `fields` of every reservation hash of one shard (bounded SCAN pages, one pipelined
+    /// HMGET per page), with the reservation id.
+    pub(super) async fn reservation_fields(
+        &self,
+        shard: Shard,
+        fields: &[&str],
+    ) -> Result<Vec<(String, Vec<Option<String>>)>, StoreError> {
         let mut conn = self.pool.get().await?;
         let prefix = self.keys.reservation_prefix(shard);
         let pattern = format!("{prefix}*");
         let slot = self.keys.slot(shard);
-        let mut cursor: u64 = 0;
-        let sku = sku_id.to_string();
+        let (mut cursor, mut out) = (0u64, Vec::new());
         loop {
             let (next, keys) = conn.scan_page(slot, cursor, &pattern).await?;
             if !keys.is_empty() {
                 let mut pipe = redis::pipe();
                 for key in &keys {
-                    pipe.cmd("HMGET").arg(key).arg("sku_id").arg("status");
+                    pipe.cmd("HMGET").arg(key).arg(fields);
                 }
-                let rows: Vec<(Option<String>, Option<String>)> =
-                    pipe.query_async(&mut *conn).await?;
-                for (key, (s, status)) in keys.iter().zip(rows) {
-                    if s.as_deref() != Some(sku.as_str()) {
-                        continue;
-                    }
-                    let status = status.unwrap_or_default();
-                    if status == "RESERVED" {
-                        census
-                            .reserved_ids
-                            .push(key.trim_start_matches(prefix.as_str()).to_string());
-                    }
-                    *census.by_status.entry(status).or_default() += 1;
+                let rows: Vec<Vec<Option<String>>> = pipe.query_async(&mut *conn).await?;
+                for (key, row) in keys.iter().zip(rows) {
+                    out.push((key.trim_start_matches(prefix.as_str()).to_string(), row));
                 }
             }
             cursor = next;
             if cursor == 0 {
-                break;
+                return Ok(out);
             }
         }
-        Ok(())
     }
 }

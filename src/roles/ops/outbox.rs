@@ -37,10 +37,7 @@ pub async fn run(settings: Settings, command: OutboxCommand) -> anyhow::Result<b
     let tx = c.transaction().await?;
     let ids = (!args.all_dead).then_some(args.event_ids.as_slice());
     let requeued = outbox::requeue_dead(&tx, ids).await?;
-    let actor = format!(
-        "cli:{}",
-        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
-    );
+    let actor = audit::cli_actor();
     audit::record(
         &tx,
         &actor,

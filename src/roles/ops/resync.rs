@@ -40,13 +40,6 @@ pub struct ResyncArgs {
     pub json: bool,
 }
 
-fn operator() -> String {
-    format!(
-        "cli:{}",
-        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
-    )
-}
-
 /// Runs the command; `false` when the rebuild could not be done (reported).
 pub async fn run(settings: Settings, args: ResyncArgs) -> anyhow::Result<bool> {
     anyhow::ensure!(args.activity_id > 0, "--activity-id must be positive");
@@ -64,7 +57,7 @@ pub async fn run(settings: Settings, args: ResyncArgs) -> anyhow::Result<bool> {
         .context("the broker's consumer progress is needed to know the backlog drained (--no-drain-check to skip)")?;
         Some(Arc::new(p))
     };
-    let by = operator();
+    let by = audit::cli_actor();
     let r = Resync {
         settings: settings.clone(),
         pg: pg.clone(),

@@ -289,14 +289,24 @@ impl Resync {
     /// Shards fenced in Redis with no open fence in PostgreSQL (the process that fenced them
     /// died before recording it): recorded now.
     async fn adopt_flags(&self) -> anyhow::Result<()> {
+        // Every warmed activity's shards in one read (one pipeline per slot).
+        let mut shards = Vec::new();
         for activity_id in self.redis.activities().await? {
-            let shards = self.redis.shards(activity_id).await?;
-            let trust = self.redis.shard_trust(&shards).await?;
-            let Some(reason) = trust.iter().find_map(|t| t.suspect.clone()) else {
-                continue;
-            };
+            shards.extend(self.redis.shards(activity_id).await?);
+        }
+        let trust = self.redis.shard_trust(&shards).await?;
+        let mut flagged: Vec<(i64, String)> = Vec::new();
+        for (shard, t) in shards.iter().zip(trust) {
+            if let Some(reason) = t.suspect {
+                if !flagged.iter().any(|(a, _)| *a == shard.activity_id) {
+                    flagged.push((shard.activity_id, reason));
+                }
+            }
+        }
+        for (activity_id, reason) in flagged {
             let client = self.pg.get().await?;
             if fences::open_of(&**client, activity_id).await?.is_none() {
+                drop(client);
                 raise(
                     &self.pg,
                     &self.redis,
