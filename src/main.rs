@@ -55,6 +55,9 @@ fn main() -> std::process::ExitCode {
             Command::Token {
                 command: TokenCommand::Mint(args),
             } => dev_credentials::mint(&settings, &args).map(|_| true),
+            Command::Token {
+                command: TokenCommand::Keygen(args),
+            } => dev_credentials::keygen(&args).map(|_| true),
             Command::Payment {
                 command: PaymentCommand::Sign(args),
             } => dev_credentials::sign_notification(&settings, &args).map(|_| true),

@@ -1,25 +1,33 @@
-//! Buyer identity from a verified token (docs/ARCHITECTURE.md#security-model).
+//! Buyer identity from a verified token (docs/ARCHITECTURE.md#buyer-tokens).
 //!
-//! The shop's login (or its gateway) signs a JWT for the buyer: EdDSA, ES256, RS256 or PS256
-//! with a private key only it holds (RSA keys of 2048 bits at least); the API verifies with the public keys of a JWKS file, chosen by the
-//! token's `kid`, so keys rotate by publishing the new key beside the old one. HS256 with a
-//! shared secret is for development only (`seckill token mint`) and refused in `PROD`.
-//! The buyer is the token's `sub`, a positive integer.
+//! The shop's login (or its gateway) signs a JWT for the buyer: RS256, PS256, ES256 or EdDSA
+//! with a private key only it holds; the API verifies with the public keys of a JWKS, from a
+//! file (`auth.jwks_file`) or the identity provider's URL (`auth.jwks_url`, kept fresh by
+//! `remote`), chosen by the token's `kid`, so keys rotate by publishing the new key beside the
+//! old one. HS256 with a shared secret is for development only (`seckill token mint`) and
+//! refused in `PROD`. The buyer is the token's `sub`, a positive integer.
+//!
+//! The checks, cheapest first: the verified-token cache (a digest of the whole token), the
+//! header and its `kid`, the claims' times, and only then the signature with every claim.
 
-use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::HeaderMap;
-use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
 
+use super::cache::{self, TokenCache};
+use super::jwks::KeySet;
+use super::remote::RemoteJwks;
 use crate::config::{AuthSettings, ConfigError};
 
-/// Why a request carries no usable buyer identity. The caller sees only `UNAUTHENTICATED`;
-/// the kind goes to the `auth_failures_total` metric, never the detail of the token.
+/// Why a request carries no usable buyer identity. The caller sees only `UNAUTHENTICATED`
+/// (or 503 while no key could be fetched yet); the kind goes to the `auth_failures_total`
+/// metric, never the detail of the token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AuthFailure {
     /// No `Authorization: Bearer` header.
@@ -28,6 +36,8 @@ pub enum AuthFailure {
     Invalid,
     /// `exp` passed or `nbf` not reached (beyond the leeway).
     Expired,
+    /// The identity provider's keys have not been fetched yet: nothing can be verified.
+    KeysUnavailable,
 }
 
 impl AuthFailure {
@@ -36,6 +46,7 @@ impl AuthFailure {
             AuthFailure::Missing => "missing",
             AuthFailure::Invalid => "invalid",
             AuthFailure::Expired => "expired",
+            AuthFailure::KeysUnavailable => "keys_unavailable",
         }
     }
 }
@@ -52,10 +63,16 @@ struct Claims {
     iss: Option<String>,
 }
 
-/// Verifies buyer tokens; built once at start-up, shared by every request.
-pub struct BuyerAuth {
-    /// JWKS keys by `kid`, each with the one algorithm it may verify.
-    keys: HashMap<String, (Algorithm, DecodingKey)>,
+/// The claims' times alone, read before the signature is checked: an expired token is refused
+/// without paying for a signature check (the full validation runs after it all the same).
+#[derive(Deserialize)]
+struct Times {
+    exp: Option<u64>,
+    nbf: Option<u64>,
+}
+
+/// The rules a token must meet whatever key signed it.
+pub struct Verifier {
     /// The development HS256 key (`auth.dev_hs256_secret`), outside PROD only.
     dev: Option<DecodingKey>,
     audience: String,
@@ -63,29 +80,20 @@ pub struct BuyerAuth {
     leeway_secs: u64,
 }
 
-impl BuyerAuth {
-    /// Loads `auth.jwks_file` and the development secret. A file that cannot be read or holds
-    /// a key this API does not verify with fails start-up naming the key.
-    pub fn from_settings(s: &AuthSettings) -> Result<Self, ConfigError> {
-        let keys = if s.jwks_file.is_empty() {
-            HashMap::new()
-        } else {
-            load_jwks(Path::new(&s.jwks_file))?
-        };
+/// What a token that verified says: its buyer and its `exp`.
+struct Verified {
+    buyer: i64,
+    exp: u64,
+}
+
+impl Verifier {
+    fn from_settings(s: &AuthSettings) -> Result<Self, ConfigError> {
         let secret = s.dev_hs256_secret.expose_secret();
         let dev = (!secret.is_empty())
             .then(|| DecodingKey::from_secret(secret.as_bytes()))
             .transpose()
             .map_err(|e| ConfigError::invalid("auth.dev_hs256_secret", e.to_string()))?;
-        if keys.is_empty() && dev.is_none() {
-            return Err(ConfigError::invalid(
-                "auth.jwks_file",
-                "no key to verify buyer tokens with (set auth.jwks_file, or \
-                 auth.dev_hs256_secret outside PROD)",
-            ));
-        }
         Ok(Self {
-            keys,
             dev,
             audience: s.audience.clone(),
             issuer: (!s.issuer.is_empty()).then(|| s.issuer.clone()),
@@ -93,29 +101,44 @@ impl BuyerAuth {
         })
     }
 
-    /// The buyer of a request: the verified `sub` of its bearer token.
-    pub fn buyer(&self, headers: &HeaderMap) -> Result<i64, AuthFailure> {
-        let token = bearer(headers).ok_or(AuthFailure::Missing)?;
-        self.verify(token)
+    /// A verifier for audience `aud`, no issuer, no development key.
+    #[cfg(test)]
+    pub(crate) fn for_tests(aud: &str) -> Self {
+        Self {
+            dev: None,
+            audience: aud.to_string(),
+            issuer: None,
+            leeway_secs: 0,
+        }
     }
 
-    /// Verifies a token and returns its buyer.
-    pub fn verify(&self, token: &str) -> Result<i64, AuthFailure> {
+    /// Verifies a token against `keys`, returning its buyer.
+    pub fn verify(&self, keys: &KeySet, token: &str) -> Result<i64, AuthFailure> {
         let header = jsonwebtoken::decode_header(token).map_err(|_| AuthFailure::Invalid)?;
-        let (alg, key) = match header.alg {
-            Algorithm::HS256 => (Algorithm::HS256, self.dev.as_ref()),
+        self.verify_with(keys, &header, token).map(|v| v.buyer)
+    }
+
+    fn verify_with(
+        &self,
+        keys: &KeySet,
+        header: &Header,
+        token: &str,
+    ) -> Result<Verified, AuthFailure> {
+        let key = match header.alg {
+            Algorithm::HS256 => self.dev.as_ref(),
             alg => {
                 let kid = header.kid.as_deref().ok_or(AuthFailure::Invalid)?;
-                match self.keys.get(kid) {
+                match keys.get(kid) {
                     // A key verifies with its own algorithm only: a token naming another one
                     // (an ES256 key used as an HMAC secret, say) is refused.
-                    Some((key_alg, key)) if *key_alg == alg => (alg, Some(key)),
-                    _ => (alg, None),
+                    Some((key_alg, key)) if *key_alg == alg => Some(key),
+                    _ => None,
                 }
             }
         };
         let key = key.ok_or(AuthFailure::Invalid)?;
-        let mut v = Validation::new(alg);
+        self.check_times(token)?;
+        let mut v = Validation::new(header.alg);
         v.leeway = self.leeway_secs;
         v.validate_nbf = true;
         v.set_audience(&[&self.audience]);
@@ -135,7 +158,143 @@ impl BuyerAuth {
                 _ => AuthFailure::Invalid,
             }
         })?;
-        parse_buyer(&data.claims.sub).ok_or(AuthFailure::Invalid)
+        let buyer = parse_buyer(&data.claims.sub).ok_or(AuthFailure::Invalid)?;
+        Ok(Verified {
+            buyer,
+            exp: data.claims.exp,
+        })
+    }
+
+    /// `exp` and `nbf` read unverified: a token out of its time is refused here, before its
+    /// signature costs anything. A token that passes is still checked in full afterwards.
+    fn check_times(&self, token: &str) -> Result<(), AuthFailure> {
+        let Ok(times) = jsonwebtoken::dangerous::insecure_decode::<Times>(token) else {
+            return Err(AuthFailure::Invalid);
+        };
+        let now = jsonwebtoken::get_current_timestamp();
+        let (exp, nbf) = (times.claims.exp, times.claims.nbf);
+        if exp.is_some_and(|exp| exp.saturating_add(self.leeway_secs) < now)
+            || nbf.is_some_and(|nbf| nbf > now.saturating_add(self.leeway_secs))
+        {
+            return Err(AuthFailure::Expired);
+        }
+        Ok(())
+    }
+}
+
+/// Verifies buyer tokens; built once at start-up, shared by every request.
+pub struct BuyerAuth {
+    verifier: Verifier,
+    /// `auth.jwks_file`'s keys (fixed for the process's life).
+    file: KeySet,
+    /// The identity provider's keys (`auth.jwks_url`).
+    remote: Option<Arc<RemoteJwks>>,
+    /// Tokens that verified (`auth.token_cache_entries`; `None` when 0).
+    cache: Option<Arc<TokenCache>>,
+}
+
+impl BuyerAuth {
+    /// Loads `auth.jwks_file`, prepares `auth.jwks_url` (fetched by [`BuyerAuth::start`]) and
+    /// the development secret. A file that cannot be read or holds a key this API does not
+    /// verify with fails start-up naming the key.
+    pub fn from_settings(s: &AuthSettings) -> Result<Self, ConfigError> {
+        let file = if s.jwks_file.is_empty() {
+            KeySet::default()
+        } else {
+            KeySet::load_file(Path::new(&s.jwks_file))?
+        };
+        let verifier = Verifier::from_settings(s)?;
+        let cache =
+            (s.token_cache_entries > 0).then(|| Arc::new(TokenCache::new(s.token_cache_entries)));
+        let remote = if s.jwks_url.is_empty() {
+            None
+        } else {
+            Some(Arc::new(RemoteJwks::new(s, cache.clone())?))
+        };
+        if file.is_empty() && remote.is_none() && verifier.dev.is_none() {
+            return Err(ConfigError::invalid(
+                "auth.jwks_file",
+                "no key to verify buyer tokens with (set auth.jwks_file or auth.jwks_url, or \
+                 auth.dev_hs256_secret outside PROD)",
+            ));
+        }
+        Ok(Self {
+            verifier,
+            file,
+            remote,
+            cache,
+        })
+    }
+
+    /// Starts fetching `auth.jwks_url`'s keys, when set, until `shutdown`.
+    pub fn start(&self, shutdown: CancellationToken) -> Option<tokio::task::JoinHandle<()>> {
+        self.remote.as_ref().map(|r| r.start(shutdown))
+    }
+
+    /// Whether tokens can be verified: false only while `auth.jwks_url` has never answered.
+    pub fn has_keys(&self) -> bool {
+        self.remote.as_ref().is_none_or(|r| r.loaded())
+    }
+
+    /// The buyer of a request: the verified `sub` of its bearer token.
+    pub async fn buyer(&self, headers: &HeaderMap) -> Result<i64, AuthFailure> {
+        let token = bearer(headers).ok_or(AuthFailure::Missing)?;
+        self.verify(token).await
+    }
+
+    /// Verifies a token and returns its buyer: from the cache when these exact bytes verified
+    /// before and are still within their `exp`, else in full (and remembered if they verify).
+    pub async fn verify(&self, token: &str) -> Result<i64, AuthFailure> {
+        let now = jsonwebtoken::get_current_timestamp();
+        let digest = self.cache.as_ref().map(|c| (c, cache::digest(token)));
+        if let Some((cache, digest)) = &digest {
+            if let Some(buyer) = cache.get(digest, now) {
+                return Ok(buyer);
+            }
+        }
+        let header = jsonwebtoken::decode_header(token).map_err(|_| AuthFailure::Invalid)?;
+        let keys = self.keys_for(&header).await?;
+        let verified = self.verifier.verify_with(&keys, &header, token)?;
+        if let Some((cache, digest)) = digest {
+            let until = verified.exp.saturating_add(self.verifier.leeway_secs);
+            cache.insert(digest, verified.buyer, until);
+        }
+        Ok(verified.buyer)
+    }
+
+    /// The key set that holds the token's `kid`: the file's, else the provider's (refreshed
+    /// once when the kid is new to it).
+    async fn keys_for(&self, header: &Header) -> Result<KeyRef<'_>, AuthFailure> {
+        let kid = header.kid.as_deref().unwrap_or_default();
+        let Some(remote) = &self.remote else {
+            return Ok(KeyRef::File(&self.file));
+        };
+        if header.alg == Algorithm::HS256 || self.file.get(kid).is_some() {
+            return Ok(KeyRef::File(&self.file));
+        }
+        if !remote.loaded() {
+            return Err(AuthFailure::KeysUnavailable);
+        }
+        if remote.keys().get(kid).is_none() && !kid.is_empty() {
+            remote.refresh_for(kid).await;
+        }
+        Ok(KeyRef::Remote(remote.keys()))
+    }
+}
+
+/// A borrowed file set or a shared snapshot of the provider's.
+enum KeyRef<'a> {
+    File(&'a KeySet),
+    Remote(Arc<KeySet>),
+}
+
+impl std::ops::Deref for KeyRef<'_> {
+    type Target = KeySet;
+    fn deref(&self) -> &KeySet {
+        match self {
+            KeyRef::File(k) => k,
+            KeyRef::Remote(k) => k,
+        }
     }
 }
 
@@ -152,81 +311,6 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 /// A buyer id: canonical decimal, positive, fits in i64.
 fn parse_buyer(sub: &str) -> Option<i64> {
     crate::domain::request::parse_path_id(sub, "sub").ok()
-}
-
-/// The JWKS file's keys: Ed25519 (`OKP`, EdDSA), P-256 (`EC`, ES256) and RSA (`RSA`, RS256 or
-/// PS256 as its `alg` says), each with a `kid`.
-fn load_jwks(path: &Path) -> Result<HashMap<String, (Algorithm, DecodingKey)>, ConfigError> {
-    const KEY: &str = "auth.jwks_file";
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ConfigError::invalid(KEY, format!("cannot read {}: {e}", path.display())))?;
-    let set: JwkSet = serde_json::from_str(&text)
-        .map_err(|e| ConfigError::invalid(KEY, format!("{} is not a JWKS: {e}", path.display())))?;
-    let mut keys = HashMap::new();
-    for jwk in &set.keys {
-        let kid = jwk
-            .common
-            .key_id
-            .clone()
-            .ok_or_else(|| ConfigError::invalid(KEY, "every key needs a `kid`"))?;
-        let alg = match &jwk.algorithm {
-            AlgorithmParameters::OctetKeyPair(p) if p.curve == EllipticCurve::Ed25519 => {
-                Algorithm::EdDSA
-            }
-            AlgorithmParameters::EllipticCurve(p) if p.curve == EllipticCurve::P256 => {
-                Algorithm::ES256
-            }
-            AlgorithmParameters::RSA(p) => rsa_algorithm(&kid, jwk.common.key_algorithm, &p.n)?,
-            _ => {
-                return Err(ConfigError::invalid(
-                    KEY,
-                    format!(
-                    "key `{kid}`: only Ed25519 (EdDSA), P-256 (ES256) and RSA (RS256, PS256) keys verify buyer tokens"
-                ),
-                ))
-            }
-        };
-        let key = DecodingKey::from_jwk(jwk)
-            .map_err(|e| ConfigError::invalid(KEY, format!("key `{kid}`: {e}")))?;
-        if keys.insert(kid.clone(), (alg, key)).is_some() {
-            return Err(ConfigError::invalid(
-                KEY,
-                format!("key `{kid}` appears twice"),
-            ));
-        }
-    }
-    Ok(keys)
-}
-
-/// The one algorithm an RSA key of the JWKS verifies: its `alg` (RS256 or PS256; RS256 when
-/// it names none, as the identity providers that sign RS256 by default publish), and only for
-/// a modulus of 2048 bits or more.
-fn rsa_algorithm(
-    kid: &str,
-    alg: Option<jsonwebtoken::jwk::KeyAlgorithm>,
-    n: &str,
-) -> Result<Algorithm, ConfigError> {
-    use base64::Engine;
-    use jsonwebtoken::jwk::KeyAlgorithm;
-    const KEY: &str = "auth.jwks_file";
-    let modulus = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(n.trim_end_matches('='))
-        .map_err(|e| ConfigError::invalid(KEY, format!("key `{kid}`: modulus: {e}")))?;
-    let bits = modulus.iter().skip_while(|b| **b == 0).count() * 8;
-    if bits < 2048 {
-        return Err(ConfigError::invalid(
-            KEY,
-            format!("key `{kid}`: an RSA key of {bits} bits; 2048 at least"),
-        ));
-    }
-    match alg {
-        None | Some(KeyAlgorithm::RS256) => Ok(Algorithm::RS256),
-        Some(KeyAlgorithm::PS256) => Ok(Algorithm::PS256),
-        Some(other) => Err(ConfigError::invalid(
-            KEY,
-            format!("key `{kid}`: {other:?}; RSA keys verify RS256 or PS256"),
-        )),
-    }
 }
 
 /// What a token says, to sign one.
@@ -291,6 +375,12 @@ mod tests {
             issuer: String::new(),
             leeway_secs: 5,
             dev_hs256_secret: SecretString::from(secret.to_string()),
+            jwks_url: String::new(),
+            jwks_ca_file: String::new(),
+            jwks_refresh_secs: 300,
+            jwks_min_refresh_secs: 10,
+            jwks_timeout_ms: 2000,
+            token_cache_entries: 1000,
         }
     }
 
@@ -316,13 +406,19 @@ mod tests {
         })
     }
 
-    #[test]
-    fn rsa_tokens_verify_with_the_algorithm_their_key_names_only() {
+    #[tokio::test]
+    async fn rsa_tokens_verify_with_the_algorithm_their_key_names_only() {
         let auth = with_jwks(&fixture("buyer-jwks.json")).unwrap();
         let pem = std::fs::read(fixture("buyer-signer-d.pem")).unwrap();
         let token = |alg, kid| mint_with_key(alg, &pem, kid, &spec(60)).unwrap();
-        assert_eq!(auth.verify(&token(Algorithm::RS256, "test-d")), Ok(42));
-        assert_eq!(auth.verify(&token(Algorithm::PS256, "test-e")), Ok(42));
+        assert_eq!(
+            auth.verify(&token(Algorithm::RS256, "test-d")).await,
+            Ok(42)
+        );
+        assert_eq!(
+            auth.verify(&token(Algorithm::PS256, "test-e")).await,
+            Ok(42)
+        );
         // The same RSA key under a kid that names the other padding, or an EC key's kid.
         for (alg, kid) in [
             (Algorithm::PS256, "test-d"),
@@ -330,7 +426,7 @@ mod tests {
             (Algorithm::RS256, "test-c"),
         ] {
             assert_eq!(
-                auth.verify(&token(alg, kid)),
+                auth.verify(&token(alg, kid)).await,
                 Err(AuthFailure::Invalid),
                 "{alg:?} {kid}"
             );
@@ -365,29 +461,29 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    #[test]
-    fn a_dev_token_names_its_buyer_and_a_forged_one_is_refused() {
+    #[tokio::test]
+    async fn a_dev_token_names_its_buyer_and_a_forged_one_is_refused() {
         let secret = "a-development-secret-of-32-bytes!";
         let auth = BuyerAuth::from_settings(&settings(secret)).unwrap();
         let good = mint_dev(&SecretString::from(secret.to_string()), &spec(60)).unwrap();
-        assert_eq!(auth.verify(&good), Ok(42));
+        assert_eq!(auth.verify(&good).await, Ok(42));
         let forged = mint_dev(
             &SecretString::from("another-secret-of-32-bytes-long!".to_string()),
             &spec(60),
         )
         .unwrap();
-        assert_eq!(auth.verify(&forged), Err(AuthFailure::Invalid));
-        assert_eq!(auth.verify("not.a.jwt"), Err(AuthFailure::Invalid));
+        assert_eq!(auth.verify(&forged).await, Err(AuthFailure::Invalid));
+        assert_eq!(auth.verify("not.a.jwt").await, Err(AuthFailure::Invalid));
         let mut headers = HeaderMap::new();
-        assert_eq!(auth.buyer(&headers), Err(AuthFailure::Missing));
+        assert_eq!(auth.buyer(&headers).await, Err(AuthFailure::Missing));
         headers.insert("authorization", format!("Basic {good}").parse().unwrap());
-        assert_eq!(auth.buyer(&headers), Err(AuthFailure::Missing));
+        assert_eq!(auth.buyer(&headers).await, Err(AuthFailure::Missing));
         headers.insert("authorization", format!("bearer {good}").parse().unwrap());
-        assert_eq!(auth.buyer(&headers), Ok(42));
+        assert_eq!(auth.buyer(&headers).await, Ok(42));
     }
 
-    #[test]
-    fn a_configured_issuer_is_required_not_only_checked() {
+    #[tokio::test]
+    async fn a_configured_issuer_is_required_not_only_checked() {
         let secret = "a-development-secret-of-32-bytes!";
         let mut s = settings(secret);
         s.issuer = "https://login.shop.example".into();
@@ -397,13 +493,84 @@ mod tests {
             let spec = TokenSpec { issuer, ..spec(60) };
             mint_dev(&key, &spec).unwrap()
         };
-        assert_eq!(auth.verify(&with("https://login.shop.example")), Ok(42));
         assert_eq!(
-            auth.verify(&with("https://other.example")),
+            auth.verify(&with("https://login.shop.example")).await,
+            Ok(42)
+        );
+        assert_eq!(
+            auth.verify(&with("https://other.example")).await,
             Err(AuthFailure::Invalid)
         );
         // No `iss` at all (an empty issuer leaves the claim out).
-        assert_eq!(auth.verify(&with("")), Err(AuthFailure::Invalid));
+        assert_eq!(auth.verify(&with("")).await, Err(AuthFailure::Invalid));
+    }
+
+    #[tokio::test]
+    async fn only_tokens_that_verified_enter_the_cache_and_a_retry_is_served_from_it() {
+        let secret = "a-development-secret-of-32-bytes!";
+        let auth = BuyerAuth::from_settings(&settings(secret)).unwrap();
+        let cache = auth.cache.clone().expect("cache on");
+        let key = SecretString::from(secret.to_string());
+        let good = mint_dev(&key, &spec(60)).unwrap();
+        assert_eq!(auth.verify(&good).await, Ok(42));
+        assert_eq!(cache.len(), 1);
+        assert_eq!(cache.get(&cache::digest(&good), now()), Some(42));
+        // One bit of the signature changed: another digest, verified in full, refused, and
+        // not stored; the good token's entry is untouched.
+        let mut forged = good.clone().into_bytes();
+        let last = forged.len() - 2;
+        forged[last] = if forged[last] == b'A' { b'B' } else { b'A' };
+        let forged = String::from_utf8(forged).unwrap();
+        for _ in 0..3 {
+            assert_eq!(auth.verify(&forged).await, Err(AuthFailure::Invalid));
+        }
+        // The same claims under another key, another audience, or already expired.
+        let other = SecretString::from("another-secret-of-32-bytes-long!".to_string());
+        let wrong_aud = TokenSpec {
+            audience: "other",
+            ..spec(60)
+        };
+        let mut old = claims(&spec(60));
+        old.exp = now() - 60;
+        let enc = EncodingKey::from_secret(secret.as_bytes()).unwrap();
+        let expired = jsonwebtoken::encode(&Header::new(Algorithm::HS256), &old, &enc).unwrap();
+        for (token, why) in [
+            (mint_dev(&other, &spec(60)).unwrap(), AuthFailure::Invalid),
+            (mint_dev(&key, &wrong_aud).unwrap(), AuthFailure::Invalid),
+            (expired, AuthFailure::Expired),
+        ] {
+            assert_eq!(auth.verify(&token).await, Err(why));
+        }
+        assert_eq!(cache.len(), 1, "nothing but the good token was stored");
+        assert_eq!(auth.verify(&good).await, Ok(42));
+    }
+
+    #[tokio::test]
+    async fn a_token_out_of_its_time_is_refused_before_its_signature_is_checked() {
+        // Signed with a key the API does not hold: were the signature checked first these
+        // would be `Invalid`; the times are read first and say `Expired`.
+        let secret = "a-development-secret-of-32-bytes!";
+        let mut s = settings(secret);
+        s.leeway_secs = 0;
+        let auth = BuyerAuth::from_settings(&s).unwrap();
+        let key = SecretString::from(secret.to_string());
+        let mut late = claims(&spec(60));
+        late.nbf = now() + 3600;
+        let header = Header::new(Algorithm::HS256);
+        let enc = EncodingKey::from_secret(b"not-the-api-secret-but-32-bytes!").unwrap();
+        let token = jsonwebtoken::encode(&header, &late, &enc).unwrap();
+        assert_eq!(auth.verify(&token).await, Err(AuthFailure::Expired));
+        let mut old = claims(&spec(60));
+        old.exp = now() - 3600;
+        let token = jsonwebtoken::encode(&header, &old, &enc).unwrap();
+        assert_eq!(auth.verify(&token).await, Err(AuthFailure::Expired));
+        // And a good one still verifies in full.
+        let good = mint_dev(&key, &spec(60)).unwrap();
+        assert_eq!(auth.verify(&good).await, Ok(42));
+    }
+
+    fn now() -> u64 {
+        jsonwebtoken::get_current_timestamp()
     }
 
     #[test]

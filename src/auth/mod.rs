@@ -3,6 +3,10 @@
 //! admin token (`admin_token_matches`).
 
 pub mod buyer;
+pub mod cache;
+pub mod jwks;
+pub mod keygen;
+pub mod remote;
 pub mod signature;
 
 use secrecy::{ExposeSecret, SecretString};

@@ -208,9 +208,23 @@ pub enum BuyerIdentity {
 #[serde(deny_unknown_fields)]
 pub struct AuthSettings {
     pub buyers: BuyerIdentity,
-    /// JWKS (JSON) with the public keys buyer tokens are signed with: Ed25519 (EdDSA) or P-256
-    /// (ES256), each with a `kid`; publish a new key beside the old one to rotate.
+    /// JWKS (JSON) with the public keys buyer tokens are signed with: RSA (RS256, PS256),
+    /// P-256 (ES256) or Ed25519 (EdDSA), each with a `kid`; publish a new key beside the old
+    /// one to rotate.
     pub jwks_file: String,
+    /// The identity provider's JWKS URL (https, or http to loopback): fetched at start, every
+    /// `jwks_refresh_secs`, and on a token naming an unknown `kid` (at most once per
+    /// `jwks_min_refresh_secs`); the last good set is kept while the provider is down.
+    pub jwks_url: String,
+    /// CA file for `jwks_url`'s certificate (empty: the system's roots).
+    pub jwks_ca_file: String,
+    pub jwks_refresh_secs: u64,
+    pub jwks_min_refresh_secs: u64,
+    /// One fetch's bound, connect included.
+    pub jwks_timeout_ms: u64,
+    /// Verified tokens remembered (digest of the whole token, kept until its `exp`), so a
+    /// buyer's retries cost one signature check; 0 turns the cache off.
+    pub token_cache_entries: usize,
     /// The `aud` every token must carry.
     pub audience: String,
     /// The `iss` every token must carry (empty: not checked).
@@ -236,7 +250,7 @@ impl AuthSettings {
         if prod && !dev.is_empty() {
             return Err(invalid(
                 "auth.dev_hs256_secret",
-                "development tokens are refused when env = \"PROD\" (use auth.jwks_file)",
+                "development tokens are refused when env = \"PROD\" (use auth.jwks_url or auth.jwks_file)",
             ));
         }
         if !dev.is_empty() && dev.len() < 32 {
@@ -250,6 +264,27 @@ impl AuthSettings {
         }
         if self.leeway_secs > 300 {
             return Err(invalid("auth.leeway_secs", "must be at most 300"));
+        }
+        if !self.jwks_url.is_empty() {
+            crate::auth::remote::check_url(&self.jwks_url)?;
+        }
+        if self.jwks_min_refresh_secs == 0 {
+            return Err(invalid("auth.jwks_min_refresh_secs", "must be at least 1"));
+        }
+        if self.jwks_refresh_secs < self.jwks_min_refresh_secs {
+            return Err(invalid(
+                "auth.jwks_refresh_secs",
+                "must be at least auth.jwks_min_refresh_secs",
+            ));
+        }
+        if !(100..=30_000).contains(&self.jwks_timeout_ms) {
+            return Err(invalid("auth.jwks_timeout_ms", "must be 100..=30000"));
+        }
+        if self.token_cache_entries > 10_000_000 {
+            return Err(invalid(
+                "auth.token_cache_entries",
+                "must be at most 10000000 (about 1 GB)",
+            ));
         }
         Ok(())
     }

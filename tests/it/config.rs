@@ -50,6 +50,22 @@ fn a_bad_value_fails_start_up_naming_the_key() {
         // A head cap under the HTTP/1 parser's floor.
         ("SECKILL__API__MAX_HEAD_BYTES", "4096", "api.max_head_bytes"),
         ("SECKILL__REDIS__MODE", "sharded", "redis.mode"),
+        // Keys over plain http from another host could be anyone's.
+        (
+            "SECKILL__AUTH__JWKS_URL",
+            "http://login.shop.example/jwks.json",
+            "auth.jwks_url",
+        ),
+        (
+            "SECKILL__AUTH__JWKS_MIN_REFRESH_SECS",
+            "0",
+            "auth.jwks_min_refresh_secs",
+        ),
+        (
+            "SECKILL__AUTH__JWKS_TIMEOUT_MS",
+            "60000",
+            "auth.jwks_timeout_ms",
+        ),
         // Several seed nodes are for Redis Cluster only.
         (
             "SECKILL__REDIS__URL",

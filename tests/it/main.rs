@@ -19,6 +19,7 @@ mod dlq;
 mod faults;
 mod front_door;
 mod hung_dependencies;
+mod jwks_url;
 mod many_instances;
 mod metrics;
 mod order_tx;

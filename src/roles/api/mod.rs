@@ -48,7 +48,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::auth::buyer::BuyerAuth;
+use crate::auth::buyer::{AuthFailure, BuyerAuth};
 use crate::config::{BuyerIdentity, EventDelivery, Settings};
 use crate::gather::{Gather, GatherSettings};
 use crate::mq::lag::LagSource;
@@ -150,13 +150,19 @@ impl ApiState {
 
     /// The buyer a request's token names: `Ok(None)` without token identity, 401
     /// `UNAUTHENTICATED` when the token is missing or not valid (no detail given).
-    pub(crate) fn buyer(&self, headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
+    /// 503 `UNAVAILABLE` while the identity provider's keys have never been fetched.
+    pub(crate) async fn buyer(&self, headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
         let Some(auth) = &self.auth else {
             return Ok(None);
         };
-        auth.buyer(headers).map(Some).map_err(|failure| {
+        auth.buyer(headers).await.map(Some).map_err(|failure| {
             metrics::counter!("auth_failures_total", "reason" => failure.label()).increment(1);
-            ApiError::unauthenticated()
+            match failure {
+                AuthFailure::KeysUnavailable => {
+                    ApiError::unavailable("the identity provider's keys").retry_after(5)
+                }
+                _ => ApiError::unauthenticated(),
+            }
         })
     }
 }
@@ -192,10 +198,12 @@ pub fn router(state: ApiState) -> Router {
 /// Redis hangs.
 const READYZ_REDIS_BOUND: Duration = Duration::from_millis(800);
 
-/// Ready while the API takes work and Redis answers.
+/// Ready while the API takes work, Redis answers and buyer tokens can be verified (the
+/// identity provider's keys fetched once, when they come from `auth.jwks_url`).
 async fn readyz(State(s): State<ApiState>) -> Response {
+    let keys = s.auth.as_ref().is_none_or(|a| a.has_keys());
     let redis = tokio::time::timeout(READYZ_REDIS_BOUND, s.redis.ping()).await;
-    if s.ready.get() && matches!(redis, Ok(Ok(()))) {
+    if s.ready.get() && keys && matches!(redis, Ok(Ok(()))) {
         (StatusCode::OK, "ready").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
@@ -318,6 +326,9 @@ pub async fn serve_listeners(
     let watchdog = Watchdog::new(closing.clone(), state.ready.clone());
     watchdog.stop_on_death(stopping.clone());
     spawn_companions(&watchdog, &state, listeners.admin, listeners.ops, &closing);
+    if let Some(auth) = &state.auth {
+        auth.start(closing.clone());
+    }
     state.ready.set(true);
     let ready = state.ready.clone();
     let transactions = state.transactions.clone();

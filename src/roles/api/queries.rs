@@ -59,7 +59,7 @@ pub(super) async fn get_reservation(
 ) -> Result<Response, ApiError> {
     require_id("rsv", "reservation_id", &reservation_id)?;
     // Refuse a bad token before looking anything up.
-    let me = s.buyer(&headers)?;
+    let me = s.buyer(&headers).await?;
     // The projection answers most polls without touching PostgreSQL (entries written before
     // the projection carried the buyer fall through to the order store).
     if let Ok(p) = s.redis.projection(&reservation_id).await {
@@ -131,7 +131,7 @@ pub(super) async fn get_order(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     require_id("ord", "order_id", &order_id)?;
-    let me = s.buyer(&headers)?;
+    let me = s.buyer(&headers).await?;
     let order = s
         .bounded_pg(async |client| {
             queries::order_by_id(&***client, &order_id)

@@ -90,7 +90,7 @@ async fn reserve_inner(
     let api = &s.settings.api;
     // Who is asking, before anything is read or written: a forged, expired or missing token
     // costs one signature check and nothing else.
-    let token_buyer = s.buyer(headers)?;
+    let token_buyer = s.buyer(headers).await?;
     // The abuse limits' buckets are taken by the reserve script itself, in the same call.
     let client_addr = limits::client_addr(peer, headers, &api.trusted_proxies)
         .map(|a| a.to_string())
