@@ -257,7 +257,7 @@ impl BuyerAuth {
         let verified = self.verifier.verify_with(&keys, &header, token)?;
         if let Some((cache, digest)) = digest {
             let until = verified.exp.saturating_add(self.verifier.leeway_secs);
-            cache.insert(digest, verified.buyer, until);
+            cache.insert(digest, verified.buyer, until, now);
         }
         Ok(verified.buyer)
     }
@@ -275,10 +275,11 @@ impl BuyerAuth {
         if !remote.loaded() {
             return Err(AuthFailure::KeysUnavailable);
         }
-        if remote.keys().get(kid).is_none() && !kid.is_empty() {
-            remote.refresh_for(kid).await;
+        let keys = remote.keys();
+        if keys.get(kid).is_none() && !kid.is_empty() {
+            return Ok(KeyRef::Remote(remote.refresh_for(kid).await));
         }
-        Ok(KeyRef::Remote(remote.keys()))
+        Ok(KeyRef::Remote(keys))
     }
 }
 

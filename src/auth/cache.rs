@@ -7,6 +7,8 @@
 //! the cache holds at most `auth.token_cache_entries` (S3-FIFO eviction), and it is emptied
 //! whenever the key set changes, so a key the provider withdrew verifies nothing from memory.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use quick_cache::sync::Cache;
 use quick_cache::{DefaultHashBuilder, Lifecycle, UnitWeighter};
 use sha2::{Digest, Sha256};
@@ -35,6 +37,9 @@ impl Lifecycle<[u8; 32], Verified> for CountEvictions {
 /// A bounded map from a token's digest to its verified buyer.
 pub struct TokenCache {
     entries: Cache<[u8; 32], Verified, UnitWeighter, DefaultHashBuilder, CountEvictions>,
+    /// The second `auth_token_cache_entries` was last set: counting reads every shard, so
+    /// it is done at most once a second, not on every insert.
+    counted_at: AtomicU64,
 }
 
 /// The digest a token is remembered under.
@@ -54,6 +59,7 @@ impl TokenCache {
                 DefaultHashBuilder::default(),
                 CountEvictions,
             ),
+            counted_at: AtomicU64::new(0),
         }
     }
 
@@ -73,10 +79,12 @@ impl TokenCache {
         hit
     }
 
-    /// Remembers a token that has just verified, until `valid_until`.
-    pub fn insert(&self, digest: [u8; 32], buyer: i64, valid_until: u64) {
+    /// Remembers a token that has just verified at `now`, until `valid_until`.
+    pub fn insert(&self, digest: [u8; 32], buyer: i64, valid_until: u64, now: u64) {
         self.entries.insert(digest, Verified { buyer, valid_until });
-        metrics::gauge!("auth_token_cache_entries").set(self.entries.len() as f64);
+        if self.counted_at.swap(now, Ordering::Relaxed) != now {
+            metrics::gauge!("auth_token_cache_entries").set(self.entries.len() as f64);
+        }
     }
 
     /// Forgets every token: the key set they verified against has changed.
@@ -102,7 +110,7 @@ mod tests {
     fn an_entry_lives_no_longer_than_its_token() {
         let cache = TokenCache::new(8);
         let d = digest("a.b.c");
-        cache.insert(d, 42, 1_000);
+        cache.insert(d, 42, 1_000, 0);
         assert_eq!(cache.get(&d, 999), Some(42));
         assert_eq!(cache.get(&d, 1_000), Some(42));
         assert_eq!(cache.get(&d, 1_001), None);
@@ -114,7 +122,7 @@ mod tests {
     fn the_cache_stays_within_its_bound() {
         let cache = TokenCache::new(100);
         for i in 0..10_000 {
-            cache.insert(digest(&format!("token-{i}")), i, u64::MAX);
+            cache.insert(digest(&format!("token-{i}")), i, u64::MAX, 0);
         }
         assert!(cache.len() <= 100, "{} entries", cache.len());
         cache.clear();

@@ -39,16 +39,8 @@ fn b64(bytes: &[u8]) -> String {
 }
 
 fn pem(der: &[u8]) -> String {
-    let body = base64::engine::general_purpose::STANDARD.encode(der);
-    let lines: Vec<&str> = body
-        .as_bytes()
-        .chunks(64)
-        .map(|c| std::str::from_utf8(c).expect("base64 is ASCII"))
-        .collect();
-    format!(
-        "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
-        lines.join("\n")
-    )
+    let config = pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF);
+    pem::encode_config(&pem::Pem::new("PRIVATE KEY", der), config)
 }
 
 /// A new key for `alg` under `kid`: RSA 2048 bits for RS256 and PS256, P-256 for ES256,

@@ -49,15 +49,20 @@ pub struct RemoteJwks {
     url: String,
     client: reqwest::Client,
     /// The last good set (empty until the first fetch succeeds).
-    keys: RwLock<Arc<KeySet>>,
-    /// The JWKS text the current set came from: an unchanged answer changes nothing.
-    source: RwLock<String>,
+    current: RwLock<Current>,
     loaded: AtomicBool,
     /// Held while a refresh runs (single flight); when the last on-demand one started.
     last_on_demand: tokio::sync::Mutex<Option<Instant>>,
     min_interval: Duration,
     period: Duration,
     cache: Option<Arc<TokenCache>>,
+}
+
+/// The last good set and the JWKS text it came from (an unchanged answer changes nothing).
+#[derive(Default)]
+struct Current {
+    keys: Arc<KeySet>,
+    source: String,
 }
 
 /// Whether `url` may carry keys: `https://`, or `http://` to a loopback address (a sidecar on
@@ -108,8 +113,7 @@ impl RemoteJwks {
         Ok(Self {
             url: s.jwks_url.clone(),
             client,
-            keys: RwLock::new(Arc::new(KeySet::default())),
-            source: RwLock::new(String::new()),
+            current: RwLock::default(),
             loaded: AtomicBool::new(false),
             last_on_demand: tokio::sync::Mutex::new(None),
             min_interval: Duration::from_secs(s.jwks_min_refresh_secs),
@@ -120,7 +124,7 @@ impl RemoteJwks {
 
     /// The current set (the last good one).
     pub fn keys(&self) -> Arc<KeySet> {
-        self.keys.read().expect("jwks lock").clone()
+        self.current.read().expect("jwks lock").keys.clone()
     }
 
     /// Whether a set has ever been fetched.
@@ -154,21 +158,21 @@ impl RemoteJwks {
     }
 
     /// A token named `kid` and no key has it: refresh once, unless a refresh in flight or one
-    /// less than `auth.jwks_min_refresh_secs` ago already answered. True when the key is there
-    /// afterwards.
-    pub async fn refresh_for(&self, kid: &str) -> bool {
+    /// less than `auth.jwks_min_refresh_secs` ago already answered. The set afterwards.
+    pub async fn refresh_for(&self, kid: &str) -> Arc<KeySet> {
         let mut last = self.last_on_demand.lock().await;
-        if self.keys().get(kid).is_some() {
-            return true;
+        let keys = self.keys();
+        if keys.get(kid).is_some() {
+            return keys;
         }
         if last.is_some_and(|t| t.elapsed() < self.min_interval) {
             metrics::counter!("jwks_refresh_total", "reason" => "unknown_kid", "result" => "throttled")
                 .increment(1);
-            return false;
+            return keys;
         }
         *last = Some(Instant::now());
         self.refresh(Reason::UnknownKid).await;
-        self.keys().get(kid).is_some()
+        self.keys()
     }
 
     /// One fetch; the set is replaced only by a good, non-empty, different one.
@@ -212,7 +216,7 @@ impl RemoteJwks {
 
     /// Takes a fetched JWKS if it is good and new; the result label.
     fn adopt(&self, text: String) -> &'static str {
-        if *self.source.read().expect("jwks lock") == text {
+        if self.current.read().expect("jwks lock").source == text {
             self.mark_loaded();
             return "unchanged";
         }
@@ -242,8 +246,10 @@ impl RemoteJwks {
         info!(url = %self.url, keys = set.len(), added = ?added, dropped = ?dropped,
               "identity provider's keys changed");
         metrics::gauge!("jwks_keys").set(set.len() as f64);
-        *self.keys.write().expect("jwks lock") = Arc::new(set);
-        *self.source.write().expect("jwks lock") = text;
+        *self.current.write().expect("jwks lock") = Current {
+            keys: Arc::new(set),
+            source: text,
+        };
         if let Some(cache) = &self.cache {
             cache.clear();
         }

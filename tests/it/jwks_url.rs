@@ -136,6 +136,18 @@ async fn started(settings: &AuthSettings, stop: &CancellationToken) -> Arc<Buyer
     panic!("the provider's keys never loaded");
 }
 
+/// A provider publishing one new `alg` key `k1`, and an API verifier loaded from it.
+async fn provider_with(
+    alg: Algorithm,
+    min_refresh_secs: u64,
+    stop: &CancellationToken,
+) -> (SigningKey, Provider, Arc<BuyerAuth>) {
+    let k1 = generate(alg, "k1").unwrap();
+    let provider = Provider::start(Answer::Jwks(jwks([&k1]))).await;
+    let auth = started(&auth_settings(&provider.url, min_refresh_secs), stop).await;
+    (k1, provider, auth)
+}
+
 /// Sends tokens naming an unknown kid until the provider has been asked once more (the
 /// on-demand refresh waits out `auth.jwks_min_refresh_secs`); bounded.
 async fn force_refresh(auth: &BuyerAuth, provider: &Provider, key: &SigningKey) {
@@ -153,11 +165,9 @@ async fn force_refresh(auth: &BuyerAuth, provider: &Provider, key: &SigningKey) 
 
 #[tokio::test]
 async fn keys_rotate_through_the_url_and_a_withdrawn_key_verifies_nothing() {
-    let k1 = generate(Algorithm::RS256, "k1").unwrap();
-    let k2 = generate(Algorithm::ES256, "k2").unwrap();
-    let provider = Provider::start(Answer::Jwks(jwks([&k1]))).await;
     let stop = CancellationToken::new();
-    let auth = started(&auth_settings(&provider.url, 1), &stop).await;
+    let (k1, provider, auth) = provider_with(Algorithm::RS256, 1, &stop).await;
+    let k2 = generate(Algorithm::ES256, "k2").unwrap();
     let old = token(&k1, "k1", 1);
     assert_eq!(auth.verify(&old).await, Ok(1));
     assert_eq!(provider.hits(), 1);
@@ -184,10 +194,8 @@ async fn keys_rotate_through_the_url_and_a_withdrawn_key_verifies_nothing() {
 
 #[tokio::test]
 async fn a_flood_of_unknown_kids_costs_the_provider_one_fetch_per_interval() {
-    let k1 = generate(Algorithm::EdDSA, "k1").unwrap();
-    let provider = Provider::start(Answer::Jwks(jwks([&k1]))).await;
     let stop = CancellationToken::new();
-    let auth = started(&auth_settings(&provider.url, 60), &stop).await;
+    let (k1, provider, auth) = provider_with(Algorithm::EdDSA, 60, &stop).await;
     assert_eq!(provider.hits(), 1);
     // 400 callers at once, each with a kid nobody published (signed with the real key, to
     // look as real as a token can without the kid).
@@ -211,10 +219,8 @@ async fn a_flood_of_unknown_kids_costs_the_provider_one_fetch_per_interval() {
 
 #[tokio::test]
 async fn the_last_good_set_is_kept_while_the_provider_fails_mid_sale() {
-    let k1 = generate(Algorithm::PS256, "k1").unwrap();
-    let provider = Provider::start(Answer::Jwks(jwks([&k1]))).await;
     let stop = CancellationToken::new();
-    let auth = started(&auth_settings(&provider.url, 1), &stop).await;
+    let (k1, provider, auth) = provider_with(Algorithm::PS256, 1, &stop).await;
     let mut user = 10;
     for failure in [
         Answer::Status(503),
