@@ -67,7 +67,7 @@ impl OwnRedis {
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("redis-server starts");
-        self.proc = Some(Proc(child));
+        self.proc = Some(Proc(child, None));
         let port = self.port;
         eventually(30, "the test's Redis answers", || async move {
             std::process::Command::new("redis-cli")

@@ -302,7 +302,7 @@ async fn the_shipped_environment_file_filled_in_starts_every_role() {
             .env("SECKILL__API__DRAIN_DELAY_MS", "0")
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
-        roles.push((args[0], common::Proc(cmd.spawn().unwrap()), ops));
+        roles.push((args[0], common::Proc(cmd.spawn().unwrap(), None), ops));
     }
     for (role, _, ops) in &roles {
         eprintln!("{role}: waiting for /readyz on {ops}");

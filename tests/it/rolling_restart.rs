@@ -76,7 +76,7 @@ fn haproxy(bind: u16, stats: u16, apis: [u16; 2]) -> Proc {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("haproxy runs (make services-up installs it)");
-    Proc(child)
+    Proc(child, None)
 }
 
 /// HAProxy's counters for the API backend: retries, redispatches, connection errors and

@@ -314,13 +314,22 @@ impl TestEnv {
     }
 }
 
-/// A child process of the real binary, killed if the test fails before stopping it.
-pub struct Proc(pub std::process::Child);
+/// A child process of the real binary, killed if the test fails before stopping it. Its
+/// stderr (the logs) goes to a file when spawned by [`spawn`]: the tail is printed when it
+/// exits non-zero, and the file stays if the test fails.
+pub struct Proc(pub std::process::Child, pub Option<std::path::PathBuf>);
 
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+        if let Some(log) = &self.1 {
+            if std::thread::panicking() {
+                eprintln!("logs of pid {} kept in {}", self.0.id(), log.display());
+            } else {
+                let _ = std::fs::remove_file(log);
+            }
+        }
     }
 }
 
@@ -330,6 +339,9 @@ impl Proc {
         let deadline = Instant::now() + Duration::from_secs(secs);
         loop {
             if let Some(s) = self.0.try_wait().unwrap() {
+                if !s.success() {
+                    self.print_log_tail(s);
+                }
                 return s;
             }
             assert!(
@@ -338,6 +350,20 @@ impl Proc {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// The last lines the process logged, on the test's stderr (shown when the test fails).
+    fn print_log_tail(&self, status: std::process::ExitStatus) {
+        let Some(log) = &self.1 else { return };
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(40)..];
+        eprintln!(
+            "pid {} exited {status}; last lines of {}:\n{}",
+            self.0.id(),
+            log.display(),
+            tail.join("\n")
+        );
     }
 
     /// SIGTERM, then waits for the exit.
@@ -379,14 +405,20 @@ pub fn free_port() -> u16 {
 /// Starts `seckill <args>` configured for this test (schema, key prefix, env name) plus
 /// `extra` variables; `failpoints` goes to `FAILPOINTS` (builds with the feature only).
 pub fn spawn(env: &TestEnv, args: &[&str], failpoints: &str, extra: &[(&str, String)]) -> Proc {
+    static SPAWNED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = SPAWNED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join("seckill-test-logs");
+    std::fs::create_dir_all(&dir).expect("a directory for the roles' logs");
+    let log = dir.join(format!("{}-{}-{n}.log", env.id, args.first().unwrap_or(&"cli")));
+    let file = std::fs::File::create(&log).expect("a log file for the role");
     let mut cmd = command(env, args);
     cmd.env("FAILPOINTS", failpoints)
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
+        .stderr(file);
     for (k, v) in extra {
         cmd.env(k, v);
     }
-    Proc(cmd.spawn().expect("binary starts"))
+    Proc(cmd.spawn().expect("binary starts"), Some(log))
 }
 
 /// `seckill consume --workers <workers>` serving /metrics and /readyz on a free port (returned).
