@@ -18,6 +18,7 @@ mod reserve;
 mod run;
 mod soak;
 mod timers;
+mod verify;
 
 use clap::{Parser, Subcommand};
 
@@ -61,6 +62,9 @@ enum Command {
     /// The scenarios of `make bench` in order (after scripts/bench.sh measured the limits),
     /// each a line under the run directory, then the ratios; non-zero exit when one failed.
     Run(run::RunArgs),
+    /// What one buyer-token check costs per algorithm on one core: the signature alone through
+    /// each jsonwebtoken backend, and the API's whole check with the token cache off and on.
+    Verify(verify::VerifyArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -79,6 +83,7 @@ fn main() -> std::process::ExitCode {
             Command::Payments(args) => payments::run(settings, args).await,
             Command::Ratios(args) => ratios::run(args),
             Command::Run(args) => run::run(settings, args).await,
+            Command::Verify(args) => verify::run(settings, args).await,
         }
     })
 }

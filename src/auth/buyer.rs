@@ -88,6 +88,7 @@ struct Verified {
 
 impl Verifier {
     fn from_settings(s: &AuthSettings) -> Result<Self, ConfigError> {
+        super::install_crypto();
         let secret = s.dev_hs256_secret.expose_secret();
         let dev = (!secret.is_empty())
             .then(|| DecodingKey::from_secret(secret.as_bytes()))
@@ -104,6 +105,7 @@ impl Verifier {
     /// A verifier for audience `aud`, no issuer, no development key.
     #[cfg(test)]
     pub(crate) fn for_tests(aud: &str) -> Self {
+        super::install_crypto();
         Self {
             dev: None,
             audience: aud.to_string(),
@@ -336,6 +338,7 @@ fn claims(spec: &TokenSpec<'_>) -> Claims {
 
 /// A development token signed with the HS256 secret (`seckill token mint`).
 pub fn mint_dev(secret: &SecretString, spec: &TokenSpec<'_>) -> anyhow::Result<String> {
+    super::install_crypto();
     let key = EncodingKey::from_secret(secret.expose_secret().as_bytes())?;
     Ok(jsonwebtoken::encode(
         &Header::new(Algorithm::HS256),
@@ -353,6 +356,7 @@ pub fn mint_with_key(
     kid: &str,
     spec: &TokenSpec<'_>,
 ) -> anyhow::Result<String> {
+    super::install_crypto();
     let key = match alg {
         Algorithm::EdDSA => EncodingKey::from_ed_pem(pem)?,
         Algorithm::ES256 => EncodingKey::from_ec_pem(pem)?,

@@ -21,6 +21,7 @@ pub struct KeySet {
 impl KeySet {
     /// The keys of a JWKS document; `key` names where it came from in every error.
     pub fn parse(text: &str, key: &'static str) -> Result<Self, ConfigError> {
+        super::install_crypto();
         let set: JwkSet = serde_json::from_str(text)
             .map_err(|e| ConfigError::invalid(key, format!("not a JWKS: {e}")))?;
         let mut keys = HashMap::new();

@@ -13,6 +13,17 @@ use secrecy::{ExposeSecret, SecretString};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+/// Makes aws-lc-rs the signature code of every token this process signs or verifies
+/// (jsonwebtoken's `aws_lc_rs` backend: RSA verifies several times faster than the pure-Rust
+/// backend; docs/BENCHMARKS.md#buyer-token-verification). Called before the first key is
+/// read or token signed; later calls change nothing. Explicit because a build that also holds
+/// the RustCrypto backend (the benchmark crate compares the two) makes jsonwebtoken refuse to
+/// choose on its own.
+pub fn install_crypto() {
+    let aws_lc = &jsonwebtoken::crypto::aws_lc::DEFAULT_PROVIDER;
+    let _ = jsonwebtoken::crypto::CryptoProvider::install_default(aws_lc);
+}
+
 /// The token of an `Authorization: Bearer <token>` header value (scheme case-insensitive);
 /// `None` for another scheme or an empty token.
 pub fn bearer_token(header: &str) -> Option<&str> {

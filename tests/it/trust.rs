@@ -41,6 +41,7 @@ fn with_claims(claims: Value) -> String {
     let mut header = Header::new(Algorithm::EdDSA);
     header.kid = Some("test-a".into());
     let key = EncodingKey::from_ed_pem(&fixture("buyer-signer-a.pem")).unwrap();
+    seckill::auth::install_crypto();
     jsonwebtoken::encode(&header, &claims, &key).unwrap()
 }
 

@@ -409,7 +409,11 @@ pub fn spawn(env: &TestEnv, args: &[&str], failpoints: &str, extra: &[(&str, Str
     let n = SPAWNED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join("seckill-test-logs");
     std::fs::create_dir_all(&dir).expect("a directory for the roles' logs");
-    let log = dir.join(format!("{}-{}-{n}.log", env.id, args.first().unwrap_or(&"cli")));
+    let log = dir.join(format!(
+        "{}-{}-{n}.log",
+        env.id,
+        args.first().unwrap_or(&"cli")
+    ));
     let file = std::fs::File::create(&log).expect("a log file for the role");
     let mut cmd = command(env, args);
     cmd.env("FAILPOINTS", failpoints)
