@@ -17,6 +17,8 @@
 #      per reservation, and with the trust layer (tokens, rate limits) on and off;
 #      answers/s for a sold-out SKU; a 10,000-unit sale from 100,000 requests
 #      by 60,000 buyers; many SKUs; duplicate-heavy traffic; open-loop arrivals.
+#   4b. the front door's ceilings with wrk: /healthz, sold-out answers per token algorithm with
+#      the token cache on and off, the accepted path with the consumer stopped.
 #   5. the baseline a team would otherwise build (seckill-bench baseline-api: the same route,
 #      one autocommit statement straight to PostgreSQL): sold-out answers, purchases, and the
 #      same sale.
@@ -27,7 +29,11 @@
 #          soldout_memory_vs_redis=… (the same, with the API's sold-out memory on and off)
 #          sale_p99_vs_direct_pg=… sale_vs_front_door=… (the sale against the front door alone)
 #          sale_vs_direct_pg=… sale_p99_ms=… direct_pg_sale_p99_ms=… within_3s_pct=…
-#          trust_on_vs_off=… violations=…
+#          trust_on_vs_off=… soldout_vs_healthz=… soldout_{rs256,ps256,es256,eddsa}_vs_hs256=…
+#          (and _nocache: the token cache off) soldout_ceiling_vs_direct_pg=… violations=…
+# The buyers' tokens are RS256 from a key generated for the run (BENCH_TOKEN_ALG=ES256 etc.),
+# published in the JWKS both servers verify with; the front door's ceilings are measured with
+# wrk (bench/src/run/ceilings.rs), the generator's CPU beside the server's.
 # Knobs: BENCH_QUICK=1 (smaller runs, for a smoke test), BENCH_CONCURRENCY (default 64),
 # LIMITS_SECONDS (default 10), BENCH_ONLY=sale (only the sale's three runs: make bench-sale),
 # BENCH_WAITING_NICE (default 10, as shipped: the nice level of consume, scan and timeout-cancel).
@@ -38,7 +44,7 @@ export SECKILL_ENV=bench
 RUN_DIR="${SECKILL_RUN_DIR:-$HOME/.cache/seckill/run}/bench"
 mkdir -p "$RUN_DIR"
 run_args=(--run-dir "$RUN_DIR" --concurrency "${BENCH_CONCURRENCY:-64}"
-  --waiting-nice "${BENCH_WAITING_NICE:-10}")
+  --waiting-nice "${BENCH_WAITING_NICE:-10}" --token-alg "${BENCH_TOKEN_ALG:-RS256}")
 if [[ "${BENCH_QUICK:-0}" == 1 ]]; then
   run_args+=(--quick)
   export LIMITS_SECONDS="${LIMITS_SECONDS:-3}"
@@ -64,6 +70,14 @@ BENCH="$root/target/release/seckill-bench"
 "$BIN" migrate >&2
 "$BIN" topics create >&2
 run_args+=(--seckill "$BIN")
+
+# BENCH_ONLY=ceilings (make bench-ceilings): the front door's ceilings alone (wrk); last line
+# CEILING_RATIOS ... violations=N.
+if [[ "${BENCH_ONLY:-}" == ceilings ]]; then
+  exec_status=0
+  "$BENCH" run "${run_args[@]}" --only-ceilings || exec_status=$?
+  exit "$exec_status"
+fi
 
 # BENCH_ONLY=sale (make bench-sale): the sale's three runs alone, minutes instead of the whole
 # bench; last line SALE_RATIOS ... violations=N.

@@ -59,6 +59,12 @@ if ! command -v haproxy >/dev/null 2>&1; then
   apt_install haproxy
 fi
 
+# --- wrk (the front door's ceilings in make bench: bench/src/run/ceilings.rs) -----------------
+if ! command -v wrk >/dev/null 2>&1; then
+  log "installing wrk (apt)"
+  apt_install wrk
+fi
+
 # --- Redis Cluster (redis.mode = "cluster"; its tests) ------------------------------
 "$here/redis-cluster-up.sh"
 

@@ -4,7 +4,9 @@
 //! statement, `UPDATE stock SET remaining = remaining - 1 WHERE ... AND remaining > 0` feeding
 //! the `INSERT` of the order (the row lock held for that statement and its commit only; a sold-out
 //! answer is the UPDATE finding no row: no lock, no write). No Redis, no broker. It keeps its
-//! own tables in schema `seckill_baseline`.
+//! own tables in schema `seckill_baseline`. It checks the buyer's token exactly as `seckill api`
+//! does (the same [`BuyerAuth`], the same configuration: `auth.jwks_file`, the token cache), so
+//! the comparison is of two servers that both know who is buying.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,7 +20,8 @@ use axum::{Json, Router};
 use clap::Args;
 use serde_json::json;
 
-use seckill::config::Settings;
+use seckill::auth::buyer::{AuthFailure, BuyerAuth};
+use seckill::config::{BuyerIdentity, Settings};
 use seckill::domain::request::{parse_path_id, ReserveRequest};
 
 #[derive(Debug, Clone, Args)]
@@ -48,10 +51,11 @@ fn parse_stock(s: &str) -> Result<(i64, i64, i32), String> {
 
 const SCHEMA: &str = "seckill_baseline";
 
-#[derive(Clone)]
 struct Baseline {
     pool: deadpool_postgres::Pool,
     max_body: usize,
+    /// `None` when the deployment believes the body's `user_id` (`auth.buyers = "body"`).
+    auth: Option<BuyerAuth>,
 }
 
 fn error(status: StatusCode, code: &str) -> Response {
@@ -65,8 +69,19 @@ fn error(status: StatusCode, code: &str) -> Response {
 async fn reserve(
     State(b): State<Arc<Baseline>>,
     Path((activity, sku)): Path<(String, String)>,
+    headers: axum::http::HeaderMap,
     body: Body,
 ) -> Response {
+    let token_buyer = match &b.auth {
+        None => None,
+        Some(auth) => match auth.buyer(&headers).await {
+            Ok(buyer) => Some(buyer),
+            Err(AuthFailure::KeysUnavailable) => {
+                return error(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE")
+            }
+            Err(_) => return error(StatusCode::UNAUTHORIZED, "UNAUTHENTICATED"),
+        },
+    };
     let (Ok(activity_id), Ok(sku_id)) = (
         parse_path_id(&activity, "activity_id"),
         parse_path_id(&sku, "sku_id"),
@@ -79,7 +94,14 @@ async fn reserve(
     let Ok(req) = ReserveRequest::parse(&bytes) else {
         return error(StatusCode::BAD_REQUEST, "INVALID_REQUEST");
     };
-    match buy(&b.pool, activity_id, sku_id, &req).await {
+    let user_id = match (token_buyer, req.user_id) {
+        (Some(token), Some(body)) if token != body => {
+            return error(StatusCode::FORBIDDEN, "FORBIDDEN")
+        }
+        (Some(buyer), _) | (None, Some(buyer)) => buyer,
+        (None, None) => return error(StatusCode::BAD_REQUEST, "INVALID_REQUEST"),
+    };
+    match buy(&b.pool, (activity_id, sku_id, user_id), &req.request_id).await {
         Ok(Some(order_id)) => (
             StatusCode::ACCEPTED,
             Json(json!({"status": "ORDERED", "reservation_id": format!("base_{order_id}")})),
@@ -111,9 +133,8 @@ impl From<tokio_postgres::Error> for Failed {
 /// rolls the decrement back with it.
 async fn buy(
     pool: &deadpool_postgres::Pool,
-    activity_id: i64,
-    sku_id: i64,
-    req: &ReserveRequest,
+    (activity_id, sku_id, user_id): (i64, i64, i64),
+    request_id: &str,
 ) -> Result<Option<i64>, Failed> {
     let client = pool.get().await.map_err(|_| Failed::Unavailable)?;
     let buy = client
@@ -128,10 +149,7 @@ async fn buy(
         )
         .await?;
     Ok(client
-        .query_opt(
-            &buy,
-            &[&activity_id, &sku_id, &req.user_id, &req.request_id],
-        )
+        .query_opt(&buy, &[&activity_id, &sku_id, &user_id, &request_id])
         .await?
         .map(|row| row.get(0)))
 }
@@ -165,9 +183,14 @@ pub async fn run(settings: Settings, args: BaselineArgs) -> anyhow::Result<()> {
             .await?;
         }
     }
+    let auth = match settings.auth.buyers {
+        BuyerIdentity::Token => Some(BuyerAuth::from_settings(&settings.auth)?),
+        BuyerIdentity::Body => None,
+    };
     let state = Arc::new(Baseline {
         pool,
         max_body: settings.api.max_body_bytes,
+        auth,
     });
     let app = Router::new()
         .route(

@@ -18,6 +18,7 @@ use tokio::sync::Semaphore;
 
 use crate::cpu::{cpu_snapshot, cpu_use, parse_cpu_target, CpuTarget};
 use crate::report::{ms, print_human, print_summary, BenchReport};
+use crate::tokens::{Minter, SigningArgs};
 use seckill::config::Settings;
 use seckill::invariants;
 use seckill::redis::RedisStore;
@@ -92,6 +93,8 @@ pub struct BenchArgs {
     /// Prefix of the final machine-readable line (`DEMO` for `make demo`).
     #[arg(long, default_value = "BENCH")]
     pub summary_prefix: String,
+    #[command(flatten)]
+    pub signing: SigningArgs,
 }
 
 /// One request of the plan.
@@ -106,32 +109,20 @@ pub(crate) struct Planned {
 }
 
 /// Gives every planned request its buyer's token (one token per buyer, as a shop's login
-/// would hand out), outside the measured phase.
-fn with_tokens(settings: &Settings, plan: &mut [Planned]) -> anyhow::Result<()> {
+/// would hand out), signed before the clock starts.
+fn with_tokens(settings: &Settings, minter: &Minter, plan: &mut [Planned]) -> anyhow::Result<()> {
     if settings.auth.buyers != seckill::config::BuyerIdentity::Token {
         return Ok(());
     }
-    let mut tokens: std::collections::HashMap<i64, Arc<str>> = Default::default();
+    let users: Vec<i64> = plan
+        .iter()
+        .map(|p| p.user_id)
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    let tokens = minter.bearer_for(&users)?;
     for p in plan.iter_mut() {
-        let token = match tokens.get(&p.user_id) {
-            Some(t) => t.clone(),
-            None => {
-                let spec = seckill::auth::buyer::TokenSpec {
-                    user_id: p.user_id,
-                    ttl: Duration::from_secs(3600),
-                    audience: &settings.auth.audience,
-                    issuer: &settings.auth.issuer,
-                };
-                let t: Arc<str> = format!(
-                    "Bearer {}",
-                    seckill::auth::buyer::mint_dev(&settings.auth.dev_hs256_secret, &spec)?
-                )
-                .into();
-                tokens.insert(p.user_id, t.clone());
-                t
-            }
-        };
-        p.auth = Some(token);
+        p.auth = tokens.get(&p.user_id).cloned();
     }
     Ok(())
 }
@@ -359,7 +350,8 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     }
     let run_tag = format!("b{}", ulid::Ulid::new());
     let mut plan = plan(&args, &run_tag);
-    with_tokens(&settings, &mut plan)?;
+    let minter = Minter::new(&settings, &args.signing)?;
+    with_tokens(&settings, &minter, &mut plan)?;
     let plan = Arc::new(plan);
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(args.concurrency)
@@ -387,6 +379,9 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     let cpu = cpu_use(&args.cpu, &cpu_before, elapsed);
     let t = Tally::of(answers);
     let mut report = load_report(&args, &t, &hist, elapsed, cpu);
+    if settings.auth.buyers == seckill::config::BuyerIdentity::Token {
+        report.tokens = minter.label();
+    }
     let buyers = buyers_per_sku(&plan);
     if args.load_only {
         let stock: BTreeMap<i64, i64> = match args.stock {
@@ -559,6 +554,7 @@ fn load_report(
             "closed"
         }
         .into(),
+        tokens: "none".into(),
         target_rate: args.rate,
         requests: args.requests,
         accepted: t.accepted.len(),
@@ -1111,6 +1107,11 @@ mod tests {
             load_only: false,
             stock: None,
             summary_prefix: "BENCH".into(),
+            signing: crate::tokens::SigningArgs {
+                signing_key: String::new(),
+                signing_kid: String::new(),
+                signing_alg: String::new(),
+            },
         }
     }
 

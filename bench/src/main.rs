@@ -18,6 +18,7 @@ mod reserve;
 mod run;
 mod soak;
 mod timers;
+mod tokens;
 mod verify;
 
 use clap::{Parser, Subcommand};

@@ -18,6 +18,9 @@ pub struct RatiosArgs {
     /// Only the sale's three runs (`make bench-sale`): prints `SALE_RATIOS ...`.
     #[arg(long)]
     pub sale_only: bool,
+    /// Only the front door's ceilings (`make bench-ceilings`): prints `CEILING_RATIOS ...`.
+    #[arg(long)]
+    pub ceilings_only: bool,
     /// Also write what is printed to this file (`summary.txt`).
     #[arg(long)]
     pub summary: Option<PathBuf>,
@@ -52,6 +55,14 @@ impl Line {
     /// A figure of the line; `None` when absent or not a number.
     pub fn num(&self, key: &str) -> Option<f64> {
         self.fields.get(key)?.parse().ok()
+    }
+
+    /// The HTTP statuses a `wrk` line counted (`s410=…`), with their counts.
+    pub fn statuses(&self) -> Vec<(u16, f64)> {
+        self.fields
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix('s')?.parse().ok()?, v.parse().ok()?)))
+            .collect()
     }
 
     /// A field as written (`-` when absent), for the summary.
@@ -131,9 +142,44 @@ const WITH_VIOLATIONS: [&str; 11] = [
     "OPEN",
 ];
 
+/// The front door's ceilings (`wrk`, bench/src/run/ceilings.rs) and the only answers each may
+/// get: a sold-out SKU answers 410 and nothing else (a 401 would be a token refused), the
+/// accepted path 202, or 409 once the buyers' tokens come round again.
+pub const CEILINGS: [(&str, &[u16]); 13] = [
+    ("C_HEALTHZ", &[200]),
+    ("C_SOLDOUT_HS256", &[410]),
+    ("C_SOLDOUT_RS256", &[410]),
+    ("C_SOLDOUT_PS256", &[410]),
+    ("C_SOLDOUT_ES256", &[410]),
+    ("C_SOLDOUT_EDDSA", &[410]),
+    ("C_SOLDOUT_HS256_NOCACHE", &[410]),
+    ("C_SOLDOUT_RS256_NOCACHE", &[410]),
+    ("C_SOLDOUT_PS256_NOCACHE", &[410]),
+    ("C_SOLDOUT_ES256_NOCACHE", &[410]),
+    ("C_SOLDOUT_EDDSA_NOCACHE", &[410]),
+    ("C_ACCEPT", &[202, 409]),
+    ("C_BASE_SOLDOUT", &[410]),
+];
+
+/// A ceiling that did not run, lost connections, or got an answer it should not have.
+fn ceiling_violations(lines: &Lines) -> u64 {
+    CEILINGS
+        .iter()
+        .filter(|(name, allowed)| {
+            let l = lines.get(name);
+            let statuses = l.statuses();
+            !l.ok()
+                || l.num("errors") != Some(0.0)
+                || statuses.is_empty()
+                || statuses.iter().any(|(s, _)| !allowed.contains(s))
+        })
+        .count() as u64
+}
+
 /// How many scenarios failed, counting each pipeline scenario's own violations too.
 pub fn violations(lines: &Lines) -> u64 {
     let mut v = VERDICT_ONLY.iter().filter(|n| !lines.get(n).ok()).count() as u64;
+    v += ceiling_violations(lines);
     for name in WITH_VIOLATIONS {
         let line = lines.get(name);
         v += line.num("violations").map_or(1, |n| n as u64);
@@ -154,6 +200,36 @@ pub fn sale_ratios(l: &Lines) -> String {
         base.raw("api_p99_ms"),
         sale.raw("within_3s_pct"),
     )
+}
+
+/// The front door's ceilings (`wrk`), RS256 tokens unless named: sold-out answers against
+/// `/healthz` of the same server, each algorithm against the development HS256 with the token
+/// cache on and off, and against the direct-PostgreSQL server checking the same tokens.
+pub fn ceiling_ratios(l: &Lines) -> String {
+    let per_s = |n: &str| l.num(n, "per_s");
+    let mut out = vec![format!(
+        "soldout_vs_healthz={}",
+        ratio(per_s("C_SOLDOUT_RS256"), per_s("C_HEALTHZ"))
+    )];
+    for alg in ["RS256", "PS256", "ES256", "EDDSA"] {
+        let name = alg.to_lowercase();
+        out.push(format!(
+            "soldout_{name}_vs_hs256={} soldout_{name}_vs_hs256_nocache={}",
+            ratio(per_s(&format!("C_SOLDOUT_{alg}")), per_s("C_SOLDOUT_HS256")),
+            ratio(
+                per_s(&format!("C_SOLDOUT_{alg}_NOCACHE")),
+                per_s("C_SOLDOUT_HS256_NOCACHE")
+            ),
+        ));
+    }
+    out.push(format!(
+        "soldout_ceiling_vs_direct_pg={} soldout_per_s={} healthz_per_s={} accept_ceiling_per_s={}",
+        ratio(per_s("C_SOLDOUT_RS256"), per_s("C_BASE_SOLDOUT")),
+        l.get("C_SOLDOUT_RS256").raw("per_s"),
+        l.get("C_HEALTHZ").raw("per_s"),
+        ratio(l.num("C_ACCEPT", "s202"), l.num("C_ACCEPT", "seconds")).replace("nan", "-"),
+    ));
+    out.join(" ")
 }
 
 /// The `RATIOS` line of a whole run.
@@ -214,6 +290,7 @@ pub fn ratios(l: &Lines) -> String {
             ratio(accepted("I_BATCHED"), accepted("I_SINGLE")),
         ),
         ("trust_on_vs_off", ratio(trust_on, trust_off)),
+        ("", ceiling_ratios(l)),
         ("violations", violations(l).to_string()),
     ]
     .iter()
@@ -314,6 +391,12 @@ pub fn summary(l: &Lines) -> String {
         f("BASE_BUY", "accepted_per_s"),
         f("LIMITS", "direct_pg_buy_per_s")
     ));
+    out.push("== the front door's ceilings (wrk: answers/s, generator and server CPU) ==".into());
+    out.extend(
+        CEILINGS
+            .iter()
+            .map(|(n, _)| format!("{n}: {}", l.get(n).text)),
+    );
     out.join("\n")
 }
 
@@ -326,6 +409,18 @@ pub fn run(args: RatiosArgs) -> anyhow::Result<bool> {
             .filter(|n| !lines.get(n).ok())
             .count();
         let text = format!("SALE_RATIOS {} violations={failed}", sale_ratios(&lines));
+        (text, failed == 0)
+    } else if args.ceilings_only {
+        let failed = ceiling_violations(&lines);
+        let table: Vec<String> = CEILINGS
+            .iter()
+            .map(|(n, _)| format!("{n}: {}", lines.get(n).text))
+            .collect();
+        let text = format!(
+            "{}\nCEILING_RATIOS {} violations={failed}",
+            table.join("\n"),
+            ceiling_ratios(&lines)
+        );
         (text, failed == 0)
     } else {
         let text = format!("{}\nRATIOS {}", summary(&lines), ratios(&lines));
@@ -378,6 +473,16 @@ mod tests {
             .iter()
             .map(|n| (*n, "X OK"))
             .chain(WITH_VIOLATIONS.iter().map(|n| (*n, "X OK violations=0")))
+            .chain([
+                ("C_HEALTHZ", "WRK OK errors=0 s200=5"),
+                ("C_ACCEPT", "WRK OK errors=0 s202=5 s409=2"),
+            ])
+            .chain(
+                CEILINGS[1..11]
+                    .iter()
+                    .chain(&CEILINGS[12..])
+                    .map(|(n, _)| (*n, "WRK OK errors=0 s410=9")),
+            )
             .collect();
         assert_eq!(violations(&lines(&all_ok)), 0);
         let mut some = all_ok.clone();
@@ -385,10 +490,16 @@ mod tests {
         some[VERDICT_ONLY.len()].1 = "X OK violations=3"; // three broken invariants
         some[VERDICT_ONLY.len() + 1].1 = "X OK"; // no count: one
         assert_eq!(violations(&lines(&some)), 1 + 3 + 1);
+        // A sold-out ceiling that got a 401 (a token refused), one that lost a connection.
+        let mut refused = all_ok.clone();
+        let at = |name: &str| all_ok.iter().position(|(n, _)| *n == name).unwrap();
+        refused[at("C_SOLDOUT_RS256")].1 = "WRK OK errors=0 s410=9 s401=1";
+        refused[at("C_SOLDOUT_EDDSA")].1 = "WRK OK errors=1 s410=9";
+        assert_eq!(violations(&lines(&refused)), 2);
         // Nothing ran at all: every scenario counts.
         assert_eq!(
             violations(&lines(&[])),
-            (VERDICT_ONLY.len() + 2 * WITH_VIOLATIONS.len()) as u64
+            (VERDICT_ONLY.len() + 2 * WITH_VIOLATIONS.len() + CEILINGS.len()) as u64
         );
     }
 
@@ -416,6 +527,12 @@ mod tests {
                 "BENCH OK req_per_s=12000 api_p99_ms=50 within_3s_pct=100.00",
             ),
             ("BASE_SALE", "BENCH OK req_per_s=8000 api_p99_ms=40"),
+            ("C_HEALTHZ", "WRK OK per_s=40000"),
+            ("C_SOLDOUT_HS256", "WRK OK per_s=30000"),
+            ("C_SOLDOUT_RS256", "WRK OK per_s=27000"),
+            ("C_SOLDOUT_RS256_NOCACHE", "WRK OK per_s=6000"),
+            ("C_SOLDOUT_HS256_NOCACHE", "WRK OK per_s=24000"),
+            ("C_BASE_SOLDOUT", "WRK OK per_s=9000"),
         ]);
         let r = ratios(&l);
         for want in [
@@ -428,6 +545,11 @@ mod tests {
             "sale_vs_front_door=nan",
             "within_3s_pct=100.00",
             "accept_batched_vs_unbatched=nan",
+            "soldout_vs_healthz=0.68",
+            "soldout_rs256_vs_hs256=0.90",
+            "soldout_rs256_vs_hs256_nocache=0.25",
+            "soldout_es256_vs_hs256=nan",
+            "soldout_ceiling_vs_direct_pg=3.00",
         ] {
             assert!(r.contains(want), "{want} not in {r}");
         }

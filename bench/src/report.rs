@@ -14,6 +14,8 @@ pub struct BenchReport {
     pub scenario: String,
     /// `closed` (concurrency) or `open` (fixed arrival rate).
     pub mode: String,
+    /// How the buyers' tokens were signed (`RS256`, …, `HS256-dev`, or `none`).
+    pub tokens: String,
     pub target_rate: Option<f64>,
     pub requests: usize,
     pub accepted: usize,
@@ -78,11 +80,12 @@ pub fn print_summary(prefix: &str, ok: bool, r: &BenchReport) {
         .map(|c| format!(" cpu_{}_pct={:.0}", c.name, c.core_pct))
         .collect();
     println!(
-        "{} {} scenario={} mode={} requests={} accepted={} orders={} rejected={} sold_out={} already_purchased={} duplicate_requests={} errors={} req_per_s={:.0} accepted_per_s={:.0} sold_out_per_s={:.0} api_p50_ms={:.2} api_p99_ms={:.2} api_p999_ms={:.2} orders_per_s={:.0} order_p50_ms={:.1} order_p99_ms={:.1} order_p999_ms={:.1} within_3s_pct={:.2} drain_s={:.2} paid={} canceled={} dlq={} unknown={} lost={} doubled={} leaked={} violations={}{}",
+        "{} {} scenario={} mode={} tokens={} requests={} accepted={} orders={} rejected={} sold_out={} already_purchased={} duplicate_requests={} errors={} req_per_s={:.0} accepted_per_s={:.0} sold_out_per_s={:.0} api_p50_ms={:.2} api_p99_ms={:.2} api_p999_ms={:.2} orders_per_s={:.0} order_p50_ms={:.1} order_p99_ms={:.1} order_p999_ms={:.1} within_3s_pct={:.2} drain_s={:.2} paid={} canceled={} dlq={} unknown={} lost={} doubled={} leaked={} violations={}{}",
         prefix,
         if ok { "OK" } else { "FAILED" },
         r.scenario,
         r.mode,
+        r.tokens,
         r.requests,
         r.accepted,
         r.orders,

@@ -70,6 +70,8 @@ pub struct SoakArgs {
     /// Prefix of the final line.
     #[arg(long, default_value = "SOAK")]
     pub summary_prefix: String,
+    #[command(flatten)]
+    pub signing: crate::tokens::SigningArgs,
 }
 
 /// What the load's requests came to, shared by the request tasks.
@@ -243,6 +245,8 @@ pub async fn run(settings: Settings, args: SoakArgs) -> anyhow::Result<bool> {
     };
 
     // The load: an open loop, every request from a new buyer.
+    let minter = crate::tokens::Minter::new(&settings, &args.signing)?;
+    tracing::info!(tokens = %minter.label(), "buyers' tokens");
     let slots = Arc::new(Semaphore::new(args.concurrency.max(1)));
     let start = tokio::time::Instant::now();
     for i in 0..total {
@@ -250,15 +254,7 @@ pub async fn run(settings: Settings, args: SoakArgs) -> anyhow::Result<bool> {
         tokio::time::sleep_until(due).await;
         let slot = Arc::clone(&slots).acquire_owned().await?;
         let user_id = first_user + i as i64;
-        let token = seckill::auth::buyer::mint_dev(
-            &settings.auth.dev_hs256_secret,
-            &seckill::auth::buyer::TokenSpec {
-                user_id,
-                ttl: Duration::from_secs(3600),
-                audience: &settings.auth.audience,
-                issuer: &settings.auth.issuer,
-            },
-        )?;
+        let token = minter.mint(user_id)?;
         let p = Planned {
             user_id,
             sku_id: args.sku_id,

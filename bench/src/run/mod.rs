@@ -4,6 +4,7 @@
 //! (`bench/limits/limits.sh`) and hands over to this; BENCHMARKS.md says what each scenario
 //! is compared with.
 
+mod ceilings;
 mod procs;
 mod scenarios;
 
@@ -14,6 +15,7 @@ use anyhow::Context;
 use seckill::config::Settings;
 
 use crate::ratios::Line;
+use crate::tokens::Provisioned;
 use procs::Procs;
 
 /// `seckill-bench run`.
@@ -34,12 +36,20 @@ pub struct RunArgs {
     /// Only the sale's three runs (`make bench-sale`); last line SALE_RATIOS.
     #[arg(long)]
     pub only_sale: bool,
+    /// Only the front door's ceilings with wrk (`make bench-ceilings`); last line
+    /// CEILING_RATIOS.
+    #[arg(long)]
+    pub only_ceilings: bool,
     /// Requests in flight from the load generator.
     #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
     /// The nice level of consume and scan (10 as shipped; 0 to compare without weights).
     #[arg(long, default_value_t = 10)]
     pub waiting_nice: i32,
+    /// The algorithm the buyers' tokens are signed with (RS256, PS256, ES256, EdDSA), from a
+    /// key generated for the run and published in the JWKS every server verifies with.
+    #[arg(long, default_value = "RS256")]
+    pub token_alg: String,
 }
 
 /// How big each part of the run is.
@@ -94,6 +104,8 @@ pub struct Run {
     pub pg: tokio_postgres::Client,
     pub schema: String,
     pub lines: BTreeMap<&'static str, Line>,
+    /// The run's configuration (`SECKILL_ENV=bench`), for signing the ceilings' tokens.
+    pub settings: Settings,
 }
 
 impl Run {
@@ -128,11 +140,17 @@ impl Run {
 }
 
 pub async fn run(settings: Settings, args: RunArgs) -> anyhow::Result<bool> {
-    let procs = Procs::new(
+    let mut procs = Procs::new(
         args.seckill.clone(),
         args.run_dir.clone(),
         args.waiting_nice,
     )?;
+    let keys = signing_keys(&args)?;
+    procs.base_env = keys[0].env();
+    procs.base_env.push((
+        "SECKILL__AUTH__JWKS_FILE".into(),
+        keys[0].jwks_file.display().to_string(),
+    ));
     let (pg, conn) = seckill::pg::connect_one(&settings.pg).await?;
     tokio::spawn(conn);
     let mut run = Run {
@@ -142,9 +160,12 @@ pub async fn run(settings: Settings, args: RunArgs) -> anyhow::Result<bool> {
         pg,
         schema: settings.pg.schema.clone(),
         lines: BTreeMap::new(),
+        settings: settings.clone(),
     };
     let outcome = if args.only_sale {
         scenarios::only_sale(&mut run).await
+    } else if args.only_ceilings {
+        ceilings::only_ceilings(&mut run, &keys).await
     } else {
         let limits = args
             .limits
@@ -156,7 +177,7 @@ pub async fn run(settings: Settings, args: RunArgs) -> anyhow::Result<bool> {
             .rfind(|l| l.starts_with("LIMITS "))
             .context("no LIMITS line in the limits output")?;
         run.keep("LIMITS", Line::parse(line));
-        scenarios::whole(&mut run).await
+        scenarios::whole(&mut run, &keys).await
     };
     // Whatever happened, nothing started here outlives the run.
     run.procs.stop_all().await;
@@ -165,6 +186,25 @@ pub async fn run(settings: Settings, args: RunArgs) -> anyhow::Result<bool> {
     crate::ratios::run(crate::ratios::RatiosArgs {
         dir,
         sale_only: args.only_sale,
+        ceilings_only: args.only_ceilings,
         summary: Some(run.procs.dir.join("summary.txt")),
     })
+}
+
+/// A key of every algorithm, generated for this run under `keys/` and published in one JWKS;
+/// the `--token-alg` one first (the one the generators sign with).
+fn signing_keys(args: &RunArgs) -> anyhow::Result<Vec<Provisioned>> {
+    let main = seckill::auth::keygen::parse_algorithm(&args.token_alg).with_context(|| {
+        format!(
+            "--token-alg {}: RS256, PS256, ES256 or EdDSA",
+            args.token_alg
+        )
+    })?;
+    let mut algs = vec![main];
+    algs.extend(
+        seckill::auth::keygen::ALGORITHMS
+            .into_iter()
+            .filter(|a| *a != main),
+    );
+    Provisioned::generate(&args.run_dir.join("keys"), &algs)
 }

@@ -24,6 +24,9 @@ pub struct Procs {
     /// The nice level of the roles whose work can wait (consume, scan, timeout-cancel), as
     /// deploy/systemd ships them (docs/ARCHITECTURE.md#scheduling-weights).
     pub waiting_nice: i32,
+    /// Variables every process of the run gets (the JWKS the servers verify with, the key the
+    /// generators sign with), before the scenario's overrides.
+    pub base_env: Vec<(String, String)>,
     /// `SECKILL__…` overrides given to every process started while they are set.
     env: Vec<(String, String)>,
     running: BTreeMap<String, Child>,
@@ -40,6 +43,7 @@ impl Procs {
             bench,
             dir,
             waiting_nice,
+            base_env: Vec::new(),
             env: Vec::new(),
             running: BTreeMap::new(),
             next_activity: now * 100,
@@ -63,6 +67,7 @@ impl Procs {
             }
             _ => Command::new(bin),
         };
+        cmd.envs(self.base_env.iter().map(|(k, v)| (k, v)));
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd.kill_on_drop(true);
         cmd
@@ -124,6 +129,11 @@ impl Procs {
         {
             let _ = child.kill().await;
         }
+    }
+
+    /// A running role's pid.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.running.get(name)?.id()
     }
 
     pub async fn stop_all(&mut self) {

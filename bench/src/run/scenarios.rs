@@ -11,6 +11,7 @@ use super::{
     Run, API, API_READY, BASELINE, BASELINE_READY, CONSUME_METRICS, CONSUME_READY, SCAN_READY,
 };
 use crate::ratios::Line;
+use crate::tokens::Provisioned;
 
 fn s(v: impl ToString) -> String {
     v.to_string()
@@ -304,13 +305,13 @@ pub async fn only_sale(run: &mut Run) -> anyhow::Result<()> {
 }
 
 /// The whole of `make bench` after the limits.
-pub async fn whole(run: &mut Run) -> anyhow::Result<()> {
+pub async fn whole(run: &mut Run, keys: &[Provisioned]) -> anyhow::Result<()> {
     broker(run).await?;
     order_consumer(run).await?;
     relay(run).await?;
-    send_path(run).await?;
+    send_path(run, keys).await?;
     through_the_api(run).await?;
-    baseline(run).await
+    baseline(run, keys).await
 }
 
 /// The broker's raw send rate, one message per call and batched.
@@ -386,8 +387,8 @@ async fn relay(run: &mut Run) -> anyhow::Result<()> {
 /// broker have the cores): batched against one send each, then the trust layer's cost in two
 /// alternating pairs (a pair moves by 10-20 % from run to run here). With the consumer
 /// stopped this long the order queue's lag passes the fail-closed bound: these runs get the
-/// whole validity, both sides.
-async fn send_path(run: &mut Run) -> anyhow::Result<()> {
+/// whole validity, both sides. Then the front door's ceilings (wrk), the consumer still stopped.
+async fn send_path(run: &mut Run, keys: &[Provisioned]) -> anyhow::Result<()> {
     run.procs.stop("consume").await;
     let n = run.sizes.api_requests as i64;
     let only = ["--load-only"];
@@ -422,12 +423,24 @@ async fn send_path(run: &mut Run) -> anyhow::Result<()> {
         let line = accept_run(run, label, false, a, env, &only).await?;
         run.keep(name, line);
     }
+    super::ceilings::api_ceilings(run, keys).await?;
+    activities.extend(
+        run.lines
+            .get("C_ACCEPT")
+            .and_then(|l| l.num("activity"))
+            .map(|a| a as i64),
+    );
     consume(run, &[], None).await?;
     // The next scenarios start once the consumer has turned that backlog into orders.
-    let accepted: f64 = ["I_BATCHED", "I_SINGLE", "T_OFF", "T_ON", "T_OFF2", "T_ON2"]
+    let mut accepted: f64 = ["I_BATCHED", "I_SINGLE", "T_OFF", "T_ON", "T_OFF2", "T_ON2"]
         .iter()
         .filter_map(|n| run.lines.get(n)?.num("accepted"))
         .sum();
+    accepted += run
+        .lines
+        .get("C_ACCEPT")
+        .and_then(|l| l.num("s202"))
+        .unwrap_or(0.0);
     let ids: Vec<String> = activities.iter().map(|a| a.to_string()).collect();
     let sql = format!(
         "SELECT count(*) FROM {{s}}.reservations WHERE activity_id IN ({})",
@@ -501,7 +514,7 @@ async fn through_the_api(run: &mut Run) -> anyhow::Result<()> {
 
 /// The baseline a team would otherwise build: the same route, one statement straight to
 /// PostgreSQL: sold-out answers, purchases, and the same sale.
-async fn baseline(run: &mut Run) -> anyhow::Result<()> {
+async fn baseline(run: &mut Run, keys: &[Provisioned]) -> anyhow::Result<()> {
     let z = run.sizes;
     let buy_a = chrono::Utc::now().timestamp();
     let sale_a = buy_a + 1;
@@ -531,5 +544,6 @@ async fn baseline(run: &mut Run) -> anyhow::Result<()> {
     .map(s);
     let line = baseline_load(run, "baseline-buy", buy_a, n / 3, n / 3, &buy).await?;
     run.keep("BASE_BUY", line);
+    super::ceilings::baseline_ceiling(run, keys, BASELINE, 1).await?;
     baseline_sale(run, sale_a).await
 }
