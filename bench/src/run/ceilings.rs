@@ -10,13 +10,13 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use jsonwebtoken::Algorithm;
 use tokio::process::Command;
 
-use super::procs::wait_ready;
+use super::procs::{poll_until, wait_ready};
 use super::{Run, API, API_READY};
 use crate::cpu::{cpu_snapshot, cpu_use, parse_cpu_target, CpuTarget};
 use crate::ratios::Line;
@@ -177,10 +177,12 @@ fn reservations(a: i64) -> String {
     format!("/v1/activities/{a}/skus/1/reservations")
 }
 
-/// The API's ceilings, the consumer stopped (it is restarted by the caller). Keeps
-/// `C_HEALTHZ`, `C_SOLDOUT_<ALG>` and `C_SOLDOUT_<ALG>_NOCACHE`, and `C_ACCEPT`.
+/// The API's ceilings, the consumer stopped: `C_HEALTHZ`, `C_SOLDOUT_<ALG>` and
+/// `C_SOLDOUT_<ALG>_NOCACHE` (the token cache off), then `C_ACCEPT`; the consumer is started
+/// again at the end and turns the accepted path's backlog into orders before the next scenario.
 pub async fn api_ceilings(run: &mut Run, keys: &[Provisioned]) -> anyhow::Result<()> {
     eprintln!("[bench] the front door's ceilings (wrk)");
+    run.procs.stop("consume").await;
     let mut files: HashMap<&str, PathBuf> = HashMap::new();
     for (alg, name, _) in SOLD_OUT_ALGS {
         let key = alg.and_then(|a| keys.iter().find(|k| k.alg == a));
@@ -188,17 +190,7 @@ pub async fn api_ceilings(run: &mut Run, keys: &[Provisioned]) -> anyhow::Result
     }
     let sold_out = run.procs.activity(0, 1).await?;
     for cache in [true, false] {
-        let vars = [
-            ("SECKILL__API__FAIL_CLOSED_SHARE", "1.0"),
-            (
-                "SECKILL__AUTH__TOKEN_CACHE_ENTRIES",
-                if cache { "100000" } else { "0" },
-            ),
-        ];
-        run.procs.set_env(&vars);
-        run.procs.start("api", &["api"], None)?;
-        wait_ready(API_READY).await?;
-        let pid = run.procs.pid("api");
+        let pid = start_api(run, cache).await?;
         if cache {
             let healthz = Shot {
                 base: API,
@@ -222,22 +214,50 @@ pub async fn api_ceilings(run: &mut Run, keys: &[Provisioned]) -> anyhow::Result
             let line = wrk(run, &line_name.to_lowercase(), &shot).await?;
             run.keep(line_name, line);
         }
-        if cache {
-            let line = accepted(run, keys, pid).await?;
-            run.keep("C_ACCEPT", line);
-        }
         run.procs.stop("api").await;
     }
+    let pid = start_api(run, true).await?;
+    let (line, a) = accepted(run, keys, pid).await?;
+    let taken = line.num("s202").unwrap_or(0.0) as i64;
+    run.keep("C_ACCEPT", line);
+    run.procs.stop("api").await;
     run.procs.set_env(&[]);
+    super::scenarios::consume(run, &[], None).await?;
+    let sql = format!("SELECT count(*) FROM {{s}}.reservations WHERE activity_id = {a}");
+    let (r, q) = (&*run, sql.as_str());
+    poll_until(
+        Duration::from_secs(180),
+        Duration::from_millis(200),
+        || async move { r.count(q).await >= taken },
+    )
+    .await;
     Ok(())
 }
 
+/// The API with the token cache on or off (fail-closed admission at its widest: the consumer
+/// is stopped); its pid.
+async fn start_api(run: &mut Run, cache: bool) -> anyhow::Result<Option<u32>> {
+    let entries = if cache { "100000" } else { "0" };
+    run.procs.set_env(&[
+        ("SECKILL__API__FAIL_CLOSED_SHARE", "1.0"),
+        ("SECKILL__AUTH__TOKEN_CACHE_ENTRIES", entries),
+    ]);
+    run.procs.start("api", &["api"], None)?;
+    wait_ready(API_READY).await?;
+    Ok(run.procs.pid("api"))
+}
+
 /// The accepted path: every buyer new, stock for all of them, the consumer stopped.
-async fn accepted(run: &mut Run, keys: &[Provisioned], pid: Option<u32>) -> anyhow::Result<Line> {
+/// Its line and the activity.
+async fn accepted(
+    run: &mut Run,
+    keys: &[Provisioned],
+    pid: Option<u32>,
+) -> anyhow::Result<(Line, i64)> {
     let buyers = if run.sizes.api_requests < 10_000 {
-        20_000
+        30_000
     } else {
-        60_000
+        100_000
     };
     let a = run.procs.activity(buyers as i64, 1).await?;
     let file = token_file(run, keys.first(), 1, buyers)?;
@@ -248,8 +268,7 @@ async fn accepted(run: &mut Run, keys: &[Provisioned], pid: Option<u32>) -> anyh
         tokens: Some(&file),
         server_pid: pid,
     };
-    let line = wrk(run, "accept", &shot).await?;
-    Ok(Line::parse(&format!("{} activity={a}", line.text)))
+    Ok((wrk(run, "accept", &shot).await?, a))
 }
 
 /// The direct-PostgreSQL server's sold-out answers with the same RS256 tokens (`C_BASE_SOLDOUT`).
@@ -274,6 +293,20 @@ pub async fn baseline_ceiling(
 
 /// `make bench-ceilings`: the API's ceilings, then the direct-PostgreSQL server's.
 pub async fn only_ceilings(run: &mut Run, keys: &[Provisioned]) -> anyhow::Result<()> {
+    // A backlog left by an earlier run would close admission (its lag past the validity):
+    // the consumer takes it first, until the reservations recorded stop growing (3 minutes at
+    // most).
+    super::scenarios::consume(run, &[], None).await?;
+    let sql = "SELECT count(*) FROM {s}.reservations";
+    let mut last = -1;
+    let mut still = 0;
+    let started = Instant::now();
+    while still < 5 && started.elapsed() < Duration::from_secs(180) {
+        let now = run.count(sql).await;
+        still = if now == last { still + 1 } else { 0 };
+        last = now;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     api_ceilings(run, keys).await?;
     run.procs
         .start_baseline(&["--pool", "16", "--stock", "1:1:0"].map(String::from))?;

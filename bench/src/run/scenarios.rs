@@ -18,7 +18,7 @@ fn s(v: impl ToString) -> String {
 }
 
 /// Restarts the consumer (extra `args` to `seckill consume`) and waits for its queues.
-async fn consume(run: &mut Run, args: &[&str], nice: Option<i32>) -> anyhow::Result<()> {
+pub(super) async fn consume(run: &mut Run, args: &[&str], nice: Option<i32>) -> anyhow::Result<()> {
     run.procs.stop("consume").await;
     let mut all = vec!["consume"];
     all.extend_from_slice(args);
@@ -387,7 +387,7 @@ async fn relay(run: &mut Run) -> anyhow::Result<()> {
 /// broker have the cores): batched against one send each, then the trust layer's cost in two
 /// alternating pairs (a pair moves by 10-20 % from run to run here). With the consumer
 /// stopped this long the order queue's lag passes the fail-closed bound: these runs get the
-/// whole validity, both sides. Then the front door's ceilings (wrk), the consumer still stopped.
+/// whole validity, both sides. Then the front door's ceilings (wrk, bench/src/run/ceilings.rs).
 async fn send_path(run: &mut Run, keys: &[Provisioned]) -> anyhow::Result<()> {
     run.procs.stop("consume").await;
     let n = run.sizes.api_requests as i64;
@@ -423,24 +423,12 @@ async fn send_path(run: &mut Run, keys: &[Provisioned]) -> anyhow::Result<()> {
         let line = accept_run(run, label, false, a, env, &only).await?;
         run.keep(name, line);
     }
-    super::ceilings::api_ceilings(run, keys).await?;
-    activities.extend(
-        run.lines
-            .get("C_ACCEPT")
-            .and_then(|l| l.num("activity"))
-            .map(|a| a as i64),
-    );
     consume(run, &[], None).await?;
     // The next scenarios start once the consumer has turned that backlog into orders.
-    let mut accepted: f64 = ["I_BATCHED", "I_SINGLE", "T_OFF", "T_ON", "T_OFF2", "T_ON2"]
+    let accepted: f64 = ["I_BATCHED", "I_SINGLE", "T_OFF", "T_ON", "T_OFF2", "T_ON2"]
         .iter()
         .filter_map(|n| run.lines.get(n)?.num("accepted"))
         .sum();
-    accepted += run
-        .lines
-        .get("C_ACCEPT")
-        .and_then(|l| l.num("s202"))
-        .unwrap_or(0.0);
     let ids: Vec<String> = activities.iter().map(|a| a.to_string()).collect();
     let sql = format!(
         "SELECT count(*) FROM {{s}}.reservations WHERE activity_id IN ({})",
@@ -453,7 +441,7 @@ async fn send_path(run: &mut Run, keys: &[Provisioned]) -> anyhow::Result<()> {
         || async move { r.count(q).await as f64 >= accepted },
     )
     .await;
-    Ok(())
+    super::ceilings::api_ceilings(run, keys).await
 }
 
 /// Through the API with the whole pipeline running: batched and unbatched sends, sold-out
