@@ -66,6 +66,9 @@ if [[ -z "${SECKILL_BIN:-}" ]]; then
 fi
 BIN="${SECKILL_BIN:-$root/target/release/seckill}"
 BENCH="${SECKILL_BENCH_BIN:-$(dirname "$BIN")/seckill-bench}"
+# The buyers' tokens as a shop issues them: RS256 from a JWKS (TOKEN_ALG to change).
+source scripts/tokens-lib.sh
+production_tokens "$LOG_DIR/tokens"
 # A fresh schema for the fresh Redis: the run's books start empty on both sides.
 psql -X -q -h 127.0.0.1 -U postgres -d postgres -c "DROP SCHEMA IF EXISTS seckill_chaos CASCADE" >&2
 "$BIN" migrate >&2

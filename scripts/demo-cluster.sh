@@ -39,6 +39,9 @@ echo "[demo-cluster] building (release)"
 cargo build --release --quiet -p seckill -p seckill-bench
 BIN="$root/target/release/seckill"
 BENCH="$root/target/release/seckill-bench"
+# The buyers' tokens as a shop issues them: RS256 from a JWKS (TOKEN_ALG to change).
+source "$root/scripts/tokens-lib.sh"
+production_tokens "$RUN_DIR/tokens"
 
 source "$root/scripts/demo-lib.sh"
 : >"$RUN_DIR/setup.log"

@@ -35,6 +35,9 @@ if [[ -z "${SECKILL_BIN:-}" ]]; then
 fi
 BIN="${SECKILL_BIN:-$root/target/release/seckill}"
 BENCH="${SECKILL_BENCH_BIN:-$(dirname "$BIN")/seckill-bench}"
+# The buyers' tokens as a shop issues them: RS256 from a JWKS (TOKEN_ALG to change).
+source scripts/tokens-lib.sh
+production_tokens "$LOG_DIR/tokens"
 PSQL=(psql -X -q -h 127.0.0.1 -U postgres -d postgres)
 clean_stores() {
   "${PSQL[@]}" -c "DROP SCHEMA IF EXISTS seckill_soak CASCADE" >&2 || true
