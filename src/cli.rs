@@ -121,6 +121,10 @@ where
         }
     };
     logs(&settings.telemetry);
+    // One TLS and one token-signature backend for the whole process, before any client asks
+    // (an HTTP client built before a provider is installed panics).
+    crate::tls::install_crypto_provider();
+    crate::auth::install_crypto();
     // The recorder goes in before the command records its first metric.
     let _ = crate::telemetry::metrics_handle();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

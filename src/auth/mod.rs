@@ -15,7 +15,7 @@ use subtle::ConstantTimeEq;
 
 /// Makes aws-lc-rs the signature code of every token this process signs or verifies
 /// (jsonwebtoken's `aws_lc_rs` backend: RSA verifies several times faster than the pure-Rust
-/// backend; docs/BENCHMARKS.md#buyer-token-verification). Called before the first key is
+/// backend; BENCHMARKS.md#buyer-token-verification). Called before the first key is
 /// read or token signed; later calls change nothing. Explicit because a build that also holds
 /// the RustCrypto backend (the benchmark crate compares the two) makes jsonwebtoken refuse to
 /// choose on its own.
