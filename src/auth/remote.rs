@@ -65,35 +65,10 @@ struct Current {
     source: String,
 }
 
-/// Whether `url` may carry keys: `https://`, or `http://` to a loopback address (a sidecar on
-/// the same host), nothing else.
-pub fn check_url(url: &str) -> Result<(), ConfigError> {
-    let parsed = reqwest::Url::parse(url)
-        .map_err(|e| ConfigError::invalid(KEY, format!("not a URL: {e}")))?;
-    let loopback = match parsed.host() {
-        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        None => false,
-    };
-    match parsed.scheme() {
-        "https" => Ok(()),
-        "http" if loopback => Ok(()),
-        "http" => Err(ConfigError::invalid(
-            KEY,
-            "plain http only to a loopback address; keys from elsewhere need https",
-        )),
-        other => Err(ConfigError::invalid(
-            KEY,
-            format!("scheme `{other}`; use https"),
-        )),
-    }
-}
-
 impl RemoteJwks {
     /// The fetcher for `auth.jwks_url` (not fetched yet: see [`RemoteJwks::start`]).
     pub fn new(s: &AuthSettings, cache: Option<Arc<TokenCache>>) -> Result<Self, ConfigError> {
-        check_url(&s.jwks_url)?;
+        crate::config::check_jwks_url(&s.jwks_url)?;
         // The client builds a TLS config even for a loopback http URL, from the process's
         // crypto provider.
         crate::tls::install_crypto_provider();
@@ -278,7 +253,7 @@ mod tests {
             "http://[::1]/jwks",
             "http://localhost/jwks",
         ] {
-            assert!(check_url(ok).is_ok(), "{ok}");
+            assert!(crate::config::check_jwks_url(ok).is_ok(), "{ok}");
         }
         for bad in [
             "http://login.shop.example/jwks",
@@ -287,7 +262,7 @@ mod tests {
             "file:///etc/jwks.json",
             "not a url",
         ] {
-            let e = check_url(bad)
+            let e = crate::config::check_jwks_url(bad)
                 .err()
                 .unwrap_or_else(|| panic!("{bad} accepted"));
             assert!(e.to_string().contains(KEY), "{e}");

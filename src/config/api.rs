@@ -266,7 +266,7 @@ impl AuthSettings {
             return Err(invalid("auth.leeway_secs", "must be at most 300"));
         }
         if !self.jwks_url.is_empty() {
-            crate::auth::remote::check_url(&self.jwks_url)?;
+            check_jwks_url(&self.jwks_url)?;
         }
         if self.jwks_min_refresh_secs == 0 {
             return Err(invalid("auth.jwks_min_refresh_secs", "must be at least 1"));
@@ -318,5 +318,32 @@ impl PaymentSettings {
             return Err(invalid("payments.tolerance_secs", "must be in 1..=3600"));
         }
         Ok(())
+    }
+}
+
+const JWKS_URL: &str = "auth.jwks_url";
+
+/// Whether `url` may carry keys: `https://`, or `http://` to a loopback address (a sidecar on
+/// the same host), nothing else.
+pub fn check_jwks_url(url: &str) -> Result<(), ConfigError> {
+    let parsed = url::Url::parse(url)
+        .map_err(|e| ConfigError::invalid(JWKS_URL, format!("not a URL: {e}")))?;
+    let loopback = match parsed.host() {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    };
+    match parsed.scheme() {
+        "https" => Ok(()),
+        "http" if loopback => Ok(()),
+        "http" => Err(ConfigError::invalid(
+            JWKS_URL,
+            "plain http only to a loopback address; keys from elsewhere need https",
+        )),
+        other => Err(ConfigError::invalid(
+            JWKS_URL,
+            format!("scheme `{other}`; use https"),
+        )),
     }
 }

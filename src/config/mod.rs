@@ -20,7 +20,10 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use thiserror::Error;
 
-pub use api::{ApiSettings, AuthSettings, BuyerIdentity, PaymentSettings, MIN_ADMIN_TOKEN_BYTES};
+pub use api::{
+    check_jwks_url, ApiSettings, AuthSettings, BuyerIdentity, PaymentSettings,
+    MIN_ADMIN_TOKEN_BYTES,
+};
 pub use mq::{EventDelivery, EventSettings, MqSettings};
 pub use stores::{PgSettings, PgTls, RedisMode, RedisSettings};
 pub use workers::{

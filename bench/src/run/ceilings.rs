@@ -16,7 +16,7 @@ use anyhow::Context;
 use jsonwebtoken::Algorithm;
 use tokio::process::Command;
 
-use super::procs::{poll_until, wait_ready};
+use super::procs::wait_ready;
 use super::{Run, API, API_READY};
 use crate::cpu::{cpu_snapshot, cpu_use, parse_cpu_target, CpuTarget};
 use crate::ratios::Line;
@@ -223,14 +223,7 @@ pub async fn api_ceilings(run: &mut Run, keys: &[Provisioned]) -> anyhow::Result
     run.procs.stop("api").await;
     run.procs.set_env(&[]);
     super::scenarios::consume(run, &[], None).await?;
-    let sql = format!("SELECT count(*) FROM {{s}}.reservations WHERE activity_id = {a}");
-    let (r, q) = (&*run, sql.as_str());
-    poll_until(
-        Duration::from_secs(180),
-        Duration::from_millis(200),
-        || async move { r.count(q).await >= taken },
-    )
-    .await;
+    run.wait_recorded(&[a], taken).await;
     Ok(())
 }
 

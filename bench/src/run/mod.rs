@@ -126,6 +126,23 @@ impl Run {
         Ok(dir)
     }
 
+    /// Waits (3 minutes at most) until the consumer has recorded at least `accepted`
+    /// reservations of `activities`: the backlog a scenario left is orders before the next.
+    pub async fn wait_recorded(&self, activities: &[i64], accepted: i64) {
+        let ids: Vec<String> = activities.iter().map(|a| a.to_string()).collect();
+        let sql = format!(
+            "SELECT count(*) FROM {{s}}.reservations WHERE activity_id IN ({})",
+            ids.join(", ")
+        );
+        let q = sql.as_str();
+        procs::poll_until(
+            std::time::Duration::from_secs(180),
+            std::time::Duration::from_millis(200),
+            || async move { self.count(q).await >= accepted },
+        )
+        .await;
+    }
+
     /// `SELECT count(*) ...` on this run's schema (`{s}` in `sql` is the schema).
     pub async fn count(&self, sql: &str) -> i64 {
         let sql = sql.replace("{s}", &self.schema);

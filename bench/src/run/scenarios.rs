@@ -203,14 +203,7 @@ async fn sale_pair(run: &mut Run) -> anyhow::Result<()> {
     let accepted = front.num("accepted").unwrap_or(0.0) as i64;
     run.keep("SALE_FRONT", front);
     consume(run, &[], None).await?;
-    let sql = format!("SELECT count(*) FROM {{s}}.reservations WHERE activity_id = {a}");
-    let (r, q) = (&*run, sql.as_str());
-    poll_until(
-        Duration::from_secs(180),
-        Duration::from_millis(200),
-        || async move { r.count(q).await >= accepted },
-    )
-    .await;
+    run.wait_recorded(&[a], accepted).await;
     Ok(())
 }
 
@@ -429,18 +422,7 @@ async fn send_path(run: &mut Run, keys: &[Provisioned]) -> anyhow::Result<()> {
         .iter()
         .filter_map(|n| run.lines.get(n)?.num("accepted"))
         .sum();
-    let ids: Vec<String> = activities.iter().map(|a| a.to_string()).collect();
-    let sql = format!(
-        "SELECT count(*) FROM {{s}}.reservations WHERE activity_id IN ({})",
-        ids.join(", ")
-    );
-    let (r, q) = (&*run, sql.as_str());
-    poll_until(
-        Duration::from_secs(180),
-        Duration::from_millis(200),
-        || async move { r.count(q).await as f64 >= accepted },
-    )
-    .await;
+    run.wait_recorded(&activities, accepted as i64).await;
     super::ceilings::api_ceilings(run, keys).await
 }
 
