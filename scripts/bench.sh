@@ -36,6 +36,7 @@
 # wrk (bench/src/run/ceilings.rs), the generator's CPU beside the server's.
 # Knobs: BENCH_QUICK=1 (smaller runs, for a smoke test), BENCH_CONCURRENCY (default 64),
 # LIMITS_SECONDS (default 10), BENCH_ONLY=sale (only the sale's three runs: make bench-sale),
+# BENCH_ONLY=orders (pgbench's batch and the order consumer on a backlog: make bench-orders),
 # BENCH_WAITING_NICE (default 10, as shipped: the nice level of consume, scan and timeout-cancel).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -75,7 +76,7 @@ run_args+=(--seckill "$BIN")
 # CEILING_RATIOS ... violations=N.
 if [[ "${BENCH_ONLY:-}" == ceilings ]]; then
   exec_status=0
-  "$BENCH" run "${run_args[@]}" --only-ceilings || exec_status=$?
+  "$BENCH" run "${run_args[@]}" --only ceilings || exec_status=$?
   exit "$exec_status"
 fi
 
@@ -83,7 +84,16 @@ fi
 # bench; last line SALE_RATIOS ... violations=N.
 if [[ "${BENCH_ONLY:-}" == sale ]]; then
   exec_status=0
-  "$BENCH" run "${run_args[@]}" --only-sale || exec_status=$?
+  "$BENCH" run "${run_args[@]}" --only sale || exec_status=$?
+  exit "$exec_status"
+fi
+
+# BENCH_ONLY=orders (make bench-orders): pgbench's batch (the limits' measurement 2) and the
+# order consumer on a backlog, with the CPU each spends per order; last line ORDER_RATIOS ...
+if [[ "${BENCH_ONLY:-}" == orders ]]; then
+  exec_status=0
+  LIMITS_ONLY=batch bench/limits/limits.sh | tee "$RUN_DIR/limits-batch.out" >&2
+  "$BENCH" run "${run_args[@]}" --only orders --limits "$RUN_DIR/limits-batch.out" || exec_status=$?
   exit "$exec_status"
 fi
 

@@ -3,7 +3,8 @@
 #   1. pgbench, the project's order transaction (src/pg/order_tx.rs), one order per
 #      transaction, at 1, 4 and 16 clients: best tps and the client count that reached it;
 #   2. pgbench, the same transaction for BATCH orders at once (set-based), at 2 and 4 clients:
-#      best orders/s;
+#      best orders/s, and the CPU PostgreSQL and pgbench spent per order there (the floor of
+#      the order work's CPU);
 #   3. redis-benchmark, 50 clients, EVALSHA of the project's own src/redis/lua/reserve.lua, a
 #      new buyer per call: calls/s;
 #   4. the direct-to-PostgreSQL purchase a team would otherwise build (conditional UPDATE of
@@ -17,13 +18,16 @@
 #
 # Env: LIMITS_SECONDS   duration of each measurement in seconds (default 10; the whole
 #                       script then takes about 1.5 minutes)
+#      LIMITS_ONLY=batch only measurement 2 (make bench-orders); the other figures print 0
 #      DIRECT_PG_CLIENTS clients of measurement 4 (default 64; capped, with a warning, to the
 #                       connections PostgreSQL has free)
 # Usage: bench/limits/limits.sh [--json | --batch-size]
 # Progress goes to stderr; the LAST line on stdout is the result, either
 #   LIMITS pgbench_single_tps=<f> pgbench_single_clients=<n> pgbench_batch_orders_per_s=<f>
 #          pgbench_batch_size=<n> redis_reserve_per_s=<f> direct_pg_buy_per_s=<f>
-#          direct_pg_soldout_per_s=<f> direct_pg_clients=<n>        (one line)
+#          direct_pg_soldout_per_s=<f> direct_pg_clients=<n> pgbench_batch_cpu_us_per_order=<f>
+#          pgbench_batch_cpu_us_postgres=<f> pgbench_batch_cpu_us_pgbench=<f>   (one line; the
+#          CPU, from /proc, that PostgreSQL and pgbench spent per order at measurement 2's best)
 # or, with --json, the same figures as one JSON object.
 set -euo pipefail
 export LC_ALL=C
@@ -33,6 +37,12 @@ here="$root/bench/limits"
 
 # --- settings ----------------------------------------------------------------------------
 SECS="${LIMITS_SECONDS:-10}"
+batch_only=0
+case "${LIMITS_ONLY:-}" in
+  "") ;;
+  batch) batch_only=1 ;;
+  *) echo "[limits] error: LIMITS_ONLY must be empty or 'batch' (got '$LIMITS_ONLY')" >&2; exit 1 ;;
+esac
 DIRECT_CLIENTS="${DIRECT_PG_CLIENTS:-64}"
 SCHEMA=seckill_limits
 RPREFIX=seckill_limits                 # Redis key prefix (Keys::new(prefix) in src/redis)
@@ -187,12 +197,33 @@ CHECKPOINT;
 SQL
 }
 
-# run_pgbench label script clients [pgbench args...] -> prints tps
+# CPU clock ticks (utime + stime) of every PostgreSQL process, plus what the postmaster
+# reaped from backends that ended (cutime + cstime): a pgbench run's backends still count
+# once they have exited.
+pg_ticks() {
+  local pm p f total=0
+  local -a a
+  pm="$(pgrep -o -x postgres)" || { echo 0; return; }
+  for p in $(pgrep -x postgres); do
+    f="$(cat "/proc/$p/stat" 2>/dev/null)" || continue
+    read -r -a a <<<"${f##*) }" # after the command name: state ppid ... utime(11) stime(12)
+    total=$((total + a[11] + a[12]))
+    if [[ "$p" == "$pm" ]]; then total=$((total + a[13] + a[14])); fi
+  done
+  echo "$total"
+}
+
+# run_pgbench label script clients [pgbench args...] -> prints tps; leaves
+# "<transactions> <PostgreSQL CPU s> <pgbench CPU s>" in $tmp/pgbench.cpu
 run_pgbench() {
   local label="$1" script="$2" clients="$3"; shift 3
-  local out="$tmp/pgbench.out"
-  if ! pgbench "${PG_CONN[@]}" -n -M prepared -c "$clients" -j "$PGBENCH_THREADS" -T "$SECS" \
-       -f "$script" "$@" postgres >"$out" 2>&1; then
+  local out="$tmp/pgbench.out" rc=0 ticks_before ticks_after
+  local TIMEFORMAT='%3U %3S'
+  ticks_before="$(pg_ticks)"
+  { time pgbench "${PG_CONN[@]}" -n -M prepared -c "$clients" -j "$PGBENCH_THREADS" -T "$SECS" \
+       -f "$script" "$@" postgres >"$out" 2>&1; } 2>"$tmp/pgbench.time" || rc=$?
+  ticks_after="$(pg_ticks)"
+  if ((rc != 0)); then
     cat "$out" >&2
     die "pgbench failed: $label"
   fi
@@ -204,6 +235,8 @@ run_pgbench() {
   [[ -n "$tps" && -n "$txs" && "$txs" -gt 0 ]] || { cat "$out" >&2; die "no result from pgbench: $label"; }
   [[ "${failed:-0}" -eq 0 ]] || { cat "$out" >&2; die "pgbench: $failed failed transactions: $label"; }
   log "  $label: $(fmt1 "$tps") tps ($txs transactions, latency $lat)"
+  awk -v t="$txs" -v d="$((ticks_after - ticks_before))" -v hz="$(getconf CLK_TCK)" \
+      '{ printf "%d %.3f %.3f\n", t, d / hz, $1 + $2 }' "$tmp/pgbench.time" >"$tmp/pgbench.cpu"
   printf '%s' "$tps"
 }
 
@@ -221,25 +254,30 @@ max_single=0
 for c in "${SINGLE_CLIENTS[@]}" "${BATCH_CLIENTS[@]}"; do if (( c > max_single )); then max_single=$c; fi; done
 (( avail - 4 >= max_single )) || die "PostgreSQL has only $avail free connections, $max_single are needed"
 
-# 1. one order per transaction ---------------------------------------------------------------
-log "1. pgbench, the order transaction, 1 order per transaction (${SINGLE_CLIENTS[*]} clients)"
-single_best=0 single_best_c=0
+single_best=0 single_best_c=0 redis_rps=0 direct_buy=0 direct_soldout=0 direct_c=0
 declare -A single_tps=()
-for c in "${SINGLE_CLIENTS[@]}"; do
-  reset_order_tables
-  tps="$(run_pgbench "order_single.sql, $c clients" "$here/order_single.sql" "$c" -D n=0)"
-  single_tps[$c]="$tps"
-  sold="$(psql_value "SELECT count(*) FROM $SCHEMA.orders WHERE order_id IN
-                        (SELECT order_id FROM $SCHEMA.stock_ledger)")"
-  left="$(psql_value "SELECT total_stock - remaining_stock FROM $SCHEMA.stock_buckets")"
-  [[ "$sold" -eq "$left" && "$sold" -gt 0 ]] \
-    || die "order_single.sql: $sold orders with a ledger row but $left units taken from stock"
-  if gt "$tps" "$single_best"; then single_best="$tps"; single_best_c="$c"; fi
-done
+if (( ! batch_only )); then
+  # 1. one order per transaction ---------------------------------------------------------------
+  log "1. pgbench, the order transaction, 1 order per transaction (${SINGLE_CLIENTS[*]} clients)"
+  single_best=0 single_best_c=0
+  declare -A single_tps=()
+  for c in "${SINGLE_CLIENTS[@]}"; do
+    reset_order_tables
+    tps="$(run_pgbench "order_single.sql, $c clients" "$here/order_single.sql" "$c" -D n=0)"
+    single_tps[$c]="$tps"
+    sold="$(psql_value "SELECT count(*) FROM $SCHEMA.orders WHERE order_id IN
+                          (SELECT order_id FROM $SCHEMA.stock_ledger)")"
+    left="$(psql_value "SELECT total_stock - remaining_stock FROM $SCHEMA.stock_buckets")"
+    [[ "$sold" -eq "$left" && "$sold" -gt 0 ]] \
+      || die "order_single.sql: $sold orders with a ledger row but $left units taken from stock"
+    if gt "$tps" "$single_best"; then single_best="$tps"; single_best_c="$c"; fi
+  done
+
+fi
 
 # 2. BATCH orders per transaction ------------------------------------------------------------
 log "2. pgbench, the order transaction, $BATCH orders per transaction (${BATCH_CLIENTS[*]} clients)"
-batch_best=0 batch_best_c=0
+batch_best=0 batch_best_c=0 batch_cpu_pg=0 batch_cpu_pgbench=0
 declare -A batch_orders=()
 for c in "${BATCH_CLIENTS[@]}"; do
   reset_order_tables
@@ -253,79 +291,89 @@ for c in "${BATCH_CLIENTS[@]}"; do
   outbox="$(psql_value "SELECT count(*) FROM $SCHEMA.event_outbox")"
   [[ "$sold" -eq "$left" && "$outbox" -eq $((2 * sold)) && $((sold % BATCH)) -eq 0 ]] \
     || die "order_batch.sql: $sold orders, $left units taken, $outbox outbox rows"
-  if gt "$orders" "$batch_best"; then batch_best="$orders"; batch_best_c="$c"; fi
+  if gt "$orders" "$batch_best"; then
+    batch_best="$orders"; batch_best_c="$c"
+    # The floor of the order work's CPU: what PostgreSQL and pgbench spent per order.
+    read -r batch_cpu_pg batch_cpu_pgbench < <(awk -v b="$BATCH" \
+      '{ n = $1 * b; printf "%.1f %.1f\n", $2 * 1e6 / n, $3 * 1e6 / n }' "$tmp/pgbench.cpu")
+  fi
+  log "    CPU: $(awk -v b="$BATCH" '{ n = $1 * b; printf "PostgreSQL %.1f us, pgbench %.1f us per order", $2 * 1e6 / n, $3 * 1e6 / n }' "$tmp/pgbench.cpu")"
 done
 reset_order_tables 0 # gives the disk space back before the next measurements
 
-# 3. Redis reservation script ----------------------------------------------------------------
-log "3. redis-benchmark, EVALSHA src/redis/lua/reserve.lua, $REDIS_CLIENTS clients, a new buyer per call"
-sha="$("${REDIS[@]}" -x SCRIPT LOAD <"$root/src/redis/lua/reserve.lua")"
-[[ "$sha" =~ ^[0-9a-f]{40}$ ]] || die "SCRIPT LOAD of reserve.lua answered: $sha"
-tag="$RPREFIX:{a1}"      # Keys::tag: "<prefix>:{a<activity_id>}"
-now_ms="$(date +%s%3N)"
-redis_setup() {
-  "${REDIS[@]}" HSET "$tag:meta" starts_at_ms 0 ends_at_ms $((now_ms + 86400000)) valid_ms 900000 >/dev/null
-  "${REDIS[@]}" HSET "$tag:sku:1" total "$REDIS_STOCK" remaining "$REDIS_STOCK" >/dev/null
-}
-# KEYS: meta, sku, buyers, requests, pending, pending_since, address bucket, buyer bucket
-#       (RedisStore::reserve)
-# ARGV: now_ms, user_id, request_id, reservation_id, message_id, order_id, sku_id,
-#       activity_id, next_retry_at_ms, reservation key prefix, traceparent, key ttl seconds,
-#       address rate and burst, buyer rate and burst (0: the abuse limits off, as in the bench)
-reserve_cmd=(EVALSHA "$sha" 8 "$tag:meta" "$tag:sku:1" "$tag:buyers:1" "$tag:req"
-             "$tag:pending" "$tag:pending_since" "$tag:rl:ip:127.0.0.1" "$tag:rl:u:__rand_int__"
-             "$now_ms" __rand_int__ req-__rand_int__ rsv-__rand_int__ evt-__rand_int__
-             ord-__rand_int__ 1 1 $((now_ms + 5000)) "$tag:rsv:" "$TRACEPARENT" 605700 0 0 0 0)
-redis_bench() { # requests -> prints requests/s
-  local out="$tmp/redis.out"
-  redis-benchmark -h 127.0.0.1 -p 6379 -c "$REDIS_CLIENTS" -n "$1" -r "$REDIS_RANDOM" --csv \
-    "${reserve_cmd[@]}" >"$out" 2>"$tmp/redis.err" \
-    || { cat "$out" "$tmp/redis.err" >&2; die "redis-benchmark failed"; }
-  local rps
-  rps="$(tail -1 "$out" | awk -F'","' '{ print $2 }' | tr -d '"')"
-  [[ "$rps" =~ ^[0-9]+(\.[0-9]+)?$ ]] || { cat "$out" "$tmp/redis.err" >&2; die "no result from redis-benchmark"; }
-  printf '%s' "$rps"
-}
-redis_setup
-calib="$(redis_bench "$REDIS_CALIBRATION")"
-requests="$(awk -v r="$calib" -v s="$SECS" -v lo="$REDIS_CALIBRATION" -v hi="$REDIS_MAX_REQUESTS" \
-            'BEGIN { n = int(r * s); if (n < lo) n = lo; if (n > hi) n = hi; print n }')"
-log "  calibration: $(fmt1 "$calib") calls/s -> $requests requests for ~${SECS}s"
-redis_cleanup
-redis_setup
-redis_rps="$(redis_bench "$requests")"
-reserved=$(( REDIS_STOCK - $("${REDIS[@]}" HGET "$tag:sku:1" remaining) ))
-buyers="$("${REDIS[@]}" HLEN "$tag:buyers:1")"
-mem="$("${REDIS[@]}" INFO memory | sed -n 's/^used_memory_human:\(.*\)\r*$/\1/p' | tr -d '\r')"
-log "  reserve.lua: $(fmt1 "$redis_rps") calls/s ($requests calls: $reserved reservations," \
-    "$((requests - reserved)) answered ALREADY_PURCHASED (random buyer drawn twice); Redis memory $mem)"
-[[ "$buyers" -eq "$reserved" ]] || die "Redis: $reserved units taken but $buyers buyers recorded"
-(( reserved * 10 >= requests * 9 )) \
-  || die "Redis: only $reserved of $requests calls reserved (script errors?)"
-redis_cleanup
+if (( ! batch_only )); then
+  # 3. Redis reservation script ----------------------------------------------------------------
+  log "3. redis-benchmark, EVALSHA src/redis/lua/reserve.lua, $REDIS_CLIENTS clients, a new buyer per call"
+  sha="$("${REDIS[@]}" -x SCRIPT LOAD <"$root/src/redis/lua/reserve.lua")"
+  [[ "$sha" =~ ^[0-9a-f]{40}$ ]] || die "SCRIPT LOAD of reserve.lua answered: $sha"
+  tag="$RPREFIX:{a1}"      # Keys::tag: "<prefix>:{a<activity_id>}"
+  now_ms="$(date +%s%3N)"
+  redis_setup() {
+    "${REDIS[@]}" HSET "$tag:meta" starts_at_ms 0 ends_at_ms $((now_ms + 86400000)) valid_ms 900000 >/dev/null
+    "${REDIS[@]}" HSET "$tag:sku:1" total "$REDIS_STOCK" remaining "$REDIS_STOCK" >/dev/null
+  }
+  # KEYS: meta, sku, buyers, requests, pending, pending_since, address bucket, buyer bucket
+  #       (RedisStore::reserve)
+  # ARGV: now_ms, user_id, request_id, reservation_id, message_id, order_id, sku_id,
+  #       activity_id, next_retry_at_ms, reservation key prefix, traceparent, key ttl seconds,
+  #       address rate and burst, buyer rate and burst (0: the abuse limits off, as in the bench)
+  reserve_cmd=(EVALSHA "$sha" 8 "$tag:meta" "$tag:sku:1" "$tag:buyers:1" "$tag:req"
+               "$tag:pending" "$tag:pending_since" "$tag:rl:ip:127.0.0.1" "$tag:rl:u:__rand_int__"
+               "$now_ms" __rand_int__ req-__rand_int__ rsv-__rand_int__ evt-__rand_int__
+               ord-__rand_int__ 1 1 $((now_ms + 5000)) "$tag:rsv:" "$TRACEPARENT" 605700 0 0 0 0)
+  redis_bench() { # requests -> prints requests/s
+    local out="$tmp/redis.out"
+    redis-benchmark -h 127.0.0.1 -p 6379 -c "$REDIS_CLIENTS" -n "$1" -r "$REDIS_RANDOM" --csv \
+      "${reserve_cmd[@]}" >"$out" 2>"$tmp/redis.err" \
+      || { cat "$out" "$tmp/redis.err" >&2; die "redis-benchmark failed"; }
+    local rps
+    rps="$(tail -1 "$out" | awk -F'","' '{ print $2 }' | tr -d '"')"
+    [[ "$rps" =~ ^[0-9]+(\.[0-9]+)?$ ]] || { cat "$out" "$tmp/redis.err" >&2; die "no result from redis-benchmark"; }
+    printf '%s' "$rps"
+  }
+  redis_setup
+  calib="$(redis_bench "$REDIS_CALIBRATION")"
+  requests="$(awk -v r="$calib" -v s="$SECS" -v lo="$REDIS_CALIBRATION" -v hi="$REDIS_MAX_REQUESTS" \
+              'BEGIN { n = int(r * s); if (n < lo) n = lo; if (n > hi) n = hi; print n }')"
+  log "  calibration: $(fmt1 "$calib") calls/s -> $requests requests for ~${SECS}s"
+  redis_cleanup
+  redis_setup
+  redis_rps="$(redis_bench "$requests")"
+  reserved=$(( REDIS_STOCK - $("${REDIS[@]}" HGET "$tag:sku:1" remaining) ))
+  buyers="$("${REDIS[@]}" HLEN "$tag:buyers:1")"
+  mem="$("${REDIS[@]}" INFO memory | sed -n 's/^used_memory_human:\(.*\)\r*$/\1/p' | tr -d '\r')"
+  log "  reserve.lua: $(fmt1 "$redis_rps") calls/s ($requests calls: $reserved reservations," \
+      "$((requests - reserved)) answered ALREADY_PURCHASED (random buyer drawn twice); Redis memory $mem)"
+  [[ "$buyers" -eq "$reserved" ]] || die "Redis: $reserved units taken but $buyers buyers recorded"
+  (( reserved * 10 >= requests * 9 )) \
+    || die "Redis: only $reserved of $requests calls reserved (script errors?)"
+  redis_cleanup
 
-# 4. direct-to-PostgreSQL purchase -----------------------------------------------------------
-avail="$(free_connections)"
-direct_c="$DIRECT_CLIENTS"
-if (( direct_c > avail - 4 )); then
-  direct_c=$(( avail - 4 > 1 ? avail - 4 : 1 ))
-  log "warning: PostgreSQL has $avail free connections: direct purchase at $direct_c clients instead of $DIRECT_CLIENTS"
+  # 4. direct-to-PostgreSQL purchase -----------------------------------------------------------
+  avail="$(free_connections)"
+  direct_c="$DIRECT_CLIENTS"
+  if (( direct_c > avail - 4 )); then
+    direct_c=$(( avail - 4 > 1 ? avail - 4 : 1 ))
+    log "warning: PostgreSQL has $avail free connections: direct purchase at $direct_c clients instead of $DIRECT_CLIENTS"
+  fi
+  log "4. pgbench, direct purchase from PostgreSQL, $direct_c clients"
+  reset_direct "$DIRECT_BUY_STOCK"
+  direct_buy="$(run_pgbench "direct_buy.sql, stock left, $direct_c clients" "$here/direct_buy.sql" "$direct_c")"
+  sold="$(psql_value "SELECT count(*) FROM $SCHEMA.direct_orders")"
+  left="$(psql_value "SELECT $DIRECT_BUY_STOCK - remaining FROM $SCHEMA.stock WHERE id = 1")"
+  [[ "$sold" -eq "$left" && "$sold" -gt 0 ]] || die "direct_buy.sql: $sold orders but $left units taken"
+  reset_direct 0
+  direct_soldout="$(run_pgbench "direct_buy.sql, sold out, $direct_c clients" "$here/direct_buy.sql" "$direct_c")"
+  sold="$(psql_value "SELECT count(*) FROM $SCHEMA.direct_orders")"
+  [[ "$sold" -eq 0 ]] || die "direct_buy.sql with stock 0 created $sold orders"
+
 fi
-log "4. pgbench, direct purchase from PostgreSQL, $direct_c clients"
-reset_direct "$DIRECT_BUY_STOCK"
-direct_buy="$(run_pgbench "direct_buy.sql, stock left, $direct_c clients" "$here/direct_buy.sql" "$direct_c")"
-sold="$(psql_value "SELECT count(*) FROM $SCHEMA.direct_orders")"
-left="$(psql_value "SELECT $DIRECT_BUY_STOCK - remaining FROM $SCHEMA.stock WHERE id = 1")"
-[[ "$sold" -eq "$left" && "$sold" -gt 0 ]] || die "direct_buy.sql: $sold orders but $left units taken"
-reset_direct 0
-direct_soldout="$(run_pgbench "direct_buy.sql, sold out, $direct_c clients" "$here/direct_buy.sql" "$direct_c")"
-sold="$(psql_value "SELECT count(*) FROM $SCHEMA.direct_orders")"
-[[ "$sold" -eq 0 ]] || die "direct_buy.sql with stock 0 created $sold orders"
 
 # --- report ------------------------------------------------------------------------------
 {
   printf '\n%-52s %14s\n' "measurement (${SECS}s each)" "rate"
   for c in "${SINGLE_CLIENTS[@]}"; do
+    [[ -n "${single_tps[$c]:-}" ]] || continue
     printf '%-52s %14s%s\n' "order tx, 1 order/tx, $c clients (tps)" "$(fmt1 "${single_tps[$c]}")" \
       "$([[ $c == "$single_best_c" ]] && echo '  <- best')"
   done
@@ -339,12 +387,13 @@ sold="$(psql_value "SELECT count(*) FROM $SCHEMA.direct_orders")"
   printf '\ntook %ss; load average now: %s\n\n' "$((SECONDS - started))" "$(cut -d' ' -f1-3 /proc/loadavg)"
 } >&2
 
+batch_cpu="$(awk -v a="$batch_cpu_pg" -v b="$batch_cpu_pgbench" 'BEGIN { printf "%.1f", a + b }')"
 if (( json )); then
-  printf '{"pgbench_single_tps":%s,"pgbench_single_clients":%d,"pgbench_batch_orders_per_s":%s,"pgbench_batch_size":%d,"redis_reserve_per_s":%s,"direct_pg_buy_per_s":%s,"direct_pg_soldout_per_s":%s,"direct_pg_clients":%d}\n' \
+  printf '{"pgbench_single_tps":%s,"pgbench_single_clients":%d,"pgbench_batch_orders_per_s":%s,"pgbench_batch_size":%d,"redis_reserve_per_s":%s,"direct_pg_buy_per_s":%s,"direct_pg_soldout_per_s":%s,"direct_pg_clients":%d,"pgbench_batch_cpu_us_per_order":%s,"pgbench_batch_cpu_us_postgres":%s,"pgbench_batch_cpu_us_pgbench":%s}\n' \
     "$(fmt1 "$single_best")" "$single_best_c" "$(fmt1 "$batch_best")" "$BATCH" "$(fmt1 "$redis_rps")" \
-    "$(fmt1 "$direct_buy")" "$(fmt1 "$direct_soldout")" "$direct_c"
+    "$(fmt1 "$direct_buy")" "$(fmt1 "$direct_soldout")" "$direct_c" "$batch_cpu" "$batch_cpu_pg" "$batch_cpu_pgbench"
 else
-  printf 'LIMITS pgbench_single_tps=%s pgbench_single_clients=%d pgbench_batch_orders_per_s=%s pgbench_batch_size=%d redis_reserve_per_s=%s direct_pg_buy_per_s=%s direct_pg_soldout_per_s=%s direct_pg_clients=%d\n' \
+  printf 'LIMITS pgbench_single_tps=%s pgbench_single_clients=%d pgbench_batch_orders_per_s=%s pgbench_batch_size=%d redis_reserve_per_s=%s direct_pg_buy_per_s=%s direct_pg_soldout_per_s=%s direct_pg_clients=%d pgbench_batch_cpu_us_per_order=%s pgbench_batch_cpu_us_postgres=%s pgbench_batch_cpu_us_pgbench=%s\n' \
     "$(fmt1 "$single_best")" "$single_best_c" "$(fmt1 "$batch_best")" "$BATCH" "$(fmt1 "$redis_rps")" \
-    "$(fmt1 "$direct_buy")" "$(fmt1 "$direct_soldout")" "$direct_c"
+    "$(fmt1 "$direct_buy")" "$(fmt1 "$direct_soldout")" "$direct_c" "$batch_cpu" "$batch_cpu_pg" "$batch_cpu_pgbench"
 fi

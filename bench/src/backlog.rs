@@ -18,6 +18,8 @@ use clap::Args;
 use futures::StreamExt;
 
 use seckill::config::Settings;
+
+use crate::cpu::{cpu_snapshot, cpu_use, parse_cpu_target, CpuTarget};
 use seckill::domain::ids::{new_traceparent, Ids};
 use seckill::domain::order_create::{ReservationRef, TraceContext};
 use seckill::domain::OrderCreateRequested;
@@ -45,6 +47,10 @@ pub struct BacklogArgs {
     /// Prefix of the final machine-readable line.
     #[arg(long, default_value = "BACKLOG")]
     pub summary_prefix: String,
+    /// Processes whose CPU the drain reports per order, `name=pid[+pid...]` (repeatable),
+    /// e.g. `--cpu consume=1234 --cpu postgres=$(pgrep -o -x postgres)`.
+    #[arg(long = "cpu", value_parser = parse_cpu_target)]
+    pub cpu: Vec<CpuTarget>,
     /// Only fill the backlog (reserve and publish), for a consumer started afterwards.
     #[arg(long, conflicts_with = "drain_only")]
     pub fill_only: bool,
@@ -239,6 +245,7 @@ async fn drain(
     let pg = pool.get().await?;
     pg.batch_execute("SET statement_timeout = '120s'").await?;
     let started = Instant::now();
+    let cpu_before = cpu_snapshot(&args.cpu);
     let deadline = started + Duration::from_secs(args.drain_timeout_secs);
     let want = args.messages as i64;
     let drained = loop {
@@ -259,6 +266,7 @@ async fn drain(
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let drain_secs = started.elapsed().as_secs_f64();
+    let cpu = cpu_use(&args.cpu, &cpu_before, started.elapsed());
     let r = crate::bench::order_rate(&pg, args.activity_id, args.sku_id, args.sku_id).await?;
     let (orders, span, orders_per_sec) = (r.orders, r.span_secs, r.rate);
     let mut report = invariants::check(
@@ -281,11 +289,28 @@ async fn drain(
         println!("  - {v}");
     }
     println!(
-        "{} {} messages={} orders={orders} orders_per_s={orders_per_sec:.0} span_s={span:.2} drain_s={drain_secs:.2} violations={}",
+        "{} {} messages={} orders={orders} orders_per_s={orders_per_sec:.0} span_s={span:.2} drain_s={drain_secs:.2}{} violations={}",
         args.summary_prefix,
         if ok { "OK" } else { "FAILED" },
         args.messages,
+        cpu_per_order(&cpu, orders),
         report.violations.len()
     );
     Ok(ok)
+}
+
+/// ` cpu_us_per_order=<all> cpu_us_<name>=<each>`: the CPU each measured process spent over
+/// the drain, in microseconds per order (empty without `--cpu`). Startup and the drain's own
+/// polling are inside the window, so the figure is an upper bound of the steady state's.
+fn cpu_per_order(cpu: &[crate::cpu::CpuUse], orders: i64) -> String {
+    if cpu.is_empty() || orders <= 0 {
+        return String::new();
+    }
+    let per = |secs: f64| secs * 1e6 / orders as f64;
+    let total: f64 = cpu.iter().map(|c| c.cpu_secs).sum();
+    let mut out = format!(" cpu_us_per_order={:.1}", per(total));
+    for c in cpu {
+        out.push_str(&format!(" cpu_us_{}={:.1}", c.name, per(c.cpu_secs)));
+    }
+    out
 }

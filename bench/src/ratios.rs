@@ -15,15 +15,24 @@ pub struct RatiosArgs {
     /// The directory holding one file per scenario, each the scenario's summary line.
     #[arg(long)]
     pub dir: PathBuf,
-    /// Only the sale's three runs (`make bench-sale`): prints `SALE_RATIOS ...`.
-    #[arg(long)]
-    pub sale_only: bool,
-    /// Only the front door's ceilings (`make bench-ceilings`): prints `CEILING_RATIOS ...`.
-    #[arg(long)]
-    pub ceilings_only: bool,
+    /// Only one part's lines are there: `sale` prints `SALE_RATIOS ...`, `ceilings`
+    /// `CEILING_RATIOS ...`, `orders` `ORDER_RATIOS ...`.
+    #[arg(long, value_enum)]
+    pub only: Option<Part>,
     /// Also write what is printed to this file (`summary.txt`).
     #[arg(long)]
     pub summary: Option<PathBuf>,
+}
+
+/// A part of `make bench` run alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    /// The sale's three runs (`make bench-sale`).
+    Sale,
+    /// The front door's ceilings with wrk (`make bench-ceilings`).
+    Ceilings,
+    /// The order consumer on a backlog beside pgbench's batch (`make bench-orders`).
+    Orders,
 }
 
 /// One scenario's summary line: `PREFIX [OK|FAILED] key=value ...`.
@@ -232,6 +241,32 @@ pub fn ceiling_ratios(l: &Lines) -> String {
     out.join(" ")
 }
 
+/// The order work's CPU per order on the backlog (`B_BATCH`), split by process, beside the
+/// floor: PostgreSQL and pgbench running the same statements (`LIMITS`, measurement 2).
+pub fn cpu_ratios(l: &Lines) -> String {
+    let (backlog, limits) = (l.get("B_BATCH"), l.get("LIMITS"));
+    let mut out = vec![format!(
+        "cpu_us_per_order={} cpu_us_per_order_floor={} cpu_per_order_vs_floor={}",
+        backlog.raw("cpu_us_per_order"),
+        limits.raw("pgbench_batch_cpu_us_per_order"),
+        ratio(
+            backlog.num("cpu_us_per_order"),
+            limits.num("pgbench_batch_cpu_us_per_order")
+        ),
+    )];
+    for name in ["consume", "postgres", "broker", "redis"] {
+        out.push(format!(
+            "cpu_us_{name}={}",
+            backlog.raw(&format!("cpu_us_{name}"))
+        ));
+    }
+    for name in ["postgres", "pgbench"] {
+        let key = format!("pgbench_batch_cpu_us_{name}");
+        out.push(format!("cpu_us_floor_{name}={}", limits.raw(&key)));
+    }
+    out.join(" ")
+}
+
 /// The `RATIOS` line of a whole run.
 pub fn ratios(l: &Lines) -> String {
     let single_tps = l.num("LIMITS", "pgbench_single_tps");
@@ -250,6 +285,7 @@ pub fn ratios(l: &Lines) -> String {
             "order_vs_pgbench_batch",
             ratio(orders, l.num("LIMITS", "pgbench_batch_orders_per_s")),
         ),
+        ("", cpu_ratios(l)),
         (
             "accept_batched_vs_unbatched",
             ratio(accepted("A_BATCHED"), accepted("A_SINGLE")),
@@ -403,28 +439,49 @@ pub fn summary(l: &Lines) -> String {
 /// Prints the summary (whole runs) and the ratios line; `false` when a scenario failed.
 pub fn run(args: RatiosArgs) -> anyhow::Result<bool> {
     let lines = Lines::read(&args.dir)?;
-    let (text, ok) = if args.sale_only {
-        let failed = ["SALE", "SALE_FRONT", "BASE_SALE"]
-            .iter()
-            .filter(|n| !lines.get(n).ok())
-            .count();
-        let text = format!("SALE_RATIOS {} violations={failed}", sale_ratios(&lines));
-        (text, failed == 0)
-    } else if args.ceilings_only {
-        let failed = ceiling_violations(&lines);
-        let table: Vec<String> = CEILINGS
-            .iter()
-            .map(|(n, _)| format!("{n}: {}", lines.get(n).text))
-            .collect();
-        let text = format!(
-            "{}\nCEILING_RATIOS {} violations={failed}",
-            table.join("\n"),
-            ceiling_ratios(&lines)
-        );
-        (text, failed == 0)
-    } else {
-        let text = format!("{}\nRATIOS {}", summary(&lines), ratios(&lines));
-        (text, violations(&lines) == 0)
+    let (text, ok) = match args.only {
+        Some(Part::Sale) => {
+            let failed = ["SALE", "SALE_FRONT", "BASE_SALE"]
+                .iter()
+                .filter(|n| !lines.get(n).ok())
+                .count();
+            let text = format!("SALE_RATIOS {} violations={failed}", sale_ratios(&lines));
+            (text, failed == 0)
+        }
+        Some(Part::Ceilings) => {
+            let failed = ceiling_violations(&lines);
+            let table: Vec<String> = CEILINGS
+                .iter()
+                .map(|(n, _)| format!("{n}: {}", lines.get(n).text))
+                .collect();
+            let text = format!(
+                "{}\nCEILING_RATIOS {} violations={failed}",
+                table.join("\n"),
+                ceiling_ratios(&lines)
+            );
+            (text, failed == 0)
+        }
+        Some(Part::Orders) => {
+            let (limits, backlog) = (lines.get("LIMITS"), lines.get("B_BATCH"));
+            // The backlog's own verdict (its invariants) and a floor to compare with.
+            let failed = u64::from(!backlog.ok())
+                + u64::from(limits.num("pgbench_batch_orders_per_s").is_none());
+            let text = format!(
+                "{}\n{}\nORDER_RATIOS order_vs_pgbench_batch={} {} violations={failed}",
+                limits.text,
+                backlog.text,
+                ratio(
+                    backlog.num("orders_per_s"),
+                    limits.num("pgbench_batch_orders_per_s")
+                ),
+                cpu_ratios(&lines)
+            );
+            (text, failed == 0)
+        }
+        None => {
+            let text = format!("{}\nRATIOS {}", summary(&lines), ratios(&lines));
+            (text, violations(&lines) == 0)
+        }
     };
     println!("{text}");
     if let Some(file) = &args.summary {
@@ -508,11 +565,14 @@ mod tests {
         let l = lines(&[
             (
                 "LIMITS",
-                "LIMITS pgbench_single_tps=2000 pgbench_batch_orders_per_s=16000",
+                "LIMITS pgbench_single_tps=2000 pgbench_batch_orders_per_s=16000 \
+                 pgbench_batch_cpu_us_per_order=60.0 pgbench_batch_cpu_us_postgres=50.0 \
+                 pgbench_batch_cpu_us_pgbench=10.0",
             ),
             (
                 "B_BATCH",
-                "BACKLOG_batched OK orders_per_s=8000 violations=0",
+                "BACKLOG_batched OK orders_per_s=8000 cpu_us_per_order=150.0 \
+                 cpu_us_consume=50.0 cpu_us_postgres=70.0 cpu_us_broker=30.0 violations=0",
             ),
             (
                 "B_WIDE",
@@ -538,6 +598,9 @@ mod tests {
         for want in [
             "order_vs_pgbench_single=4.00",
             "order_vs_pgbench_batch=0.50",
+            "cpu_us_per_order=150.0 cpu_us_per_order_floor=60.0 cpu_per_order_vs_floor=2.50",
+            "cpu_us_consume=50.0 cpu_us_postgres=70.0 cpu_us_broker=30.0 cpu_us_redis=-",
+            "cpu_us_floor_postgres=50.0 cpu_us_floor_pgbench=10.0",
             "workers64_vs_budget=1.10",
             "trust_on_vs_off=0.95",
             "sale_vs_direct_pg=1.50",

@@ -72,6 +72,7 @@ impl CanceledDraft {
     pub fn row(&self, names: &StateNames) -> super::outbox::OutboxRow {
         let order_id = &self.event.base.order.order_id;
         super::outbox::OutboxRow {
+            activity_id: self.event.base.order.activity_id,
             event_id: self.event.base.event_id.clone(),
             topic: names.order_event_topic.clone(),
             tag: TAG_ORDER_CANCELED.to_string(),

@@ -61,11 +61,10 @@ pub async fn verdict(
     })
 }
 
-/// Marks events SENT once their halves were ended with a commit, `(event_id,
-/// broker_msg_id)`, in one statement.
+/// Marks events SENT once their halves were ended with a commit, in one statement.
 pub async fn mark_sent(
     client: &impl GenericClient,
-    sent: &[(String, String)],
+    sent: &[super::outbox::Sent],
 ) -> Result<u64, tokio_postgres::Error> {
     super::outbox::mark_sent_from(client, sent, "TRANSACTION").await
 }
@@ -83,8 +82,8 @@ pub async fn requeue_stale(
     let rows = client
         .query(
             "UPDATE event_outbox SET status = 'PENDING', next_attempt_at = now()
-             WHERE event_id IN (
-                 SELECT event_id FROM event_outbox
+             WHERE (activity_id, event_id) IN (
+                 SELECT activity_id, event_id FROM event_outbox
                  WHERE status = 'TRANSACTION' AND created_at < $1
                  ORDER BY created_at LIMIT $2
                  FOR UPDATE SKIP LOCKED)

@@ -58,6 +58,7 @@ impl PaidDraft {
     /// The event as the outbox row the relay would send: the same message in either mode.
     pub fn row(&self, names: &StateNames) -> super::outbox::OutboxRow {
         super::outbox::OutboxRow {
+            activity_id: self.event.base.order.activity_id,
             event_id: self.event.base.event_id.clone(),
             topic: names.order_event_topic.clone(),
             tag: TAG_ORDER_PAID.to_string(),

@@ -112,7 +112,7 @@ impl TimeoutCancelHandler {
             .iter()
             .map(|d| half_message(&d.row(&self.names.state), deadline))
             .collect();
-        let mut halves: Vec<(String, Box<dyn HalfMessage>)> = Vec::new();
+        let mut halves: Vec<((i64, String), Box<dyn HalfMessage>)> = Vec::new();
         let mut drafts = CancelDrafts {
             by_order: Default::default(),
             deadline,
@@ -120,7 +120,11 @@ impl TimeoutCancelHandler {
         for (d, begun) in drafted.into_iter().zip(tx.begin_many(msgs).await) {
             match begun {
                 Ok(half) => {
-                    halves.push((d.event.base.event_id.clone(), half));
+                    let key = (
+                        d.event.base.order.activity_id,
+                        d.event.base.event_id.clone(),
+                    );
+                    halves.push((key, half));
                     drafts
                         .by_order
                         .insert(d.event.base.order.order_id.clone(), d);
@@ -143,21 +147,25 @@ impl TimeoutCancelHandler {
                 |_| std::process::abort()
             );
         }
-        let ends = halves.into_iter().map(|(event_id, half)| {
+        let ends = halves.into_iter().map(|((activity_id, event_id), half)| {
             let outcome = match &result {
                 Ok(_) if written.contains(&event_id) => LocalOutcome::Commit,
                 Ok(_) => LocalOutcome::Rollback,
                 // The commit may or may not have happened: the check-back reads which.
                 Err(_) => LocalOutcome::Unknown,
             };
-            async move { (event_id, outcome, half.end(outcome).await) }
+            async move { (activity_id, event_id, outcome, half.end(outcome).await) }
         });
         let ended = futures::future::join_all(ends).await;
         let mut sent = Vec::new();
-        for (event_id, outcome, broker_msg_id) in ended {
+        for (activity_id, event_id, outcome, broker_msg_id) in ended {
             delivered(outcome.label(), 1);
             if outcome == LocalOutcome::Commit {
-                sent.push((event_id, broker_msg_id));
+                sent.push(crate::pg::outbox::Sent {
+                    activity_id,
+                    event_id,
+                    broker_msg_id,
+                });
             }
         }
         // Left TRANSACTION if this fails: the check-back still answers COMMIT.

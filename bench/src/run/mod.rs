@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use seckill::config::Settings;
 
-use crate::ratios::Line;
+use crate::ratios::{Line, Part};
 use crate::tokens::Provisioned;
 use procs::Procs;
 
@@ -33,13 +33,12 @@ pub struct RunArgs {
     /// Smaller runs, for a smoke test.
     #[arg(long)]
     pub quick: bool,
-    /// Only the sale's three runs (`make bench-sale`); last line SALE_RATIOS.
-    #[arg(long)]
-    pub only_sale: bool,
-    /// Only the front door's ceilings with wrk (`make bench-ceilings`); last line
-    /// CEILING_RATIOS.
-    #[arg(long)]
-    pub only_ceilings: bool,
+    /// Only one part: `sale` (the sale's three runs, `make bench-sale`; last line
+    /// SALE_RATIOS), `ceilings` (the front door's ceilings with wrk, `make bench-ceilings`;
+    /// CEILING_RATIOS) or `orders` (the order consumer on a backlog beside `--limits`'
+    /// pgbench batch, `make bench-orders`; ORDER_RATIOS).
+    #[arg(long, value_enum)]
+    pub only: Option<Part>,
     /// Requests in flight from the load generator.
     #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
@@ -179,22 +178,23 @@ pub async fn run(settings: Settings, args: RunArgs) -> anyhow::Result<bool> {
         lines: BTreeMap::new(),
         settings: settings.clone(),
     };
-    let outcome = if args.only_sale {
-        scenarios::only_sale(&mut run).await
-    } else if args.only_ceilings {
-        ceilings::only_ceilings(&mut run, &keys).await
-    } else {
+    if args.only.is_none() || args.only == Some(Part::Orders) {
         let limits = args
             .limits
             .as_ref()
-            .context("--limits FILE is needed for a whole run")?;
+            .context("--limits FILE is needed for a whole run and for the orders")?;
         let text = std::fs::read_to_string(limits)?;
         let line = text
             .lines()
             .rfind(|l| l.starts_with("LIMITS "))
             .context("no LIMITS line in the limits output")?;
         run.keep("LIMITS", Line::parse(line));
-        scenarios::whole(&mut run, &keys).await
+    }
+    let outcome = match args.only {
+        Some(Part::Sale) => scenarios::only_sale(&mut run).await,
+        Some(Part::Ceilings) => ceilings::only_ceilings(&mut run, &keys).await,
+        Some(Part::Orders) => scenarios::only_orders(&mut run).await,
+        None => scenarios::whole(&mut run, &keys).await,
     };
     // Whatever happened, nothing started here outlives the run.
     run.procs.stop_all().await;
@@ -202,8 +202,7 @@ pub async fn run(settings: Settings, args: RunArgs) -> anyhow::Result<bool> {
     let dir = run.write_lines()?;
     crate::ratios::run(crate::ratios::RatiosArgs {
         dir,
-        sale_only: args.only_sale,
-        ceilings_only: args.only_ceilings,
+        only: args.only,
         summary: Some(run.procs.dir.join("summary.txt")),
     })
 }

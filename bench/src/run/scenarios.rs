@@ -64,6 +64,8 @@ async fn backlog(
     run.procs.start("consume", &all, Some(0))?;
     let mut drain = base("--drain-only");
     drain.extend([s("--summary-prefix"), format!("BACKLOG_{label}")]);
+    // The CPU each process spends per order: the consumer, PostgreSQL, the broker, Redis.
+    drain.extend(run.procs.cpu_args().await);
     let line = run
         .procs
         .bench_line(&format!("backlog-{label}"), &drain)
@@ -295,6 +297,19 @@ pub async fn only_sale(run: &mut Run) -> anyhow::Result<()> {
         .start_baseline(&[s("--pool"), s(16), s("--stock"), stock])?;
     wait_ready(BASELINE_READY).await?;
     baseline_sale(run, a).await
+}
+
+/// `make bench-orders`: the order consumer alone on a backlog, batched, as `make bench`
+/// measures it (`B_BATCH`), for the figures beside pgbench's batch.
+pub async fn only_orders(run: &mut Run) -> anyhow::Result<()> {
+    eprintln!("[bench] order consumer on a backlog, one hot SKU");
+    let z = run.sizes;
+    run.procs
+        .set_env(&[("SECKILL__SCAN__TIMER_LEAD_SECS", "86400")]);
+    let line = backlog(run, "batched", (z.backlog * 2) as i64, z.backlog, &[]).await?;
+    run.keep("B_BATCH", line);
+    run.procs.set_env(&[]);
+    Ok(())
 }
 
 /// The whole of `make bench` after the limits.

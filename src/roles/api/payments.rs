@@ -178,7 +178,12 @@ async fn settle_in_transaction(
             let broker_msg_id = half.end(LocalOutcome::Commit).await;
             delivered("transaction", "commit");
             // Left TRANSACTION if this fails: the check-back still answers COMMIT.
-            if let Err(e) = mark_sent(&***client, &[(event_id.clone(), broker_msg_id)]).await {
+            let sent = crate::pg::outbox::Sent {
+                activity_id: draft.event.base.order.activity_id,
+                event_id: event_id.clone(),
+                broker_msg_id,
+            };
+            if let Err(e) = mark_sent(&***client, &[sent]).await {
                 warn!(order_id = %p.order_id, %event_id, error = %e, "could not mark the event sent");
             }
             Ok(Some(PayOutcome::Paid { version }))

@@ -99,16 +99,18 @@ impl Relay {
         let outcomes = self.send_rows(rows).await;
         // Fault-injection point: the relay dies after the send, before marking SENT.
         fail::fail_point!("relay-after-send-before-mark", |_| std::process::abort());
-        let mut sent: Vec<(String, String)> = Vec::new();
+        let mut sent: Vec<outbox::Sent> = Vec::new();
         let mut failed: Vec<outbox::Failure> = Vec::new();
         for (row, outcome) in outcomes {
             metrics::counter!("outbox_publish_total", "tag" => tag_label(&row.tag), "outcome" => outcome.label())
                 .increment(1);
             let refused = matches!(outcome, SendOutcome::DefiniteFailure { .. });
             match outcome {
-                SendOutcome::Confirmed { broker_msg_id } => {
-                    sent.push((row.event_id, broker_msg_id))
-                }
+                SendOutcome::Confirmed { broker_msg_id } => sent.push(outbox::Sent {
+                    activity_id: row.activity_id,
+                    event_id: row.event_id,
+                    broker_msg_id,
+                }),
                 SendOutcome::Unknown { error } | SendOutcome::DefiniteFailure { error } => {
                     let dead = row.attempts >= sc.relay_max_attempts;
                     let wait = backoff_ms(
@@ -127,6 +129,7 @@ impl Relay {
                               retry_in_ms = wait, error = %error, "outbox send failed; will retry");
                     }
                     failed.push(outbox::Failure {
+                        activity_id: row.activity_id,
                         event_id: row.event_id,
                         error,
                         backoff_ms: wait as i64,
