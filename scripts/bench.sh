@@ -68,6 +68,12 @@ log "building (release)"
 cargo build --release --quiet -p seckill -p seckill-bench
 BIN="$root/target/release/seckill"
 BENCH="$root/target/release/seckill-bench"
+# Every run starts from the same empty schema, as pgbench's limits do from theirs: tables
+# that earlier runs grew (and that no autovacuum trimmed) make each write dearer, and the
+# figures would drift with the machine's history rather than with the code.
+bench_schema="$(awk -F'"' '/^schema = / { print $2; exit }' config/bench.toml)"
+[[ "$bench_schema" == seckill_bench ]] || { log "config/bench.toml: unexpected schema '$bench_schema'"; exit 1; }
+psql -X -q -h 127.0.0.1 -U postgres -d postgres -c "DROP SCHEMA IF EXISTS $bench_schema CASCADE" >&2
 "$BIN" migrate >&2
 "$BIN" topics create >&2
 run_args+=(--seckill "$BIN")

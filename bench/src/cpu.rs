@@ -53,6 +53,11 @@ fn stat(pid: u32) -> Option<(u32, u64)> {
     Some((f.get(1)?.parse().ok()?, ticks))
 }
 
+/// CPU seconds process `pid` has used so far (0 once it is gone).
+pub fn cpu_secs_of(pid: u32) -> f64 {
+    stat(pid).map_or(0.0, |(_, ticks)| ticks as f64 / USER_HZ)
+}
+
 /// Clock ticks per second of /proc times (USER_HZ; 100 on Linux).
 const USER_HZ: f64 = 100.0;
 

@@ -153,6 +153,26 @@ impl OrderCreateRequested {
     /// Decodes and validates a message body (v1 or v2). The schema version is checked before
     /// the shape, so a future v3 message is reported as unsupported rather than malformed.
     pub fn decode(body: &[u8]) -> Result<Self, PoisonReason> {
+        // The common case in one typed pass, without building the document: an object that
+        // reads as the event with a version this build knows. Anything else takes the
+        // reference path below, which classifies it.
+        if body.trim_ascii_start().first() == Some(&b'{') {
+            if let Ok(mut event) = serde_json::from_slice::<OrderCreateRequested>(body) {
+                if (SCHEMA_VERSION..=SCHEMA_V2).contains(&event.schema_version) {
+                    if event.schema_version == SCHEMA_VERSION {
+                        event.channel = None;
+                    }
+                    event.validate().map_err(PoisonReason::InvalidEvent)?;
+                    return Ok(event);
+                }
+            }
+        }
+        Self::decode_reference(body)
+    }
+
+    /// [`Self::decode`] through a `serde_json::Value`: the version read before the shape, so
+    /// a future v3 message is reported as unsupported rather than malformed.
+    fn decode_reference(body: &[u8]) -> Result<Self, PoisonReason> {
         let value: serde_json::Value =
             serde_json::from_slice(body).map_err(|e| PoisonReason::InvalidJson(e.to_string()))?;
         match value.get("schema_version").and_then(|v| v.as_i64()) {
@@ -247,6 +267,49 @@ pub(crate) mod tests {
             trace: TraceContext::default(),
             channel: None,
         }
+    }
+
+    #[test]
+    fn the_typed_pass_decides_as_the_reference_path_does() {
+        let e = sample();
+        let mut v1_with_channel: serde_json::Value = serde_json::from_slice(&e.encode()).unwrap();
+        v1_with_channel["channel"] = "app".into();
+        let mut v2 = v1_with_channel.clone();
+        v2["schema_version"] = 2.into();
+        let mut v3 = v2.clone();
+        v3["schema_version"] = 3.into();
+        let mut bad_id = v2.clone();
+        bad_id["reservation_id"] = "rsv_x".into();
+        let fields: Vec<serde_json::Value> = match serde_json::to_value(&e).unwrap() {
+            serde_json::Value::Object(m) => m.into_iter().map(|(_, v)| v).collect(),
+            _ => unreachable!(),
+        };
+        let encoded = String::from_utf8(e.encode()).unwrap();
+        let bodies: Vec<Vec<u8>> = vec![
+            e.encode(),
+            format!("  \n{encoded}").into_bytes(),
+            serde_json::to_vec(&v1_with_channel).unwrap(),
+            serde_json::to_vec(&v2).unwrap(),
+            serde_json::to_vec(&v3).unwrap(),
+            serde_json::to_vec(&bad_id).unwrap(),
+            // The fields as an array: serde would read a struct from it; not an event.
+            serde_json::to_vec(&fields).unwrap(),
+            // A duplicate key: the document keeps the last one.
+            encoded
+                .replacen("{", "{\"schema_version\":9,", 1)
+                .into_bytes(),
+            b"{\"schema_version\":1}".to_vec(),
+            b"not json".to_vec(),
+        ];
+        for body in bodies {
+            assert_eq!(
+                OrderCreateRequested::decode(&body),
+                OrderCreateRequested::decode_reference(&body),
+                "{}",
+                String::from_utf8_lossy(&body)
+            );
+        }
+        assert!(OrderCreateRequested::decode(&serde_json::to_vec(&v2).unwrap()).is_ok());
     }
 
     #[test]

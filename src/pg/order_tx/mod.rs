@@ -38,9 +38,11 @@ use stock::{group_by_sku, take_stock_locked, take_stock_optimistically};
 pub struct Inbound {
     /// The decoded event, or why it can never be processed.
     pub event: Result<OrderCreateRequested, PoisonReason>,
-    /// The body exactly as received (kept in quarantine for poison).
+    /// The body exactly as received, kept in quarantine when it is poison (a decoded event
+    /// needs no copy: it may be left empty).
     pub raw_body: Vec<u8>,
-    /// Message properties (message_id, traceparent, ...), kept in quarantine.
+    /// Message properties (message_id, traceparent, ...), kept in quarantine with poison
+    /// (`Null` when the event decoded).
     pub properties: serde_json::Value,
     /// `message_id` property, when the body cannot be parsed.
     pub property_message_id: Option<String>,

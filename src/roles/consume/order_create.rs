@@ -145,12 +145,19 @@ impl OrderCreateHandler {
         self.core.slots.limiter()
     }
 
-    /// Turns broker deliveries into transaction inputs (poison is kept, not dropped).
+    /// Turns broker deliveries into transaction inputs (poison is kept, not dropped). The raw
+    /// body and the properties are copied for poison only, the one case that stores them.
     pub fn inbound(d: &Delivery) -> Inbound {
+        let event = OrderCreateRequested::decode(&d.body);
+        let poison = event.is_err();
         Inbound {
-            event: OrderCreateRequested::decode(&d.body),
-            raw_body: d.body.clone(),
-            properties: serde_json::to_value(&d.properties).unwrap_or_default(),
+            event,
+            raw_body: if poison { d.body.clone() } else { Vec::new() },
+            properties: if poison {
+                serde_json::to_value(&d.properties).unwrap_or_default()
+            } else {
+                serde_json::Value::Null
+            },
             property_message_id: d.properties.get("message_id").cloned(),
             broker_msg_id: d.broker_msg_id.clone(),
             delivery_attempt: d.reconsume_times,
