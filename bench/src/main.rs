@@ -11,6 +11,7 @@ mod baseline;
 mod bench;
 mod broker;
 mod cpu;
+mod lines;
 mod payments;
 mod ratios;
 mod report;
