@@ -16,6 +16,9 @@ use super::ids::{is_valid_id, reservation_activity};
 pub const SCHEMA_VERSION: i32 = 1;
 /// ORDER_CREATE_REQUESTED v2: v1 plus `channel`.
 pub const SCHEMA_V2: i32 = 2;
+
+/// The first byte of a JSON object (`{`).
+const JSON_OBJECT_START: u8 = 0x7b;
 /// Longest sales channel name.
 pub const MAX_CHANNEL_LEN: usize = 32;
 
@@ -156,18 +159,24 @@ impl OrderCreateRequested {
         // The common case in one typed pass, without building the document: an object that
         // reads as the event with a version this build knows. Anything else takes the
         // reference path below, which classifies it.
-        if body.trim_ascii_start().first() == Some(&b'{') {
-            if let Ok(mut event) = serde_json::from_slice::<OrderCreateRequested>(body) {
+        if body.trim_ascii_start().first() == Some(&JSON_OBJECT_START) {
+            if let Ok(event) = serde_json::from_slice::<OrderCreateRequested>(body) {
                 if (SCHEMA_VERSION..=SCHEMA_V2).contains(&event.schema_version) {
-                    if event.schema_version == SCHEMA_VERSION {
-                        event.channel = None;
-                    }
-                    event.validate().map_err(PoisonReason::InvalidEvent)?;
-                    return Ok(event);
+                    return event.checked();
                 }
             }
         }
         Self::decode_reference(body)
+    }
+
+    /// A decoded event of a known version, as the consumer keeps it: v1 has no channel (a
+    /// stray one is not part of the message), and its fields must be valid.
+    fn checked(mut self) -> Result<Self, PoisonReason> {
+        if self.schema_version == SCHEMA_VERSION {
+            self.channel = None;
+        }
+        self.validate().map_err(PoisonReason::InvalidEvent)?;
+        Ok(self)
     }
 
     /// [`Self::decode`] through a `serde_json::Value`: the version read before the shape, so
@@ -184,14 +193,9 @@ impl OrderCreateRequested {
                 ))
             }
         }
-        let mut event: OrderCreateRequested =
+        let event: OrderCreateRequested =
             serde_json::from_value(value).map_err(|e| PoisonReason::InvalidEvent(e.to_string()))?;
-        if event.schema_version == SCHEMA_VERSION {
-            // v1 has no channel: a stray one is not part of the message.
-            event.channel = None;
-        }
-        event.validate().map_err(PoisonReason::InvalidEvent)?;
-        Ok(event)
+        event.checked()
     }
 
     pub fn validate(&self) -> Result<(), String> {

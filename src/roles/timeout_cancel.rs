@@ -112,7 +112,7 @@ impl TimeoutCancelHandler {
             .iter()
             .map(|d| half_message(&d.row(&self.names.state), deadline))
             .collect();
-        let mut halves: Vec<((i64, String), Box<dyn HalfMessage>)> = Vec::new();
+        let mut halves: Vec<(EventKey, Box<dyn HalfMessage>)> = Vec::new();
         let mut drafts = CancelDrafts {
             by_order: Default::default(),
             deadline,
@@ -147,31 +147,20 @@ impl TimeoutCancelHandler {
                 |_| std::process::abort()
             );
         }
-        let ends = halves.into_iter().map(|((activity_id, event_id), half)| {
-            let outcome = match &result {
-                Ok(_) if written.contains(&event_id) => LocalOutcome::Commit,
-                Ok(_) => LocalOutcome::Rollback,
-                // The commit may or may not have happened: the check-back reads which.
-                Err(_) => LocalOutcome::Unknown,
-            };
-            async move { (activity_id, event_id, outcome, half.end(outcome).await) }
-        });
-        let ended = futures::future::join_all(ends).await;
-        let mut sent = Vec::new();
-        for (activity_id, event_id, outcome, broker_msg_id) in ended {
-            delivered(outcome.label(), 1);
-            if outcome == LocalOutcome::Commit {
-                sent.push(crate::pg::outbox::Sent {
-                    activity_id,
-                    event_id,
-                    broker_msg_id,
-                });
-            }
-        }
-        // Left TRANSACTION if this fails: the check-back still answers COMMIT.
-        if let Err(e) = crate::pg::half_message_events::mark_sent(&***client, &sent).await {
-            warn!(error = %e, "could not mark the cancel events sent");
-        }
+        let outcome_of = |event_id: &str| match &result {
+            Ok(_) if written.contains(event_id) => LocalOutcome::Commit,
+            Ok(_) => LocalOutcome::Rollback,
+            // The commit may or may not have happened: the check-back reads which.
+            Err(_) => LocalOutcome::Unknown,
+        };
+        let ended: Vec<_> = halves
+            .into_iter()
+            .map(|(key, half)| {
+                let outcome = outcome_of(&key.1);
+                (key, half, outcome)
+            })
+            .collect();
+        end_halves(client, ended).await;
         result.map(|(outcomes, _)| outcomes)
     }
 
@@ -449,4 +438,35 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     role.shutdown.cancel();
     let _ = backlog.await;
     role.finish(died).await
+}
+
+/// An outbox row's key: `(activity_id, event_id)`.
+type EventKey = (i64, String);
+
+/// Ends each half with what became of its event, `((activity_id, event_id), half, outcome)`,
+/// then marks the committed ones SENT in one statement. Left TRANSACTION if the mark fails:
+/// the check-back still answers COMMIT.
+async fn end_halves(
+    client: &deadpool_postgres::Client,
+    halves: Vec<(EventKey, Box<dyn HalfMessage>, LocalOutcome)>,
+) {
+    let ends = halves
+        .into_iter()
+        .map(|((activity_id, event_id), half, outcome)| async move {
+            (activity_id, event_id, outcome, half.end(outcome).await)
+        });
+    let mut sent = Vec::new();
+    for (activity_id, event_id, outcome, broker_msg_id) in futures::future::join_all(ends).await {
+        delivered(outcome.label(), 1);
+        if outcome == LocalOutcome::Commit {
+            sent.push(crate::pg::outbox::Sent {
+                activity_id,
+                event_id,
+                broker_msg_id,
+            });
+        }
+    }
+    if let Err(e) = crate::pg::half_message_events::mark_sent(&***client, &sent).await {
+        warn!(error = %e, "could not mark the cancel events sent");
+    }
 }

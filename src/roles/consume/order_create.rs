@@ -174,6 +174,38 @@ impl OrderCreateHandler {
         self.core.process_items(&items).await
     }
 
+    /// The metrics and log lines of a batch's decided messages (committed at `committed`):
+    /// the SLO histogram per created order, one counter increment per outcome, the metrics'
+    /// handles looked up once per batch rather than once per message.
+    fn record_outcomes(
+        &self,
+        batch: &[Delivery],
+        items: &[Inbound],
+        result: &[Result<Decision, TxError>],
+        committed: DateTime<Utc>,
+        log: &BatchLog,
+    ) {
+        let slo = metrics::histogram!("order_reservation_to_order_seconds");
+        let mut counts: Vec<(&'static str, u64)> = Vec::new();
+        for ((d, item), outcome) in batch.iter().zip(items).zip(result) {
+            let Ok(decision) = outcome else { continue };
+            if let (Decision::Created { .. }, Ok(e)) = (decision, &item.event) {
+                // The pipeline's SLO, live: Redis's acceptance to the committed order.
+                let age = (committed - e.reservation_created_at).num_milliseconds();
+                slo.record(age.max(0) as f64 / 1000.0);
+            }
+            match counts.iter_mut().find(|(l, _)| *l == decision.label()) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((decision.label(), 1)),
+            }
+            self.log_decision(d, decision, item, log);
+        }
+        for (result, n) in counts {
+            metrics::counter!("mq_consume_total", "topic" => "order_create", "result" => result)
+                .increment(n);
+        }
+    }
+
     /// Logs one message's outcome with the fields an operator searches by: the business ids,
     /// what the inbox said (`inbox_result`), how the batch was answered (`ack_result`), the
     /// transaction's latency and the event's schema version.
@@ -286,7 +318,6 @@ impl BatchHandler for OrderCreateHandler {
         metrics::gauge!("mq_consumer_inflight").decrement(1.0);
         metrics::histogram!("mq_consume_process_seconds", "topic" => "order_create")
             .record(started.elapsed().as_secs_f64());
-        let committed = Utc::now();
         let log = BatchLog {
             ack_result: if result.iter().all(Result::is_ok) {
                 "ACK"
@@ -295,30 +326,7 @@ impl BatchHandler for OrderCreateHandler {
             },
             tx_latency_ms: started.elapsed().as_secs_f64() * 1000.0,
         };
-        // The metrics' handles are looked up once per batch, not once per message.
-        let slo = metrics::histogram!("order_reservation_to_order_seconds");
-        let mut counts: Vec<(&'static str, u64)> = Vec::new();
-        for ((d, item), outcome) in batch.iter().zip(&items).zip(&result) {
-            if let Ok(decision) = outcome {
-                if let (Decision::Created { .. }, Ok(e)) = (decision, &item.event) {
-                    // The pipeline's SLO, live: Redis's acceptance to the committed order.
-                    let age = (committed - e.reservation_created_at).num_milliseconds();
-                    slo.record(age.max(0) as f64 / 1000.0);
-                }
-                match counts
-                    .iter_mut()
-                    .find(|(label, _)| *label == decision.label())
-                {
-                    Some((_, n)) => *n += 1,
-                    None => counts.push((decision.label(), 1)),
-                }
-                self.log_decision(d, decision, item, &log);
-            }
-        }
-        for (result, n) in counts {
-            metrics::counter!("mq_consume_total", "topic" => "order_create", "result" => result)
-                .increment(n);
-        }
+        self.record_outcomes(&batch, &items, &result, Utc::now(), &log);
         let failed: Vec<(&Delivery, &TxError)> = batch
             .iter()
             .zip(&result)
