@@ -14,12 +14,16 @@
 //!   round trips, and never delays a full batch.
 //! - A submission (one caller's items) is never split across batches, and a batch holds at most
 //!   `max` items (a single larger submission goes alone).
+//! - **Lanes.** A caller may name a lane (`submit_in`): a batch only ever carries one lane's
+//!   submissions, and a free slot goes to the lane with the fewest batches in flight, the
+//!   oldest waiting caller first among equals. The order consumer's lanes are stock buckets,
+//!   so K buckets' rows are locked by K transactions side by side rather than by every one.
 //! - If the task that runs a batch panics, its callers are told their work was lost (`None`)
 //!   and the slot comes back.
 
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::mpsc::error::TryRecvError;
@@ -48,6 +52,7 @@ pub struct Gather<I, O> {
 struct Submission<I, O> {
     items: Vec<I>,
     arrived: Instant,
+    lane: u32,
     reply: oneshot::Sender<Vec<O>>,
 }
 
@@ -73,10 +78,16 @@ impl<I: Send + 'static, O: Send + 'static> Gather<I, O> {
     /// The outcome of each of `items` once the batch that carried them has run; `None` if it
     /// never ran to the end (the task panicked or is gone): nothing is known of them.
     pub async fn submit(&self, items: Vec<I>) -> Option<Vec<O>> {
+        self.submit_in(0, items).await
+    }
+
+    /// [`Gather::submit`] in a lane: a batch only ever carries one lane's submissions.
+    pub async fn submit_in(&self, lane: u32, items: Vec<I>) -> Option<Vec<O>> {
         let (reply, answer) = oneshot::channel();
         let sub = Submission {
             items,
             arrived: Instant::now(),
+            lane,
             reply,
         };
         self.tx.send(sub).await.ok()?;
@@ -84,16 +95,91 @@ impl<I: Send + 'static, O: Send + 'static> Gather<I, O> {
     }
 }
 
-/// Batches in flight, and the wake-up of the gathering loop when one ends.
-type Running = Arc<(AtomicUsize, Notify)>;
+/// Batches in flight, in all and per lane, and the wake-up of the gathering loop when one ends.
+type Running = Arc<(Mutex<InFlight>, Notify)>;
+
+#[derive(Default)]
+struct InFlight {
+    total: usize,
+    per_lane: BTreeMap<u32, usize>,
+}
 
 /// One batch in flight; dropping it (however the batch ended) frees the slot.
-struct SlotGuard(Running);
+struct SlotGuard(Running, u32);
+
+impl SlotGuard {
+    fn take(running: &Running, lane: u32) -> Self {
+        let mut n = running.0.lock().expect("in-flight counts");
+        n.total += 1;
+        *n.per_lane.entry(lane).or_default() += 1;
+        SlotGuard(Arc::clone(running), lane)
+    }
+}
 
 impl Drop for SlotGuard {
     fn drop(&mut self) {
-        self.0 .0.fetch_sub(1, Ordering::AcqRel);
+        {
+            let mut n = self.0 .0.lock().expect("in-flight counts");
+            n.total -= 1;
+            if let Some(c) = n.per_lane.get_mut(&self.1) {
+                *c -= 1;
+                if *c == 0 {
+                    n.per_lane.remove(&self.1);
+                }
+            }
+        }
         self.0 .1.notify_waiters();
+    }
+}
+
+/// Submissions received and not yet in a batch, per lane, in arrival order.
+struct Waiting<I, O> {
+    lanes: BTreeMap<u32, VecDeque<Submission<I, O>>>,
+    len: usize,
+}
+
+impl<I, O> Waiting<I, O> {
+    fn push(&mut self, s: Submission<I, O>) {
+        self.len += 1;
+        self.lanes.entry(s.lane).or_default().push_back(s);
+    }
+
+    fn pop(&mut self, lane: u32) -> Option<Submission<I, O>> {
+        let queue = self.lanes.get_mut(&lane)?;
+        let s = queue.pop_front()?;
+        if queue.is_empty() {
+            self.lanes.remove(&lane);
+        }
+        self.len -= 1;
+        Some(s)
+    }
+
+    fn head(&self, lane: u32) -> Option<&Submission<I, O>> {
+        self.lanes.get(&lane)?.front()
+    }
+
+    /// The lane the next batch serves: the one with the fewest batches in flight (its rows are
+    /// the least contended), the oldest head first among equals.
+    fn next_lane(&self, running: &Running) -> Option<u32> {
+        let n = running.0.lock().expect("in-flight counts");
+        self.lanes
+            .iter()
+            .filter_map(|(lane, q)| Some((*lane, q.front()?.arrived)))
+            .min_by_key(|(lane, arrived)| (n.per_lane.get(lane).copied().unwrap_or(0), *arrived))
+            .map(|(lane, _)| lane)
+    }
+
+    /// Takes what is already queued in the channel, up to `cap` waiting submissions. False once
+    /// the channel is closed.
+    fn drain(&mut self, rx: &mut mpsc::Receiver<Submission<I, O>>, cap: usize) -> bool {
+        while self.len < cap {
+            match rx.try_recv() {
+                Ok(s) => self.push(s),
+                Err(TryRecvError::Empty) => return true,
+                Err(TryRecvError::Disconnected) => return false,
+            }
+        }
+        true
     }
 }
 
@@ -108,36 +194,60 @@ async fn gather_loop<I, O, F, Fut>(
     F: Fn(Vec<I>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Vec<O>> + Send + 'static,
 {
-    let running: Running = Arc::new((AtomicUsize::new(0), Notify::new()));
+    let running: Running = Arc::default();
     let max = settings.max.max(1);
-    let mut carry: Option<Submission<I, O>> = None;
+    let cap = settings.queue.max(1);
+    let mut waiting = Waiting {
+        lanes: BTreeMap::new(),
+        len: 0,
+    };
+    let mut open = true;
     loop {
-        let first = match carry.take() {
-            Some(s) => s,
-            None => match rx.recv().await {
-                Some(s) => s,
+        if waiting.len == 0 {
+            match rx.recv().await {
+                Some(s) => waiting.push(s),
                 None => break,
-            },
-        };
-        // Wait for a free slot; meanwhile callers queue and join this batch.
-        loop {
+            }
+        }
+        // Wait for a free slot; meanwhile callers queue and join the next batch.
+        let lane = loop {
             let freed = running.1.notified();
-            if running.0.load(Ordering::Acquire) < limit(&first.items).max(1) {
-                break;
+            if open {
+                open = waiting.drain(&mut rx, cap);
+            }
+            let lane = waiting.next_lane(&running).expect("a waiting submission");
+            let allowed = limit(&waiting.head(lane).expect("the lane's head").items).max(1);
+            if running.0.lock().expect("in-flight counts").total < allowed {
+                break lane;
             }
             if settings.recheck.is_zero() {
                 freed.await;
             } else {
                 let _ = tokio::time::timeout(settings.recheck, freed).await;
             }
-        }
+        };
+        let first = waiting.pop(lane).expect("the lane's head");
         let deadline = first.arrived + settings.wait;
         let mut count = first.items.len();
         let mut group = vec![first];
         while count < max {
+            if let Some(s) = waiting.head(lane) {
+                if count + s.items.len() > max {
+                    break;
+                }
+                count += s.items.len();
+                group.push(waiting.pop(lane).expect("the lane's head"));
+                continue;
+            }
+            if !open || waiting.len >= cap {
+                break;
+            }
             let next = match rx.try_recv() {
                 Ok(s) => Some(s),
-                Err(TryRecvError::Disconnected) => None,
+                Err(TryRecvError::Disconnected) => {
+                    open = false;
+                    None
+                }
                 Err(TryRecvError::Empty) if settings.wait.is_zero() => None,
                 Err(TryRecvError::Empty) => tokio::time::timeout_at(deadline, rx.recv())
                     .await
@@ -145,15 +255,11 @@ async fn gather_loop<I, O, F, Fut>(
                     .flatten(),
             };
             let Some(s) = next else { break };
-            if count + s.items.len() > max {
-                carry = Some(s);
-                break;
-            }
-            count += s.items.len();
-            group.push(s);
+            // Another lane's submission waits for a batch of its own; one of this lane that
+            // does not fit leads the lane's next batch.
+            waiting.push(s);
         }
-        running.0.fetch_add(1, Ordering::AcqRel);
-        let slot = SlotGuard(Arc::clone(&running));
+        let slot = SlotGuard::take(&running, lane);
         let process = Arc::clone(&process);
         tokio::spawn(async move {
             let _slot = slot;
@@ -317,6 +423,83 @@ mod tests {
         // Read only when a slot frees up: the second waits for the first to end.
         let both = under_a_limit_that_grows(0).await;
         assert!(both >= Duration::from_secs(2), "{both:?}");
+    }
+
+    #[tokio::test]
+    async fn a_batch_carries_one_lane_and_each_caller_gets_its_own_outcomes() {
+        let batches = Arc::new(Mutex::new(Vec::<Vec<u32>>::new()));
+        let seen = Arc::clone(&batches);
+        let gather = one_batch_at_a_time(move |items: Vec<u32>| {
+            seen.lock().unwrap().push(items.clone());
+            async move {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                items
+            }
+        });
+        // Item i is in lane i % 3: 60 one-item callers of three lanes, queued together.
+        let calls = (0..60u32).map(|i| gather.submit_in(i % 3, vec![i]));
+        let answers = futures::future::join_all(calls).await;
+        for (i, answer) in answers.into_iter().enumerate() {
+            assert_eq!(answer, Some(vec![i as u32]));
+        }
+        let batches = batches.lock().unwrap().clone();
+        assert_eq!(batches.iter().map(Vec::len).sum::<usize>(), 60);
+        for batch in &batches {
+            let lane = batch[0] % 3;
+            assert!(
+                batch.iter().all(|i| i % 3 == lane),
+                "lanes mixed: {batch:?}"
+            );
+        }
+        // Still gathered: far fewer batches than callers.
+        assert!(
+            batches.len() <= 9,
+            "60 callers took {} batches",
+            batches.len()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_next_batch_goes_to_the_lane_with_the_fewest_in_flight() {
+        let order = Arc::new(Mutex::new(Vec::<u32>::new()));
+        let seen = Arc::clone(&order);
+        let gather = Gather::start(
+            GatherSettings {
+                max: 1,
+                wait: Duration::ZERO,
+                queue: 16,
+                recheck: Duration::ZERO,
+            },
+            |_: &[u32]| 2,
+            move |items: Vec<u32>| {
+                seen.lock().unwrap().push(items[0]);
+                // Item 1's batch holds its slot for 3 s, every other batch for 1 s.
+                let secs = if items[0] == 1 { 3 } else { 1 };
+                async move {
+                    tokio::time::sleep(Duration::from_secs(secs)).await;
+                    items
+                }
+            },
+        );
+        let g = &gather;
+        let after = move |ms, lane, item| async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            g.submit_in(lane, vec![item]).await
+        };
+        // Lane 0's items 0 and 1 take both slots; its item 2 queues, then lane 1's item 10.
+        // When item 0's slot frees, lane 0 still has a batch in flight and lane 1 none: lane
+        // 1's caller goes first, though lane 0's waiting caller is older.
+        let answers = tokio::join!(
+            gather.submit_in(0, vec![0]),
+            gather.submit_in(0, vec![1]),
+            after(10, 0, 2),
+            after(20, 1, 10)
+        );
+        assert_eq!(
+            answers,
+            (Some(vec![0]), Some(vec![1]), Some(vec![2]), Some(vec![10]))
+        );
+        assert_eq!(*order.lock().unwrap(), vec![0, 1, 10, 2]);
     }
 
     #[tokio::test]

@@ -26,7 +26,8 @@
 #   LIMITS pgbench_single_tps=<f> pgbench_single_clients=<n> pgbench_batch_orders_per_s=<f>
 #          pgbench_batch_size=<n> redis_reserve_per_s=<f> direct_pg_buy_per_s=<f>
 #          direct_pg_soldout_per_s=<f> direct_pg_clients=<n> pgbench_batch_cpu_us_per_order=<f>
-#          pgbench_batch_cpu_us_postgres=<f> pgbench_batch_cpu_us_pgbench=<f>   (one line; the
+#          pgbench_batch_cpu_us_postgres=<f> pgbench_batch_cpu_us_pgbench=<f>
+#          pgbench_batch_wal_bytes_per_order=<n>   (one line; the
 #          CPU, from /proc, that PostgreSQL and pgbench spent per order at measurement 2's best)
 # or, with --json, the same figures as one JSON object.
 set -euo pipefail
@@ -213,16 +214,21 @@ pg_ticks() {
   echo "$total"
 }
 
+# WAL bytes PostgreSQL has written since its statistics were reset (pg_stat_wal).
+wal_bytes() { "${PSQL[@]}" -Atc "SELECT wal_bytes FROM pg_stat_wal"; }
+
 # run_pgbench label script clients [pgbench args...] -> prints tps; leaves
-# "<transactions> <PostgreSQL CPU s> <pgbench CPU s>" in $tmp/pgbench.cpu
+# "<transactions> <PostgreSQL CPU s> <pgbench CPU s> <WAL bytes>" in $tmp/pgbench.cpu
 run_pgbench() {
   local label="$1" script="$2" clients="$3"; shift 3
-  local out="$tmp/pgbench.out" rc=0 ticks_before ticks_after
+  local out="$tmp/pgbench.out" rc=0 ticks_before ticks_after wal_before wal_after
   local TIMEFORMAT='%3U %3S'
+  wal_before="$(wal_bytes)"
   ticks_before="$(pg_ticks)"
   { time pgbench "${PG_CONN[@]}" -n -M prepared -c "$clients" -j "$PGBENCH_THREADS" -T "$SECS" \
        -f "$script" "$@" postgres >"$out" 2>&1; } 2>"$tmp/pgbench.time" || rc=$?
   ticks_after="$(pg_ticks)"
+  wal_after="$(wal_bytes)"
   if ((rc != 0)); then
     cat "$out" >&2
     die "pgbench failed: $label"
@@ -236,7 +242,8 @@ run_pgbench() {
   [[ "${failed:-0}" -eq 0 ]] || { cat "$out" >&2; die "pgbench: $failed failed transactions: $label"; }
   log "  $label: $(fmt1 "$tps") tps ($txs transactions, latency $lat)"
   awk -v t="$txs" -v d="$((ticks_after - ticks_before))" -v hz="$(getconf CLK_TCK)" \
-      '{ printf "%d %.3f %.3f\n", t, d / hz, $1 + $2 }' "$tmp/pgbench.time" >"$tmp/pgbench.cpu"
+      -v w="$((wal_after - wal_before))" \
+      '{ printf "%d %.3f %.3f %d\n", t, d / hz, $1 + $2, w }' "$tmp/pgbench.time" >"$tmp/pgbench.cpu"
   printf '%s' "$tps"
 }
 
@@ -277,7 +284,7 @@ fi
 
 # 2. BATCH orders per transaction ------------------------------------------------------------
 log "2. pgbench, the order transaction, $BATCH orders per transaction (${BATCH_CLIENTS[*]} clients)"
-batch_best=0 batch_best_c=0 batch_cpu_pg=0 batch_cpu_pgbench=0
+batch_best=0 batch_best_c=0 batch_cpu_pg=0 batch_cpu_pgbench=0 batch_wal=0
 declare -A batch_orders=()
 for c in "${BATCH_CLIENTS[@]}"; do
   reset_order_tables
@@ -294,10 +301,10 @@ for c in "${BATCH_CLIENTS[@]}"; do
   if gt "$orders" "$batch_best"; then
     batch_best="$orders"; batch_best_c="$c"
     # The floor of the order work's CPU: what PostgreSQL and pgbench spent per order.
-    read -r batch_cpu_pg batch_cpu_pgbench < <(awk -v b="$BATCH" \
-      '{ n = $1 * b; printf "%.1f %.1f\n", $2 * 1e6 / n, $3 * 1e6 / n }' "$tmp/pgbench.cpu")
+    read -r batch_cpu_pg batch_cpu_pgbench batch_wal < <(awk -v b="$BATCH" \
+      '{ n = $1 * b; printf "%.1f %.1f %.0f\n", $2 * 1e6 / n, $3 * 1e6 / n, $4 / n }' "$tmp/pgbench.cpu")
   fi
-  log "    CPU: $(awk -v b="$BATCH" '{ n = $1 * b; printf "PostgreSQL %.1f us, pgbench %.1f us per order", $2 * 1e6 / n, $3 * 1e6 / n }' "$tmp/pgbench.cpu")"
+  log "    CPU: $(awk -v b="$BATCH" '{ n = $1 * b; printf "PostgreSQL %.1f us, pgbench %.1f us, WAL %.0f bytes per order", $2 * 1e6 / n, $3 * 1e6 / n, $4 / n }' "$tmp/pgbench.cpu")"
 done
 reset_order_tables 0 # gives the disk space back before the next measurements
 
@@ -389,11 +396,11 @@ fi
 
 batch_cpu="$(awk -v a="$batch_cpu_pg" -v b="$batch_cpu_pgbench" 'BEGIN { printf "%.1f", a + b }')"
 if (( json )); then
-  printf '{"pgbench_single_tps":%s,"pgbench_single_clients":%d,"pgbench_batch_orders_per_s":%s,"pgbench_batch_size":%d,"redis_reserve_per_s":%s,"direct_pg_buy_per_s":%s,"direct_pg_soldout_per_s":%s,"direct_pg_clients":%d,"pgbench_batch_cpu_us_per_order":%s,"pgbench_batch_cpu_us_postgres":%s,"pgbench_batch_cpu_us_pgbench":%s}\n' \
+  printf '{"pgbench_single_tps":%s,"pgbench_single_clients":%d,"pgbench_batch_orders_per_s":%s,"pgbench_batch_size":%d,"redis_reserve_per_s":%s,"direct_pg_buy_per_s":%s,"direct_pg_soldout_per_s":%s,"direct_pg_clients":%d,"pgbench_batch_cpu_us_per_order":%s,"pgbench_batch_cpu_us_postgres":%s,"pgbench_batch_cpu_us_pgbench":%s,"pgbench_batch_wal_bytes_per_order":%s}\n' \
     "$(fmt1 "$single_best")" "$single_best_c" "$(fmt1 "$batch_best")" "$BATCH" "$(fmt1 "$redis_rps")" \
-    "$(fmt1 "$direct_buy")" "$(fmt1 "$direct_soldout")" "$direct_c" "$batch_cpu" "$batch_cpu_pg" "$batch_cpu_pgbench"
+    "$(fmt1 "$direct_buy")" "$(fmt1 "$direct_soldout")" "$direct_c" "$batch_cpu" "$batch_cpu_pg" "$batch_cpu_pgbench" "$batch_wal"
 else
-  printf 'LIMITS pgbench_single_tps=%s pgbench_single_clients=%d pgbench_batch_orders_per_s=%s pgbench_batch_size=%d redis_reserve_per_s=%s direct_pg_buy_per_s=%s direct_pg_soldout_per_s=%s direct_pg_clients=%d pgbench_batch_cpu_us_per_order=%s pgbench_batch_cpu_us_postgres=%s pgbench_batch_cpu_us_pgbench=%s\n' \
+  printf 'LIMITS pgbench_single_tps=%s pgbench_single_clients=%d pgbench_batch_orders_per_s=%s pgbench_batch_size=%d redis_reserve_per_s=%s direct_pg_buy_per_s=%s direct_pg_soldout_per_s=%s direct_pg_clients=%d pgbench_batch_cpu_us_per_order=%s pgbench_batch_cpu_us_postgres=%s pgbench_batch_cpu_us_pgbench=%s pgbench_batch_wal_bytes_per_order=%s\n' \
     "$(fmt1 "$single_best")" "$single_best_c" "$(fmt1 "$batch_best")" "$BATCH" "$(fmt1 "$redis_rps")" \
-    "$(fmt1 "$direct_buy")" "$(fmt1 "$direct_soldout")" "$direct_c" "$batch_cpu" "$batch_cpu_pg" "$batch_cpu_pgbench"
+    "$(fmt1 "$direct_buy")" "$(fmt1 "$direct_soldout")" "$direct_c" "$batch_cpu" "$batch_cpu_pg" "$batch_cpu_pgbench" "$batch_wal"
 fi

@@ -247,6 +247,7 @@ async fn drain(
     // The polling below costs PostgreSQL CPU too: its backend's share is not the order work's.
     let poller: i32 = pg.query_one("SELECT pg_backend_pid()", &[]).await?.get(0);
     let poller_before = crate::cpu::cpu_secs_of(poller as u32);
+    let wal_before = wal_bytes(&pg).await?;
     let started = Instant::now();
     let cpu_before = cpu_snapshot(&args.cpu);
     let deadline = started + Duration::from_secs(args.drain_timeout_secs);
@@ -269,6 +270,7 @@ async fn drain(
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let drain_secs = started.elapsed().as_secs_f64();
+    let wal = wal_bytes(&pg).await? - wal_before;
     let mut cpu = cpu_use(&args.cpu, &cpu_before, started.elapsed());
     let polling = crate::cpu::cpu_secs_of(poller as u32) - poller_before;
     if let Some(pg_cpu) = cpu.iter_mut().find(|c| c.name == "postgres") {
@@ -296,14 +298,23 @@ async fn drain(
         println!("  - {v}");
     }
     println!(
-        "{} {} messages={} orders={orders} orders_per_s={orders_per_sec:.0} span_s={span:.2} drain_s={drain_secs:.2}{} violations={}",
+        "{} {} messages={} orders={orders} orders_per_s={orders_per_sec:.0} span_s={span:.2} drain_s={drain_secs:.2}{} wal_bytes_per_order={:.0} violations={}",
         args.summary_prefix,
         if ok { "OK" } else { "FAILED" },
         args.messages,
         cpu_per_order(&cpu, orders),
+        wal as f64 / orders.max(1) as f64,
         report.violations.len()
     );
     Ok(ok)
+}
+
+/// WAL bytes PostgreSQL has written (all databases: the drain is the only writer while it runs).
+async fn wal_bytes(pg: &tokio_postgres::Client) -> anyhow::Result<i64> {
+    let row = pg
+        .query_one("SELECT wal_bytes::int8 FROM pg_stat_wal", &[])
+        .await?;
+    Ok(row.get(0))
 }
 
 /// ` cpu_us_per_order=<all> cpu_us_<name>=<each>`: the CPU each measured process spent over

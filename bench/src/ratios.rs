@@ -178,6 +178,11 @@ pub fn cpu_ratios(l: &Lines) -> String {
         let key = format!("pgbench_batch_cpu_us_{name}");
         out.push(format!("cpu_us_floor_{name}={}", limits.raw(&key)));
     }
+    out.push(format!(
+        "wal_bytes_per_order={} wal_bytes_per_order_floor={}",
+        backlog.raw("wal_bytes_per_order"),
+        limits.raw("pgbench_batch_wal_bytes_per_order")
+    ));
     out.join(" ")
 }
 
@@ -481,12 +486,13 @@ mod tests {
                 "LIMITS",
                 "LIMITS pgbench_single_tps=2000 pgbench_batch_orders_per_s=16000 \
                  pgbench_batch_cpu_us_per_order=60.0 pgbench_batch_cpu_us_postgres=50.0 \
-                 pgbench_batch_cpu_us_pgbench=10.0",
+                 pgbench_batch_cpu_us_pgbench=10.0 pgbench_batch_wal_bytes_per_order=900",
             ),
             (
                 "B_BATCH",
                 "BACKLOG_batched OK orders_per_s=8000 cpu_us_per_order=150.0 \
-                 cpu_us_consume=50.0 cpu_us_postgres=70.0 cpu_us_broker=30.0 violations=0",
+                 cpu_us_consume=50.0 cpu_us_postgres=70.0 cpu_us_broker=30.0 \
+                 wal_bytes_per_order=1500 violations=0",
             ),
             (
                 "B_WIDE",
@@ -513,6 +519,7 @@ mod tests {
             "order_vs_pgbench_single=4.00",
             "order_vs_pgbench_batch=0.50",
             "cpu_us_per_order=150.0 cpu_us_per_order_floor=60.0 cpu_per_order_vs_floor=2.50",
+            "wal_bytes_per_order=1500 wal_bytes_per_order_floor=900",
             "cpu_us_consume=50.0 cpu_us_postgres=70.0 cpu_us_broker=30.0 cpu_us_redis=-",
             "cpu_us_floor_postgres=50.0 cpu_us_floor_pgbench=10.0",
             "workers64_vs_budget=1.10",

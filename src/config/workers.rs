@@ -19,6 +19,11 @@ pub struct ConsumerSettings {
     /// How long an order transaction that is not full waits for more calls to join it
     /// (docs/ARCHITECTURE.md#gathering-batches-across-queues); 0: natural batching only.
     pub gather_wait_ms: u64,
+    /// One transaction per stock bucket (docs/ARCHITECTURE.md#gathering-batches-across-queues):
+    /// a listener call's messages are split by their reservation's bucket and each bucket's
+    /// are gathered apart, so K stock rows are locked by K transactions side by side. Off: a
+    /// transaction gathers every bucket's messages (and locks all their rows).
+    pub bucket_lanes: bool,
     /// Peak shaving inside the consumer (docs/ARCHITECTURE.md#pacing-during-a-burst): while the
     /// first waiting reservation is younger than this, one order transaction runs at a time
     /// and the backlog waits, leaving the CPU to the roles that answer buyers; past it the

@@ -504,3 +504,68 @@ async fn calls_far_past_the_budget_are_gathered_and_never_run_more_transactions_
     );
     env.cleanup().await;
 }
+
+/// Runs 8 calls of 4 messages at once, each call carrying one order of each of 4 stock
+/// buckets, through a handler with a budget of 2; returns the transactions that committed
+/// orders of more than one bucket, and the transactions in all.
+async fn calls_over_four_buckets(env: &TestEnv, activity_id: i64, lanes: bool) -> (i64, i64) {
+    env.activity_in_buckets(activity_id, &[(1, 200)], 4).await;
+    let mut settings = env.settings.clone();
+    settings.consumer.bucket_lanes = lanes;
+    let h = Arc::new(OrderCreateHandler::new(env.pool(3).await, &settings, 2));
+    let topic = env.names().order_create_topic;
+    let calls = (0..8i64).map(|call| {
+        let batch = (0..4u16)
+            .map(|bucket| {
+                let mut e = event(activity_id, 1, call * 4 + i64::from(bucket) + 1, 300);
+                let ids = seckill::domain::ids::Ids::generate(activity_id, bucket);
+                e.reservation_id = ids.reservation_id.clone();
+                e.message_key = ids.reservation_id;
+                delivery_of(&topic, &e)
+            })
+            .collect::<Vec<_>>();
+        let h = h.clone();
+        async move { h.handle(batch).await }
+    });
+    let decisions = futures::future::join_all(calls).await;
+    assert!(decisions.iter().all(|d| *d == ConsumeDecision::Ack));
+    let orders = format!("SELECT count(*) FROM orders WHERE activity_id = {activity_id}");
+    assert_eq!(env.count(&orders).await, 32);
+    // Each bucket's row gave exactly its 8 orders' units (50 each of 200).
+    let rows = format!(
+        "SELECT count(*) FROM stock_buckets WHERE activity_id = {activity_id} AND remaining_stock = 42"
+    );
+    assert_eq!(env.count(&rows).await, 4);
+    let mixed = env
+        .count(&format!(
+            "SELECT count(*) FROM (SELECT xact_id FROM orders WHERE activity_id = {activity_id}
+              GROUP BY xact_id HAVING count(DISTINCT stock_bucket) > 1) m"
+        ))
+        .await;
+    let transactions = env
+        .count(&format!(
+            "SELECT count(DISTINCT xact_id) FROM orders WHERE activity_id = {activity_id}"
+        ))
+        .await;
+    (mixed, transactions)
+}
+
+#[tokio::test]
+async fn a_call_over_several_stock_buckets_becomes_one_transaction_per_bucket() {
+    let env = TestEnv::without_topics().await;
+    // Lanes on (the default): no transaction holds two buckets' orders, so no two lock the
+    // same stock rows; still gathered (8 calls of 4 took far fewer than 32 transactions).
+    let (mixed, transactions) = calls_over_four_buckets(&env, 1, true).await;
+    assert_eq!(mixed, 0, "transactions over several buckets");
+    assert!(
+        (4..=16).contains(&transactions),
+        "32 orders of 4 buckets took {transactions} transactions"
+    );
+    // Off: every call's transaction carries all four buckets' orders.
+    let (mixed, transactions) = calls_over_four_buckets(&env, 2, false).await;
+    assert_eq!(
+        mixed, transactions,
+        "with lanes off every transaction mixes buckets"
+    );
+    env.cleanup().await;
+}

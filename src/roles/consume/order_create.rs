@@ -5,6 +5,7 @@
 //! transactions run at once (the worker budget, docs/ARCHITECTURE.md#worker-budget), under
 //! an adaptive limit, split on failure (`roles::batch_tx`).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,6 +13,7 @@ use chrono::{DateTime, Utc};
 use tracing::{debug, info, warn};
 
 use crate::config::Settings;
+use crate::domain::ids::reservation_bucket;
 use crate::domain::Decision;
 use crate::domain::OrderCreateRequested;
 use crate::gather::{Gather, GatherSettings};
@@ -28,6 +30,8 @@ pub struct OrderCreateHandler {
     /// Each item comes back with its outcome.
     gather: Gather<Inbound, (Inbound, Result<Decision, TxError>)>,
     names: TxNames,
+    /// `consumer.bucket_lanes`: each stock bucket's messages gathered apart.
+    bucket_lanes: bool,
 }
 
 /// What one transaction needs; shared with the gathering task.
@@ -137,6 +141,7 @@ impl OrderCreateHandler {
             names: TxNames::order_create(settings),
             core,
             gather,
+            bucket_lanes: settings.consumer.bucket_lanes,
         }
     }
 
@@ -172,6 +177,58 @@ impl OrderCreateHandler {
     ) -> Result<Vec<Decision>, crate::pg::errors::TxError> {
         let items: Vec<Inbound> = batch.iter().map(Self::inbound).collect();
         self.core.process_items(&items).await
+    }
+
+    /// Each item with its outcome, in order: the items gathered into transactions, in their
+    /// stock bucket's lane when `consumer.bucket_lanes` is on (a call whose messages span
+    /// several buckets is split, its parts gathered apart and awaited together).
+    async fn submit(
+        &self,
+        batch: &[Delivery],
+        items: Vec<Inbound>,
+    ) -> Vec<(Inbound, Result<Decision, TxError>)> {
+        let lanes: Vec<u32> = items
+            .iter()
+            .map(|i| match (&i.event, self.bucket_lanes) {
+                (Ok(e), true) => u32::from(reservation_bucket(&e.reservation_id)),
+                _ => 0,
+            })
+            .collect();
+        let mut parts: BTreeMap<u32, (Vec<usize>, Vec<Inbound>)> = BTreeMap::new();
+        for ((i, item), lane) in items.into_iter().enumerate().zip(&lanes) {
+            let part = parts.entry(*lane).or_default();
+            part.0.push(i);
+            part.1.push(item);
+        }
+        let answers =
+            futures::future::join_all(parts.into_iter().map(|(lane, (idxs, part))| async move {
+                (idxs, self.gather.submit_in(lane, part).await)
+            }))
+            .await;
+        let mut out: Vec<Option<(Inbound, Result<Decision, TxError>)>> =
+            (0..batch.len()).map(|_| None).collect();
+        for (idxs, answer) in answers {
+            match answer {
+                Some(outcomes) => {
+                    for (i, outcome) in idxs.into_iter().zip(outcomes) {
+                        out[i] = Some(outcome);
+                    }
+                }
+                // The transaction's task died: nothing is known, the broker redelivers.
+                None => {
+                    for i in idxs {
+                        let lost = "the gathered transaction ended without an outcome";
+                        out[i] = Some((
+                            Self::inbound(&batch[i]),
+                            Err(TxError::Transient(lost.into())),
+                        ));
+                    }
+                }
+            }
+        }
+        out.into_iter()
+            .map(|o| o.expect("one outcome per item"))
+            .collect()
     }
 
     /// The metrics and log lines of a batch's decided messages (committed at `committed`):
@@ -304,17 +361,7 @@ impl BatchHandler for OrderCreateHandler {
         metrics::histogram!("mq_consume_batch_size").record(batch.len() as f64);
         let items: Vec<Inbound> = batch.iter().map(Self::inbound).collect();
         let (items, result): (Vec<Inbound>, Vec<Result<Decision, TxError>>) =
-            match self.gather.submit(items).await {
-                Some(outcomes) => outcomes.into_iter().unzip(),
-                // The transaction's task died: nothing is known, the broker redelivers.
-                None => batch
-                    .iter()
-                    .map(|d| {
-                        let lost = "the gathered transaction ended without an outcome";
-                        (Self::inbound(d), Err(TxError::Transient(lost.into())))
-                    })
-                    .unzip(),
-            };
+            self.submit(&batch, items).await.into_iter().unzip();
         metrics::gauge!("mq_consumer_inflight").decrement(1.0);
         metrics::histogram!("mq_consume_process_seconds", "topic" => "order_create")
             .record(started.elapsed().as_secs_f64());
