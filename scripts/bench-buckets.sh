@@ -14,6 +14,7 @@
 # Last line: BUCKETS redis_one=… cluster_k1=… cluster_k3=… cluster_k6=… (calls/s)
 #   share_k1=… share_k3=… share_k6=… (the busiest primary's share) pg_<mode>_k<K>=… (orders/s)
 #   lockwait_ms_per_tx_<mode>_k<K>=… (ms a backend spent waiting on a lock per transaction)
+#   rowlock_ms_per_tx_<mode>_k<K>=… (of which on a row lock: a stock row's tuple/transaction id)
 #   order_tx_<mode>_k<K>=… (transactions)
 # Knobs: BUCKETS_REQUESTS (100000), BUCKETS_BACKLOG (20000), BUCKETS_CONCURRENCY (64),
 # BUCKETS_ONLY=redis|pg (one half), BUCKETS_KS ("1 2 4 8"), BUCKETS_MODES ("lanes mixed"),
@@ -64,7 +65,9 @@ fi
 # lock (a hot row's, a transaction id's) every 20 ms, in a bounded loop (at most 10 minutes).
 sample_locks() {
   for _ in $(seq 1 30000); do
-    echo "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'), count(*) FILTER (WHERE state = 'active')
+    echo "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'), count(*) FILTER (WHERE state = 'active'),
+                 coalesce(string_agg(wait_event, ',') FILTER (WHERE wait_event_type = 'Lock'), '-'),
+                 count(*) FILTER (WHERE wait_event_type = 'Lock' AND wait_event IN ('tuple', 'transactionid'))
           FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid();
           SELECT pg_sleep(0.02);"
   done | psql -X -At -h 127.0.0.1 -U postgres -d postgres 2>/dev/null | grep --line-buffered '|' >"$1" || true
@@ -134,13 +137,19 @@ for mode in $MODES; do
     stop_consume
     # Lock-wait time per transaction: backends waiting, summed over the samples, times the
     # sampling period, over the transactions the consumer ran.
-    waits="$(awk -F'|' -v txs="$txs" '{ n++; if ($1 > 0) w++; s += $1 } END {
-      if (n && txs > 0) printf "%.3f %.2f %d %.2f", w / n, s / n, n, s * 20 / txs;
-      else print "nan nan 0 nan" }' "$samples")"
-    read -r share mean count per_tx <<<"$waits"
-    log "$line; transactions $txs; lock waits: $per_tx ms per transaction, share of samples $share, mean waiting $mean (of $count samples)"
+    # The row locks' share (a stock row's "tuple" and "transactionid" waits) apart from the
+    # rest (a table's extension, the NOTIFY queue's commit lock, ...).
+    waits="$(awk -F'|' -v txs="$txs" '{ n++; if ($1 > 0) w++; s += $1; r += $4 } END {
+      if (n && txs > 0) printf "%.3f %.2f %d %.2f %.2f", w / n, s / n, n, s * 20 / txs, r * 20 / txs;
+      else print "nan nan 0 nan nan" }' "$samples")"
+    read -r share mean count per_tx row_per_tx <<<"$waits"
+    # Which locks they waited on: a stock row ("tuple", "transactionid"), a relation, ...
+    kinds="$(cut -d'|' -f3 "$samples" | tr ',' '\n' | grep -v '^-$' | sort | uniq -c |
+      awk '{ printf "%s%s=%s", sep, $2, $1; sep = " " }')"
+    log "$line; transactions $txs; lock waits: $per_tx ms per transaction ($row_per_tx on stock rows), share of samples $share, mean waiting $mean (of $count samples); samples by lock: ${kinds:-none}"
     R[pg_${mode}_k$k]="$(field "$line" orders_per_s)"
     R[lockwait_ms_per_tx_${mode}_k$k]="$per_tx"
+    R[rowlock_ms_per_tx_${mode}_k$k]="$row_per_tx"
     R[order_tx_${mode}_k$k]="$txs"
     [[ "$(field "$line" violations)" == 0 ]] || { log "violations in $mode K=$k"; exit 1; }
   done
@@ -152,7 +161,7 @@ out="BUCKETS"
 for key in redis_one cluster_k1 cluster_k3 cluster_k6 share_k1 share_k3 share_k6; do
   out+=" $key=${R[$key]:-}"
 done
-for key in $(printf '%s\n' "${!R[@]}" | grep -E '^(pg|lockwait|order_tx)_' | sort -V); do
+for key in $(printf '%s\n' "${!R[@]}" | grep -E '^(pg|lockwait|rowlock|order_tx)_' | sort -V); do
   out+=" $key=${R[$key]}"
 done
 echo "$out"
