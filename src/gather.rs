@@ -287,7 +287,7 @@ async fn gather_loop<I, O, F, Fut>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A gather whose batches record their size and answer each item with itself × 10.
     fn recording(
