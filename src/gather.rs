@@ -195,7 +195,6 @@ async fn gather_loop<I, O, F, Fut>(
     Fut: Future<Output = Vec<O>> + Send + 'static,
 {
     let running: Running = Arc::default();
-    let max = settings.max.max(1);
     let cap = settings.queue.max(1);
     let mut waiting = Waiting {
         lanes: BTreeMap::new(),
@@ -226,61 +225,87 @@ async fn gather_loop<I, O, F, Fut>(
                 let _ = tokio::time::timeout(settings.recheck, freed).await;
             }
         };
-        let first = waiting.pop(lane).expect("the lane's head");
-        let deadline = first.arrived + settings.wait;
-        let mut count = first.items.len();
-        let mut group = vec![first];
-        while count < max {
-            if let Some(s) = waiting.head(lane) {
-                if count + s.items.len() > max {
-                    break;
-                }
-                count += s.items.len();
-                group.push(waiting.pop(lane).expect("the lane's head"));
-                continue;
-            }
-            if !open || waiting.len >= cap {
+        let (group, count) = fill(&mut waiting, &mut rx, &mut open, lane, settings).await;
+        let slot = SlotGuard::take(&running, lane);
+        tokio::spawn(run_batch(group, count, slot, Arc::clone(&process)));
+    }
+}
+
+/// One batch of `lane`: its first waiting caller, the lane's next ones, and while none waits
+/// and the channel is open, new callers (within `settings.wait` of the first's arrival), up to
+/// `settings.max` items. Returns the callers and their items' count.
+async fn fill<I, O>(
+    waiting: &mut Waiting<I, O>,
+    rx: &mut mpsc::Receiver<Submission<I, O>>,
+    open: &mut bool,
+    lane: u32,
+    settings: GatherSettings,
+) -> (Vec<Submission<I, O>>, usize) {
+    let (max, cap) = (settings.max.max(1), settings.queue.max(1));
+    let first = waiting.pop(lane).expect("the lane's head");
+    let deadline = first.arrived + settings.wait;
+    let mut count = first.items.len();
+    let mut group = vec![first];
+    while count < max {
+        if let Some(s) = waiting.head(lane) {
+            if count + s.items.len() > max {
                 break;
             }
-            let next = match rx.try_recv() {
-                Ok(s) => Some(s),
-                Err(TryRecvError::Disconnected) => {
-                    open = false;
-                    None
-                }
-                Err(TryRecvError::Empty) if settings.wait.is_zero() => None,
-                Err(TryRecvError::Empty) => tokio::time::timeout_at(deadline, rx.recv())
-                    .await
-                    .ok()
-                    .flatten(),
-            };
-            let Some(s) = next else { break };
-            // Another lane's submission waits for a batch of its own; one of this lane that
-            // does not fit leads the lane's next batch.
-            waiting.push(s);
+            count += s.items.len();
+            group.push(waiting.pop(lane).expect("the lane's head"));
+            continue;
         }
-        let slot = SlotGuard::take(&running, lane);
-        let process = Arc::clone(&process);
-        tokio::spawn(async move {
-            let _slot = slot;
-            let mut sizes = Vec::with_capacity(group.len());
-            let mut replies = Vec::with_capacity(group.len());
-            let mut items = Vec::with_capacity(count);
-            for s in group {
-                sizes.push(s.items.len());
-                replies.push(s.reply);
-                items.extend(s.items);
+        if !*open || waiting.len >= cap {
+            break;
+        }
+        let next = match rx.try_recv() {
+            Ok(s) => Some(s),
+            Err(TryRecvError::Disconnected) => {
+                *open = false;
+                None
             }
-            let outcomes = process(items).await;
-            if outcomes.len() != count {
-                // Which outcome belongs to whom is unknown: every caller learns nothing.
-                return;
-            }
-            let mut outcomes = outcomes.into_iter();
-            for (size, reply) in sizes.into_iter().zip(replies) {
-                let _ = reply.send(outcomes.by_ref().take(size).collect());
-            }
-        });
+            Err(TryRecvError::Empty) if settings.wait.is_zero() => None,
+            Err(TryRecvError::Empty) => tokio::time::timeout_at(deadline, rx.recv())
+                .await
+                .ok()
+                .flatten(),
+        };
+        let Some(s) = next else { break };
+        // Another lane's submission waits for a batch of its own; one of this lane that does
+        // not fit leads the lane's next batch.
+        waiting.push(s);
+    }
+    (group, count)
+}
+
+/// Runs one batch and answers each caller with its own items' outcomes; `slot` is freed when
+/// it ends, however it ends.
+async fn run_batch<I, O, F, Fut>(
+    group: Vec<Submission<I, O>>,
+    count: usize,
+    slot: SlotGuard,
+    process: Arc<F>,
+) where
+    F: Fn(Vec<I>) -> Fut,
+    Fut: Future<Output = Vec<O>>,
+{
+    let _slot = slot;
+    let mut sizes = Vec::with_capacity(group.len());
+    let mut replies = Vec::with_capacity(group.len());
+    let mut items = Vec::with_capacity(count);
+    for s in group {
+        sizes.push(s.items.len());
+        replies.push(s.reply);
+        items.extend(s.items);
+    }
+    let outcomes = process(items).await;
+    if outcomes.len() != count {
+        // Which outcome belongs to whom is unknown: every caller learns nothing.
+        return;
+    }
+    let mut outcomes = outcomes.into_iter();
+    for (size, reply) in sizes.into_iter().zip(replies) {
+        let _ = reply.send(outcomes.by_ref().take(size).collect());
     }
 }
 
