@@ -6,6 +6,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::config::{Settings, TelemetrySettings};
+use crate::roles;
+use crate::roles::ops::dev_credentials::{self, PaymentCommand, TokenCommand};
 use crate::roles::ops::activity::CreateArgs;
 use crate::roles::ops::resync::ResyncArgs;
 
@@ -57,12 +59,12 @@ pub enum Command {
     /// Development buyer tokens (refused in PROD).
     Token {
         #[command(subcommand)]
-        command: crate::roles::ops::dev_credentials::TokenCommand,
+        command: TokenCommand,
     },
     /// Development payment notifications (refused in PROD).
     Payment {
         #[command(subcommand)]
-        command: crate::roles::ops::dev_credentials::PaymentCommand,
+        command: PaymentCommand,
     },
     /// Flash-sale activities.
     Activity {
@@ -102,6 +104,66 @@ pub enum ActivityCommand {
     /// Rebuild the activity's Redis state from PostgreSQL (stock, buyers, request ids):
     /// fence, wait for the backlog, rebuild, resume; `--dry-run` first (audited).
     Resync(ResyncArgs),
+}
+
+/// The `seckill` binary's whole body: parse the command line, then run the command under
+/// [`run_process`]. It lives here, not in `main.rs`, so the roles' futures are compiled once
+/// in this crate instead of again in the binary that polls them (a release build spends
+/// minutes on that copy).
+pub fn main() -> ExitCode {
+    // Failpoints from the FAILPOINTS variable, only in builds for the fault tests.
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
+    let cli = Cli::parse();
+    // A role's log is its output (stdout: a file or journald); a tool's stdout is its report,
+    // so its log goes to stderr.
+    let logs = if cli.command.is_role() {
+        crate::telemetry::init_logs
+    } else {
+        crate::telemetry::init_logs_to_stderr
+    };
+    let role = cli.command.is_role();
+    run_process("seckill", logs, |settings| async move {
+        if role {
+            crate::mq::check_name_servers(&settings.mq).await?;
+            crate::mq::watch_name_servers(&settings.mq);
+        }
+        match cli.command {
+            Command::Api => roles::api::run(settings).await.map(|_| true),
+            Command::Consume { workers } => {
+                roles::consume::run(settings, workers).await.map(|_| true)
+            }
+            Command::TimeoutCancel => roles::timeout_cancel::run(settings).await.map(|_| true),
+            Command::Scan => roles::scan::run(settings).await.map(|_| true),
+            Command::Migrate => roles::ops::migrate::run(settings).await.map(|_| true),
+            Command::Topics {
+                command: TopicsCommand::Create,
+            } => roles::ops::topics::run(settings).await.map(|_| true),
+            Command::Topics {
+                command: TopicsCommand::Delete { confirm },
+            } => roles::ops::topics::delete(settings, &confirm).await,
+            Command::Activity {
+                command: ActivityCommand::Create(args),
+            } => roles::ops::activity::create(&settings, &args)
+                .await
+                .map(|_| true),
+            Command::Activity {
+                command: ActivityCommand::Resync(args),
+            } => roles::ops::resync::run(settings, args).await,
+            Command::Reconcile(args) => roles::ops::reconcile::run(settings, args).await,
+            Command::Dlq { command } => roles::ops::dlq::run(settings, command).await,
+            Command::Outbox { command } => roles::ops::outbox::run(settings, command).await,
+            Command::Token {
+                command: TokenCommand::Mint(args),
+            } => dev_credentials::mint(&settings, &args).map(|_| true),
+            Command::Token {
+                command: TokenCommand::Keygen(args),
+            } => dev_credentials::keygen(&args).map(|_| true),
+            Command::Payment {
+                command: PaymentCommand::Sign(args),
+            } => dev_credentials::sign_notification(&settings, &args).map(|_| true),
+        }
+    })
 }
 
 /// What a binary of this project does around its command: load the configuration (exit 2

@@ -5,7 +5,7 @@
 //! A short tour, from the top of the house down (nothing imports upward, and no two modules,
 //! nor two files of one module, import each other: `scripts/check-cycles.py`, in `make test`):
 //!
-//! - [`cli`] — the `seckill` subcommands; `main.rs` parses them, loads [`config`], starts
+//! - [`cli`] — the `seckill` subcommands: `cli::main` parses them, loads [`config`], starts
 //!   [`telemetry`] and calls the role's `run`.
 //! - [`roles`] — what the binary runs:
 //!   - `roles::api` — the buyers' HTTP API and the hot path (reserve → send → 202), the
