@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make demo: services up, migrate, topics, a fresh flash-sale activity, api + consume + scan +
 # timeout-cancel, a burst of buyers, wait for the orders, pay half of them, let the rest expire
-# (10 s pay window in config/demo.toml) and be cancelled, then print what happened and whether
+# (20 s pay window in config/demo.toml) and be cancelled, then print what happened and whether
 # the invariants hold.
 # The last line is machine-readable: DEMO OK ... / DEMO FAILED ...
 set -euo pipefail

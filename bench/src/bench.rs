@@ -964,7 +964,10 @@ pub async fn order_rate(
     })
 }
 
-/// Pays `--pay-share` of the created orders through signed payment notifications.
+/// Pays `--pay-share` of the created orders through signed payment notifications, newest
+/// first: those have the most of their pay window left, so on a slow machine the payments do
+/// not reach orders the timeout already cancelled (a late payment is refused with 409, which
+/// the report counts as a refusal).
 async fn pay_orders(
     settings: &Settings,
     args: &BenchArgs,
@@ -977,7 +980,7 @@ async fn pay_orders(
         .query(
             "SELECT order_id, amount_cents FROM orders
              WHERE activity_id = $1 AND sku_id BETWEEN $2 AND $3 AND status = 'CREATED'
-             ORDER BY created_at",
+             ORDER BY created_at DESC",
             &[&args.activity_id, &args.sku_id, &last_sku],
         )
         .await?
