@@ -16,12 +16,13 @@ ARG RUNTIME_IMAGE=docker.io/library/debian:bookworm-slim
 
 FROM ${BUILD_IMAGE} AS build
 WORKDIR /src
-# The whole workspace: cargo loads every member's manifest (the bench is one), the migrations
-# are embedded from sql/ at compile time.
+# The whole workspace: cargo loads every member's manifest (the bench and the RocketMQ servers'
+# pin are members), the migrations are embedded from sql/ at compile time.
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY sql ./sql
 COPY bench ./bench
+COPY tools ./tools
 # Extra cargo flags: `--offline` when the registry is mounted instead of downloaded.
 ARG CARGO_FLAGS=""
 RUN cargo build --release --locked -p seckill ${CARGO_FLAGS} \

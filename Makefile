@@ -14,7 +14,7 @@ services-down: ## Stop the RocketMQ processes the project started
 	scripts/services-down.sh
 
 build: ## Build the release binaries (seckill, and seckill-bench for the benchmarks)
-	cargo build --release --workspace
+	cargo build --release
 
 image: ## Build the seckill image (podman) from the Dockerfile, from local Debian bases where public images cannot be pulled
 	scripts/image.sh
@@ -51,20 +51,22 @@ bench-payments: services-up ## The payment path's ORDER_PAID through the outbox 
 	SECKILL_ENV=bench target/release/seckill-bench payments --orders 2000 --concurrency 16 --rounds 3
 
 bench-payments-small: ## make bench-payments in seconds on the debug build: it runs and both modes deliver every event (figures meaningless)
-	cargo build --workspace --features failpoints --quiet
+	cargo build --all-targets --features failpoints --quiet
 	SECKILL_ENV=bench target/debug/seckill-bench payments --orders 100 --concurrency 8 --rounds 1
 
 limits: services-up ## Only the naive limits (pgbench, redis-benchmark, direct PostgreSQL); last line LIMITS ...
 	bench/limits/limits.sh
 
 test: services-up ## The whole test suite against the real services, the operator files, schemathesis, a small soak, then the faults on the shared services
-	SECKILL_ENV=test cargo test --workspace --all-targets --features failpoints -- --test-threads=4
+	SECKILL_ENV=test cargo test --all-targets --features failpoints -- --test-threads=4
 	scripts/check-operator-files.sh
 	scripts/check-migrations.sh --self-test
 	scripts/check-cycles.py --self-test
 	scripts/check-cycles.py
 	scripts/check-doc-links.py --self-test
 	scripts/check-doc-links.py
+	scripts/check-build-graph.py --self-test
+	scripts/check-build-graph.py
 	scripts/check-migrations.sh
 	scripts/schemathesis.sh
 	$(MAKE) soak-small
@@ -74,8 +76,12 @@ test: services-up ## The whole test suite against the real services, the operato
 soak: ## A long sale at a steady rate with payments and timeouts, sampled every 15 s; last line SOAK OK/FAILED
 	scripts/soak.sh
 
+# The debug binaries for soak-small and bench-payments-small come from `cargo build --all-targets`
+# with the tests' feature set: it resolves the dependencies as make test's `cargo test` does, so
+# nothing is compiled a second time (a plain `cargo build` drops the dev-dependencies' features,
+# tokio's test-util among them, and recompiled most of the graph: 271 s).
 soak-small: ## make soak in one minute on the debug build (too short to judge memory growth)
-	cargo build --workspace --features failpoints --quiet
+	cargo build --all-targets --features failpoints --quiet
 	SECKILL_BIN=target/debug/seckill SOAK_DURATION_SECS=45 SOAK_RATE=50 SOAK_PAY_WINDOW_SECS=20 \
 	  SOAK_SAMPLE_SECS=5 SOAK_MAX_RSS_SLOPE_MIB_PER_MIN=1000 scripts/soak.sh
 
@@ -83,13 +89,13 @@ send-timeouts: ## UNKNOWN rate of a send against its timeout and client retries,
 	scripts/send-timeouts.sh
 
 test-faults: services-up ## Faults that disturb the shared services (a broker killed, one of two brokers killed, each of two name servers killed, a Redis primary failed over, PostgreSQL restarted) and a Redis of its own that forgets its last second, one at a time; last step of make test
-	SECKILL_ENV=test cargo test --workspace --features failpoints --test it -- --ignored --test-threads=1 sale_faults:: redis_loss_faults::
+	SECKILL_ENV=test cargo test --features failpoints --test it -- --ignored --test-threads=1 sale_faults:: redis_loss_faults::
 
 chaos: ## A whole sale (intake, backlog, payments, cancellations) under faults by phase: every role, the broker, PostgreSQL and its own AOF Redis; CHAOS_RUN line
 	scripts/chaos.sh
 
 test-unit: ## Unit tests only (no services)
-	cargo test --workspace --lib --bins
+	cargo test --lib --bins
 
 .PHONY: test-api-fuzz
 test-api-fuzz: ## schemathesis against a live api (docs/openapi.yaml)
@@ -99,12 +105,12 @@ fmt: ## Format the code
 	cargo fmt --all
 
 clippy: ## Lints, warnings are errors
-	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --all-targets -- -D warnings
 
 lint: ## fmt check + clippy (with and without the failpoints feature)
 	cargo fmt --all -- --check
-	cargo clippy --workspace --all-targets -- -D warnings
-	cargo clippy --workspace --all-targets --features failpoints -- -D warnings
+	cargo clippy --all-targets -- -D warnings
+	cargo clippy --all-targets --features failpoints -- -D warnings
 
 ci: ## What CI runs, exactly (.ci/run): make test, make test-faults, make lint
 	bash .ci/run
