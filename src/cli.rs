@@ -7,8 +7,8 @@ use clap::{Parser, Subcommand};
 
 use crate::config::{Settings, TelemetrySettings};
 use crate::roles;
-use crate::roles::ops::dev_credentials::{self, PaymentCommand, TokenCommand};
 use crate::roles::ops::activity::CreateArgs;
+use crate::roles::ops::dev_credentials::{self, PaymentCommand, TokenCommand};
 use crate::roles::ops::resync::ResyncArgs;
 
 #[derive(Debug, Parser)]

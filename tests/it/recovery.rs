@@ -391,7 +391,12 @@ async fn pay_and_cancel_raced_100_times_each_never_both_win() {
     let env = TestEnv::without_topics().await;
     env.activity(40, 1, 100).await;
     let orders = created_orders(&env, 40, 100).await;
-    let pool = env.pool(12).await;
+    // 100 payers share 12 connections while the cancel batches hold their orders' rows: on a
+    // loaded machine a payer can wait for a connection longer than the shipped 1 s, which would
+    // fail the race for a reason that is not the race.
+    let mut pg = env.settings.pg.clone();
+    pg.pool_wait_timeout_ms = 30_000;
+    let pool = seckill::pg::connect_pool(&pg, 12).await.expect("pg pool");
     {
         let c = pool.get().await.unwrap();
         c.execute(
