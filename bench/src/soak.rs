@@ -623,20 +623,6 @@ async fn sample(
     Ok((parts.join(" "), anon))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slope_of_a_line_and_of_too_few_points() {
-        let line: Vec<(f64, f64)> = (0..10).map(|x| (x as f64, 3.0 * x as f64 + 1.0)).collect();
-        assert!((slope(&line).unwrap() - 3.0).abs() < 1e-9);
-        let flat: Vec<(f64, f64)> = (0..10).map(|x| (x as f64, 7.0)).collect();
-        assert_eq!(slope(&flat), Some(0.0));
-        assert_eq!(slope(&line[..2]), None);
-    }
-}
-
 /// How many of `order_ids` (payments just refused) are cancelled: those notifications came
 /// after the pay window closed. An unreadable database counts none as late.
 async fn late_payments(pool: &deadpool_postgres::Pool, order_ids: &[String]) -> usize {
@@ -651,4 +637,18 @@ async fn late_payments(pool: &deadpool_postgres::Pool, order_ids: &[String]) -> 
     .await
     .map(|row| row.get::<_, i64>(0) as usize)
     .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slope_of_a_line_and_of_too_few_points() {
+        let line: Vec<(f64, f64)> = (0..10).map(|x| (x as f64, 3.0 * x as f64 + 1.0)).collect();
+        assert!((slope(&line).unwrap() - 3.0).abs() < 1e-9);
+        let flat: Vec<(f64, f64)> = (0..10).map(|x| (x as f64, 7.0)).collect();
+        assert_eq!(slope(&flat), Some(0.0));
+        assert_eq!(slope(&line[..2]), None);
+    }
 }
