@@ -995,30 +995,42 @@ async fn pay_orders(
         .clone();
     let to_pay = ((orders.len() as f64) * args.pay_share.clamp(0.0, 1.0)).round() as usize;
     let bases = api_bases(&args.api);
-    let results: Vec<bool> = futures::stream::iter(orders.into_iter().take(to_pay).enumerate())
-        .map(|(k, (order_id, amount_cents))| {
-            let base = bases[k % bases.len()].clone();
-            let (client, secret) = (client.clone(), secret.clone());
-            async move { pay_one(&client, &base, &secret, &order_id, amount_cents).await }
-        })
-        .buffer_unordered(args.concurrency.max(1))
-        .collect()
-        .await;
-    report.paid = results.iter().filter(|ok| **ok).count();
+    let results: Vec<PayAnswer> =
+        futures::stream::iter(orders.into_iter().take(to_pay).enumerate())
+            .map(|(k, (order_id, amount_cents))| {
+                let base = bases[k % bases.len()].clone();
+                let (client, secret) = (client.clone(), secret.clone());
+                async move { pay_one(&client, &base, &secret, &order_id, amount_cents).await }
+            })
+            .buffer_unordered(args.concurrency.max(1))
+            .collect()
+            .await;
+    report.paid = results.iter().filter(|a| **a == PayAnswer::Paid).count();
     report.pay_errors = results.len() - report.paid;
     Ok(())
 }
 
+/// What the API answered a signed payment notification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PayAnswer {
+    Paid,
+    /// 409 `ORDER_CANCELED` / `ORDER_EXPIRED`: the order's pay window had closed when the
+    /// notification landed. Refused as it should be; a slow payer, not a fault.
+    Late,
+    /// Any other refusal, or no answer after every retry.
+    Refused,
+}
+
 /// Pays one order through a signed notification, as the provider would: `payment_id` =
 /// `pay-<order_id>`. A notification that got no answer or a 5xx is sent again (signed afresh)
-/// until it is answered, up to 20 times over ~10 s. True when the API accepted it.
+/// until it is answered, up to 20 times over ~10 s.
 pub(crate) async fn pay_one(
     client: &reqwest::Client,
     base: &str,
     secret: &secrecy::SecretString,
     order_id: &str,
     amount_cents: i64,
-) -> bool {
+) -> PayAnswer {
     let body = serde_json::json!({
         "order_id": order_id,
         "payment_id": format!("pay-{order_id}"),
@@ -1040,11 +1052,21 @@ pub(crate) async fn pay_one(
             .await;
         match sent {
             Ok(r) if r.status().is_server_error() => continue,
-            Ok(r) => return r.status().is_success(),
+            Ok(r) if r.status().is_success() => return PayAnswer::Paid,
+            Ok(r) if r.status() == reqwest::StatusCode::CONFLICT => {
+                let body: serde_json::Value = r.json().await.unwrap_or_default();
+                let code = body["error"]["code"].as_str().unwrap_or_default();
+                return if matches!(code, "ORDER_CANCELED" | "ORDER_EXPIRED") {
+                    PayAnswer::Late
+                } else {
+                    PayAnswer::Refused
+                };
+            }
+            Ok(_) => return PayAnswer::Refused,
             Err(_) => continue,
         }
     }
-    false
+    PayAnswer::Refused
 }
 
 /// Waits until every unpaid order is cancelled and every compensation done.
