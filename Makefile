@@ -46,7 +46,8 @@ bench-orders: ## Only the order work: pgbench's batch and the consumer on a back
 bench-ceilings: ## Only the front door's ceilings with wrk (healthz, sold out per token algorithm, cache on/off, accepted path, direct server); last line CEILING_RATIOS ...
 	BENCH_ONLY=ceilings scripts/bench.sh
 
-bench-payments: services-up ## The payment path's ORDER_PAID through the outbox and as transaction messages, side by side; last line PAYMENTS_RATIOS ... (BENCHMARKS.md)
+bench-payments: ## The payment path's ORDER_PAID through the outbox and as transaction messages, side by side; last line PAYMENTS_RATIOS ... (BENCHMARKS.md)
+	SECKILL_MQ_BUILD=release scripts/services-up.sh
 	cargo build --release --quiet -p seckill-bench
 	SECKILL_ENV=bench target/release/seckill-bench payments --orders 2000 --concurrency 16 --rounds 3
 

@@ -31,6 +31,9 @@ CONC="${BUCKETS_CONCURRENCY:-64}"
 log() { printf '[bench-buckets] %s\n' "$*" >&2; }
 field() { sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<<"$1"; }
 
+# The benchmarks measure the release build of the RocketMQ servers (rocketmq-up.sh restarts a
+# broker running the debug one), as they measure seckill's release binaries.
+export SECKILL_MQ_BUILD=release
 scripts/services-up.sh >&2
 log "building (release)"
 cargo build --release --quiet -p seckill -p seckill-bench

@@ -54,6 +54,9 @@ else
 fi
 log() { printf '[bench] %s\n' "$*" >&2; }
 
+# The benchmarks measure the release build of the RocketMQ servers (rocketmq-up.sh restarts a
+# broker running the debug one), as they measure seckill's release binaries.
+export SECKILL_MQ_BUILD=release
 scripts/services-up.sh >&2
 # A run leaves its reservations in Redis (hundreds of thousands of keys): the next run starts
 # without them, and the last one clears its own at the end. Millions of stale keys make every

@@ -7,6 +7,11 @@
 #   SECKILL_RUN_DIR        pid files, logs, rendered configs   (~/.cache/seckill/run)
 #   SECKILL_MQ_DATA_DIR    broker store, name server kv data   (~/.cache/seckill/rocketmq-data)
 #   SECKILL_TOOLS_DIR      install dir of the binaries         (~/.cache/seckill/rocketmq-1.0.0)
+#   SECKILL_MQ_BUILD       which build of the servers runs     (debug)
+#                             debug: the demo's and the tests' (dependencies at opt-level 1);
+#                             release: what the benchmarks measure (scripts/install-rocketmq.sh).
+#                             A broker of ours running the other build is restarted with this one;
+#                             the name server, which carries no load, is left alone.
 #   SECKILL_MQ_LOG_FILTER  log filter for both servers         (warn)
 #   SECKILL_MQ_NAMESRV_HEALTH_PORT / SECKILL_MQ_BROKER_HEALTH_PORT   (19876 / 19911; the
 #                             second name server's health port is 19877)
@@ -57,8 +62,13 @@ NAMESRV_HEALTH="127.0.0.1:${SECKILL_MQ_NAMESRV_HEALTH_PORT:-19876}"
 BROKER_HEALTH="127.0.0.1:${SECKILL_MQ_BROKER_HEALTH_PORT:-19911}"
 START_TIMEOUT="${SECKILL_MQ_START_TIMEOUT:-120}"
 
-NAMESRV_BIN="$TOOLS_DIR/bin/rocketmq-namesrv-rust"
-BROKER_BIN="$TOOLS_DIR/bin/rocketmq-broker-rust"
+BUILD="${SECKILL_MQ_BUILD:-debug}"
+[[ "$BUILD" == debug || "$BUILD" == release ]] || {
+  echo "rocketmq-up: ERROR: SECKILL_MQ_BUILD must be debug or release, not '$BUILD'" >&2
+  exit 2
+}
+NAMESRV_BIN="$TOOLS_DIR/$BUILD/bin/rocketmq-namesrv-rust"
+BROKER_BIN="$TOOLS_DIR/$BUILD/bin/rocketmq-broker-rust"
 
 log() { echo "rocketmq-up: $*"; }
 
@@ -104,6 +114,14 @@ pid_alive() {
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
   kill -0 "$pid" 2>/dev/null || return 1
   grep -q "$name" "/proc/$pid/cmdline" 2>/dev/null
+}
+
+# True when the live server of pid file $1 runs another binary than $2 (the other build).
+runs_other_bin() {
+  local exe
+  pid_alive "$1" rocketmq- || return 1
+  exe="$(readlink "/proc/$(cat "$1")/exe" 2>/dev/null)" || return 1
+  [[ "${exe% (deleted)}" != "$2" ]]
 }
 
 PROFILE="${SECKILL_MQ_PROFILE:-development}"
@@ -168,6 +186,11 @@ render_b() {
 start_companion() {
   local name="$1" file="$2" port="$3" health="$4" render_fn="$5"
   local store="$DATA_DIR/store-${file#broker-}"
+  if runs_other_bin "$RUN_DIR/$file.pid" "$BROKER_BIN"; then
+    log "$name runs the other build of the broker; restarting it with $BROKER_BIN"
+    stop_stale "$RUN_DIR/$file.pid" rocketmq-broker-rust
+    for _ in $(seq 50); do port_open "$port" || break; sleep 0.2; done
+  fi
   if ready_at "$health" "$port"; then
     log "$name already ready on 127.0.0.1:$port"
     return 0
@@ -254,8 +277,8 @@ wait_until() {
 }
 
 if [[ ! -x "$NAMESRV_BIN" || ! -x "$BROKER_BIN" ]]; then
-  log "binaries missing in $TOOLS_DIR/bin; installing"
-  SECKILL_TOOLS_DIR="$TOOLS_DIR" "$REPO_DIR/scripts/install-rocketmq.sh"
+  log "binaries missing in $TOOLS_DIR/$BUILD/bin; installing"
+  SECKILL_TOOLS_DIR="$TOOLS_DIR" SECKILL_MQ_BUILD="$BUILD" "$REPO_DIR/scripts/install-rocketmq.sh"
 fi
 
 mkdir -p "$RUN_DIR/logs" "$RUN_DIR/conf" "$DATA_DIR/home" "$DATA_DIR/namesrv" "$DATA_DIR/namesrv-b" \
@@ -292,6 +315,12 @@ if [[ "$NAMESRVS" == 2 ]]; then
 fi
 
 # ---- broker ----
+# The benchmarks measure the release build, the demo and the tests run the debug one.
+if runs_other_bin "$RUN_DIR/broker.pid" "$BROKER_BIN"; then
+  log "broker (pid $(cat "$RUN_DIR/broker.pid")) runs the other build; restarting it with $BROKER_BIN"
+  stop_stale "$RUN_DIR/broker.pid" rocketmq-broker-rust
+  for _ in $(seq 50); do port_open "$BROKER_PORT" || break; sleep 0.2; done
+fi
 # A broker of ours started from an older config/rocketmq/broker.toml (same profile: the same
 # flushDiskType and brokerRole) is restarted with the current one, so a changed key (the
 # transaction check timing, say) takes effect; one started with another profile is left alone.

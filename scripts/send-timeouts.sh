@@ -25,6 +25,9 @@ RETRIES="${RETRIES:-0 2}"
 log() { printf '[send-timeouts] %s\n' "$*" >&2; }
 field() { sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<<"$1"; }
 
+# The benchmarks measure the release build of the RocketMQ servers (rocketmq-up.sh restarts a
+# broker running the debug one), as they measure seckill's release binaries.
+export SECKILL_MQ_BUILD=release
 scripts/services-up.sh >&2
 cargo build --release --quiet -p seckill-bench
 BENCH="$root/target/release/seckill-bench"
