@@ -9,8 +9,9 @@
 # crates, tokio, rustls, ...) is resolved exactly as the project's own build resolves it (Cargo.toml
 # declares the features the servers add; scripts/check-build-graph.py keeps the resolutions
 # equal). Only the servers' binaries and what they need are compiled, in the project's target
-# directory; the project's build that follows finds the shared crates done. Only the binaries
-# are cached: a later clone's build compiles nothing of the servers.
+# directory, together with seckill's and seckill-bench's binaries of the same profile, so the
+# project's build that follows finds everything done. Only the servers' binaries are cached: a
+# later clone's build compiles nothing of the servers.
 #
 # SECKILL_MQ_BUILD picks the profile (docs/RUNNING.md#the-first-run):
 #   debug    (default) the profile of make demo and make test: dependencies, the servers' crates
@@ -47,13 +48,15 @@ fi
 echo "rocketmq: building rocketmq-namesrv and rocketmq-broker $ROCKETMQ_VERSION in the project's target ($BUILD, once)"
 started=$(date +%s)
 cd "$REPO_DIR"
-cargo build "${cargo_profile[@]}" --locked \
-  -p seckill -p seckill-bench -p seckill-rocketmq-servers -p rocketmq-namesrv -p rocketmq-broker \
-  --bin rocketmq-namesrv-rust --bin rocketmq-broker-rust
+# Every binary of the selection, seckill's and seckill-bench's too: one invocation lets Cargo
+# compile the RocketMQ client and seckill on one core while the broker's crates, a chain of one
+# crate after another, hold the other.
+cargo build "${cargo_profile[@]}" --locked --bins \
+  -p seckill -p seckill-bench -p seckill-rocketmq-servers -p rocketmq-namesrv -p rocketmq-broker
 target_dir="${CARGO_TARGET_DIR:-$REPO_DIR/target}"
 for bin in rocketmq-namesrv-rust rocketmq-broker-rust; do
   install -m 0755 "$target_dir/$BUILD/$bin" "$BIN_DIR/$bin.tmp"
   mv "$BIN_DIR/$bin.tmp" "$BIN_DIR/$bin"
 done
-echo "rocketmq: built in $(( $(date +%s) - started )) s"
+echo "rocketmq: built, with the project's binaries, in $(( $(date +%s) - started )) s"
 ls -l "$BIN_DIR"

@@ -46,7 +46,7 @@ log() { printf '[schemathesis] %s\n' "$*"; }
 # --- the binary (never built here) -------------------------------------------------------
 if [[ ! -x "$BIN" ]]; then
   log "no seckill binary at $BIN"
-  log "build it first: cargo build            (target/debug/seckill)"
+  log "build it first: cargo build --features failpoints   (target/debug/seckill, as make test)"
   log "            or: cargo build --release && SECKILL_BIN=target/release/seckill $0"
   echo "SCHEMATHESIS FAILED reason=no_binary bin=$BIN"
   exit 2

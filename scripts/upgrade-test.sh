@@ -64,7 +64,8 @@ if [[ ! -x "$OLD/bin/seckill" ]]; then
   rm -rf "$OLD.src"
 fi
 log "building this checkout ($NEW_DESC)"
-cargo build --quiet -p seckill -p seckill-bench
+# The demo's and the tests' build (their features), so nothing is compiled a second time.
+cargo build --quiet --features seckill/failpoints -p seckill -p seckill-bench
 NEW_BIN="$root/target/debug/seckill"
 BENCH="$root/target/debug/seckill-bench"
 
