@@ -69,6 +69,21 @@ pub async fn mark_sent(
     super::outbox::mark_sent_from(client, sent, "TRANSACTION").await
 }
 
+/// Rows still TRANSACTION: created before `cutoff` (past the horizon) and since (within it).
+pub async fn transaction_rows(
+    client: &impl GenericClient,
+    cutoff: DateTime<Utc>,
+) -> Result<(u64, u64), tokio_postgres::Error> {
+    let r = client
+        .query_one(
+            "SELECT count(*) FILTER (WHERE created_at < $1), count(*) FILTER (WHERE created_at >= $1)
+             FROM event_outbox WHERE status = 'TRANSACTION'",
+            &[&cutoff],
+        )
+        .await?;
+    Ok((r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64))
+}
+
 /// Hands to the relay (PENDING, due now) up to `limit` rows still TRANSACTION that were
 /// written before `cutoff`: their producer never marked them, and the broker stopped asking
 /// long ago, so nothing else will deliver them. The broker may have delivered them after a

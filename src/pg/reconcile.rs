@@ -51,6 +51,35 @@ pub async fn changed_orders(
         .collect())
 }
 
+/// Orders changed at or after `since` (within the grace period): all, and the paid and the
+/// cancelled among them, which the checks of their events leave for the next run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FreshOrders {
+    pub all: u64,
+    pub paid: u64,
+    pub canceled: u64,
+}
+
+pub async fn fresh_orders(
+    pg: &impl GenericClient,
+    since: DateTime<Utc>,
+) -> Result<FreshOrders, Error> {
+    let r = pg
+        .query_one(
+            "SELECT count(*), count(*) FILTER (WHERE status = 'PAID'),
+                    count(*) FILTER (WHERE status = 'CANCELED')
+             FROM orders WHERE updated_at >= $1",
+            &[&since],
+        )
+        .await?;
+    let n = |i: usize| r.get::<_, i64>(i) as u64;
+    Ok(FreshOrders {
+        all: n(0),
+        paid: n(1),
+        canceled: n(2),
+    })
+}
+
 /// Which of `ids` the outbox holds, asked in chunks so a long window stays a few queries.
 pub async fn outbox_has(pg: &impl GenericClient, ids: &[String]) -> Result<HashSet<String>, Error> {
     let mut present = HashSet::new();
@@ -85,6 +114,25 @@ pub async fn expired_unpaid(
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
         .collect())
+}
+
+/// How many orders' pay windows ended in `[start, end)` (looked at, whatever their state), and
+/// how many unpaid ones ended in `[end, now)`, too recently to call them stuck.
+pub async fn expiries(
+    pg: &impl GenericClient,
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Result<(u64, u64), Error> {
+    let r = pg
+        .query_one(
+            "SELECT count(*) FILTER (WHERE expires_at < $2),
+                    count(*) FILTER (WHERE expires_at >= $2 AND status IN ('CREATED', 'PAYING'))
+             FROM orders WHERE expires_at >= $1 AND expires_at < $3",
+            &[&start, &end, &now],
+        )
+        .await?;
+    Ok((r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64))
 }
 
 /// Which of `ids` PostgreSQL recorded a decision for (ordered or rejected).

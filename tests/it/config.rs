@@ -151,3 +151,82 @@ fn passwords_in_connection_urls_are_never_printed() {
     assert!(out.contains("pg.url"), "{out}");
     assert!(!out.contains("SENTINEL"), "the password leaked:\n{out}");
 }
+
+/// Every default a document quotes beside its key (`` `mq.order_create_queues` (64) `` or
+/// `` `mq.order_create_queues` = 64 ``) is the value in `config/default.toml`: the docs cannot
+/// keep a number the config no longer has.
+#[test]
+fn the_docs_quote_the_configs_defaults() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let defaults = config::Config::builder()
+        .add_source(config::File::from(root.join("config/default.toml")))
+        .build()
+        .expect("config/default.toml parses");
+    let mut docs = vec![root.join("README.md")];
+    for entry in std::fs::read_dir(root.join("docs")).unwrap() {
+        let path = entry.unwrap().path();
+        // The history of measurements quotes the values of its day.
+        if path.extension().is_some_and(|e| e == "md") && !path.ends_with("benchmarks-history.md") {
+            docs.push(path);
+        }
+    }
+    let (mut checked, mut wrong) = (0, Vec::new());
+    for path in &docs {
+        let text = std::fs::read_to_string(path).unwrap();
+        for (key, quoted) in quoted_defaults(&text) {
+            let Ok(value) = defaults.get::<String>(&key) else {
+                continue;
+            };
+            checked += 1;
+            if value != quoted {
+                wrong.push(format!(
+                    "{}: `{key}` quoted as {quoted}, config/default.toml has {value}",
+                    path.strip_prefix(root).unwrap().display()
+                ));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    assert!(
+        checked >= 3,
+        "only {checked} quoted defaults found: the pattern broke"
+    );
+}
+
+/// (key, number) for each `` `a.b` (N) `` and `` `a.b` = N `` in `text` (N without its commas).
+fn quoted_defaults(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(open) = rest.find('`') {
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('`') else { break };
+        let key = &after[..close];
+        let tail = &after[close + 1..];
+        rest = tail;
+        let is_key = key.contains('.')
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b == b'_' || b == b'.');
+        if !is_key {
+            continue;
+        }
+        let (raw, paren) = if let Some(t) = tail.strip_prefix(" (") {
+            (t, true)
+        } else if let Some(t) = tail.strip_prefix(" = ") {
+            (t, false)
+        } else {
+            continue;
+        };
+        let digits: String = raw
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == ',' || *c == '.')
+            .collect();
+        let digits = digits.trim_end_matches(['.', ',']);
+        // "(8)" must close right after the number to be a quoted value, not prose.
+        if digits.is_empty() || (paren && !raw[digits.len()..].starts_with(')')) {
+            continue;
+        }
+        out.push((key.to_string(), digits.replace(',', "")));
+    }
+    out
+}

@@ -71,6 +71,21 @@ async fn reconcile_emits_exactly_the_missing_events_once_and_changes_no_order() 
     assert_eq!(found("missing_order_canceled"), (0, 0));
     assert_eq!(found("reservation_neither_ordered_nor_released"), (0, 0));
     assert_eq!(found("stock_drift"), (0, 0), "{:?}", report.findings);
+    // What each check looked at: the three orders changed in the window, the one paid, the
+    // one whose pay window ended (the others' end later), no cancelled order, no transaction
+    // row, the one SKU; nothing left as too fresh with no grace period.
+    let looked = |k: &str| {
+        let f = report.findings.iter().find(|f| f.kind == k).unwrap();
+        (f.scanned, f.skipped_fresh)
+    };
+    assert_eq!(looked("missing_order_created"), (3, 0));
+    assert_eq!(looked("missing_order_paid"), (1, 0));
+    assert_eq!(looked("missing_order_canceled"), (0, 0));
+    assert_eq!(looked("expired_unpaid_not_canceled"), (1, 0));
+    assert_eq!(looked("transaction_past_horizon"), (0, 0));
+    assert_eq!(looked("stock_drift"), (1, 0));
+    let stuck = looked("reservation_neither_ordered_nor_released");
+    assert_eq!(stuck.1, 0, "{:?}", report.findings);
     assert_eq!(
         env.count("SELECT count(*) FROM event_outbox").await,
         outbox_before + 2
@@ -88,6 +103,25 @@ async fn reconcile_emits_exactly_the_missing_events_once_and_changes_no_order() 
     // A second run emits nothing new, and no order changed.
     let again = reconcile(&env.settings, &**c, &redis, &args).await.unwrap();
     assert_eq!(again.emitted(), 0);
+
+    // With half an hour of grace every order changed too recently to judge: each check says so
+    // and finds nothing, the expired order included (its window ended ten minutes ago).
+    let patient = seckill::roles::ops::reconcile::ReconcileArgs {
+        window_hours: 2,
+        grace_secs: 1800,
+        ..common::reconcile_now()
+    };
+    let fresh = reconcile(&env.settings, &**c, &redis, &patient)
+        .await
+        .unwrap();
+    let looked = |k: &str| {
+        let f = fresh.findings.iter().find(|f| f.kind == k).unwrap();
+        (f.scanned, f.skipped_fresh, f.found)
+    };
+    assert_eq!(looked("missing_order_created"), (0, 3, 0));
+    assert_eq!(looked("missing_order_paid"), (0, 1, 0));
+    assert_eq!(looked("expired_unpaid_not_canceled"), (0, 1, 0));
+    assert_eq!(fresh.drift(), 0, "{:?}", fresh.findings);
     assert_eq!(
         env.count("SELECT count(*) FROM event_outbox").await,
         outbox_before + 2
@@ -121,6 +155,14 @@ async fn reconcile_emits_exactly_the_missing_events_once_and_changes_no_order() 
     );
     assert!(
         text.contains("seckill_reconcile_emitted{kind=\"missing_order_paid\"} 0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("seckill_reconcile_scanned{kind=\"missing_order_created\"} 3"),
+        "{text}"
+    );
+    assert!(
+        text.contains("seckill_reconcile_skipped_fresh{kind=\"missing_order_created\"} 0"),
         "{text}"
     );
     let _ = std::fs::remove_file(&file);

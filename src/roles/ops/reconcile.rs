@@ -41,10 +41,16 @@ pub struct ReconcileArgs {
     pub metrics_file: Option<std::path::PathBuf>,
 }
 
-/// One kind of drift: how many found, how many events emitted for it, and some examples.
+/// One kind of drift: what the check looked at, what it left for the next run as too fresh,
+/// how many drifts it found, how many events it emitted for them, and some examples.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Finding {
     pub kind: &'static str,
+    /// Rows (reservations, SKUs) in the window the check examined.
+    pub scanned: u64,
+    /// Rows it would have examined but that changed within `--grace-secs`: the pipeline may
+    /// still be on them, so the next run looks again.
+    pub skipped_fresh: u64,
     pub found: usize,
     pub emitted: u64,
     pub examples: Vec<String>,
@@ -135,6 +141,15 @@ fn example(list: &mut Vec<String>, s: String) {
 }
 
 impl Finding {
+    fn new(kind: &'static str, scanned: u64, skipped_fresh: u64) -> Self {
+        Self {
+            kind,
+            scanned,
+            skipped_fresh,
+            ..Default::default()
+        }
+    }
+
     /// Counts one drift (`id` among the examples) and writes its missing event.
     async fn record(
         &mut self,
@@ -193,14 +208,13 @@ async fn missing_order_events(
 ) -> anyhow::Result<(Finding, Finding, Finding, Finding)> {
     let orders = db::changed_orders(pg, start, end).await?;
     let present = db::outbox_has(pg, &wanted_event_ids(&orders)).await?;
-    let finding = |kind| Finding {
-        kind,
-        ..Default::default()
-    };
-    let mut created = finding("missing_order_created");
-    let mut paid = finding("missing_order_paid");
-    let mut canceled = finding("missing_order_canceled");
-    let mut released = finding("missing_release_after_cancel");
+    let fresh = db::fresh_orders(pg, end).await?;
+    let with_status = |s: &str| orders.iter().filter(|o| o.status == s).count() as u64;
+    let (n_paid, n_canceled) = (with_status("PAID"), with_status("CANCELED"));
+    let mut created = Finding::new("missing_order_created", orders.len() as u64, fresh.all);
+    let mut paid = Finding::new("missing_order_paid", n_paid, fresh.paid);
+    let mut canceled = Finding::new("missing_order_canceled", n_canceled, fresh.canceled);
+    let mut released = Finding::new("missing_release_after_cancel", n_canceled, fresh.canceled);
     for o in &orders {
         let facts = &o.order;
         let (oid, rid) = (&facts.order_id, &facts.reservation_id);
@@ -253,14 +267,13 @@ async fn past_transaction_horizon(
     settings: &Settings,
     now: DateTime<Utc>,
 ) -> anyhow::Result<Finding> {
+    use crate::pg::half_message_events::{requeue_stale, transaction_rows};
     let horizon = Duration::seconds(settings.events.transaction_horizon_secs as i64);
-    let ids = crate::pg::half_message_events::requeue_stale(pg, now - horizon, 10_000).await?;
-    let mut f = Finding {
-        kind: "transaction_past_horizon",
-        found: ids.len(),
-        emitted: ids.len() as u64,
-        ..Default::default()
-    };
+    let (past, within) = transaction_rows(pg, now - horizon).await?;
+    let ids = requeue_stale(pg, now - horizon, 10_000).await?;
+    let mut f = Finding::new("transaction_past_horizon", past, within);
+    f.found = ids.len();
+    f.emitted = ids.len() as u64;
     for id in ids {
         example(&mut f.examples, id);
     }
@@ -275,10 +288,8 @@ async fn expired_not_canceled(
     end: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> anyhow::Result<Finding> {
-    let mut expired = Finding {
-        kind: "expired_unpaid_not_canceled",
-        ..Default::default()
-    };
+    let (scanned, fresh) = db::expiries(pg, start, end, now).await?;
+    let mut expired = Finding::new("expired_unpaid_not_canceled", scanned, fresh);
     for (oid, activity_id, sku_id, expires_at) in db::expired_unpaid(pg, start, end).await? {
         let mut e = CancelOrderIfUnpaid::new(
             reconcile_cancel_if_unpaid_event_id(&oid),
@@ -306,6 +317,7 @@ async fn stuck_reservations(
     stuck: &mut Finding,
 ) -> anyhow::Result<()> {
     let census = redis.reservation_census(aid, sku).await?;
+    stuck.scanned += census.reserved_ids.len() as u64;
     if !census.reserved_ids.is_empty() {
         let recorded = db::recorded_reservations(pg, &census.reserved_ids).await?;
         for rid in census
@@ -318,7 +330,9 @@ async fn stuck_reservations(
                 .get("valid_until")
                 .and_then(|v| v.parse::<i64>().ok())
                 .unwrap_or(i64::MAX);
-            if valid_until < end.timestamp_millis() {
+            if valid_until >= end.timestamp_millis() {
+                stuck.skipped_fresh += 1;
+            } else {
                 stuck.found += 1;
                 example(
                     &mut stuck.examples,
@@ -357,15 +371,10 @@ pub async fn reconcile(
     let horizon = past_transaction_horizon(pg, settings, now).await?;
 
     // 5-6. Per activity SKU: reservations stuck in Redis and stock that does not add up.
-    let mut stuck = Finding {
-        kind: "reservation_neither_ordered_nor_released",
-        ..Default::default()
-    };
-    let mut stock = Finding {
-        kind: "stock_drift",
-        ..Default::default()
-    };
+    let mut stuck = Finding::new("reservation_neither_ordered_nor_released", 0, 0);
+    let mut stock = Finding::new("stock_drift", 0, 0);
     for (aid, sku) in db::skus_in_window(pg, start, now).await? {
+        stock.scanned += 1;
         stuck_reservations(pg, redis, (aid, sku), end, &mut stuck).await?;
         let inv = crate::invariants::check(pg, redis, &names.order_create_group, aid, sku).await?;
         for v in inv.violations {
@@ -389,24 +398,32 @@ pub async fn reconcile(
 /// The report in node_exporter's textfile format.
 pub fn textfile(report: &ReconcileReport) -> String {
     let mut out = String::new();
-    out.push_str(
-        "# HELP seckill_reconcile_drift Drift found by the last reconcile run, by kind.\n",
+    let mut gauge = |name: &str, help: &str, value: &dyn Fn(&Finding) -> u64| {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
+        for f in &report.findings {
+            out.push_str(&format!("{name}{{kind=\"{}\"}} {}\n", f.kind, value(f)));
+        }
+    };
+    gauge(
+        "seckill_reconcile_scanned",
+        "Rows the last reconcile run examined in its window, by kind.",
+        &|f| f.scanned,
     );
-    out.push_str("# TYPE seckill_reconcile_drift gauge\n");
-    for f in &report.findings {
-        out.push_str(&format!(
-            "seckill_reconcile_drift{{kind=\"{}\"}} {}\n",
-            f.kind, f.found
-        ));
-    }
-    out.push_str("# HELP seckill_reconcile_emitted Events re-emitted into the outbox by the last run, by kind.\n");
-    out.push_str("# TYPE seckill_reconcile_emitted gauge\n");
-    for f in &report.findings {
-        out.push_str(&format!(
-            "seckill_reconcile_emitted{{kind=\"{}\"}} {}\n",
-            f.kind, f.emitted
-        ));
-    }
+    gauge(
+        "seckill_reconcile_skipped_fresh",
+        "Rows the last run left for the next as changed within its grace period, by kind.",
+        &|f| f.skipped_fresh,
+    );
+    gauge(
+        "seckill_reconcile_drift",
+        "Drift found by the last reconcile run, by kind.",
+        &|f| f.found as u64,
+    );
+    gauge(
+        "seckill_reconcile_emitted",
+        "Events re-emitted into the outbox by the last run, by kind.",
+        &|f| f.emitted,
+    );
     out.push_str(
         "# HELP seckill_reconcile_last_run_timestamp_seconds When the last run finished.\n",
     );
@@ -451,8 +468,10 @@ pub async fn run(settings: Settings, args: ReconcileArgs) -> anyhow::Result<bool
         );
         for f in &report.findings {
             println!(
-                "  {:<42} found {:>6}  emitted {:>6}  {}",
+                "  {:<42} scanned {:>7}  skipped fresh {:>6}  found {:>6}  emitted {:>6}  {}",
                 f.kind,
+                f.scanned,
+                f.skipped_fresh,
                 f.found,
                 f.emitted,
                 f.examples.join(", ")
