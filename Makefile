@@ -113,5 +113,5 @@ lint: ## fmt check + clippy (with and without the failpoints feature)
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --all-targets --features failpoints -- -D warnings
 
-ci: ## What CI runs, exactly (.ci/run): make test, make test-faults, make lint
+ci: ## What CI runs, exactly (.ci/run): make test, with make lint beside it at the lowest CPU priority
 	bash .ci/run

@@ -7,11 +7,15 @@
 #   SECKILL_RUN_DIR        pid files, logs, rendered configs   (~/.cache/seckill/run)
 #   SECKILL_MQ_DATA_DIR    broker store, name server kv data   (~/.cache/seckill/rocketmq-data)
 #   SECKILL_TOOLS_DIR      install dir of the binaries         (~/.cache/seckill/rocketmq-1.0.0)
-#   SECKILL_MQ_BUILD       which build of the servers runs     (debug)
+#   SECKILL_MQ_BUILD       which build of the servers runs     (any)
+#                             any: whichever is installed, debug first, then release (then an
+#                             install from before the per-build layout, <tools>/bin); none: the
+#                             debug one is built. A broker already running is kept.
 #                             debug: the demo's and the tests' (dependencies at opt-level 1);
 #                             release: what the benchmarks measure (scripts/install-rocketmq.sh).
-#                             A broker of ours running the other build is restarted with this one;
-#                             the name server, which carries no load, is left alone.
+#                             With debug or release, a broker of ours running the other build is
+#                             restarted with this one; the name server, which carries no load, is
+#                             left alone.
 #   SECKILL_MQ_LOG_FILTER  log filter for both servers         (warn)
 #   SECKILL_MQ_NAMESRV_HEALTH_PORT / SECKILL_MQ_BROKER_HEALTH_PORT   (19876 / 19911; the
 #                             second name server's health port is 19877)
@@ -62,13 +66,27 @@ NAMESRV_HEALTH="127.0.0.1:${SECKILL_MQ_NAMESRV_HEALTH_PORT:-19876}"
 BROKER_HEALTH="127.0.0.1:${SECKILL_MQ_BROKER_HEALTH_PORT:-19911}"
 START_TIMEOUT="${SECKILL_MQ_START_TIMEOUT:-120}"
 
-BUILD="${SECKILL_MQ_BUILD:-debug}"
-[[ "$BUILD" == debug || "$BUILD" == release ]] || {
-  echo "rocketmq-up: ERROR: SECKILL_MQ_BUILD must be debug or release, not '$BUILD'" >&2
-  exit 2
-}
-NAMESRV_BIN="$TOOLS_DIR/$BUILD/bin/rocketmq-namesrv-rust"
-BROKER_BIN="$TOOLS_DIR/$BUILD/bin/rocketmq-broker-rust"
+BUILD="${SECKILL_MQ_BUILD:-any}"
+installed() { [[ -x "$1/rocketmq-namesrv-rust" && -x "$1/rocketmq-broker-rust" ]]; }
+case "$BUILD" in
+  any)
+    INSTALL_BUILD=debug
+    BIN_DIR="$TOOLS_DIR/debug/bin"
+    for dir in "$TOOLS_DIR/debug/bin" "$TOOLS_DIR/release/bin" "$TOOLS_DIR/bin"; do
+      if installed "$dir"; then BIN_DIR="$dir"; break; fi
+    done
+    ;;
+  debug | release)
+    INSTALL_BUILD="$BUILD"
+    BIN_DIR="$TOOLS_DIR/$BUILD/bin"
+    ;;
+  *)
+    echo "rocketmq-up: ERROR: SECKILL_MQ_BUILD must be any, debug or release, not '$BUILD'" >&2
+    exit 2
+    ;;
+esac
+NAMESRV_BIN="$BIN_DIR/rocketmq-namesrv-rust"
+BROKER_BIN="$BIN_DIR/rocketmq-broker-rust"
 
 log() { echo "rocketmq-up: $*"; }
 
@@ -119,6 +137,7 @@ pid_alive() {
 # True when the live server of pid file $1 runs another binary than $2 (the other build).
 runs_other_bin() {
   local exe
+  [[ "$BUILD" != any ]] || return 1
   pid_alive "$1" rocketmq- || return 1
   exe="$(readlink "/proc/$(cat "$1")/exe" 2>/dev/null)" || return 1
   [[ "${exe% (deleted)}" != "$2" ]]
@@ -277,8 +296,8 @@ wait_until() {
 }
 
 if [[ ! -x "$NAMESRV_BIN" || ! -x "$BROKER_BIN" ]]; then
-  log "binaries missing in $TOOLS_DIR/$BUILD/bin; installing"
-  SECKILL_TOOLS_DIR="$TOOLS_DIR" SECKILL_MQ_BUILD="$BUILD" "$REPO_DIR/scripts/install-rocketmq.sh"
+  log "binaries missing in $BIN_DIR; installing"
+  SECKILL_TOOLS_DIR="$TOOLS_DIR" SECKILL_MQ_BUILD="$INSTALL_BUILD" "$REPO_DIR/scripts/install-rocketmq.sh"
 fi
 
 mkdir -p "$RUN_DIR/logs" "$RUN_DIR/conf" "$DATA_DIR/home" "$DATA_DIR/namesrv" "$DATA_DIR/namesrv-b" \
@@ -315,7 +334,7 @@ if [[ "$NAMESRVS" == 2 ]]; then
 fi
 
 # ---- broker ----
-# The benchmarks measure the release build, the demo and the tests run the debug one.
+# The benchmarks ask for the release build, and get it.
 if runs_other_bin "$RUN_DIR/broker.pid" "$BROKER_BIN"; then
   log "broker (pid $(cat "$RUN_DIR/broker.pid")) runs the other build; restarting it with $BROKER_BIN"
   stop_stale "$RUN_DIR/broker.pid" rocketmq-broker-rust
