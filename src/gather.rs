@@ -44,6 +44,18 @@ pub struct GatherSettings {
     pub recheck: Duration,
 }
 
+impl GatherSettings {
+    /// Items per batch, at least one.
+    fn batch_max(&self) -> usize {
+        self.max.max(1)
+    }
+
+    /// Waiting submissions, at least one.
+    fn queue_cap(&self) -> usize {
+        self.queue.max(1)
+    }
+}
+
 /// A gathering task and the way to hand it work.
 pub struct Gather<I, O> {
     tx: mpsc::Sender<Submission<I, O>>,
@@ -70,7 +82,7 @@ impl<I: Send + 'static, O: Send + 'static> Gather<I, O> {
         F: Fn(Vec<I>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Vec<O>> + Send + 'static,
     {
-        let (tx, rx) = mpsc::channel(settings.queue.max(1));
+        let (tx, rx) = mpsc::channel(settings.queue_cap());
         tokio::spawn(gather_loop(rx, settings, limit, Arc::new(process)));
         Self { tx }
     }
@@ -195,7 +207,7 @@ async fn gather_loop<I, O, F, Fut>(
     Fut: Future<Output = Vec<O>> + Send + 'static,
 {
     let running: Running = Arc::default();
-    let cap = settings.queue.max(1);
+    let cap = settings.queue_cap();
     let mut waiting = Waiting {
         lanes: BTreeMap::new(),
         len: 0,
@@ -241,7 +253,7 @@ async fn fill<I, O>(
     lane: u32,
     settings: GatherSettings,
 ) -> (Vec<Submission<I, O>>, usize) {
-    let (max, cap) = (settings.max.max(1), settings.queue.max(1));
+    let (max, cap) = (settings.batch_max(), settings.queue_cap());
     let first = waiting.pop(lane).expect("the lane's head");
     let deadline = first.arrived + settings.wait;
     let mut count = first.items.len();
