@@ -416,3 +416,92 @@ async fn discarding_an_order_create_dead_letter_gives_its_unit_back_once_after_a
     drop(c);
     env.cleanup().await;
 }
+
+/// `seckill dlq groups`: open dead letters and quarantined messages that failed the same way
+/// (ids and numbers aside) form one group with its count and oldest samples; handled ones
+/// (replayed, discarded) are not work any more.
+#[tokio::test]
+async fn dead_letters_failing_the_same_way_form_one_group() {
+    let env = TestEnv::without_topics().await;
+    let pool = env.pool(1).await;
+    let c = pool.get().await.unwrap();
+    c.batch_execute(
+        r#"INSERT INTO dlq_messages (consumer_group, topic, dlq_queue_id, dlq_queue_offset, attempts,
+                                     error_class, last_error, payload, status, first_seen) VALUES
+             ('CG_A', 't', 0, 1, 17, 'PERMANENT', 'order ord_01A not found', '{"schema_version":1}', 'OPEN', now() - interval '3 minutes'),
+             ('CG_A', 't', 0, 2, 17, 'PERMANENT', 'order ord_01B not found', '{"schema_version":1}', 'OPEN', now() - interval '2 minutes'),
+             ('CG_A', 't', 0, 3, 17, 'PERMANENT', 'order ord_01C not found', '{"schema_version":1}', 'OPEN', now() - interval '1 minute'),
+             ('CG_A', 't', 0, 4, 17, 'PERMANENT', 'order ord_01D not found', '{"schema_version":1}', 'DISCARDED', now()),
+             ('CG_A', 't', 0, 5, 17, 'TRANSIENT', 'statement timeout after 2000 ms', 'not json', 'OPEN', now());
+           INSERT INTO quarantined_messages (consumer_group, topic, reason, error, raw_body) VALUES
+             ('CG_A', 't', 'UNSUPPORTED_SCHEMA', 'schema_version 9 is newer than 2', '{"schema_version":9}'),
+             ('CG_A', 't', 'UNSUPPORTED_SCHEMA', 'schema_version 9 is newer than 2', '{"schema_version":9}');"#,
+    )
+    .await
+    .unwrap();
+    let groups = seckill::roles::ops::dlq::failure_groups(&c, None, 1000)
+        .await
+        .unwrap();
+    let seen: Vec<(&str, &str, usize, Option<i64>, &str)> = groups
+        .iter()
+        .map(|g| {
+            let (source, class) = (g.source, g.class.as_str());
+            (source, class, g.count, g.schema_version, g.message.as_str())
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (
+                "dead_letter",
+                "PERMANENT",
+                3,
+                Some(1),
+                "order <id> not found"
+            ),
+            (
+                "quarantined",
+                "UNSUPPORTED_SCHEMA",
+                2,
+                Some(9),
+                "schema_version <n> is newer than <n>"
+            ),
+            (
+                "dead_letter",
+                "TRANSIENT",
+                1,
+                None,
+                "statement timeout after <n> ms"
+            ),
+        ]
+    );
+    let oldest: Vec<i64> = c
+        .query(
+            "SELECT dlq_id FROM dlq_messages WHERE error_class = 'PERMANENT' AND status = 'OPEN'
+             ORDER BY first_seen",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(groups[0].samples, oldest, "the oldest first");
+
+    // The command prints the same groups as JSON.
+    let out = common::command(&env, &["dlq", "groups", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let printed = printed.as_array().unwrap();
+    assert_eq!(printed.len(), 3);
+    assert_eq!(printed[0]["fingerprint"], groups[0].fingerprint.as_str());
+    assert_eq!(printed[0]["count"], 3);
+    drop(c);
+    env.cleanup().await;
+}

@@ -1,4 +1,4 @@
-//! `seckill dlq list | show | replay | discard`: the operator's side of the dead letters that
+//! `seckill dlq groups | list | show | replay | discard`: the operator's side of the dead letters that
 //! the intake (in `seckill consume`, `roles::consume::dlq_intake`) recorded in PostgreSQL, and
 //! of the quarantined messages a consumer could never read (`--quarantined`): those can be
 //! replayed once a consumer that reads them runs (docs/ARCHITECTURE.md#upgrades).
@@ -12,13 +12,28 @@ use crate::pg::order_tx::TxNames;
 use crate::pg::{dlq, quarantine, replay as pg_replay};
 
 mod checks;
+mod groups;
 mod replay;
 
 pub use checks::{pre_checks, Checks};
+pub use groups::{failure_groups, normalise, FailureGroup};
 pub use replay::replay_message;
 
 #[derive(Debug, Subcommand)]
 pub enum DlqCommand {
+    /// Open dead letters and quarantined messages grouped by fingerprint (source, consumer
+    /// group, error class, normalised error, schema version), the largest group first, each
+    /// with its count, first and last arrival and the oldest sample ids.
+    Groups {
+        /// Only this consumer group.
+        #[arg(long)]
+        group: Option<String>,
+        /// Rows read from each of the two tables at most (the oldest first).
+        #[arg(long, default_value_t = 100_000)]
+        limit: i64,
+        #[arg(long)]
+        json: bool,
+    },
     /// Dead letters (or quarantined messages), oldest first.
     List {
         /// OPEN, REPLAYED or DISCARDED (default: OPEN); with --quarantined, QUARANTINED or
@@ -108,6 +123,9 @@ pub async fn run(settings: Settings, cmd: DlqCommand) -> anyhow::Result<bool> {
     let (mut client, conn) = crate::pg::connect_one(&settings.pg).await?;
     let conn = tokio::spawn(conn);
     let ok = match cmd {
+        DlqCommand::Groups { group, limit, json } => {
+            groups::print(&client, group.as_deref(), limit, json).await?
+        }
         DlqCommand::List {
             status,
             group,
