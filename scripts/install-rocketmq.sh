@@ -8,10 +8,10 @@
 # so every crate the servers share with the project (the RocketMQ transport, protocol and runtime
 # crates, tokio, rustls, ...) is resolved exactly as the project's own build resolves it (Cargo.toml
 # declares the features the servers add; scripts/check-build-graph.py keeps the resolutions
-# equal). Only the servers' binaries and what they need are compiled, in the project's target
-# directory, together with seckill's and seckill-bench's binaries of the same profile, so the
-# project's build that follows finds everything done. Only the servers' binaries are cached: a
-# later clone's build compiles nothing of the servers.
+# equal). The servers' binaries are compiled in the project's target directory together with
+# seckill's and seckill-bench's of the same profile, so the project's build that follows finds
+# everything done. Only the servers' binaries are cached: a later clone's build compiles nothing
+# of the servers.
 #
 # SECKILL_MQ_BUILD picks the profile (docs/RUNNING.md#the-first-run):
 #   debug    (default) the profile of make demo and make test: dependencies, the servers' crates
