@@ -61,51 +61,7 @@ pub enum DlqCommand {
     /// Re-publish dead letters (or quarantined messages) to their original topic with their
     /// original message_id plus `replay_id` and `replay_count + 1` (rate-limited, one audit
     /// row each).
-    Replay {
-        /// By id (OPEN or already REPLAYED; with --quarantined, quarantine ids).
-        #[arg(long = "id")]
-        ids: Vec<i64>,
-        /// All OPEN dead letters (QUARANTINED messages) of this group (with --since/--until).
-        #[arg(long)]
-        group: Option<String>,
-        /// First-seen window start (RFC 3339).
-        #[arg(long)]
-        since: Option<chrono::DateTime<chrono::Utc>>,
-        /// First-seen window end (RFC 3339).
-        #[arg(long)]
-        until: Option<chrono::DateTime<chrono::Utc>>,
-        /// Quarantined messages instead of dead letters: what a consumer could not read, e.g.
-        /// a schema version it did not know yet, sent back once a consumer that reads it runs.
-        #[arg(long)]
-        quarantined: bool,
-        /// With --quarantined: only this quarantine reason (UNSUPPORTED_SCHEMA, INVALID_EVENT,
-        /// INVALID_JSON).
-        #[arg(long, requires = "quarantined")]
-        quarantine_reason: Option<String>,
-        /// Why (kept in the audit; not needed with --dry-run).
-        #[arg(long, required_unless_present = "dry_run")]
-        reason: Option<String>,
-        #[arg(long)]
-        actor: Option<String>,
-        /// Messages per second at most.
-        #[arg(long, default_value_t = 20.0)]
-        rate: f64,
-        /// Replay even what is older than the inbox retention (it may apply twice), or whose
-        /// schema this build does not know (the consumer will quarantine it).
-        #[arg(long)]
-        force: bool,
-        /// Only show what the pre-checks find (already applied? reservation still held?
-        /// schema known? older than the inbox retention?); nothing is sent or recorded.
-        #[arg(long)]
-        dry_run: bool,
-        /// The pre-checks as JSON (with --dry-run).
-        #[arg(long)]
-        json: bool,
-        /// After the sends, how long to watch the group's inbox for each replay's effect
-        /// (recorded on its audit row: APPLIED:<decision>, DUPLICATE or NOT_OBSERVED).
-        #[arg(long, default_value_t = 10)]
-        verify_secs: u64,
-    },
+    Replay(ReplayArgs),
     /// Give up on a dead letter (audited). An order-create dead letter's message is withdrawn
     /// with it, so its reservation's unit goes back once, through compensation.
     Discard {
@@ -116,6 +72,54 @@ pub enum DlqCommand {
         #[arg(long)]
         actor: Option<String>,
     },
+}
+
+/// `seckill dlq replay`'s selection and plan.
+#[derive(Debug, clap::Args)]
+pub struct ReplayArgs {
+    /// By id (OPEN or already REPLAYED; with --quarantined, quarantine ids).
+    #[arg(long = "id")]
+    pub ids: Vec<i64>,
+    /// All OPEN dead letters (QUARANTINED messages) of this group (with --since/--until).
+    #[arg(long)]
+    pub group: Option<String>,
+    /// First-seen window start (RFC 3339).
+    #[arg(long)]
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
+    /// First-seen window end (RFC 3339).
+    #[arg(long)]
+    pub until: Option<chrono::DateTime<chrono::Utc>>,
+    /// Quarantined messages instead of dead letters: what a consumer could not read, e.g.
+    /// a schema version it did not know yet, sent back once a consumer that reads it runs.
+    #[arg(long)]
+    pub quarantined: bool,
+    /// With --quarantined: only this quarantine reason (UNSUPPORTED_SCHEMA, INVALID_EVENT,
+    /// INVALID_JSON).
+    #[arg(long, requires = "quarantined")]
+    pub quarantine_reason: Option<String>,
+    /// Why (kept in the audit; not needed with --dry-run).
+    #[arg(long, required_unless_present = "dry_run")]
+    pub reason: Option<String>,
+    #[arg(long)]
+    pub actor: Option<String>,
+    /// Messages per second at most.
+    #[arg(long, default_value_t = 20.0)]
+    pub rate: f64,
+    /// Replay even what is older than the inbox retention (it may apply twice), or whose
+    /// schema this build does not know (the consumer will quarantine it).
+    #[arg(long)]
+    pub force: bool,
+    /// Only show what the pre-checks find (already applied? reservation still held?
+    /// schema known? older than the inbox retention?); nothing is sent or recorded.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The pre-checks as JSON (with --dry-run).
+    #[arg(long)]
+    pub json: bool,
+    /// After the sends, how long to watch the group's inbox for each replay's effect
+    /// (recorded on its audit row: APPLIED:<decision>, DUPLICATE or NOT_OBSERVED).
+    #[arg(long, default_value_t = 10)]
+    pub verify_secs: u64,
 }
 
 /// `seckill dlq ...`. Returns false when the command found nothing to act on.
@@ -146,52 +150,7 @@ pub async fn run(settings: Settings, cmd: DlqCommand) -> anyhow::Result<bool> {
             }
         }
         DlqCommand::Show { id, quarantined } => show(&client, id, quarantined).await?,
-        DlqCommand::Replay {
-            ids,
-            group,
-            since,
-            until,
-            quarantined,
-            quarantine_reason,
-            reason,
-            actor,
-            rate,
-            force,
-            dry_run,
-            json,
-            verify_secs,
-        } => {
-            let reason = reason.unwrap_or_default();
-            anyhow::ensure!(
-                dry_run || !reason.trim().is_empty(),
-                "--reason must say why"
-            );
-            anyhow::ensure!(rate > 0.0, "--rate must be positive");
-            anyhow::ensure!(
-                !ids.is_empty() || group.is_some() || since.is_some(),
-                "select what to replay with --id, --group or --since"
-            );
-            let selection = pg_replay::Selection {
-                ids: &ids,
-                group: group.as_deref(),
-                since,
-                until,
-                quarantine_reason: quarantine_reason.as_deref(),
-            };
-            let rows = if quarantined {
-                pg_replay::quarantined(&client, &selection).await?
-            } else {
-                pg_replay::dead_letters(&client, &selection).await?
-            };
-            let plan = replay::Plan {
-                actor: &actor_or_user(actor),
-                reason: &reason,
-                rate,
-                force,
-                verify: Duration::from_secs(verify_secs),
-            };
-            replay_rows(&settings, &mut client, rows, &plan, dry_run, json).await?
-        }
+        DlqCommand::Replay(args) => replay_selected(&settings, &mut client, args).await?,
         DlqCommand::Discard {
             dlq_id,
             reason,
@@ -204,6 +163,59 @@ pub async fn run(settings: Settings, cmd: DlqCommand) -> anyhow::Result<bool> {
 }
 
 /// Who acts: `--actor`, else `$USER`.
+/// `seckill dlq replay`: the rows the selection names, through the pre-checks and the plan.
+async fn replay_selected(
+    settings: &Settings,
+    client: &mut tokio_postgres::Client,
+    args: ReplayArgs,
+) -> anyhow::Result<bool> {
+    let ReplayArgs {
+        ids,
+        group,
+        since,
+        until,
+        quarantined,
+        quarantine_reason,
+        reason,
+        actor,
+        rate,
+        force,
+        dry_run,
+        json,
+        verify_secs,
+    } = args;
+    let reason = reason.unwrap_or_default();
+    anyhow::ensure!(
+        dry_run || !reason.trim().is_empty(),
+        "--reason must say why"
+    );
+    anyhow::ensure!(rate > 0.0, "--rate must be positive");
+    anyhow::ensure!(
+        !ids.is_empty() || group.is_some() || since.is_some(),
+        "select what to replay with --id, --group or --since"
+    );
+    let selection = pg_replay::Selection {
+        ids: &ids,
+        group: group.as_deref(),
+        since,
+        until,
+        quarantine_reason: quarantine_reason.as_deref(),
+    };
+    let rows = if quarantined {
+        pg_replay::quarantined(client, &selection).await?
+    } else {
+        pg_replay::dead_letters(client, &selection).await?
+    };
+    let plan = replay::Plan {
+        actor: &actor_or_user(actor),
+        reason: &reason,
+        rate,
+        force,
+        verify: Duration::from_secs(verify_secs),
+    };
+    replay_rows(settings, client, rows, &plan, dry_run, json).await
+}
+
 fn actor_or_user(actor: Option<String>) -> String {
     actor
         .or_else(|| std::env::var("USER").ok())
