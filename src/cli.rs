@@ -56,6 +56,11 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::roles::ops::outbox::OutboxCommand,
     },
+    /// Refunds owed for payments no order could take: list, mark refunded.
+    Refunds {
+        #[command(subcommand)]
+        command: crate::roles::ops::refunds::RefundsCommand,
+    },
     /// Development buyer tokens (refused in PROD).
     Token {
         #[command(subcommand)]
@@ -153,6 +158,7 @@ pub fn main() -> ExitCode {
             Command::Reconcile(args) => roles::ops::reconcile::run(settings, args).await,
             Command::Dlq { command } => roles::ops::dlq::run(settings, command).await,
             Command::Outbox { command } => roles::ops::outbox::run(settings, command).await,
+            Command::Refunds { command } => roles::ops::refunds::run(settings, command).await,
             Command::Token {
                 command: TokenCommand::Mint(args),
             } => dev_credentials::mint(&settings, &args).map(|_| true),

@@ -100,14 +100,68 @@ pub enum PayOutcome {
     },
     /// Already paid with this payment_id: the same answer again.
     AlreadyPaidSame,
+    /// Paid with another payment: this one is owed back.
     AlreadyPaidOther,
-    /// The notification's amount is not the order's: nothing written.
+    /// The notification's amount is not the order's: the order is unchanged, the payment is
+    /// owed back.
     AmountMismatch {
         expected_cents: i64,
     },
-    /// This payment id already settled another order: nothing written.
+    /// This payment id already settled (or is owed back for) another order: nothing written.
     PaymentIdReused,
+    /// Cancelled before the payment: owed back.
     Canceled,
+    /// Past its payment window (the cancel not yet run): owed back.
     Expired,
     NotFound,
+}
+
+impl PayOutcome {
+    /// The refund obligation's reason when the provider took the buyer's money and this
+    /// outcome leaves it with no order (docs/ARCHITECTURE.md#refund-obligations); `None` when
+    /// the payment settled its order, settled another (a reused id), or names no order.
+    pub fn refund_reason(&self) -> Option<&'static str> {
+        match self {
+            PayOutcome::Canceled => Some("ORDER_CANCELED"),
+            PayOutcome::Expired => Some("ORDER_EXPIRED"),
+            PayOutcome::AlreadyPaidOther => Some("ALREADY_PAID"),
+            PayOutcome::AmountMismatch { .. } => Some("AMOUNT_MISMATCH"),
+            PayOutcome::Paid { .. }
+            | PayOutcome::AlreadyPaidSame
+            | PayOutcome::PaymentIdReused
+            | PayOutcome::NotFound => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_payment_that_took_money_for_no_order_is_owed_back() {
+        let owed = [
+            (PayOutcome::Canceled, "ORDER_CANCELED"),
+            (PayOutcome::Expired, "ORDER_EXPIRED"),
+            (PayOutcome::AlreadyPaidOther, "ALREADY_PAID"),
+            (
+                PayOutcome::AmountMismatch {
+                    expected_cents: 100,
+                },
+                "AMOUNT_MISMATCH",
+            ),
+        ];
+        for (outcome, reason) in owed {
+            assert_eq!(outcome.refund_reason(), Some(reason), "{outcome:?}");
+        }
+        // Settled here (now or before), settled elsewhere, or no order at all.
+        for outcome in [
+            PayOutcome::Paid { version: 2 },
+            PayOutcome::AlreadyPaidSame,
+            PayOutcome::PaymentIdReused,
+            PayOutcome::NotFound,
+        ] {
+            assert_eq!(outcome.refund_reason(), None, "{outcome:?}");
+        }
+    }
 }

@@ -22,12 +22,14 @@ pub const TAG_ORDER_CANCELED: &str = "ORDER_CANCELED";
 /// shorter tag is what the broker, the dashboards and the alert rules already filter on.
 pub const TAG_CANCEL_IF_UNPAID: &str = "CANCEL_IF_UNPAID";
 pub const TAG_RELEASE_RESERVATION: &str = "RELEASE_RESERVATION";
+pub const TAG_REFUND_REQUIRED: &str = "REFUND_REQUIRED";
 
 pub const EVENT_ORDER_CREATED: &str = "ORDER_CREATED";
 pub const EVENT_ORDER_PAID: &str = "ORDER_PAID";
 pub const EVENT_ORDER_CANCELED: &str = "ORDER_CANCELED";
 pub const EVENT_CANCEL_ORDER_IF_UNPAID: &str = "CANCEL_ORDER_IF_UNPAID";
 pub const EVENT_RELEASE_RESERVATION: &str = "RELEASE_RESERVATION";
+pub const EVENT_REFUND_REQUIRED: &str = "REFUND_REQUIRED";
 
 /// Id of an order's ORDER_CREATED event (its version 1).
 pub fn order_created_event_id(order_id: &str) -> String {
@@ -59,6 +61,10 @@ pub fn sweep_cancel_event_id(order_id: &str) -> String {
 /// Id of a reservation's RELEASE_RESERVATION: one per reservation, whatever released it.
 pub fn release_reservation_event_id(reservation_id: &str) -> String {
     format!("{reservation_id}.RELEASE_RESERVATION")
+}
+/// Id of the REFUND_REQUIRED event of a payment no order could take: one per payment id.
+pub fn refund_required_event_id(order_id: &str, payment_id: &str) -> String {
+    format!("{order_id}.{payment_id}.REFUND_REQUIRED")
 }
 /// Id of a reservation's compensation task row (unique per reservation).
 pub fn compensation_task_id(reservation_id: &str) -> String {
@@ -183,6 +189,41 @@ impl OrderCanceled {
         Self {
             base: OrderEventBase::new(o, EVENT_ORDER_CANCELED, id, "CANCELED", version),
             reason: None,
+        }
+    }
+}
+
+/// REFUND_REQUIRED: the provider confirmed a payment the order could not take
+/// (docs/ARCHITECTURE.md#refund-obligations); the shop owes it back. It rides on the order's
+/// stream without moving the order: `status` and `aggregate_version` are the order's as the
+/// payment found it, so a projection applying it by version changes nothing it should not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefundRequired {
+    #[serde(flatten)]
+    pub base: OrderEventBase,
+    pub payment_id: String,
+    /// What the buyer paid (the notification's amount), owed back.
+    pub amount_cents: i64,
+    /// `ORDER_CANCELED`, `ORDER_EXPIRED`, `ALREADY_PAID` or `AMOUNT_MISMATCH`.
+    pub reason: String,
+}
+
+impl RefundRequired {
+    /// `status`/`version`: the order's, unchanged by the refund.
+    pub fn new(
+        o: &OrderRef,
+        status: &str,
+        version: i32,
+        payment_id: &str,
+        amount_cents: i64,
+        reason: &str,
+    ) -> Self {
+        let id = refund_required_event_id(&o.order_id, payment_id);
+        Self {
+            base: OrderEventBase::new(o, EVENT_REFUND_REQUIRED, id, status, version),
+            payment_id: payment_id.to_string(),
+            amount_cents,
+            reason: reason.to_string(),
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod outbox;
 pub mod quarantine;
 pub mod queries;
 pub mod reconcile;
+pub mod refunds;
 pub mod replay;
 pub mod retention;
 pub mod rows;

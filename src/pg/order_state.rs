@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::Client;
 
 use super::errors::TxError;
+use super::refunds::{self, Owed, Owing, Unsettled};
 use super::rows::{OutboxEvent, OutboxRows, OutboxStart};
 use crate::domain::events::{payload, OrderPaid, TAG_ORDER_PAID};
 use crate::domain::PayOutcome;
@@ -154,12 +155,12 @@ pub async fn pay_with(
         }
         Err(e) => return Err(e.into()),
     };
-    let outcome = match updated {
+    let (outcome, owed) = match updated {
         Some(r) => match write_paid_event(&tx, p, names, row, &r).await? {
-            Some(version) => PayOutcome::Paid { version },
+            Some(version) => (PayOutcome::Paid { version }, None),
             None => return Ok(PayAttempt::Stale),
         },
-        None => why_not_paid(&tx, p).await?,
+        None => not_paid(&tx, p, names).await?,
     };
     if let PayOutcome::Paid { .. } = outcome {
         if let Some(early) = claim_payment(&tx, p, row).await? {
@@ -167,7 +168,38 @@ pub async fn pay_with(
         }
     }
     tx.commit().await?;
+    if let Some(reason) = owed {
+        metrics::counter!("refund_obligations_total", "reason" => reason).increment(1);
+        tracing::warn!(order_id = %p.order_id, payment_id = %p.payment_id,
+            amount_cents = p.amount_cents, reason, "payment owed back: refund obligation recorded");
+    }
     Ok(PayAttempt::Done(outcome))
+}
+
+/// Why the conditional payment changed nothing, and, when the provider took money no order
+/// can keep, the refund obligation recorded in the same transaction (`Some(reason)`: recorded
+/// now; a re-sent notification finds it recorded and records nothing).
+async fn not_paid(
+    tx: &tokio_postgres::Transaction<'_>,
+    p: &Payment<'_>,
+    names: &StateNames,
+) -> Result<(PayOutcome, Option<&'static str>), TxError> {
+    let (outcome, found) = why_not_paid(tx, p).await?;
+    let (Some(reason), Some(found)) = (outcome.refund_reason(), found) else {
+        return Ok((outcome, None));
+    };
+    let owing = Owing {
+        payment_id: p.payment_id,
+        amount_cents: p.amount_cents,
+        reason,
+    };
+    Ok(
+        match refunds::owe(tx, &owing, &found, &names.order_event_topic).await? {
+            Owed::Recorded => (outcome, Some(reason)),
+            Owed::Already => (outcome, None),
+            Owed::TakenElsewhere => (PayOutcome::PaymentIdReused, None),
+        },
+    )
 }
 
 /// The ORDER_PAID row of an order just paid (`r`: the update's RETURNING), where `row` says;
@@ -257,24 +289,27 @@ async fn insert_paid(
     rows.insert_with(tx).await
 }
 
-/// Why the conditional payment changed nothing, read in the same transaction.
+/// Why the conditional payment changed nothing, read in the same transaction, with the order
+/// as it was found (`None`: no such order).
 async fn why_not_paid(
     tx: &tokio_postgres::Transaction<'_>,
     p: &Payment<'_>,
-) -> Result<PayOutcome, TxError> {
+) -> Result<(PayOutcome, Option<Unsettled>), TxError> {
     let Some(r) = tx
         .query_opt(
-            "SELECT status, payment_id, amount_cents FROM orders WHERE order_id = $1",
+            "SELECT status, payment_id, amount_cents, version,
+                    reservation_id, activity_id, sku_id, user_id
+             FROM orders WHERE order_id = $1",
             &[&p.order_id],
         )
         .await?
     else {
-        return Ok(PayOutcome::NotFound);
+        return Ok((PayOutcome::NotFound, None));
     };
     let status: String = r.get(0);
     let paid_with: Option<String> = r.get(1);
     let amount: i64 = r.get(2);
-    Ok(match status.as_str() {
+    let outcome = match status.as_str() {
         "PAID" if paid_with.as_deref() == Some(p.payment_id) => PayOutcome::AlreadyPaidSame,
         "PAID" => PayOutcome::AlreadyPaidOther,
         "CANCELED" => PayOutcome::Canceled,
@@ -282,7 +317,13 @@ async fn why_not_paid(
             expected_cents: amount,
         },
         _ => PayOutcome::Expired,
-    })
+    };
+    let found = Unsettled {
+        order: super::order_ref(p.order_id.to_string(), &r, 4),
+        status,
+        version: r.get(3),
+    };
+    Ok((outcome, Some(found)))
 }
 
 /// Marks the compensation tasks of these reservations done (after Redis released them), in

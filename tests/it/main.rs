@@ -32,6 +32,7 @@ mod recovery;
 mod redis_cluster;
 mod redis_loss;
 mod redis_loss_faults;
+mod refunds;
 mod retention;
 mod roles;
 mod rolling_restart;

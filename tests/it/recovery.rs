@@ -382,6 +382,15 @@ async fn an_early_cancel_changes_nothing_and_cancels_after_expiry() {
         .unwrap(),
         PayOutcome::Canceled
     );
+    // The buyer paid for a cancelled order: owed back, once, with its event.
+    assert_eq!(
+        env.count("SELECT count(*) FROM refund_obligations WHERE payment_id = 'pay-1' AND reason = 'ORDER_CANCELED' AND status = 'PENDING'").await,
+        1
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM event_outbox WHERE tag = 'REFUND_REQUIRED' AND aggregate_version = 2").await,
+        1
+    );
     drop(c);
     env.cleanup().await;
 }
@@ -495,6 +504,21 @@ async fn pay_and_cancel_raced_100_times_each_never_both_win() {
         env.count("SELECT count(*) FROM stock_ledger l JOIN orders o USING (order_id) WHERE o.status = 'PAID' AND l.reason = 'ORDER_CANCELED'").await,
         0,
         "a paid order is never cancelled"
+    );
+    // Every order got a payment: each one that lost the race (after the cancel, or after the
+    // deadline before it) is owed back, exactly once; no payment that won is.
+    assert_eq!(
+        env.count("SELECT count(*) FROM refund_obligations r JOIN orders o USING (order_id) WHERE o.status = 'CANCELED' AND r.reason IN ('ORDER_CANCELED', 'ORDER_EXPIRED')").await,
+        canceled
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM refund_obligations").await,
+        canceled
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM event_outbox WHERE tag = 'REFUND_REQUIRED'")
+            .await,
+        canceled
     );
     env.cleanup().await;
 }

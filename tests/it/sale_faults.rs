@@ -12,6 +12,7 @@
 
 use crate::common;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -131,7 +132,8 @@ async fn start_roles(env: &TestEnv, consumers: usize, first_consumers: &str) -> 
 
 /// Buyers 1..=BUYERS, 8 at a time; `fault` runs while the sale is in flight: a quarter of the
 /// stock accepted, and PostgreSQL holding some orders but fewer than the acceptances (an order
-/// backlog). Returns how many got a 202.
+/// backlog). Each buyer asks as [`buy`] does, and the answers are printed by status and code.
+/// Returns how many buyers got a 202.
 async fn sale_with<F, Fut>(env: &TestEnv, activity: i64, api_port: u16, fault: F) -> usize
 where
     F: FnOnce() -> Fut,
@@ -142,31 +144,23 @@ where
         .build()
         .unwrap();
     let url = format!("http://127.0.0.1:{api_port}/v1/activities/{activity}/skus/1/reservations");
-    let answered = Arc::new(AtomicUsize::new(0));
     let accepted = Arc::new(AtomicUsize::new(0));
+    let answers = Arc::new(std::sync::Mutex::new(BTreeMap::<String, usize>::new()));
     let load = {
-        let (answered, accepted) = (answered.clone(), accepted.clone());
+        let (accepted, answers) = (accepted.clone(), answers.clone());
         tokio::spawn(
-            futures::stream::iter(1..=BUYERS)
-                .for_each_concurrent(8, move |user| {
-                    let (client, url) = (client.clone(), url.clone());
-                    let (answered, accepted) = (answered.clone(), accepted.clone());
-                    async move {
-                        let r = client
-                            .post(&url)
-                            .header("authorization", common::bearer(user))
-                            .json(&json!({"user_id": user, "request_id": format!("u{user}"), "quantity": 1}))
-                            .send()
-                            .await;
-                        if matches!(&r, Ok(r) if r.status() == reqwest::StatusCode::ACCEPTED) {
-                            accepted.fetch_add(1, Ordering::SeqCst);
-                        }
-                        answered.fetch_add(1, Ordering::SeqCst);
-                        // About 120 buyers/s: the stock sells over a few seconds, faster
-                        // than the throttled consumers create orders.
-                        tokio::time::sleep(Duration::from_millis(60)).await;
+            futures::stream::iter(1..=BUYERS).for_each_concurrent(8, move |user| {
+                let (client, url) = (client.clone(), url.clone());
+                let (accepted, answers) = (accepted.clone(), answers.clone());
+                async move {
+                    if buy(&client, &url, user, &answers).await {
+                        accepted.fetch_add(1, Ordering::SeqCst);
                     }
-                }),
+                    // About 120 buyers/s: the stock sells over a few seconds, faster
+                    // than the throttled consumers create orders.
+                    tokio::time::sleep(Duration::from_millis(60)).await;
+                }
+            }),
         )
     };
     eventually(
@@ -190,8 +184,60 @@ where
     );
     fault().await;
     load.await.unwrap();
-    let _ = answered;
+    eprintln!("answers: {:?}", answers.lock().unwrap());
     accepted.load(Ordering::SeqCst)
+}
+
+/// One buyer's reservation, as a client that follows the API's contract: a 5xx or 429 answer
+/// (a dependency down, a paused sale) or no answer at all loses nothing, so the buyer asks
+/// again with the same `request_id`, a few times, half a second apart; the same request id
+/// gets its reservation back if the first attempt took one. Every answer is tallied by
+/// status and code. Whether it ended in 202.
+async fn buy(
+    client: &reqwest::Client,
+    url: &str,
+    user: i64,
+    answers: &std::sync::Mutex<BTreeMap<String, usize>>,
+) -> bool {
+    for attempt in 0..5 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let r = client
+            .post(url)
+            .header("authorization", common::bearer(user))
+            .json(&json!({"user_id": user, "request_id": format!("u{user}"), "quantity": 1}))
+            .send()
+            .await;
+        let (answer, again) = match r {
+            Ok(r) => {
+                let status = r.status();
+                let body: serde_json::Value = r.json().await.unwrap_or_default();
+                let code = body["error"]["code"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                let again = status.is_server_error() || status.as_u16() == 429;
+                (format!("{} {code}", status.as_u16()), again)
+            }
+            Err(e) => (
+                format!(
+                    "no answer ({})",
+                    if e.is_timeout() { "timeout" } else { "error" }
+                ),
+                true,
+            ),
+        };
+        let accepted = answer.starts_with("202");
+        *answers.lock().unwrap().entry(answer).or_default() += 1;
+        if accepted {
+            return true;
+        }
+        if !again {
+            return false;
+        }
+    }
+    false
 }
 
 async fn finish(mut roles: Roles, env: TestEnv) {

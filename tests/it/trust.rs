@@ -330,8 +330,9 @@ async fn only_a_fresh_signed_notification_for_the_exact_amount_pays_an_order_onc
             "{what}"
         );
     }
-    // Signed, but for the wrong amount.
-    let (s, b) = notify_payment(base, first, "pay-A", 1).await;
+    // Signed, but for the wrong amount: the order is unchanged, the cent paid is owed back
+    // (tests/it/refunds.rs).
+    let (s, b) = notify_payment(base, first, "pay-short", 1).await;
     assert_eq!(
         (s, code(&b)),
         (StatusCode::UNPROCESSABLE_ENTITY, Some("AMOUNT_MISMATCH"))
@@ -340,6 +341,11 @@ async fn only_a_fresh_signed_notification_for_the_exact_amount_pays_an_order_onc
         env.count("SELECT count(*) FROM orders WHERE status = 'PAID'")
             .await,
         0
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM refund_obligations WHERE payment_id = 'pay-short'")
+            .await,
+        1
     );
     assert_eq!(
         env.count("SELECT count(*) FROM event_outbox WHERE tag = 'ORDER_PAID'")

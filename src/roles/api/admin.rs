@@ -1,8 +1,8 @@
 //! The admin listener (`api.admin_listen`, docs/ARCHITECTURE.md#admin-surface): sale status,
-//! pause and resume (per activity or SKU), and the requeue of DEAD outbox rows. Every route
-//! needs `Authorization: Bearer <api.admin_token>` (compared in constant time, never logged);
-//! every action writes an `admin_audit` row. It listens apart from the buyers, so a load
-//! balancer never exposes it.
+//! pause and resume (per activity or SKU), the requeue of DEAD outbox rows, and the refunds
+//! owed (`admin_refunds`). Every route needs `Authorization: Bearer <api.admin_token>`
+//! (compared in constant time, never logged); every action writes an `admin_audit` row. It
+//! listens apart from the buyers, so a load balancer never exposes it.
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -18,7 +18,7 @@ use tracing::{info, warn};
 use std::time::Instant;
 
 use super::admin_guard::{AdminGuard, Admission, Verdict};
-use super::{ApiError, ApiState, IdPath};
+use super::{admin_actor as actor, json_body, ApiError, ApiState, IdPath};
 use crate::domain::request::parse_path_id;
 use crate::domain::ValidationError;
 use crate::http::PeerAddr;
@@ -41,6 +41,11 @@ pub fn router(state: ApiState) -> Router {
         .route("/admin/v1/sales/{activity_id}/pause", post(pause))
         .route("/admin/v1/sales/{activity_id}/resume", post(resume))
         .route("/admin/v1/outbox/requeue", post(requeue))
+        .route("/admin/v1/refunds", get(super::admin_refunds::list))
+        .route(
+            "/admin/v1/refunds/{payment_id}/refunded",
+            post(super::admin_refunds::mark_refunded),
+        )
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "NOT_FOUND", "no such route") })
         .layer(axum::middleware::from_fn_with_state(gate, require_admin))
         .route("/healthz", get(|| async { "ok" }))
@@ -100,28 +105,6 @@ fn throttled(retry_after_secs: u64) -> ApiError {
         "too many failed admin logins from this address; retry later, one at a time",
     )
     .retry_after(retry_after_secs)
-}
-
-/// Who did it, for the audit row: the admin listener's peer.
-fn actor(peer: Option<Extension<PeerAddr>>) -> String {
-    match peer {
-        Some(Extension(PeerAddr(p))) => format!("admin-api@{p}"),
-        None => "admin-api".to_string(),
-    }
-}
-
-async fn json_body<T: serde::de::DeserializeOwned>(
-    s: &ApiState,
-    body: Body,
-) -> Result<T, ApiError> {
-    let bytes = super::read_body(s, body).await?;
-    let bytes = if bytes.is_empty() {
-        &b"{}"[..]
-    } else {
-        &bytes[..]
-    };
-    serde_json::from_slice(bytes)
-        .map_err(|e| ApiError::invalid(ValidationError::Json(e.to_string())))
 }
 
 async fn audit_row(

@@ -12,12 +12,14 @@
 //! - `payments`: the payment provider's signed notifications;
 //! - `error`: the JSON error every route answers with, and how results map onto it;
 //! - `admin`: the operators' listener (pause, resume, status, outbox requeue), audited;
+//! - `admin_refunds`: the admin listener's refund routes (list, mark refunded);
 //! - `admin_guard`: the admin listener's throttle of failed logins;
 //! - `admission`: fail-closed admission, the background check that pauses new reservations;
 //! - `limits`: per-address and per-buyer token buckets (429 RATE_LIMITED).
 
 pub mod admin;
 mod admin_guard;
+mod admin_refunds;
 mod admission;
 pub mod bodies;
 mod error;
@@ -219,6 +221,29 @@ pub(super) async fn read_body(
     axum::body::to_bytes(body, max)
         .await
         .map_err(|_| ApiError::invalid(crate::domain::ValidationError::TooLarge(max)))
+}
+
+/// Who did an admin action, for its audit row: the admin listener's peer.
+pub(super) fn admin_actor(peer: Option<axum::Extension<crate::http::PeerAddr>>) -> String {
+    match peer {
+        Some(axum::Extension(crate::http::PeerAddr(p))) => format!("admin-api@{p}"),
+        None => "admin-api".to_string(),
+    }
+}
+
+/// An admin route's JSON body (`{}` when empty), bounded like every body.
+pub(super) async fn json_body<T: serde::de::DeserializeOwned>(
+    s: &ApiState,
+    body: axum::body::Body,
+) -> Result<T, ApiError> {
+    let bytes = read_body(s, body).await?;
+    let bytes = if bytes.is_empty() {
+        &b"{}"[..]
+    } else {
+        &bytes[..]
+    };
+    serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::invalid(crate::domain::ValidationError::Json(e.to_string())))
 }
 
 /// `Path` whose rejection (a segment that is not UTF-8, say) is the same JSON 400 as every

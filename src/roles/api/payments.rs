@@ -5,7 +5,9 @@
 //! `payments.webhook_secrets`, within `payments.tolerance_secs`, checked before the body is
 //! parsed. The order is paid only for exactly its amount, a payment id settles at most one
 //! order, and the same notification again gets the same answer (providers re-send until they
-//! get a 2xx). A PostgreSQL that hangs gets the provider a 503 within the API's bound, and its
+//! get a 2xx). A payment the order cannot take (cancelled, expired, paid with another payment,
+//! another amount) is owed back: its refund obligation is written in the same transaction
+//! (docs/ARCHITECTURE.md#refund-obligations). A PostgreSQL that hangs gets the provider a 503 within the API's bound, and its
 //! re-send the same answer whether or not the payment committed.
 
 use axum::body::Body;
@@ -239,22 +241,30 @@ fn answer(n: &Notification, outcome: PayOutcome) -> Result<Response, ApiError> {
         }
         PayOutcome::AlreadyPaidSame => Ok(paid(true)),
         PayOutcome::AlreadyPaidOther => {
-            conflict("ALREADY_PAID", "the order was paid with another payment")
+            conflict(
+                "ALREADY_PAID",
+                "the order was paid with another payment; this payment is owed back (refund recorded)",
+            )
         }
         PayOutcome::PaymentIdReused => conflict(
             "PAYMENT_ID_REUSED",
-            "this payment_id already settled another order",
+            "this payment_id already settled, or is owed back for, another order",
         ),
         PayOutcome::AmountMismatch { expected_cents } => Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "AMOUNT_MISMATCH",
-            format!("the order costs {expected_cents} cents"),
+            format!(
+                "the order costs {expected_cents} cents; this payment is owed back (refund recorded)"
+            ),
         )),
         PayOutcome::Canceled => conflict(
             "ORDER_CANCELED",
-            "the order was cancelled; the payment must be refunded",
+            "the order was cancelled; the payment is owed back (refund recorded)",
         ),
-        PayOutcome::Expired => conflict("ORDER_EXPIRED", "the payment window has closed"),
+        PayOutcome::Expired => conflict(
+            "ORDER_EXPIRED",
+            "the payment window has closed; the payment is owed back (refund recorded)",
+        ),
         PayOutcome::NotFound => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "ORDER_NOT_FOUND",

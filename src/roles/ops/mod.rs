@@ -7,6 +7,7 @@
 //! - `dlq`: list, show, replay and discard dead letters;
 //! - `reconcile`: the drift check that emits missing events and changes no business state;
 //! - `outbox`: DEAD outbox rows back to PENDING (audited);
+//! - `refunds`: the refunds owed for payments no order could take, and their marking (audited);
 //! - `dev_credentials`: development buyer tokens and signed payment notifications.
 
 pub mod activity;
@@ -15,5 +16,6 @@ pub mod dlq;
 pub mod migrate;
 pub mod outbox;
 pub mod reconcile;
+pub mod refunds;
 pub mod resync;
 pub mod topics;

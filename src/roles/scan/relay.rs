@@ -216,7 +216,7 @@ impl Relay {
         out
     }
 
-    /// Updates the backlog gauges.
+    /// Updates the backlog gauges (and the refunds owed).
     pub async fn observe(&self) -> anyhow::Result<()> {
         let client = self.pool.get().await?;
         let lead = self.settings.scan.timer_lead_secs as f64;
@@ -229,6 +229,11 @@ impl Relay {
         if b.dead == 0 {
             self.dead_seen.store(false, Ordering::Relaxed);
         }
+        // Refunds owed (docs/ARCHITECTURE.md#refund-obligations): the same pass, the same pool.
+        let r = crate::pg::refunds::backlog(&**client).await?;
+        metrics::gauge!("refund_obligations_pending").set(r.pending as f64);
+        metrics::gauge!("refund_obligations_pending_cents").set(r.pending_cents as f64);
+        metrics::gauge!("refund_obligations_oldest_age_seconds").set(r.oldest_age_secs);
         Ok(())
     }
 }

@@ -1,0 +1,360 @@
+//! Refund obligations on the real services (docs/ARCHITECTURE.md#refund-obligations): a payment
+//! the provider confirmed that no order could take is owed back, once per payment id, with its
+//! REFUND_REQUIRED event; its id can settle nothing else; the admin route and the CLI mark it
+//! refunded, audited and idempotent.
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::common::{
+    self, caught_up, cli, collect_events, created_orders, eventually, free_port, notify_payment,
+    spawn, wait_ready, TestEnv,
+};
+
+const ADMIN_TOKEN: &str = "admin-token-for-refund-tests";
+
+fn code(b: &Value) -> Option<&str> {
+    b["error"]["code"].as_str()
+}
+
+async fn admin(
+    method: reqwest::Method,
+    url: String,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let mut req = reqwest::Client::new().request(method, url);
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn payments_no_order_can_take_are_owed_back_once_and_their_ids_settle_nothing_else() {
+    let env = TestEnv::with_topics().await;
+    env.activity(1700, 1, 10).await;
+    let orders = created_orders(&env, 1700, &[71, 72, 73, 74]).await;
+    let [expired, paid, cheap, other] = [0, 1, 2, 3].map(|i| orders[i].order_id.clone());
+    let api = common::start_with_admin(&env, ADMIN_TOKEN).await;
+    let base = &api.base;
+    env.count(&format!(
+        "WITH e AS (UPDATE orders SET expires_at = now() - interval '1 second' \
+         WHERE order_id = '{expired}' RETURNING 1) SELECT count(*) FROM e"
+    ))
+    .await;
+
+    // Past its payment window (the cancel has not run yet): 409, owed back.
+    let (s, b) = notify_payment(base, &expired, "pay-late", 100).await;
+    assert_eq!((s, code(&b)), (StatusCode::CONFLICT, Some("ORDER_EXPIRED")));
+    // Paid, then paid again with another payment: the second is owed back.
+    let (s, _) = notify_payment(base, &paid, "pay-first", 100).await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, b) = notify_payment(base, &paid, "pay-second", 100).await;
+    assert_eq!((s, code(&b)), (StatusCode::CONFLICT, Some("ALREADY_PAID")));
+    // Another amount: the order is unchanged, the 1 cent paid is owed back.
+    let (s, b) = notify_payment(base, &cheap, "pay-short", 1).await;
+    assert_eq!(
+        (s, code(&b)),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("AMOUNT_MISMATCH"))
+    );
+    // The provider re-sends each until it gets a 2xx: the same answers, nothing more written.
+    for _ in 0..3 {
+        let (s, b) = notify_payment(base, &expired, "pay-late", 100).await;
+        assert_eq!((s, code(&b)), (StatusCode::CONFLICT, Some("ORDER_EXPIRED")));
+        let (s, b) = notify_payment(base, &paid, "pay-second", 100).await;
+        assert_eq!((s, code(&b)), (StatusCode::CONFLICT, Some("ALREADY_PAID")));
+    }
+    // A payment owed back belongs to its order: it cannot settle another one, nor its own
+    // with a different amount.
+    let (s, b) = notify_payment(base, &other, "pay-late", 100).await;
+    assert_eq!(
+        (s, code(&b)),
+        (StatusCode::CONFLICT, Some("PAYMENT_ID_REUSED"))
+    );
+    let (s, b) = notify_payment(base, &cheap, "pay-short", 100).await;
+    assert_eq!(
+        (s, code(&b)),
+        (StatusCode::CONFLICT, Some("PAYMENT_ID_REUSED"))
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM orders WHERE status = 'PAID'")
+            .await,
+        1,
+        "only the first payment paid an order"
+    );
+
+    let owed = env
+        .count(
+            "SELECT count(*) FROM refund_obligations WHERE status = 'PENDING' AND (
+               (payment_id, reason, amount_cents) IN
+                 (('pay-late', 'ORDER_EXPIRED', 100), ('pay-second', 'ALREADY_PAID', 100),
+                  ('pay-short', 'AMOUNT_MISMATCH', 1)))",
+        )
+        .await;
+    assert_eq!(owed, 3);
+    assert_eq!(
+        env.count("SELECT count(*) FROM refund_obligations").await,
+        3
+    );
+    assert_eq!(
+        env.count(&format!(
+            "SELECT count(*) FROM refund_obligations r JOIN orders o USING (order_id) \
+             WHERE r.user_id = o.user_id AND r.activity_id = 1700 \
+               AND r.order_id IN ('{expired}', '{paid}', '{cheap}')"
+        ))
+        .await,
+        3,
+        "each obligation names its order and buyer"
+    );
+    // One REFUND_REQUIRED event per obligation, on the order's stream at the order's version.
+    let events = env
+        .pool(1)
+        .await
+        .get()
+        .await
+        .unwrap()
+        .query(
+            "SELECT e.event_id, e.payload, e.aggregate_version, o.version, e.message_key
+             FROM event_outbox e JOIN orders o ON o.order_id = e.aggregate_id
+             WHERE e.tag = 'REFUND_REQUIRED' ORDER BY e.event_id",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(events.len(), 3);
+    for e in &events {
+        let payload: Value = e.get(1);
+        let (event_v, order_v): (Option<i32>, i32) = (e.get(2), e.get(3));
+        assert_eq!(event_v, Some(order_v), "the refund does not move the order");
+        assert_eq!(payload["event_type"], "REFUND_REQUIRED");
+        assert_eq!(payload["aggregate_version"], json!(order_v));
+        assert_eq!(e.get::<_, String>(4), payload["order_id"].as_str().unwrap());
+        let id: String = e.get(0);
+        assert_eq!(
+            id,
+            format!(
+                "{}.{}.REFUND_REQUIRED",
+                payload["order_id"].as_str().unwrap(),
+                payload["payment_id"].as_str().unwrap()
+            )
+        );
+    }
+    let late = events
+        .iter()
+        .map(|e| e.get::<_, Value>(1))
+        .find(|p| p["payment_id"] == "pay-late")
+        .unwrap();
+    assert_eq!(
+        (&late["reason"], &late["amount_cents"], &late["status"]),
+        (&json!("ORDER_EXPIRED"), &json!(100), &json!("CREATED"))
+    );
+    // The scanner's relay sends each event once to the order's stream, and exports what is
+    // owed.
+    let (collector, consumer, group) = collect_events(&env).await;
+    let scan_port = free_port();
+    let mut scan = spawn(
+        &env,
+        &["scan"],
+        "",
+        &[(
+            "SECKILL__SCAN__METRICS_LISTEN",
+            format!("127.0.0.1:{scan_port}"),
+        )],
+    );
+    wait_ready(format!("http://127.0.0.1:{scan_port}/readyz")).await;
+    for (order, payment) in [
+        (&expired, "pay-late"),
+        (&paid, "pay-second"),
+        (&cheap, "pay-short"),
+    ] {
+        eventually(30, "REFUND_REQUIRED delivered", || async {
+            !collector.tagged("REFUND_REQUIRED", order).is_empty()
+        })
+        .await;
+        let got = collector.tagged("REFUND_REQUIRED", order);
+        let body: Value = serde_json::from_slice(&got[0].body).unwrap();
+        assert_eq!(body["payment_id"], payment);
+        assert_eq!(
+            got[0].properties["message_id"],
+            format!("{order}.{payment}.REFUND_REQUIRED")
+        );
+    }
+    caught_up(&env, &group, &env.names().order_event_topic).await;
+    for order in [&expired, &paid, &cheap] {
+        assert_eq!(collector.tagged("REFUND_REQUIRED", order).len(), 1);
+    }
+    let scan_metrics = format!("http://127.0.0.1:{scan_port}/metrics");
+    let exported = |lines: &'static [&'static str]| {
+        let url = scan_metrics.clone();
+        async move {
+            let text = reqwest::get(&url).await.unwrap().text().await.unwrap();
+            lines.iter().all(|l| text.lines().any(|t| t == *l))
+        }
+    };
+    eventually(20, "the scanner exports what is owed", || {
+        exported(&[
+            "refund_obligations_pending 3",
+            "refund_obligations_pending_cents 201",
+        ])
+    })
+    .await;
+
+    // The refund worker's side: listed oldest first, marked with the provider's refund id.
+    let get = reqwest::Method::GET;
+    let post = reqwest::Method::POST;
+    let list = format!("{}/admin/v1/refunds", api.admin);
+    let mark = |p: &str| format!("{}/admin/v1/refunds/{p}/refunded", api.admin);
+    let (s, _) = admin(get.clone(), list.clone(), None, None).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let (s, _) = admin(
+        post.clone(),
+        mark("pay-late"),
+        Some("wrong"),
+        Some(json!({"reference": "re_1"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let (s, b) = admin(get.clone(), list.clone(), Some(ADMIN_TOKEN), None).await;
+    assert_eq!(s, StatusCode::OK);
+    let listed: Vec<&str> = b["refunds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["payment_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, ["pay-late", "pay-second", "pay-short"]);
+    for bad in [
+        json!({}),
+        json!({"reference": ""}),
+        json!({"reference": "a b"}),
+    ] {
+        let (s, b) = admin(post.clone(), mark("pay-late"), Some(ADMIN_TOKEN), Some(bad)).await;
+        assert_eq!(
+            (s, code(&b)),
+            (StatusCode::BAD_REQUEST, Some("INVALID_REQUEST"))
+        );
+    }
+    let (s, b) = admin(
+        post.clone(),
+        mark("pay-late"),
+        Some(ADMIN_TOKEN),
+        Some(json!({"reference": "re_1"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(
+        (
+            &b["repeat"],
+            &b["refund"]["status"],
+            &b["refund"]["refund_reference"]
+        ),
+        (&json!(false), &json!("REFUNDED"), &json!("re_1"))
+    );
+    // Marked again (a worker retrying, or with another id): unchanged, and said so.
+    let (s, b) = admin(
+        post.clone(),
+        mark("pay-late"),
+        Some(ADMIN_TOKEN),
+        Some(json!({"reference": "re_2"})),
+    )
+    .await;
+    assert_eq!(
+        (s, &b["repeat"], &b["refund"]["refund_reference"]),
+        (StatusCode::OK, &json!(true), &json!("re_1"))
+    );
+    let (s, b) = admin(
+        post.clone(),
+        mark("pay-never-seen"),
+        Some(ADMIN_TOKEN),
+        Some(json!({"reference": "re_3"})),
+    )
+    .await;
+    assert_eq!(
+        (s, code(&b)),
+        (StatusCode::NOT_FOUND, Some("REFUND_NOT_FOUND"))
+    );
+
+    // The operator's side: the CLI lists and marks the same rows.
+    let out = cli(&env, &["refunds", "list", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let pending: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let pending: Vec<&str> = pending
+        .iter()
+        .map(|r| r["payment_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(pending, ["pay-second", "pay-short"]);
+    let out = cli(
+        &env,
+        &[
+            "refunds",
+            "mark-refunded",
+            "--payment-id",
+            "pay-second",
+            "--reference",
+            "re_4",
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let out = cli(
+        &env,
+        &[
+            "refunds",
+            "mark-refunded",
+            "--payment-id",
+            "pay-nope",
+            "--reference",
+            "re_5",
+        ],
+    );
+    assert!(!out.status.success(), "no obligation for pay-nope: {out:?}");
+    let (_, b) = admin(get, format!("{list}?all=true"), Some(ADMIN_TOKEN), None).await;
+    let statuses: Vec<(&str, &str)> = b["refunds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["payment_id"].as_str().unwrap(),
+                r["status"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            ("pay-late", "REFUNDED"),
+            ("pay-second", "REFUNDED"),
+            ("pay-short", "PENDING")
+        ]
+    );
+    assert_eq!(
+        env.count(
+            "SELECT count(*) FROM admin_audit WHERE action = 'refund_mark' \
+             AND detail->>'outcome' IN ('refunded', 'already_refunded', 'not_found')"
+        )
+        .await,
+        5,
+        "every mark audited, the repeated and the unknown ones too"
+    );
+    eventually(20, "the scanner exports what is still owed", || {
+        exported(&[
+            "refund_obligations_pending 1",
+            "refund_obligations_pending_cents 1",
+        ])
+    })
+    .await;
+    assert!(scan.terminate(20).await.success());
+    assert!(consumer.shutdown().await);
+    api.stop.cancel();
+    env.cleanup().await;
+}
