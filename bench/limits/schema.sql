@@ -28,6 +28,8 @@ SET search_path = seckill_limits;
 \ir ../../sql/V13__order_channel.sql
 \ir ../../sql/V14__quarantine_replay.sql
 \ir ../../sql/V15__redis_fences.sql
+\ir ../../sql/V16__refund_obligations.sql
+\ir ../../sql/V17__replay_batches.sql
 
 -- The hot row: remaining_stock is INTEGER as in the project, so "huge" is the INTEGER
 -- maximum (2,147,483,647): far more than any run can sell.

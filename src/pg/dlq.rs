@@ -212,6 +212,14 @@ pub mod effect {
     pub const NONE: &str = "NONE";
 }
 
+/// Who discards, why, and under which batch id (one per command).
+#[derive(Debug, Clone, Copy)]
+pub struct Decider<'a> {
+    pub actor: &'a str,
+    pub reason: &'a str,
+    pub batch_id: &'a str,
+}
+
 /// Discards an OPEN dead letter, in one transaction with its audit row. An order-create dead
 /// letter holds a reservation's unit: its message is withdrawn in the same transaction
 /// (`order_tx::withdraw_in`), so the unit goes back exactly once, through the guarded
@@ -221,8 +229,7 @@ pub async fn discard(
     client: &mut deadpool_postgres::Client,
     order_create: &crate::pg::order_tx::TxNames,
     dlq_id: i64,
-    actor: &str,
-    reason: &str,
+    who: &Decider<'_>,
 ) -> Result<Option<&'static str>, tokio_postgres::Error> {
     let tx = client.transaction().await?;
     let Some(row) = tx
@@ -267,9 +274,9 @@ pub async fn discard(
     )
     .await?;
     tx.execute(
-        "INSERT INTO dlq_audit (dlq_id, action, actor, reason, outcome, effect)
-         VALUES ($1, 'DISCARD', $2, $3, 'DISCARDED', $4)",
-        &[&dlq_id, &actor, &reason, &effect],
+        "INSERT INTO dlq_audit (dlq_id, action, actor, reason, outcome, effect, replay_batch_id)
+         VALUES ($1, 'DISCARD', $2, $3, 'DISCARDED', $4, $5)",
+        &[&dlq_id, &who.actor, &who.reason, &effect, &who.batch_id],
     )
     .await?;
     tx.commit().await?;

@@ -181,6 +181,8 @@ pub struct ReplayAudit<'a> {
     pub reason: &'a str,
     pub outcome: &'a str,
     pub replay_id: &'a str,
+    /// The command's batch: every row one replay touched shares it.
+    pub batch_id: &'a str,
     pub confirmed: bool,
     /// What the pre-checks found.
     pub checks: &'a serde_json::Value,
@@ -207,8 +209,9 @@ pub async fn record(
     }
     tx.execute(
         "INSERT INTO dlq_audit
-           (dlq_id, quarantine_id, action, actor, reason, outcome, replay_id, checks)
-         VALUES ($1, $2, 'REPLAY', $3, $4, $5, $6, $7)",
+           (dlq_id, quarantine_id, action, actor, reason, outcome, replay_id, checks,
+            replay_batch_id)
+         VALUES ($1, $2, 'REPLAY', $3, $4, $5, $6, $7, $8)",
         &[
             &a.subject.dlq_id(),
             &a.subject.quarantine_id(),
@@ -217,6 +220,7 @@ pub async fn record(
             &a.outcome,
             &a.replay_id,
             &a.checks,
+            &a.batch_id,
         ],
     )
     .await?;

@@ -505,3 +505,246 @@ async fn dead_letters_failing_the_same_way_form_one_group() {
     drop(c);
     env.cleanup().await;
 }
+
+/// Records `m` as an OPEN dead letter of `group` the way the intake does (its properties,
+/// tags and keys as the broker carried them), first seen `age_secs` ago.
+async fn dead_letter(
+    c: &tokio_postgres::Client,
+    group: &str,
+    m: &seckill::mq::OutMessage,
+    offset: i64,
+    error: &str,
+    age_secs: f64,
+) {
+    let mut props: serde_json::Map<String, serde_json::Value> = m
+        .properties
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone().into()))
+        .collect();
+    props.insert("TAGS".into(), m.tag.clone().into());
+    props.insert("KEYS".into(), m.keys.join(" ").into());
+    let message_id = props["message_id"].as_str().map(str::to_string);
+    let reservation_id = props["reservation_id"].as_str().map(str::to_string);
+    c.execute(
+        "INSERT INTO dlq_messages (consumer_group, topic, message_id, reservation_id,
+                                   dlq_queue_id, dlq_queue_offset, attempts, error_class,
+                                   last_error, payload, properties, first_seen)
+         VALUES ($1, $2, $3, $4, 0, $5, 17, 'transient', $6, $7, $8,
+                 now() - make_interval(secs => $9))",
+        &[
+            &group,
+            &m.topic,
+            &message_id,
+            &reservation_id,
+            &offset,
+            &error,
+            &m.body,
+            &serde_json::Value::Object(props),
+            &age_secs,
+        ],
+    )
+    .await
+    .unwrap();
+}
+
+/// The batch ids the audit holds for `action`, with how many rows each.
+async fn batches(c: &tokio_postgres::Client, action: &str) -> Vec<(String, i64)> {
+    c.query(
+        "SELECT replay_batch_id, count(*) FROM dlq_audit WHERE action = $1
+         GROUP BY replay_batch_id ORDER BY min(audit_id)",
+        &[&action],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
+}
+
+#[tokio::test]
+async fn a_group_of_dead_letters_is_replayed_sample_first_under_one_batch_id_or_discarded_whole() {
+    let env = TestEnv::with_topics().await;
+    env.activity(1710, 1, 10).await;
+    let names = env.names();
+    let pool = env.pool(1).await;
+    let c = pool.get().await.unwrap();
+    // Five order-create messages that died the same way (a lock timeout naming each order),
+    // oldest first; and two of the projection that died another way.
+    let events: Vec<_> = (1..=5).map(|u| event(1710, 1, u, 300)).collect();
+    for (i, e) in events.iter().enumerate() {
+        let m = order_create_message(&names.order_create_topic, e);
+        let error = format!("canceling statement due to lock timeout on {}", e.order_id);
+        dead_letter(
+            &c,
+            &names.order_create_group,
+            &m,
+            i as i64,
+            &error,
+            60.0 - i as f64,
+        )
+        .await;
+    }
+    for i in 0..2 {
+        let e = event(1710, 1, 10 + i, 300);
+        let m = order_create_message(&names.order_event_topic, &e);
+        dead_letter(
+            &c,
+            &names.projection_group,
+            &m,
+            10 + i,
+            "projection script error 7",
+            1.0,
+        )
+        .await;
+    }
+    let groups = seckill::roles::ops::dlq::failure_groups(&c, None, 1000)
+        .await
+        .unwrap();
+    let fingerprint = |group: &str| {
+        groups
+            .iter()
+            .find(|g| g.consumer_group == group)
+            .unwrap()
+            .fingerprint
+            .clone()
+    };
+    let (orders_fp, projection_fp) = (
+        fingerprint(&names.order_create_group),
+        fingerprint(&names.projection_group),
+    );
+    let replay = |fp: String, verify: &'static str| {
+        let env = &env;
+        async move {
+            common::cli_async(
+                env,
+                &[
+                    "dlq",
+                    "replay",
+                    "--fingerprint",
+                    &fp,
+                    "--sample",
+                    "2",
+                    "--reason",
+                    "lock fixed",
+                    "--actor",
+                    "tester",
+                    "--verify-secs",
+                    verify,
+                    "--rate",
+                    "200",
+                ],
+            )
+            .await
+        }
+    };
+
+    // No consumer runs: the sample is sent but never seen applied, so the rest is held back
+    // and the command fails saying so.
+    let out = replay(orders_fp.clone(), "2").await;
+    assert!(!out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("2 not observed") && stdout.contains("3 held back"),
+        "{stdout}"
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM dlq_messages WHERE status = 'OPEN'")
+            .await,
+        5,
+        "3 order-create dead letters and the 2 of the projection still open"
+    );
+    let first = batches(&c, "REPLAY").await;
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].1, 2, "one batch id on the sample's two audit rows");
+    assert!(first[0].0.starts_with("rpb_"));
+
+    // With the consumer running, the next replay of the group (the three still open) applies
+    // its sample, then the rest, under a batch id of its own.
+    let handler = Arc::new(OrderCreateHandler::new(env.pool(2).await, &env.settings, 1));
+    let consumer = seckill::mq::start_order_create_consumer(&env.settings, handler, 1)
+        .await
+        .unwrap();
+    let out = replay(orders_fp, "30").await;
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("3 confirmed (3 applied") && stdout.contains("0 held back"),
+        "{stdout}"
+    );
+    let both = batches(&c, "REPLAY").await;
+    assert_eq!(both.len(), 2);
+    assert_eq!(both[1].1, 3);
+    assert_ne!(both[0].0, both[1].0);
+    assert_eq!(
+        env.count(&format!(
+            "SELECT count(*) FROM dlq_audit WHERE replay_batch_id = '{}' AND effect = 'APPLIED:CREATED'",
+            both[1].0
+        ))
+        .await,
+        3
+    );
+    // The first sample's messages were on the topic all along: the consumer made them too.
+    eventually(30, "five orders", || async {
+        env.count("SELECT count(*) FROM orders").await == 5
+    })
+    .await;
+
+    // The projection's group has no inbox to watch: judged by its sends, recorded as such.
+    let out = replay(projection_fp.clone(), "2").await;
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        env.count("SELECT count(*) FROM dlq_audit WHERE effect = 'UNOBSERVABLE'")
+            .await,
+        2
+    );
+
+    // Discarding a whole group: every open member, one batch id, each audited.
+    for i in 0..3 {
+        let e = event(1710, 1, 20 + i, 300);
+        let m = order_create_message(&names.order_event_topic, &e);
+        dead_letter(
+            &c,
+            &names.projection_group,
+            &m,
+            20 + i,
+            "projection script error 9",
+            1.0,
+        )
+        .await;
+    }
+    let out = common::cli(
+        &env,
+        &[
+            "dlq",
+            "discard",
+            "--fingerprint",
+            &projection_fp,
+            "--reason",
+            "stale views",
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let discards = batches(&c, "DISCARD").await;
+    assert_eq!(discards.len(), 1);
+    assert_eq!(discards[0].1, 3);
+    assert_eq!(
+        env.count("SELECT count(*) FROM dlq_messages WHERE status = 'OPEN'")
+            .await,
+        0
+    );
+    let out = common::cli(
+        &env,
+        &[
+            "dlq",
+            "discard",
+            "--fingerprint",
+            "000000000000",
+            "--reason",
+            "x",
+        ],
+    );
+    assert!(!out.status.success(), "an unknown fingerprint is an error");
+    drop(c);
+    consumer.shutdown().await;
+    env.cleanup().await;
+}

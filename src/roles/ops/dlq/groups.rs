@@ -35,6 +35,9 @@ pub struct FailureGroup {
     pub last_seen: DateTime<Utc>,
     /// The oldest few `dlq_id`s (or quarantine ids).
     pub samples: Vec<i64>,
+    /// Every id of the group, oldest first (what a replay or discard by fingerprint takes).
+    #[serde(skip)]
+    pub members: Vec<i64>,
 }
 
 /// One failure as grouping reads it.
@@ -106,6 +109,7 @@ fn group<'a>(failures: impl Iterator<Item = Failure<'a>>) -> Vec<FailureGroup> {
             first_seen: f.at,
             last_seen: f.at,
             samples: Vec::new(),
+            members: Vec::new(),
         });
         g.count += 1;
         g.first_seen = g.first_seen.min(f.at);
@@ -114,6 +118,7 @@ fn group<'a>(failures: impl Iterator<Item = Failure<'a>>) -> Vec<FailureGroup> {
         if g.samples.len() < SAMPLES {
             g.samples.push(f.id);
         }
+        g.members.push(f.id);
     }
     let mut out: Vec<FailureGroup> = groups.into_values().collect();
     out.sort_by(|a, b| b.count.cmp(&a.count).then(a.first_seen.cmp(&b.first_seen)));
@@ -148,6 +153,25 @@ pub async fn failure_groups(
         at: q.received_at,
     });
     Ok(group(dead.chain(held)))
+}
+
+/// The open group with this fingerprint (reading at most `limit` rows of each table), with
+/// every member; an error naming the fingerprint when no open group has it.
+pub async fn by_fingerprint(
+    client: &tokio_postgres::Client,
+    fingerprint: &str,
+    limit: i64,
+) -> anyhow::Result<FailureGroup> {
+    failure_groups(client, None, limit)
+        .await?
+        .into_iter()
+        .find(|g| g.fingerprint == fingerprint)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "no open group of failures has the fingerprint {fingerprint} \
+                 (`seckill dlq groups` lists them)"
+            )
+        })
 }
 
 /// `seckill dlq groups`. False when there is nothing open.
@@ -252,6 +276,11 @@ mod tests {
             ]
         );
         assert_eq!(groups[0].samples, vec![1, 2, 5], "the oldest three");
+        assert_eq!(
+            groups[0].members,
+            vec![1, 2, 5, 6],
+            "every member, oldest first"
+        );
         assert_eq!(groups[0].message, "order <id> not found");
         assert_eq!(groups[0].last_seen.timestamp(), 1_700_000_006);
         assert_eq!(groups[0].fingerprint.len(), 12);

@@ -62,17 +62,33 @@ pub enum DlqCommand {
     /// original message_id plus `replay_id` and `replay_count + 1` (rate-limited, one audit
     /// row each).
     Replay(ReplayArgs),
-    /// Give up on a dead letter (audited). An order-create dead letter's message is withdrawn
-    /// with it, so its reservation's unit goes back once, through compensation.
-    Discard {
-        dlq_id: i64,
-        #[arg(long)]
-        reason: String,
-        /// Who decided (default: $USER).
-        #[arg(long)]
-        actor: Option<String>,
-    },
+    /// Give up on a dead letter, or on every open one of a group of failures (audited, under
+    /// one batch id). An order-create dead letter's message is withdrawn with it, so its
+    /// reservation's unit goes back once, through compensation.
+    Discard(DiscardArgs),
 }
+
+/// `seckill dlq discard`'s selection.
+#[derive(Debug, clap::Args)]
+pub struct DiscardArgs {
+    /// This dead letter...
+    #[arg(
+        required_unless_present = "fingerprint",
+        conflicts_with = "fingerprint"
+    )]
+    pub dlq_id: Option<i64>,
+    /// ...or every open dead letter of this group of failures (`seckill dlq groups`).
+    #[arg(long)]
+    pub fingerprint: Option<String>,
+    #[arg(long)]
+    pub reason: String,
+    /// Who decided (default: $USER).
+    #[arg(long)]
+    pub actor: Option<String>,
+}
+
+/// Rows read from each table when a fingerprint is looked up.
+const FINGERPRINT_SCAN: i64 = 100_000;
 
 /// `seckill dlq replay`'s selection and plan.
 #[derive(Debug, clap::Args)]
@@ -80,6 +96,14 @@ pub struct ReplayArgs {
     /// By id (OPEN or already REPLAYED; with --quarantined, quarantine ids).
     #[arg(long = "id")]
     pub ids: Vec<i64>,
+    /// Every open member of this group of failures (`seckill dlq groups`): dead letters or
+    /// quarantined messages, as the group's source says.
+    #[arg(long, conflicts_with_all = ["ids", "group", "since", "until", "quarantined", "quarantine_reason"])]
+    pub fingerprint: Option<String>,
+    /// Replay this many (the oldest) first, and the rest only once each of them was seen
+    /// applied (or found applied before) within --verify-secs; 0: all at once.
+    #[arg(long, default_value_t = 3)]
+    pub sample: usize,
     /// All OPEN dead letters (QUARANTINED messages) of this group (with --since/--until).
     #[arg(long)]
     pub group: Option<String>,
@@ -151,18 +175,13 @@ pub async fn run(settings: Settings, cmd: DlqCommand) -> anyhow::Result<bool> {
         }
         DlqCommand::Show { id, quarantined } => show(&client, id, quarantined).await?,
         DlqCommand::Replay(args) => replay_selected(&settings, &mut client, args).await?,
-        DlqCommand::Discard {
-            dlq_id,
-            reason,
-            actor,
-        } => discard(&settings, dlq_id, &reason, &actor_or_user(actor)).await?,
+        DlqCommand::Discard(args) => discard_selected(&settings, &client, args).await?,
     };
     drop(client);
     let _ = conn.await;
     Ok(ok)
 }
 
-/// Who acts: `--actor`, else `$USER`.
 /// `seckill dlq replay`: the rows the selection names, through the pre-checks and the plan.
 async fn replay_selected(
     settings: &Settings,
@@ -170,7 +189,9 @@ async fn replay_selected(
     args: ReplayArgs,
 ) -> anyhow::Result<bool> {
     let ReplayArgs {
-        ids,
+        mut ids,
+        fingerprint,
+        sample,
         group,
         since,
         until,
@@ -190,9 +211,15 @@ async fn replay_selected(
         "--reason must say why"
     );
     anyhow::ensure!(rate > 0.0, "--rate must be positive");
+    let mut quarantined = quarantined;
+    if let Some(f) = &fingerprint {
+        let found = groups::by_fingerprint(client, f, FINGERPRINT_SCAN).await?;
+        quarantined = found.source == "quarantined";
+        ids = found.members;
+    }
     anyhow::ensure!(
         !ids.is_empty() || group.is_some() || since.is_some(),
-        "select what to replay with --id, --group or --since"
+        "select what to replay with --id, --fingerprint, --group or --since"
     );
     let selection = pg_replay::Selection {
         ids: &ids,
@@ -206,16 +233,27 @@ async fn replay_selected(
     } else {
         pg_replay::dead_letters(client, &selection).await?
     };
+    let names = crate::mq::Names::of(settings);
+    let batch_id = new_batch_id();
     let plan = replay::Plan {
         actor: &actor_or_user(actor),
         reason: &reason,
         rate,
         force,
         verify: Duration::from_secs(verify_secs),
+        batch_id: &batch_id,
+        sample,
+        inbox_groups: &[names.order_create_group, names.timeout_group],
     };
     replay_rows(settings, client, rows, &plan, dry_run, json).await
 }
 
+/// A command's `replay_batch_id`.
+fn new_batch_id() -> String {
+    format!("rpb_{}", ulid::Ulid::new())
+}
+
+/// Who acts: `--actor`, else `$USER`.
 fn actor_or_user(actor: Option<String>) -> String {
     actor
         .or_else(|| std::env::var("USER").ok())
@@ -354,46 +392,77 @@ async fn replay_rows(
     let rows = rows.into_iter().zip(checks).collect();
     let done = replay::replay(settings, client, publisher.as_ref(), rows, plan).await?;
     println!(
-        "replay: {} confirmed ({} applied, {} duplicate, {} not observed within {} s), {} refused, {} failed",
+        "replay {}: {} confirmed ({} applied, {} duplicate, {} not observed within {} s, {} in a group without an inbox), {} refused, {} failed, {} held back",
+        plan.batch_id,
         done.confirmed,
         done.applied,
         done.duplicate,
         done.not_observed,
         plan.verify.as_secs(),
+        done.unobservable,
         done.refused,
-        done.failed
+        done.failed,
+        done.held_back
     );
-    Ok(done.failed == 0 && done.refused == 0)
+    Ok(done.failed == 0 && done.refused == 0 && done.held_back == 0)
 }
 
-async fn discard(
+/// `seckill dlq discard`: one dead letter, or every open one of a group, under one batch id.
+async fn discard_selected(
     settings: &Settings,
-    dlq_id: i64,
-    reason: &str,
-    actor: &str,
+    client: &tokio_postgres::Client,
+    args: DiscardArgs,
 ) -> anyhow::Result<bool> {
-    anyhow::ensure!(!reason.trim().is_empty(), "--reason must say why");
+    anyhow::ensure!(!args.reason.trim().is_empty(), "--reason must say why");
+    let ids = match (&args.fingerprint, args.dlq_id) {
+        (Some(f), _) => {
+            let found = groups::by_fingerprint(client, f, FINGERPRINT_SCAN).await?;
+            anyhow::ensure!(
+                found.source == "dead_letter",
+                "group {f} holds quarantined messages: replay them once a consumer reads them"
+            );
+            found.members
+        }
+        (None, Some(id)) => vec![id],
+        (None, None) => anyhow::bail!("name a dead letter or --fingerprint"),
+    };
+    let batch_id = new_batch_id();
+    let actor = actor_or_user(args.actor);
+    let who = dlq::Decider {
+        actor: &actor,
+        reason: &args.reason,
+        batch_id: &batch_id,
+    };
     let pool = crate::pg::connect_pool(&settings.pg, 1).await?;
     let mut c = pool.get().await?;
     let order_create = TxNames::order_create(settings);
-    match dlq::discard(&mut c, &order_create, dlq_id, actor, reason).await? {
-        Some(effect) => {
-            let what = match effect {
-                dlq::effect::WITHDRAWN => {
-                    "its message withdrawn: the reservation's unit goes back through compensation"
-                }
-                dlq::effect::ALREADY_DECIDED => {
-                    "another copy of its message was already decided; nothing held"
-                }
-                dlq::effect::UNREADABLE => "its payload does not decode; no reservation to release",
-                _ => "nothing held by it",
-            };
-            println!("dead letter {dlq_id} discarded by {actor}: {reason}; {what} ({effect})");
-            Ok(true)
+    let mut discarded = 0;
+    for dlq_id in &ids {
+        match dlq::discard(&mut c, &order_create, *dlq_id, &who).await? {
+            Some(effect) => {
+                discarded += 1;
+                println!(
+                    "dead letter {dlq_id} discarded by {actor}: {}; {} ({effect})",
+                    args.reason,
+                    discard_effect(effect)
+                );
+            }
+            None => eprintln!("dead letter {dlq_id} is not OPEN (or does not exist)"),
         }
-        None => {
-            eprintln!("dead letter {dlq_id} is not OPEN (or does not exist)");
-            Ok(false)
+    }
+    println!("discard {batch_id}: {discarded} of {} discarded", ids.len());
+    Ok(discarded == ids.len())
+}
+
+fn discard_effect(effect: &str) -> &'static str {
+    match effect {
+        dlq::effect::WITHDRAWN => {
+            "its message withdrawn: the reservation's unit goes back through compensation"
         }
+        dlq::effect::ALREADY_DECIDED => {
+            "another copy of its message was already decided; nothing held"
+        }
+        dlq::effect::UNREADABLE => "its payload does not decode; no reservation to release",
+        _ => "nothing held by it",
     }
 }

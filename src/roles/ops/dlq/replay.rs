@@ -1,6 +1,7 @@
 //! The re-publication of a replay: the message as it was first sent (topic, tags, keys,
-//! message_id) plus a replay id and count, rate-limited, each attempt audited, then the
-//! group's inbox watched for what came of it.
+//! message_id) plus a replay id and count, rate-limited, each attempt audited under the
+//! command's batch id, then the group's inbox watched for what came of it. A sample (the
+//! oldest few) goes first; the rest only once every sample was seen applied.
 
 use std::time::Duration;
 
@@ -75,6 +76,14 @@ pub(super) struct Plan<'a> {
     pub(super) force: bool,
     /// How long to watch the inbox for the effects.
     pub(super) verify: Duration,
+    /// The command's `replay_batch_id`, on every audit row it writes.
+    pub(super) batch_id: &'a str,
+    /// Replayed first (the oldest); the rest only if each of them was seen applied (or found
+    /// applied before). 0: all at once.
+    pub(super) sample: usize,
+    /// The groups whose effects show in `consumer_inbox` (order creation, timeout cancel):
+    /// another group's replay is recorded `UNOBSERVABLE` and judged by its send alone.
+    pub(super) inbox_groups: &'a [String],
 }
 
 /// What a replay came to.
@@ -86,6 +95,28 @@ pub(super) struct Done {
     pub(super) applied: usize,
     pub(super) duplicate: usize,
     pub(super) not_observed: usize,
+    /// Confirmed to a group that keeps no inbox: no effect to watch.
+    pub(super) unobservable: usize,
+    /// Not sent: the sample before them did not all apply.
+    pub(super) held_back: usize,
+}
+
+impl Done {
+    /// Whether what was sent so far all went through: nothing refused, failed or unseen.
+    fn clean(&self) -> bool {
+        self.refused == 0 && self.failed == 0 && self.not_observed == 0
+    }
+
+    fn add(&mut self, o: Done) {
+        self.confirmed += o.confirmed;
+        self.refused += o.refused;
+        self.failed += o.failed;
+        self.applied += o.applied;
+        self.duplicate += o.duplicate;
+        self.not_observed += o.not_observed;
+        self.unobservable += o.unobservable;
+        self.held_back += o.held_back;
+    }
 }
 
 /// A message replayed and confirmed, watched in its group's inbox afterwards.
@@ -100,9 +131,45 @@ enum Replayed {
     Confirmed(Option<Watched>),
 }
 
+/// Replays `rows` (oldest first): the sample, watched until each shows its effect or the
+/// verify window passes, then, if the sample went through cleanly, the rest the same way.
+pub(super) async fn replay(
+    settings: &Settings,
+    client: &mut tokio_postgres::Client,
+    publisher: &dyn crate::mq::Publisher,
+    mut rows: Vec<(ReplayRow, Checks)>,
+    plan: &Plan<'_>,
+) -> anyhow::Result<Done> {
+    let rest = if plan.sample > 0 && rows.len() > plan.sample {
+        rows.split_off(plan.sample)
+    } else {
+        Vec::new()
+    };
+    let mut done = send_and_watch(settings, client, publisher, rows, plan).await?;
+    if rest.is_empty() {
+        return Ok(done);
+    }
+    if !done.clean() {
+        eprintln!(
+            "the sample of {} did not all apply ({} refused, {} failed, {} not observed): the other {} are not sent",
+            plan.sample, done.refused, done.failed, done.not_observed, rest.len()
+        );
+        done.held_back = rest.len();
+        return Ok(done);
+    }
+    eprintln!(
+        "the sample of {} applied; replaying the other {}",
+        plan.sample,
+        rest.len()
+    );
+    let more = send_and_watch(settings, client, publisher, rest, plan).await?;
+    done.add(more);
+    Ok(done)
+}
+
 /// Replays `rows` at most `rate` per second, then watches the inbox for each confirmed
 /// replay's effect and records it on its audit row.
-pub(super) async fn replay(
+async fn send_and_watch(
     settings: &Settings,
     client: &mut tokio_postgres::Client,
     publisher: &dyn crate::mq::Publisher,
@@ -136,6 +203,13 @@ pub(super) async fn replay(
         tokio::time::sleep(pause).await;
     }
     bar.finish_with_message("sent; watching the inbox");
+    let (watch, blind): (Vec<Watched>, Vec<Watched>) = watch
+        .into_iter()
+        .partition(|(_, group, ..)| plan.inbox_groups.contains(group));
+    for (replay_id, ..) in &blind {
+        replay::record_effect(client, replay_id, "UNOBSERVABLE").await?;
+        done.unobservable += 1;
+    }
     observe_effects(client, watch, plan.verify, &mut done).await?;
     Ok(done)
 }
@@ -185,6 +259,7 @@ async fn replay_one(
         reason: plan.reason,
         outcome: "",
         replay_id: &replay_id,
+        batch_id: plan.batch_id,
         confirmed: false,
         checks: &checks_json,
     };
@@ -213,7 +288,7 @@ async fn replay_one(
                    message_id = row.message_id.as_deref().unwrap_or(""),
                    reservation_id = row.reservation_id.as_deref().unwrap_or(""),
                    order_id = row.order_id.as_deref().unwrap_or(""), replay_id = %replay_id,
-                   previous_status = %row.status, outcome = %label,
+                   previous_status = %row.status, outcome = %label, replay_batch_id = plan.batch_id,
                    already_applied = checks.already_applied.as_deref().unwrap_or(""),
                    "replayed");
     if !confirmed {
