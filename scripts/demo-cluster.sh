@@ -65,11 +65,11 @@ SECKILL__API__METRICS_LISTEN=127.0.0.1:19111 role api-1 SECKILL__API__LISTEN 180
 SECKILL__API__METRICS_LISTEN=127.0.0.1:19112 role api-2 SECKILL__API__LISTEN 18081 0 api
 # Three consumers and two timeout-cancels share the database's worker budgets.
 for i in 1 2 3; do
-  SECKILL__PG__INSTANCES=3 role "consume-$i" SECKILL__CONSUMER__METRICS_LISTEN "1910$i" 10 consume
+  SECKILL__PG__CONSUME_INSTANCES=3 role "consume-$i" SECKILL__CONSUMER__METRICS_LISTEN "1910$i" 10 consume
 done
 for i in 1 2; do
   role "scan-$i" SECKILL__SCAN__METRICS_LISTEN "1912$i" 10 scan
-  SECKILL__PG__INSTANCES=2 role "timeout-cancel-$i" SECKILL__TIMEOUT__METRICS_LISTEN "1913$i" 10 timeout-cancel
+  SECKILL__PG__TIMEOUT_CANCEL_INSTANCES=2 role "timeout-cancel-$i" SECKILL__TIMEOUT__METRICS_LISTEN "1913$i" 10 timeout-cancel
 done
 wait_ready "${ready_urls[@]}"
 sleep 2

@@ -71,6 +71,12 @@ pub enum Command {
         #[command(subcommand)]
         command: PaymentCommand,
     },
+    /// The PostgreSQL connections the fleet opens, role by role, against pg.max_connections
+    /// (exit 1 when over).
+    Budget {
+        #[arg(long)]
+        json: bool,
+    },
     /// Flash-sale activities.
     Activity {
         #[command(subcommand)]
@@ -128,7 +134,14 @@ pub fn main() -> ExitCode {
         crate::telemetry::init_logs_to_stderr
     };
     let role = cli.command.is_role();
-    run_process("seckill", logs, |settings| async move {
+    // A role refuses to start when the fleet's pools do not fit the database (exit 2, naming
+    // pg.max_connections): `seckill budget` prints the figures.
+    let check = if role {
+        |s: &Settings| s.connection_budget().check()
+    } else {
+        |_: &Settings| Ok(())
+    };
+    run_process_checked("seckill", logs, check, |settings| async move {
         if role {
             crate::mq::check_name_servers(&settings.mq).await?;
             crate::mq::watch_name_servers(&settings.mq);
@@ -168,20 +181,51 @@ pub fn main() -> ExitCode {
             Command::Payment {
                 command: PaymentCommand::Sign(args),
             } => dev_credentials::sign_notification(&settings, &args).map(|_| true),
+            Command::Budget { json } => print_budget(&settings, json),
         }
     })
 }
 
-/// What a binary of this project does around its command: load the configuration (exit 2
-/// naming the bad key), start the logs with `logs` and the metrics recorder, run `command` on
-/// a multi-threaded runtime, and turn its result into the exit code (`Ok(false)`: failure
-/// already reported; `Err`: printed with its causes).
+/// `seckill budget`: the connection budget as a table (or JSON); false when over.
+fn print_budget(settings: &Settings, json: bool) -> anyhow::Result<bool> {
+    let budget = settings.connection_budget();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&budget)?);
+    } else {
+        print!("{}", budget.table());
+    }
+    if let Err(e) = budget.check() {
+        eprintln!("seckill: {e}");
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// [`run_process_checked`] with no check past the configuration's own.
 pub fn run_process<F, Fut>(name: &str, logs: fn(&TelemetrySettings), command: F) -> ExitCode
 where
     F: FnOnce(Settings) -> Fut,
     Fut: Future<Output = anyhow::Result<bool>>,
 {
-    let settings = match Settings::load() {
+    run_process_checked(name, logs, |_| Ok(()), command)
+}
+
+/// What a binary of this project does around its command: load the configuration (exit 2
+/// naming the bad key), start the logs with `logs` and the metrics recorder, run `command` on
+/// a multi-threaded runtime, and turn its result into the exit code (`Ok(false)`: failure
+/// already reported; `Err`: printed with its causes). `check` is what the command needs of
+/// the configuration beyond its own validity (exit 2 as well).
+pub fn run_process_checked<F, Fut>(
+    name: &str,
+    logs: fn(&TelemetrySettings),
+    check: fn(&Settings) -> Result<(), crate::config::ConfigError>,
+    command: F,
+) -> ExitCode
+where
+    F: FnOnce(Settings) -> Fut,
+    Fut: Future<Output = anyhow::Result<bool>>,
+{
+    let settings = match Settings::load().and_then(|s| check(&s).map(|_| s)) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("{name}: invalid configuration: {e}");
@@ -189,6 +233,9 @@ where
         }
     };
     logs(&settings.telemetry);
+    for deprecated in settings.pg.deprecations() {
+        tracing::warn!("{deprecated}");
+    }
     // One TLS and one token-signature backend for the whole process, before any client asks
     // (an HTTP client built before a provider is installed panics).
     crate::tls::install_crypto_provider();

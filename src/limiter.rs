@@ -1,7 +1,7 @@
 //! Adaptive concurrency limit for order transactions
 //! (docs/ARCHITECTURE.md#worker-budget): AIMD.
 //!
-//! The worker budget (`pg.safe_concurrency × order_share / instances`) is a ceiling measured
+//! The worker budget (`config::budget::order_budget`) is a ceiling measured
 //! once; what PostgreSQL sustains right now can be lower (a vacuum, a slow disk, another
 //! tenant). The limit grows by one after a full window of transactions that stayed under both
 //! targets (transaction latency and pool wait), and shrinks by a quarter when one does not or
@@ -13,26 +13,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-
-use crate::config::PgSettings;
-
-/// The worker budget (docs/ARCHITECTURE.md#worker-budget): order transactions one `consume`
-/// process runs at once, `pg.safe_concurrency × pg.order_share / pg.instances`, at least 1.
-pub fn order_budget(pg: &PgSettings) -> usize {
-    budget(pg.safe_concurrency, pg.order_share, pg.instances)
-}
-
-/// Timeout-cancel transactions one `timeout-cancel` process runs at once:
-/// `pg.safe_concurrency × pg.cancel_share / pg.instances`, at least 1.
-pub fn cancel_budget(pg: &PgSettings) -> usize {
-    budget(pg.safe_concurrency, pg.cancel_share, pg.instances)
-}
-
-/// `safe_concurrency × share / instances` (e.g. 240 × 0.7 / 12 = 14), floor, ≥ 1.
-pub fn budget(safe_concurrency: u32, share: f64, instances: u32) -> usize {
-    let raw = f64::from(safe_concurrency) * share / f64::from(instances.max(1));
-    (raw.floor() as usize).max(1)
-}
 
 /// Targets and bounds of an [`AdaptiveLimiter`].
 #[derive(Debug, Clone, Copy)]
@@ -199,13 +179,6 @@ impl Drop for LimitPermit {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn budget_matches_the_documented_example() {
-        assert_eq!(budget(240, 0.7, 12), 14);
-        assert_eq!(budget(8, 0.7, 1), 5);
-        assert_eq!(budget(1, 0.1, 4), 1);
-    }
 
     fn limiter(initial: usize, max: usize) -> Arc<AdaptiveLimiter> {
         AdaptiveLimiter::new(LimiterSettings {

@@ -8,9 +8,11 @@
 //! - `mq`: `[mq]`, `[events]`;
 //! - `api`: `[api]`, `[auth]`, `[payments]`;
 //! - `workers`: `[consumer]`, `[scan]`, `[timeout]`, `[retention]`, `[telemetry]`;
-//! - `names`: topic and group names from `env`.
+//! - `names`: topic and group names from `env`;
+//! - `budget`: every role's PostgreSQL pools against `pg.max_connections`.
 
 mod api;
+pub mod budget;
 mod mq;
 mod stores;
 mod workers;

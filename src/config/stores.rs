@@ -19,8 +19,31 @@ pub struct PgSettings {
     pub order_share: f64,
     /// Share of it the timeout cancel may use (`order_share + cancel_share <= 1`).
     pub cancel_share: f64,
-    /// Consumer instances sharing the budget (and timeout-cancel instances sharing theirs).
-    pub instances: u32,
+    /// Connections the whole fleet may open on the database: its `max_connections` less the
+    /// superuser reserve and every other client (docs/ARCHITECTURE.md#connection-budget).
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+    /// Instances of each role against this database: the worker budgets are divided among
+    /// consume and timeout-cancel instances, and the connection budget counts every role's
+    /// pools. Read the first two through [`PgSettings::consume_instances`] and
+    /// [`PgSettings::timeout_cancel_instances`].
+    #[serde(default = "one")]
+    pub api_instances: u32,
+    #[serde(default, rename = "consume_instances")]
+    pub consume_instances_key: Option<u32>,
+    #[serde(default, rename = "timeout_cancel_instances")]
+    pub timeout_cancel_instances_key: Option<u32>,
+    #[serde(default = "one")]
+    pub scan_instances: u32,
+    /// Connections kept for operators' one-shot commands (migrate, reconcile, dlq, refunds,
+    /// resync).
+    #[serde(default = "default_operator_connections")]
+    pub operator_connections: u32,
+    /// Deprecated: one count for consume and timeout-cancel instances at once. Still read for
+    /// whichever of `consume_instances` / `timeout_cancel_instances` is not set, with a
+    /// warning at start-up ([`PgSettings::deprecations`]).
+    #[serde(default)]
+    pub instances: Option<u32>,
     /// Bound on any one statement, so a stuck lock turns into a retry, not a hung worker.
     pub statement_timeout_ms: u64,
     /// Connections for the API's reads (order / reservation lookups).
@@ -80,7 +103,46 @@ impl RedisSettings {
     }
 }
 
+fn one() -> u32 {
+    1
+}
+
+fn default_max_connections() -> u32 {
+    90
+}
+
+fn default_operator_connections() -> u32 {
+    8
+}
+
 impl PgSettings {
+    /// `consume` instances: `pg.consume_instances`, else the deprecated `pg.instances`, else 1.
+    pub fn consume_instances(&self) -> u32 {
+        self.consume_instances_key.or(self.instances).unwrap_or(1)
+    }
+
+    /// `timeout-cancel` instances: `pg.timeout_cancel_instances`, else the deprecated
+    /// `pg.instances`, else 1.
+    pub fn timeout_cancel_instances(&self) -> u32 {
+        self.timeout_cancel_instances_key
+            .or(self.instances)
+            .unwrap_or(1)
+    }
+
+    /// Keys still read but on their way out, each with what replaces it (logged at start-up).
+    pub fn deprecations(&self) -> Vec<String> {
+        match self.instances {
+            Some(n) => vec![format!(
+                "pg.instances = {n} is deprecated: it counts consume and timeout-cancel \
+                 instances at once; set pg.consume_instances and pg.timeout_cancel_instances \
+                 (now {} and {})",
+                self.consume_instances(),
+                self.timeout_cancel_instances()
+            )],
+            None => Vec::new(),
+        }
+    }
+
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         let invalid = ConfigError::invalid;
         if self.url.expose_secret().trim().is_empty() {
@@ -115,8 +177,20 @@ impl PgSettings {
                 "pg.order_share + pg.cancel_share must not exceed 1",
             ));
         }
-        if self.instances == 0 {
-            return Err(invalid("pg.instances", "must be at least 1"));
+        for (key, n) in [
+            ("pg.instances", self.instances.unwrap_or(1)),
+            ("pg.api_instances", self.api_instances),
+            ("pg.consume_instances", self.consume_instances()),
+            (
+                "pg.timeout_cancel_instances",
+                self.timeout_cancel_instances(),
+            ),
+            ("pg.scan_instances", self.scan_instances),
+            ("pg.max_connections", self.max_connections),
+        ] {
+            if n == 0 {
+                return Err(invalid(key, "must be at least 1"));
+            }
         }
         if self.statement_timeout_ms == 0 {
             return Err(invalid("pg.statement_timeout_ms", "must be positive"));

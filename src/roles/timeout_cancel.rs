@@ -6,7 +6,7 @@
 //! the Redis release through compensation).
 //!
 //! Each delivered batch becomes one transaction (`pg::cancel_tx`), with the order consumer's
-//! discipline (`roles::batch_tx`): at most `limiter::cancel_budget` at once, bounded in time,
+//! discipline (`roles::batch_tx`): at most `config::budget::cancel_budget` at once, bounded in time,
 //! retried in-process while transient, split into one per message on failure. With
 //! `events.order_canceled = "transaction"`, a batch's ORDER_CANCELED events are transaction
 //! messages (docs/ARCHITECTURE.md#delivering-events): drafted, stored as half messages
@@ -378,7 +378,7 @@ async fn sweep_round(sweeper: &TimeoutCancelHandler, grace: Duration, batch: usi
 
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let names = crate::mq::Names::of(&settings);
-    let budget = crate::limiter::cancel_budget(&settings.pg);
+    let budget = crate::config::budget::cancel_budget(&settings.pg);
     let pool = crate::pg::connect_pool(&settings.pg, budget + 1).await?;
     let mut handler = TimeoutCancelHandler::new(pool.clone(), &settings, budget);
     if settings.events.order_canceled() == EventDelivery::Transaction {

@@ -77,6 +77,12 @@ fn a_bad_value_fails_start_up_naming_the_key() {
             "many",
             "pg.safe_concurrency",
         ),
+        ("SECKILL__PG__SCAN_INSTANCES", "0", "pg.scan_instances"),
+        (
+            "SECKILL__PG__CONSUME_INSTANCES",
+            "0",
+            "pg.consume_instances",
+        ),
     ];
     for (var, value, key) in cases {
         let (code, stderr) = run_with(var, value);
@@ -229,4 +235,105 @@ fn quoted_defaults(text: &str) -> Vec<(String, String)> {
         out.push((key.to_string(), digits.replace(',', "")));
     }
     out
+}
+
+#[test]
+fn a_role_whose_fleet_would_pass_max_connections_refuses_to_start_and_budget_says_why() {
+    // The shipped fleet fits: `seckill budget` prints every role and exits 0.
+    let budget = budget_json(&[]);
+    let roles: Vec<&str> = budget["roles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["api", "consume", "timeout-cancel", "scan"]);
+    let total = budget["total"].as_u64().unwrap();
+    let counted: u64 = budget["roles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["total"].as_u64().unwrap())
+        .sum::<u64>()
+        + budget["operators"].as_u64().unwrap();
+    assert_eq!(total, counted);
+
+    // Twenty API instances of 4 connections do not fit in 90: every role refuses to start
+    // (exit 2, naming the key), and `seckill budget` prints the table and exits 1.
+    let crowded = [("SECKILL__PG__API_INSTANCES", "20")];
+    for role in ["api", "scan"] {
+        let (code, out) = run_printing(&[role], &crowded);
+        assert_eq!(code, Some(2), "{role}: {out}");
+        assert!(out.contains("`pg.max_connections`"), "{role}: {out}");
+        assert!(out.contains("api 20 x 4"), "{role}: {out}");
+    }
+    let (code, out) = run_printing(&["budget"], &crowded);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("OVER"), "{out}");
+    // A one-shot command is not a role: it still runs (here, a budget that fits again).
+    let (code, out) = run_printing(
+        &["budget"],
+        &[
+            ("SECKILL__PG__API_INSTANCES", "20"),
+            ("SECKILL__PG__MAX_CONNECTIONS", "200"),
+        ],
+    );
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("fits"), "{out}");
+}
+
+/// `seckill budget --json` with `vars`: its JSON (it must exit 0).
+fn budget_json(vars: &[(&str, &str)]) -> serde_json::Value {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_seckill"));
+    cmd.args(["budget", "--json"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("SECKILL_ENV", "test");
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("binary runs");
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn the_deprecated_instances_key_still_counts_the_roles_it_counted_and_says_what_replaces_it() {
+    let instances = |b: &serde_json::Value, role: &str| {
+        b["roles"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["role"] == role)
+            .unwrap()["instances"]
+            .as_u64()
+            .unwrap()
+    };
+    // Alone, it counts both (as before); a new key set beside it wins for its role.
+    let b = budget_json(&[("SECKILL__PG__INSTANCES", "4")]);
+    assert_eq!(
+        (instances(&b, "consume"), instances(&b, "timeout-cancel")),
+        (4, 4)
+    );
+    let b = budget_json(&[
+        ("SECKILL__PG__INSTANCES", "4"),
+        ("SECKILL__PG__TIMEOUT_CANCEL_INSTANCES", "2"),
+    ]);
+    assert_eq!(
+        (instances(&b, "consume"), instances(&b, "timeout-cancel")),
+        (4, 2)
+    );
+    // Four consumers split the order budget: 8 x 0.7 / 4 = 1, and one more connection.
+    let consume = b["roles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["role"] == "consume")
+        .unwrap();
+    assert_eq!(consume["pools"][0]["connections"], 2);
+    let (code, out) = run_printing(&["budget"], &[("SECKILL__PG__INSTANCES", "4")]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("pg.instances = 4 is deprecated") && out.contains("pg.consume_instances"),
+        "{out}"
+    );
 }

@@ -28,7 +28,7 @@ async fn every_role_twice_or_more_sells_pays_and_cancels_each_order_once() {
             &["consume", "--workers", "2"],
             "SECKILL__CONSUMER__METRICS_LISTEN",
             &[
-                ("SECKILL__PG__INSTANCES", "3"),
+                ("SECKILL__PG__CONSUME_INSTANCES", "3"),
                 ("SECKILL__CONSUMER__PAY_WINDOW_SECS", PAY_WINDOW),
             ],
         ));
@@ -44,7 +44,7 @@ async fn every_role_twice_or_more_sells_pays_and_cancels_each_order_once() {
             &env,
             &["timeout-cancel"],
             "SECKILL__TIMEOUT__METRICS_LISTEN",
-            &[("SECKILL__PG__INSTANCES", "2")],
+            &[("SECKILL__PG__TIMEOUT_CANCEL_INSTANCES", "2")],
         ));
     }
     for (_, port) in &procs {

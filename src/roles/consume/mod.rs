@@ -32,7 +32,7 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     // within the worker budget, under the adaptive limit. Calls past the budget only wait in
     // memory (and join the next transaction), they cannot overload PostgreSQL.
     let workers = workers.unwrap_or(settings.consumer.listener_calls).max(1);
-    let budget = crate::limiter::order_budget(&settings.pg).min(workers);
+    let budget = crate::config::budget::order_budget(&settings.pg).min(workers);
     metrics::gauge!("worker_budget").set(budget as f64);
     let names = crate::mq::Names::of(&settings);
     // One connection per transaction slot plus one spare, so a worker never waits on another's.
@@ -49,7 +49,8 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     let consumer = crate::mq::start_order_create_consumer(&settings, handler, workers).await?;
     let (compensator, projector) = start_side_groups(&settings).await?;
     // Dead letters of every group are recorded in PostgreSQL for operators.
-    let dlq_pool = crate::pg::connect_pool(&settings.pg, 2).await?;
+    let dlq_pool =
+        crate::pg::connect_pool(&settings.pg, crate::config::budget::pools::DLQ_INTAKE).await?;
     let intakes = dlq_intake::start_intakes(&settings, dlq_pool.clone()).await?;
     role.watchdog.spawn(
         "dlq_gauges",

@@ -28,6 +28,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::config::budget::pools;
 use crate::config::Settings;
 use crate::redis::RedisStore;
 use crate::roles::runtime::RoleRuntime;
@@ -42,7 +43,7 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
     let settings = Arc::new(settings);
     let sc = settings.scan.clone();
     let redis = RedisStore::connect(&settings.redis).await?;
-    let pool = crate::pg::connect_pool(&settings.pg, 2).await?;
+    let pool = crate::pg::connect_pool(&settings.pg, pools::SCAN_RELAY).await?;
     let publisher = crate::mq::connect_publisher(&settings).await?;
     let role = RoleRuntime::start("scan", "scan.metrics_listen", sc.metrics_listen).await?;
     let (watchdog, shutdown) = (&role.watchdog, &role.shutdown);
@@ -50,7 +51,7 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
     let listen = relay::listen(settings.clone(), wake.clone(), shutdown.clone());
     let listener = watchdog.spawn("outbox_listen", listen);
     // The scanner's own connection: it settles refused, uncertain reservations (rare).
-    let settle_pool = crate::pg::connect_pool(&settings.pg, 1).await?;
+    let settle_pool = crate::pg::connect_pool(&settings.pg, pools::SCAN_SCANNER).await?;
     let redis_for_resync = redis.clone();
     let mut scanner = Scanner::new(redis, settle_pool, publisher.clone(), settings.clone());
     let mut relay = Relay::new(pool, publisher, settings.clone());
@@ -81,7 +82,7 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
     let poll = Duration::from_millis(sc.scanner_poll_ms);
     let scan_loop = watchdog.spawn("resend", scan_loop(scanner, poll, shutdown.clone()));
     let relay_loop = watchdog.spawn("relay", relay_loop(relay, wake, shutdown.clone()));
-    let retention_pool = crate::pg::connect_pool(&settings.pg, 1).await?;
+    let retention_pool = crate::pg::connect_pool(&settings.pg, pools::SCAN_RETENTION).await?;
     let retention =
         retention::run_loop(retention_pool, settings.retention.clone(), shutdown.clone());
     let retention_loop = watchdog.spawn("retention", retention);
@@ -119,7 +120,7 @@ async fn resync_loop(
     let resync = crate::roles::resync::Resync {
         settings: settings.clone(),
         // The advisory lock's, the rebuild's and a fence's connections at once.
-        pg: crate::pg::connect_pool(&settings.pg, 4).await?,
+        pg: crate::pg::connect_pool(&settings.pg, pools::SCAN_REBUILD).await?,
         redis,
         probe: Some(Arc::new(probe)),
         by: crate::roles::resync::actor("scan"),
