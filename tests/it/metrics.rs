@@ -122,6 +122,7 @@ fn the_alert_rules_name_only_metrics_that_exist() {
                 "pg_",
                 "http_",
                 "admission_",
+                "refund_",
             ]
             .iter()
             .any(|p| base.starts_with(p));

@@ -315,3 +315,42 @@ async fn the_shipped_environment_file_filled_in_starts_every_role() {
     let _ = std::fs::remove_dir_all(&dir);
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn the_scanner_exports_each_master_brokers_own_health() {
+    let env = TestEnv::with_topics().await;
+    // What this broker version says of itself, read as the scanner reads it.
+    let probe = seckill::mq::rocketmq::LagProbe::new(
+        &seckill::mq::runtime().unwrap(),
+        &env.settings.mq.name_server,
+    )
+    .await
+    .unwrap();
+    let read = probe
+        .broker_stats(&env.names().order_create_topic)
+        .await
+        .unwrap();
+    assert!(!read.is_empty());
+    let (broker, stats) = &read[0];
+    let stats = stats.as_ref().unwrap();
+    let ratio = stats.disk_used_ratio.expect("the broker reports its disk");
+    assert!(ratio > 0.0 && ratio < 1.0, "{ratio}");
+    assert_eq!(stats.writeable, Some(true), "{stats:?}");
+    // The scan role exports them by broker.
+    let port = free_port();
+    let mut scan = spawn(
+        &env,
+        &["scan"],
+        "",
+        &[("SECKILL__SCAN__METRICS_LISTEN", format!("127.0.0.1:{port}"))],
+    );
+    wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
+    let exported = [
+        format!("mq_broker_disk_used_ratio{{broker=\"{broker}\"}}"),
+        format!("mq_broker_writeable{{broker=\"{broker}\"}} 1"),
+    ];
+    let exported: Vec<&str> = exported.iter().map(String::as_str).collect();
+    assert_metrics(&format!("http://127.0.0.1:{port}/metrics"), &exported).await;
+    assert!(scan.terminate(20).await.success());
+    env.cleanup().await;
+}

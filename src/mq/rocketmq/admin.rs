@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _};
 use cheetah_string::CheetahString;
-use rocketmq_client_rust::{ConsumerAdmin, DefaultMQAdminExt, OffsetAdmin, RouteAdmin, TopicAdmin};
+use rocketmq_client_rust::{
+    BrokerAdmin, ConsumerAdmin, DefaultMQAdminExt, OffsetAdmin, RouteAdmin, TopicAdmin,
+};
 use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_model::topic::TopicConfig;
 
@@ -262,8 +264,25 @@ impl LagProbe {
         combine_lag(&facts, now).with_context(|| format!("lag of {group} on {topic}"))
     }
 
+    /// A broker's runtime table (`getBrokerRuntimeInfo`), as text.
+    pub(super) async fn runtime_table(
+        &self,
+        addr: &CheetahString,
+    ) -> anyhow::Result<HashMap<String, String>> {
+        let call = self.admin.fetch_broker_runtime_stats(addr.clone());
+        let table = tokio::time::timeout(Duration::from_millis(LAG_RPC_TIMEOUT_MS), call)
+            .await
+            .map_err(|_| anyhow!("runtime stats of {addr}: no answer in {LAG_RPC_TIMEOUT_MS} ms"))?
+            .map_err(|e| anyhow!("runtime stats of {addr}: {e}"))?;
+        Ok(table
+            .table
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect())
+    }
+
     /// Master addresses of the brokers serving `topic`, cached for [`LAG_ROUTE_TTL`].
-    async fn topic_brokers(&self, topic: &str) -> anyhow::Result<Arc<[CheetahString]>> {
+    pub(super) async fn topic_brokers(&self, topic: &str) -> anyhow::Result<Arc<[CheetahString]>> {
         if let Some((at, addrs)) = self.lock_brokers().get(topic) {
             if at.elapsed() < LAG_ROUTE_TTL {
                 return Ok(Arc::clone(addrs));

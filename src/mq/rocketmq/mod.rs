@@ -20,11 +20,14 @@
 //!   unconsumed message) for lag metrics and fail-closed admission; [`create_topics`],
 //!   idempotent topic creation through the admin API, waiting until the name server serves
 //!   each route (a send before that is a DEFINITE_FAILURE "no route").
+//! - `broker_stats`: [`BrokerStats`], each master's own health (disk, writes, flush,
+//!   replicas) from its runtime table, and [`export_broker_stats`], its gauges.
 //!
 //! The crate root needs `#![recursion_limit = "256"]`: proving the client's futures `Send`
 //! (as `async_trait` requires) overflows the default limit.
 
 mod admin;
+mod broker_stats;
 mod classify;
 mod consumer;
 mod half_message;
@@ -33,6 +36,7 @@ mod runtime;
 mod sharded;
 
 pub use admin::{combine_lag, create_topics, delete_topics, Lag, LagProbe, QueueLagFacts};
+pub use broker_stats::{export_broker_stats, BrokerStats};
 pub use classify::{classify_send_error, ErrorFacts, SendErrorClass};
 pub use consumer::{start_push_consumer, ConsumeFrom, ConsumerHandle, ConsumerOptions};
 pub use half_message::{RocketTransactionProducer, TransactionOptions};

@@ -261,6 +261,7 @@ async fn status(
         "skus": out,
         "pending_reservations": s.redis.pending_count(activity_id).await.map_err(redis_down)?,
         "admission_paused": s.admission.paused(),
+        "activity_admission_paused": s.admission.activity_paused(activity_id),
     }))
     .into_response())
 }

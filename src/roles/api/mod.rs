@@ -14,7 +14,8 @@
 //! - `admin`: the operators' listener (pause, resume, status, outbox requeue), audited;
 //! - `admin_refunds`: the admin listener's refund routes (list, mark refunded);
 //! - `admin_guard`: the admin listener's throttle of failed logins;
-//! - `admission`: fail-closed admission, the background check that pauses new reservations;
+//! - `admission`: fail-closed admission, the background check that pauses new reservations
+//!   (the whole API, or one activity); `gate`: one pause with its hysteresis and ramp;
 //! - `limits`: per-address and per-buyer token buckets (429 RATE_LIMITED).
 
 pub mod admin;
@@ -23,6 +24,7 @@ mod admin_refunds;
 mod admission;
 pub mod bodies;
 mod error;
+mod gate;
 pub mod limits;
 mod payments;
 mod queries;

@@ -95,7 +95,7 @@ async fn reserve_inner(
     let client_addr = limits::client_addr(peer, headers, &api.trusted_proxies)
         .map(|a| a.to_string())
         .unwrap_or_default();
-    admit(s)?;
+    admit(s, activity_id)?;
     let req = read_request(s, body).await?;
     let user_id = the_buyer(token_buyer, req.user_id)?;
     // The stock bucket the buyer reserves in (docs/ARCHITECTURE.md#stock-buckets): the
@@ -235,10 +235,10 @@ fn refusal(s: &ApiState, shard: Shard, sku_id: i64, refused: ReserveResult) -> A
     }
 }
 
-/// A sale the fail-closed check has paused takes no new reservation, and one resuming takes
-/// only its ramp's share.
-fn admit(s: &ApiState) -> Result<(), ApiError> {
-    match s.admission.refusal() {
+/// A sale the fail-closed check has paused (the whole API, or this activity) takes no new
+/// reservation, and one resuming takes only its ramp's share.
+fn admit(s: &ApiState, activity_id: i64) -> Result<(), ApiError> {
+    match s.admission.refusal(activity_id) {
         Some(reason) => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "SALE_PAUSED",

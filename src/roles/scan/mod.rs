@@ -79,6 +79,8 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
     }
     let resync = resync_loop(&settings, redis_for_resync, shutdown.clone()).await?;
     let resync_loop = watchdog.spawn("resync", resync);
+    let health = broker_health_loop(&settings, shutdown.clone()).await?;
+    let health_loop = watchdog.spawn("broker_health", health);
     let poll = Duration::from_millis(sc.scanner_poll_ms);
     let scan_loop = watchdog.spawn("resend", scan_loop(scanner, poll, shutdown.clone()));
     let relay_loop = watchdog.spawn("relay", relay_loop(relay, wake, shutdown.clone()));
@@ -101,10 +103,35 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
         let _ = relay_loop.await;
         let _ = retention_loop.await;
         let _ = resync_loop.await;
+        let _ = health_loop.await;
     })
     .await;
     let _ = listener.await;
     role.finish(died).await
+}
+
+/// How often the brokers' own health is read.
+const BROKER_HEALTH_EVERY: Duration = Duration::from_secs(5);
+
+/// Every [`BROKER_HEALTH_EVERY`], each master's disk, writes, flush and replicas as gauges
+/// (docs/ARCHITECTURE.md#broker-health), on an admin client of its own.
+async fn broker_health_loop(
+    settings: &Arc<Settings>,
+    stop: CancellationToken,
+) -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    let probe =
+        crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server_list())
+            .await?;
+    let topic = crate::mq::Names::of(settings).order_create_topic;
+    Ok(async move {
+        while !stop.is_cancelled() {
+            crate::mq::rocketmq::export_broker_stats(&probe, &topic).await;
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(BROKER_HEALTH_EVERY) => {}
+            }
+        }
+    })
 }
 
 /// The fenced activities' rebuilds (docs/ARCHITECTURE.md#when-redis-forgets), on their own
