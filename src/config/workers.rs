@@ -53,6 +53,11 @@ pub struct ConsumerSettings {
     pub projection_workers: usize,
     pub projection_batch_size: usize,
     pub dlq_intake_workers: usize,
+    /// Non-core work steps aside while orders are behind (docs/ARCHITECTURE.md#projection): the
+    /// projection holds its batches while the order-create backlog's oldest message is older
+    /// than this many seconds, until it is back under half of it (0: never).
+    #[serde(default)]
+    pub projection_defer_lag_secs: u64,
 }
 
 impl ConsumerSettings {

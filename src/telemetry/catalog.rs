@@ -146,6 +146,8 @@ pub const METRICS: &[Metric] = &[
     counter("stock_bucket_moves_resumed_total", "Bucket moves cut midway (debited, not credited) that a later pass finished"),
     counter("stock_bucket_moves_total", "Moves of stock between stock buckets"),
     gauge("admission_paused", "1 while this API refuses new reservations of every activity (the order queue is behind, or its lag unreadable)"),
+    gauge("projection_deferred", "1 while the projection steps aside because orders are behind (consumer.projection_defer_lag_secs)"),
+    counter("projection_deferred_batches_total", "Projection batches held while orders were behind"),
     gauge("admission_paused_activities", "Activities this API refuses new reservations of on their own (their reservations wait), the others selling on"),
     gauge("admission_ramp_share", "Share of new reservations admitted while a paused sale ramps back up (1: all)"),
     gauge("http_connections_open", "Open HTTP connections, by listener"),

@@ -531,6 +531,7 @@ async fn order_events_are_projected_by_version_so_stale_and_repeated_events_are_
         redis: env.redis().await,
         pool: env.pool(1).await,
         group: names.projection_group.clone(),
+        deferral: None,
     };
     let ids = Ids::generate(1, 0);
     let ev = |version: i32, status: &str| {
@@ -573,6 +574,58 @@ async fn order_events_are_projected_by_version_so_stale_and_repeated_events_are_
     assert_eq!(h.process(&[ev(3, "CANCELED")]).await.unwrap(), ["applied"]);
     let p = redis.projection(&ids.reservation_id).await.unwrap();
     assert_eq!(p["status"], "CANCELED");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn while_orders_are_behind_the_projection_holds_its_batches_and_applies_them_after() {
+    use seckill::mq::BatchHandler as _;
+    use seckill::roles::consume::deferral::Deferral;
+    let env = TestEnv::without_topics().await;
+    let names = env.names();
+    let deferral = Arc::new(Deferral::new(Duration::from_secs(10)));
+    let h = Arc::new(seckill::roles::consume::projection::ProjectionHandler {
+        redis: env.redis().await,
+        pool: env.pool(1).await,
+        group: names.projection_group.clone(),
+        deferral: Some(deferral.clone()),
+    });
+    let ids = Ids::generate(1, 0);
+    let body = serde_json::json!({
+        "event_type": "ORDER_CREATED", "order_id": ids.order_id,
+        "reservation_id": ids.reservation_id, "status": "CREATED", "aggregate_version": 1,
+        "user_id": 5,
+    });
+    let event = delivery(
+        &names.order_event_topic,
+        None,
+        serde_json::to_vec(&body).unwrap(),
+    );
+    // The order backlog's oldest message is 20 s old: the batch is held, not applied.
+    assert!(deferral.note_backlog(Duration::from_secs(20)));
+    let handled = tokio::spawn({
+        let h = h.clone();
+        async move { h.handle(vec![event]).await }
+    });
+    eventually(10, "the batch is held", || async {
+        deferral.holding() == 1
+    })
+    .await;
+    let redis = env.redis().await;
+    assert!(
+        redis
+            .projection(&ids.reservation_id)
+            .await
+            .unwrap()
+            .is_empty(),
+        "nothing projected while held"
+    );
+    // Orders caught up (under half the threshold): the batch is applied and ACKed.
+    assert!(!deferral.note_backlog(Duration::from_secs(4)));
+    assert_eq!(handled.await.unwrap(), seckill::mq::ConsumeDecision::Ack);
+    let p = redis.projection(&ids.reservation_id).await.unwrap();
+    assert_eq!(p["status"], "CREATED");
+    assert_eq!(deferral.holding(), 0);
     env.cleanup().await;
 }
 

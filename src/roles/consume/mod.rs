@@ -10,6 +10,7 @@
 //! anything uncommitted.
 
 pub mod compensate;
+pub mod deferral;
 pub mod dlq_intake;
 pub mod order_create;
 pub mod poison;
@@ -47,7 +48,9 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     )
     .await?;
     let consumer = crate::mq::start_order_create_consumer(&settings, handler, workers).await?;
-    let (compensator, projector) = start_side_groups(&settings).await?;
+    let defer = Duration::from_secs(settings.consumer.projection_defer_lag_secs);
+    let deferral = Arc::new(deferral::Deferral::new(defer));
+    let (compensator, projector) = start_side_groups(&settings, deferral.clone()).await?;
     // Dead letters of every group are recorded in PostgreSQL for operators.
     let dlq_pool =
         crate::pg::connect_pool(&settings.pg, crate::config::budget::pools::DLQ_INTAKE).await?;
@@ -85,13 +88,14 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
                     // every 5 s.
                     let due = if tick.is_multiple_of(5) { &groups[..] } else { &groups[..1] };
                     tick += 1;
-                    sample(&probe, due, &consumer).await;
+                    sample(&probe, due, &consumer, &deferral).await;
                 }
             }
         }
     };
     info!("stopping: no new messages; draining in-flight transactions");
     let grace = Duration::from_secs(settings.consumer.shutdown_grace_secs);
+    deferral.release();
     drain(grace, [consumer, compensator, projector], intakes).await;
     role.finish(died).await
 }
@@ -100,6 +104,7 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
 /// UPDATE per message) and must run wherever orders are created.
 async fn start_side_groups(
     settings: &Settings,
+    deferral: Arc<deferral::Deferral>,
 ) -> anyhow::Result<(ConsumerHandle, ConsumerHandle)> {
     let names = crate::mq::Names::of(settings);
     let compensation = Arc::new(compensate::CompensationHandler {
@@ -120,6 +125,7 @@ async fn start_side_groups(
         redis: crate::redis::RedisStore::connect(&settings.redis).await?,
         pool: crate::pg::connect_pool(&settings.pg, settings.consumer.projection_workers).await?,
         group: names.projection_group.clone(),
+        deferral: Some(deferral),
     });
     let projector = crate::mq::start_consumer(
         settings,
@@ -179,11 +185,15 @@ async fn sample(
     probe: &crate::mq::rocketmq::LagProbe,
     groups: &[(String, String)],
     consumer: &crate::mq::rocketmq::ConsumerHandle,
+    deferral: &deferral::Deferral,
 ) {
     let mut order_create = None;
     for (i, (group, topic)) in groups.iter().enumerate() {
         let b = crate::mq::lag::export_backlog(probe, group, topic).await;
         if i == 0 {
+            if let Some(b) = &b {
+                deferral.note_backlog(b.oldest_age);
+            }
             order_create = b;
         }
     }

@@ -21,6 +21,8 @@ pub struct ProjectionHandler {
     pub redis: RedisStore,
     pub pool: deadpool_postgres::Pool,
     pub group: String,
+    /// Steps aside while orders are behind (`consumer.projection_defer_lag_secs`).
+    pub deferral: Option<std::sync::Arc<super::deferral::Deferral>>,
 }
 
 impl ProjectionHandler {
@@ -49,6 +51,9 @@ impl ProjectionHandler {
 #[async_trait::async_trait]
 impl BatchHandler for ProjectionHandler {
     async fn handle(&self, batch: Vec<Delivery>) -> ConsumeDecision {
+        if let Some(d) = &self.deferral {
+            d.hold(super::deferral::MAX_HOLD).await;
+        }
         poison::ack_or_retry(self.process(&batch).await, "projection", batch.len())
     }
 }
