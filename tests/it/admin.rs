@@ -8,7 +8,7 @@ use crate::common;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crate::common::{bearer, created_orders, eventually, TestEnv};
+use crate::common::{admin_call, bearer, created_orders, eventually, TestEnv};
 use reqwest::StatusCode;
 use seckill::mq::{OutMessage, Publisher, SendOutcome};
 use seckill::roles::scan::Relay;
@@ -18,24 +18,6 @@ const ADMIN_TOKEN: &str = "test-admin-token-0123456789-abcdef-0123";
 
 async fn start_with_admin(env: &TestEnv) -> common::AdminApi {
     common::start_with_admin(env, ADMIN_TOKEN).await
-}
-
-async fn admin_call(
-    method: reqwest::Method,
-    url: String,
-    token: Option<&str>,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let mut req = reqwest::Client::new().request(method, url);
-    if let Some(t) = token {
-        req = req.header("authorization", format!("Bearer {t}"));
-    }
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let r = req.send().await.unwrap();
-    let status = r.status();
-    (status, r.json().await.unwrap_or(Value::Null))
 }
 
 async fn reserve(base: &str, activity: i64, sku: i64, user: i64) -> (StatusCode, Value) {

@@ -547,6 +547,20 @@ async fn dead_letter(
     .unwrap();
 }
 
+/// Projection dead letters for the users of `users` (each at the offset of its user id), all
+/// failing with `error`, first seen a second ago.
+async fn projection_dead_letters(
+    c: &tokio_postgres::Client,
+    names: &seckill::mq::Names,
+    users: std::ops::Range<i64>,
+    error: &str,
+) {
+    for user in users {
+        let m = order_create_message(&names.order_event_topic, &event(1710, 1, user, 300));
+        dead_letter(c, &names.projection_group, &m, user, error, 1.0).await;
+    }
+}
+
 /// The batch ids the audit holds for `action`, with how many rows each.
 async fn batches(c: &tokio_postgres::Client, action: &str) -> Vec<(String, i64)> {
     c.query(
@@ -584,19 +598,7 @@ async fn a_group_of_dead_letters_is_replayed_sample_first_under_one_batch_id_or_
         )
         .await;
     }
-    for i in 0..2 {
-        let e = event(1710, 1, 10 + i, 300);
-        let m = order_create_message(&names.order_event_topic, &e);
-        dead_letter(
-            &c,
-            &names.projection_group,
-            &m,
-            10 + i,
-            "projection script error 7",
-            1.0,
-        )
-        .await;
-    }
+    projection_dead_letters(&c, &names, 10..12, "projection script error 7").await;
     let groups = seckill::roles::ops::dlq::failure_groups(&c, None, 1000)
         .await
         .unwrap();
@@ -699,19 +701,7 @@ async fn a_group_of_dead_letters_is_replayed_sample_first_under_one_batch_id_or_
     );
 
     // Discarding a whole group: every open member, one batch id, each audited.
-    for i in 0..3 {
-        let e = event(1710, 1, 20 + i, 300);
-        let m = order_create_message(&names.order_event_topic, &e);
-        dead_letter(
-            &c,
-            &names.projection_group,
-            &m,
-            20 + i,
-            "projection script error 9",
-            1.0,
-        )
-        .await;
-    }
+    projection_dead_letters(&c, &names, 20..23, "projection script error 9").await;
     let out = common::cli(
         &env,
         &[

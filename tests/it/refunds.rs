@@ -7,33 +7,11 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::common::{
-    self, caught_up, cli, collect_events, created_orders, eventually, free_port, notify_payment,
-    spawn, wait_ready, TestEnv,
+    self, admin_call as admin, caught_up, cli, collect_events, created_orders, error_code as code,
+    eventually, free_port, notify_payment, spawn, wait_ready, TestEnv,
 };
 
 const ADMIN_TOKEN: &str = "admin-token-for-refund-tests";
-
-fn code(b: &Value) -> Option<&str> {
-    b["error"]["code"].as_str()
-}
-
-async fn admin(
-    method: reqwest::Method,
-    url: String,
-    token: Option<&str>,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let mut req = reqwest::Client::new().request(method, url);
-    if let Some(t) = token {
-        req = req.header("authorization", format!("Bearer {t}"));
-    }
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let r = req.send().await.unwrap();
-    let status = r.status();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
 
 #[tokio::test]
 async fn payments_no_order_can_take_are_owed_back_once_and_their_ids_settle_nothing_else() {

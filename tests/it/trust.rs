@@ -5,7 +5,8 @@
 use std::path::Path;
 
 use crate::common::{
-    bearer, created_orders, notify_payment, post_notification, start_api, TestEnv,
+    bearer, created_orders, error_code as code, notify_payment, post_notification, start_api,
+    TestEnv,
 };
 use base64::Engine;
 use chrono::Utc;
@@ -84,10 +85,6 @@ async fn get_with(url: String, auth: &str) -> (StatusCode, Value) {
         .unwrap();
     let status = r.status();
     (status, r.json().await.unwrap_or(Value::Null))
-}
-
-fn code(b: &Value) -> Option<&str> {
-    b["error"]["code"].as_str()
 }
 
 #[tokio::test]

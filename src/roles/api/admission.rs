@@ -17,7 +17,7 @@
 //! retry), so the backlog that built up during the outage is not met by the full burst at once.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -43,6 +43,9 @@ pub struct Admission {
     ramp: Duration,
     /// Activities paused at the last check.
     paused_activities: AtomicU64,
+    /// Whether any activity's gate is closed or ramping: while not, a reservation is answered
+    /// without looking its activity up (the map's lock stays off the hot path).
+    activities_gated: AtomicBool,
 }
 
 fn set_ramp_share(share: f64) {
@@ -68,6 +71,9 @@ impl Admission {
     fn refusal_at(&self, activity_id: i64, now: Instant) -> Option<String> {
         if let Some(why) = self.global.refusal_at(now, self.ramp, set_ramp_share) {
             return Some(why);
+        }
+        if !self.activities_gated.load(Ordering::Relaxed) {
+            return None;
         }
         let gate = self.activity_gate(activity_id)?;
         gate.refusal_at(now, self.ramp, |_| {})
@@ -185,15 +191,21 @@ impl Admission {
                 ),
                 self.ramp,
             );
+            if now {
+                self.activities_gated.store(true, Ordering::Relaxed);
+            }
         }
         gate.is_paused()
     }
 
-    /// Forgets the activities no longer warmed, and exports how many are paused (when that
-    /// changed).
+    /// Forgets the activities no longer warmed, notes whether any gate still refuses anything
+    /// (closed or ramping), and exports how many are paused (when that changed).
     fn keep_activities(&self, warmed: &[i64]) {
         if let Ok(mut gates) = self.activities.lock() {
             gates.retain(|id, _| warmed.contains(id));
+            let now = Instant::now();
+            let gated = gates.values().any(|g| g.gated_at(now, self.ramp));
+            self.activities_gated.store(gated, Ordering::Relaxed);
             let paused = gates.values().filter(|g| g.is_paused()).count() as u64;
             if self.paused_activities.swap(paused, Ordering::Relaxed) != paused {
                 metrics::gauge!("admission_paused_activities").set(paused as f64);

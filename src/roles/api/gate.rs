@@ -17,6 +17,9 @@ pub(super) struct Gate {
     reason: Mutex<String>,
     /// When the last pause ended, while the ramp runs.
     reopened: Mutex<Option<Instant>>,
+    /// Set while `reopened` holds a ramp: an open gate with no ramp answers every request
+    /// from its two flags, never taking the lock.
+    ramping: AtomicBool,
     /// Requests seen during the ramp: admits an exact share of them, evenly spread.
     arrivals: AtomicU64,
 }
@@ -47,8 +50,31 @@ impl Gate {
                 *reopened = Some(Instant::now());
             }
             self.arrivals.store(0, Ordering::Relaxed);
+            self.ramping.store(true, Ordering::Relaxed);
         }
         was != paused
+    }
+
+    /// Whether it refuses anything at `now`: closed, or still ramping up (a ramp that is over
+    /// is ended here).
+    pub(super) fn gated_at(&self, now: Instant, ramp: Duration) -> bool {
+        if self.is_paused() {
+            return true;
+        }
+        if !self.ramping.load(Ordering::Relaxed) {
+            return false;
+        }
+        let Ok(mut reopened) = self.reopened.lock() else {
+            return false;
+        };
+        match *reopened {
+            Some(since) if now.saturating_duration_since(since) < ramp => true,
+            _ => {
+                *reopened = None;
+                self.ramping.store(false, Ordering::Relaxed);
+                false
+            }
+        }
     }
 
     /// Whether it should be closed for a measured `age`: past `bound` when open, past half of
@@ -70,11 +96,15 @@ impl Gate {
         if let Some(reason) = self.paused() {
             return Some(reason);
         }
+        if !self.ramping.load(Ordering::Relaxed) {
+            return None;
+        }
         let mut reopened = self.reopened.lock().ok()?;
         let since = (*reopened)?;
         let elapsed = now.saturating_duration_since(since);
         if elapsed >= ramp {
             *reopened = None;
+            self.ramping.store(false, Ordering::Relaxed);
             ramp_share(1.0);
             return None;
         }

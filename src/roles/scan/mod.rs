@@ -55,31 +55,30 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
     let redis_for_resync = redis.clone();
     let mut scanner = Scanner::new(redis, settle_pool, publisher.clone(), settings.clone());
     let mut relay = Relay::new(pool, publisher, settings.clone());
+    // One broker admin client for the role's readings (progress, drains, broker health):
+    // its calls may overlap.
+    let probe = Arc::new(
+        crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server_list())
+            .await?,
+    );
     if sc.unconsumed_resend_ms > 0 {
         // What a dead broker holds goes out again through the live ones
         // (docs/ARCHITECTURE.md#a-dead-brokers-messages).
         let names = crate::mq::Names::of(&settings);
-        let probe = Arc::new(
-            crate::mq::rocketmq::LagProbe::new(
-                &crate::mq::runtime()?,
-                &settings.mq.name_server_list(),
-            )
-            .await?,
-        );
         scanner = scanner.with_progress(Arc::new(unconsumed::BrokerProgress {
             probe: probe.clone(),
             group: names.order_create_group,
             topic: names.order_create_topic,
         }));
         relay = relay.with_release_progress(Arc::new(unconsumed::BrokerProgress {
-            probe,
+            probe: probe.clone(),
             group: names.compensate_group,
             topic: names.compensate_topic,
         }));
     }
-    let resync = resync_loop(&settings, redis_for_resync, shutdown.clone()).await?;
+    let resync = resync_loop(&settings, redis_for_resync, probe.clone(), shutdown.clone()).await?;
     let resync_loop = watchdog.spawn("resync", resync);
-    let health = broker_health_loop(&settings, shutdown.clone()).await?;
+    let health = broker_health_loop(&settings, probe, shutdown.clone());
     let health_loop = watchdog.spawn("broker_health", health);
     let poll = Duration::from_millis(sc.scanner_poll_ms);
     let scan_loop = watchdog.spawn("resend", scan_loop(scanner, poll, shutdown.clone()));
@@ -114,16 +113,14 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
 const BROKER_HEALTH_EVERY: Duration = Duration::from_secs(5);
 
 /// Every [`BROKER_HEALTH_EVERY`], each master's disk, writes, flush and replicas as gauges
-/// (docs/ARCHITECTURE.md#broker-health), on an admin client of its own.
-async fn broker_health_loop(
-    settings: &Arc<Settings>,
+/// (docs/ARCHITECTURE.md#broker-health).
+fn broker_health_loop(
+    settings: &Settings,
+    probe: Arc<crate::mq::rocketmq::LagProbe>,
     stop: CancellationToken,
-) -> anyhow::Result<impl std::future::Future<Output = ()>> {
-    let probe =
-        crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server_list())
-            .await?;
+) -> impl std::future::Future<Output = ()> {
     let topic = crate::mq::Names::of(settings).order_create_topic;
-    Ok(async move {
+    async move {
         while !stop.is_cancelled() {
             crate::mq::rocketmq::export_broker_stats(&probe, &topic).await;
             tokio::select! {
@@ -131,25 +128,23 @@ async fn broker_health_loop(
                 _ = tokio::time::sleep(BROKER_HEALTH_EVERY) => {}
             }
         }
-    })
+    }
 }
 
 /// The fenced activities' rebuilds (docs/ARCHITECTURE.md#when-redis-forgets), on their own
-/// connection and broker admin client.
+/// connections.
 async fn resync_loop(
     settings: &Arc<Settings>,
     redis: RedisStore,
+    probe: Arc<crate::mq::rocketmq::LagProbe>,
     stop: CancellationToken,
 ) -> anyhow::Result<impl std::future::Future<Output = ()>> {
-    let probe =
-        crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server_list())
-            .await?;
     let resync = crate::roles::resync::Resync {
         settings: settings.clone(),
         // The advisory lock's, the rebuild's and a fence's connections at once.
         pg: crate::pg::connect_pool(&settings.pg, pools::SCAN_REBUILD).await?,
         redis,
-        probe: Some(Arc::new(probe)),
+        probe: Some(probe),
         by: crate::roles::resync::actor("scan"),
     };
     let every = Duration::from_millis(settings.scan.resync_poll_ms);

@@ -220,7 +220,12 @@ impl Relay {
     pub async fn observe(&self) -> anyhow::Result<()> {
         let client = self.pool.get().await?;
         let lead = self.settings.scan.timer_lead_secs as f64;
-        let b = outbox::backlog(&**client, lead).await?;
+        // Both readings in one round trip (tokio-postgres pipelines concurrent queries on one
+        // connection); the refunds owed ride along (docs/ARCHITECTURE.md#refund-obligations).
+        let (b, r) = tokio::try_join!(
+            outbox::backlog(&**client, lead),
+            crate::pg::refunds::backlog(&**client)
+        )?;
         metrics::gauge!("outbox_pending").set(b.due as f64);
         metrics::gauge!("outbox_pending_oldest_age_seconds").set(b.oldest_due_age_secs);
         metrics::gauge!("outbox_not_yet_due").set(b.not_yet_due as f64);
@@ -229,8 +234,6 @@ impl Relay {
         if b.dead == 0 {
             self.dead_seen.store(false, Ordering::Relaxed);
         }
-        // Refunds owed (docs/ARCHITECTURE.md#refund-obligations): the same pass, the same pool.
-        let r = crate::pg::refunds::backlog(&**client).await?;
         metrics::gauge!("refund_obligations_pending").set(r.pending as f64);
         metrics::gauge!("refund_obligations_pending_cents").set(r.pending_cents as f64);
         metrics::gauge!("refund_obligations_oldest_age_seconds").set(r.oldest_age_secs);

@@ -755,6 +755,31 @@ pub struct AdminApi {
     pub stop: tokio_util::sync::CancellationToken,
 }
 
+/// One call to an admin route, with `Authorization: Bearer <token>` when given and `body` as
+/// JSON: the status and the JSON body (`Null` when there is none).
+pub async fn admin_call(
+    method: reqwest::Method,
+    url: String,
+    token: Option<&str>,
+    body: Option<serde_json::Value>,
+) -> (reqwest::StatusCode, serde_json::Value) {
+    let mut req = reqwest::Client::new().request(method, url);
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or(serde_json::Value::Null))
+}
+
+/// The stable code of a JSON error answer (`{"error": {"code": ...}}`).
+pub fn error_code(body: &serde_json::Value) -> Option<&str> {
+    body["error"]["code"].as_str()
+}
+
 /// Starts the API of `env` with an admin listener guarded by `token`.
 pub async fn start_with_admin(env: &TestEnv, token: &str) -> AdminApi {
     let mut settings = env.settings.clone();
