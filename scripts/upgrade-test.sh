@@ -162,6 +162,9 @@ clean_stores
 log "release $PREV: migrate, topics, activity"
 run old migrate 2>>"$RUN_DIR/setup.log"
 run old topics create 2>>"$RUN_DIR/setup.log" >/dev/null
+# The broker this checkout configures creates no consumer group by itself: this release's
+# `topics create` makes them (an operator runs it before rolling out that broker config).
+run new topics create 2>>"$RUN_DIR/setup.log" >/dev/null
 ACTIVITY=$(( $(date +%s) * 10 + 7 ))
 STOCK=$(( RATE * DURATION * 2 + 1000 ))
 run old activity create --activity-id "$ACTIVITY" --name upgrade --sku "1:$STOCK:9900" \

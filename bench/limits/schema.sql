@@ -30,6 +30,7 @@ SET search_path = seckill_limits;
 \ir ../../sql/V15__redis_fences.sql
 \ir ../../sql/V16__refund_obligations.sql
 \ir ../../sql/V17__replay_batches.sql
+\ir ../../sql/V18__source_replay.sql
 
 -- The hot row: remaining_stock is INTEGER as in the project, so "huge" is the INTEGER
 -- maximum (2,147,483,647): far more than any run can sell.

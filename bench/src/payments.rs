@@ -182,8 +182,7 @@ async fn one_mode(
         ))
         .await?;
     seckill::pg::migrate(&s.pg).await?;
-    let plan = seckill::roles::ops::topics::topic_plan(&s);
-    seckill::mq::create_topics(&s, &plan).await?;
+    let (plan, groups) = seckill::roles::ops::topics::create_all(&s).await?;
 
     // The unpaid orders, written straight into PostgreSQL.
     let (pool, activity) = (seckill::pg::connect_pool(&s.pg, 2).await?, 1_i64);
@@ -220,6 +219,7 @@ async fn one_mode(
     let names = seckill::mq::Names::of(&s);
     let arrivals = Arc::new(Arrivals::default());
     let group = format!("CG_{}_BENCH_COLLECTOR", s.env);
+    seckill::mq::create_groups(&s, &[seckill::roles::ops::topics::tool_group(&s, &group)]).await?;
     let consumer = seckill::mq::start_consumer(
         &s,
         &group,
@@ -374,6 +374,9 @@ async fn one_mode(
         .await?;
     let topics: Vec<String> = plan.into_iter().map(|(t, _)| t).collect();
     seckill::mq::delete_topics(&s, &topics).await?;
+    let mut groups: Vec<String> = groups.into_iter().map(|g| g.name).collect();
+    groups.push(group);
+    seckill::mq::delete_groups(&s, &groups).await?;
     drop(admin);
     conn.abort();
     Ok(figures)

@@ -87,6 +87,11 @@ pub async fn run(settings: Settings, args: TimersArgs) -> anyhow::Result<bool> {
         &[(topic.clone(), settings.mq.order_create_queues)],
     )
     .await?;
+    seckill::mq::create_groups(
+        &settings,
+        &[seckill::roles::ops::topics::tool_group(&settings, &group)],
+    )
+    .await?;
     let run = ulid::Ulid::new().to_string();
     let lateness = Arc::new(Lateness {
         run: run.clone(),

@@ -159,6 +159,16 @@ impl Settings {
                 "must be 0 (off), or at least 1000 and below api.reservation_valid_secs",
             ));
         }
+        let margin = self.consumer.fast_lane_margin_ms;
+        if self.consumer.fast_lane_backlog_ms > 0
+            && (margin == 0 || margin >= self.api.reservation_valid_secs * 1_000)
+        {
+            // As long as the validity, every message would be shed.
+            return Err(invalid(
+                "consumer.fast_lane_margin_ms",
+                "must be positive and below api.reservation_valid_secs while the fast lane is on",
+            ));
+        }
         Ok(())
     }
 }

@@ -58,6 +58,18 @@ pub struct ConsumerSettings {
     /// than this many seconds, until it is back under half of it (0: never).
     #[serde(default)]
     pub projection_defer_lag_secs: u64,
+    /// The fast lane (docs/ARCHITECTURE.md#the-fast-lane): once the messages handed over are
+    /// this many milliseconds old (the consumer is that far behind), those whose reservation
+    /// has less than `fast_lane_margin_ms` of its validity left are rejected and compensated
+    /// ahead of the queue instead of waiting for an order they could not get (0: off).
+    #[serde(default)]
+    pub fast_lane_backlog_ms: u64,
+    #[serde(default = "default_fast_lane_margin_ms")]
+    pub fast_lane_margin_ms: u64,
+}
+
+fn default_fast_lane_margin_ms() -> u64 {
+    2_000
 }
 
 impl ConsumerSettings {

@@ -19,6 +19,10 @@ pub enum RejectReason {
     /// its dead letter, or a re-send the broker refused after the reservation's validity was
     /// settled from PostgreSQL (docs/ARCHITECTURE.md#uncertain-sends).
     Withdrawn,
+    /// Still valid, but with less of its validity left than an order would take while the
+    /// consumer is behind: rejected ahead of the queue by the fast lane
+    /// (`consumer.fast_lane_backlog_ms`, docs/ARCHITECTURE.md#the-fast-lane).
+    Expiring,
 }
 
 impl RejectReason {
@@ -29,6 +33,7 @@ impl RejectReason {
             RejectReason::DuplicateBuyer => "DUPLICATE_BUYER",
             RejectReason::UnknownSku => "UNKNOWN_SKU",
             RejectReason::Withdrawn => "WITHDRAWN",
+            RejectReason::Expiring => "EXPIRING",
         }
     }
 }

@@ -168,6 +168,8 @@ pub struct Delivery {
     pub store_timestamp_ms: i64,
     /// Broker's id for diagnostics only.
     pub broker_msg_id: String,
+    /// The broker that stored it (with `queue_id` and `queue_offset`: where it is).
+    pub broker_name: String,
 }
 
 /// ACK the whole batch, or ask for redelivery of the whole batch.
@@ -387,6 +389,36 @@ pub async fn delete_topics(settings: &Settings, topics: &[String]) -> anyhow::Re
         &settings.mq.name_server_list(),
         &settings.mq.cluster,
         topics,
+    )
+    .await
+}
+
+/// Creates (or updates) consumer `groups` on every configured master (`mq.broker_addr`, else
+/// every master of the cluster; idempotent).
+pub async fn create_groups(
+    settings: &Settings,
+    groups: &[rocketmq::GroupSpec],
+) -> anyhow::Result<()> {
+    let rt = runtime()?;
+    let brokers: Vec<&str> = settings.mq.broker_addrs().collect();
+    rocketmq::create_groups(
+        &rt,
+        &settings.mq.name_server_list(),
+        &brokers,
+        &settings.mq.cluster,
+        groups,
+    )
+    .await
+}
+
+/// Deletes consumer `groups` (and their offsets) from every master of the cluster.
+pub async fn delete_groups(settings: &Settings, groups: &[String]) -> anyhow::Result<()> {
+    let rt = runtime()?;
+    rocketmq::delete_groups(
+        &rt,
+        &settings.mq.name_server_list(),
+        &settings.mq.cluster,
+        groups,
     )
     .await
 }

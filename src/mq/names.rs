@@ -13,6 +13,9 @@ pub struct Names {
     pub projection_group: String,
     /// The group that records dead letters of every other group.
     pub dlq_intake_group: String,
+    /// The group a replay reads a source topic through (`seckill dlq replay --from-source`):
+    /// its own offsets, never the live groups'.
+    pub replay_group: String,
     pub producer_group: String,
     /// The transaction producers' group: the broker asks any live member about a half
     /// message, so every API instance joins it.
@@ -79,6 +82,7 @@ impl Names {
             timeout_group: format!("CG_{infix}SECKILL_ORDER_TIMEOUT_V1"),
             projection_group: format!("CG_{infix}SECKILL_ORDER_QUERY_PROJECTION_V1"),
             dlq_intake_group: format!("CG_{infix}SECKILL_DLQ_INTAKE_V1"),
+            replay_group: format!("CG_{infix}SECKILL_REPLAY_V1"),
             producer_group: format!("PG_{infix}SECKILL_PRODUCER_V1"),
             transaction_producer_group: format!("PG_{infix}SECKILL_TX_PRODUCER_V1"),
         }

@@ -1,30 +1,40 @@
 //! An operator's replay in PostgreSQL (docs/ARCHITECTURE.md#dead-letters): what is selected for
 //! it — dead letters, or quarantined messages a consumer could not read — what the group's
 //! inbox says about it, and the audit row each attempt leaves (`dlq_audit`, which names a dead
-//! letter or a quarantined message).
+//! letter, a quarantined message, or a message read from its source topic).
 
 use chrono::{DateTime, Utc};
 use tokio_postgres::GenericClient;
 
-/// What a replay re-publishes: a dead letter or a quarantined message, by its row id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a replay re-publishes: a dead letter or a quarantined message, by its row id, or a
+/// message read from its source topic, by where the broker stored it
+/// (`<topic>@<broker>:<queue>:<offset>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Subject {
     DeadLetter(i64),
     Quarantined(i64),
+    Source(String),
 }
 
 impl Subject {
-    pub fn dlq_id(self) -> Option<i64> {
+    pub fn dlq_id(&self) -> Option<i64> {
         match self {
-            Subject::DeadLetter(id) => Some(id),
-            Subject::Quarantined(_) => None,
+            Subject::DeadLetter(id) => Some(*id),
+            _ => None,
         }
     }
 
-    pub fn quarantine_id(self) -> Option<i64> {
+    pub fn quarantine_id(&self) -> Option<i64> {
         match self {
-            Subject::DeadLetter(_) => None,
-            Subject::Quarantined(id) => Some(id),
+            Subject::Quarantined(id) => Some(*id),
+            _ => None,
+        }
+    }
+
+    pub fn source_ref(&self) -> Option<&str> {
+        match self {
+            Subject::Source(at) => Some(at),
+            _ => None,
         }
     }
 }
@@ -34,6 +44,7 @@ impl std::fmt::Display for Subject {
         match self {
             Subject::DeadLetter(id) => write!(f, "dead letter {id}"),
             Subject::Quarantined(id) => write!(f, "quarantined message {id}"),
+            Subject::Source(at) => write!(f, "stored message {at}"),
         }
     }
 }
@@ -174,7 +185,7 @@ pub async fn record_effect(
 }
 
 /// One replay attempt as the audit records it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ReplayAudit<'a> {
     pub subject: Subject,
     pub actor: &'a str,
@@ -194,27 +205,31 @@ pub async fn record(
     a: &ReplayAudit<'_>,
 ) -> Result<(), tokio_postgres::Error> {
     let tx = client.transaction().await?;
-    if a.confirmed {
-        let sql = match a.subject {
-            Subject::DeadLetter(_) => {
-                "UPDATE dlq_messages SET status = 'REPLAYED', updated_at = now() WHERE dlq_id = $1"
-            }
-            Subject::Quarantined(_) => {
-                "UPDATE quarantined_messages SET status = 'REPLAYED', updated_at = now()
-                 WHERE quarantine_id = $1"
-            }
-        };
-        let id = a.subject.dlq_id().or(a.subject.quarantine_id());
+    let marked = match &a.subject {
+        Subject::DeadLetter(id) => Some((
+            "UPDATE dlq_messages SET status = 'REPLAYED', updated_at = now() WHERE dlq_id = $1",
+            *id,
+        )),
+        Subject::Quarantined(id) => Some((
+            "UPDATE quarantined_messages SET status = 'REPLAYED', updated_at = now()
+             WHERE quarantine_id = $1",
+            *id,
+        )),
+        // Nothing of ours holds it: the audit row is its whole record.
+        Subject::Source(_) => None,
+    };
+    if let (true, Some((sql, id))) = (a.confirmed, marked) {
         tx.execute(sql, &[&id]).await?;
     }
     tx.execute(
         "INSERT INTO dlq_audit
-           (dlq_id, quarantine_id, action, actor, reason, outcome, replay_id, checks,
+           (dlq_id, quarantine_id, source_ref, action, actor, reason, outcome, replay_id, checks,
             replay_batch_id)
-         VALUES ($1, $2, 'REPLAY', $3, $4, $5, $6, $7, $8)",
+         VALUES ($1, $2, $3, 'REPLAY', $4, $5, $6, $7, $8, $9)",
         &[
             &a.subject.dlq_id(),
             &a.subject.quarantine_id(),
+            &a.subject.source_ref(),
             &a.actor,
             &a.reason,
             &a.outcome,

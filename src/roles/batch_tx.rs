@@ -36,6 +36,8 @@ pub struct TxSlots {
     tx_timeout: Duration,
     /// `create` or `cancel`: the `kind` label of the metrics.
     kind: &'static str,
+    /// The one transaction that may run ahead of the slots ([`TxSlots::run_ahead`]).
+    ahead: tokio::sync::Semaphore,
 }
 
 impl TxSlots {
@@ -56,6 +58,7 @@ impl TxSlots {
             }),
             tx_timeout: Duration::from_millis(settings.consumer.tx_timeout_ms),
             kind,
+            ahead: tokio::sync::Semaphore::new(1),
         }
     }
 
@@ -74,7 +77,7 @@ impl TxSlots {
     ) -> Result<T, TxError> {
         let permit = self.limiter.acquire().await;
         let wait = Instant::now();
-        let mut client = match self.pool.get().await {
+        let client = match self.pool.get().await {
             Ok(c) => c,
             Err(e) => {
                 permit.done(Sample {
@@ -89,6 +92,35 @@ impl TxSlots {
         metrics::histogram!("pg_pool_wait_seconds").record(pool_wait.as_secs_f64());
         let status = self.pool.status();
         metrics::gauge!("pg_pool_acquired").set((status.size - status.available) as f64);
+        let started = Instant::now();
+        let result = self.bounded(client, tx).await;
+        permit.done(Sample {
+            latency: started.elapsed(),
+            pool_wait,
+            overloaded: matches!(result, Err(TxError::Transient(_))),
+        });
+        result
+    }
+
+    /// Runs one transaction ahead of the slots: outside the adaptive limit, one at a time,
+    /// on the pool's spare connection (the pool holds `budget + 1`), within the same time
+    /// bound. For work that must not queue behind the batches (the fast lane,
+    /// `roles::consume::fast_lane`); it does not feed the limiter.
+    pub async fn run_ahead<T>(
+        &self,
+        tx: impl AsyncFnOnce(&mut deadpool_postgres::Client) -> Result<T, TxError>,
+    ) -> Result<T, TxError> {
+        let _one = self.ahead.acquire().await.expect("never closed");
+        let client = self.pool.get().await?;
+        self.bounded(client, tx).await
+    }
+
+    /// `tx` on `client` within `consumer.tx_timeout_ms`, its latency recorded.
+    async fn bounded<T>(
+        &self,
+        mut client: deadpool_postgres::Client,
+        tx: impl AsyncFnOnce(&mut deadpool_postgres::Client) -> Result<T, TxError>,
+    ) -> Result<T, TxError> {
         let started = Instant::now();
         let result = match tokio::time::timeout(self.tx_timeout, tx(&mut client)).await {
             Ok(r) => r,
@@ -108,14 +140,8 @@ impl TxSlots {
                 ))
             }
         };
-        let latency = started.elapsed();
         metrics::histogram!("order_tx_latency_seconds", "kind" => self.kind)
-            .record(latency.as_secs_f64());
-        permit.done(Sample {
-            latency,
-            pool_wait,
-            overloaded: matches!(result, Err(TxError::Transient(_))),
-        });
+            .record(started.elapsed().as_secs_f64());
         result
     }
 

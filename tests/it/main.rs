@@ -11,11 +11,13 @@ mod common;
 
 mod activity;
 mod admin;
+mod broker_disk;
 mod cancel_tx;
 mod config;
 mod delivery;
 mod dlq;
 #[cfg(feature = "failpoints")]
+mod fast_lane;
 mod faults;
 mod front_door;
 mod hung_dependencies;
@@ -40,6 +42,7 @@ mod sale_faults;
 mod schema;
 mod slow_clients;
 mod sold_out;
+mod source_replay;
 mod tls;
 mod trust;
 #[cfg(feature = "failpoints")]

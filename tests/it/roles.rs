@@ -354,3 +354,70 @@ async fn the_scanner_exports_each_master_brokers_own_health() {
     assert!(scan.terminate(20).await.success());
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn topics_create_makes_every_consumer_group_and_the_broker_makes_none_by_itself() {
+    let env = TestEnv::without_topics().await;
+    let out = common::cli_async(&env, &["topics", "create"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let rt = seckill::mq::runtime().unwrap();
+    let ns = env.settings.mq.name_server_list();
+    let broker = env.settings.mq.broker_addrs().next().unwrap().to_string();
+    let plan = seckill::roles::ops::topics::group_plan(&env.settings);
+    assert_eq!(
+        plan.len(),
+        9,
+        "four source groups, their DLQ intakes and the replay group"
+    );
+    let retries = env.settings.consumer.max_reconsume_times;
+    for g in &plan {
+        assert!(
+            printed.contains(&format!("group {}: {retries} deliveries", g.name)),
+            "{printed}"
+        );
+        let facts = seckill::mq::rocketmq::group_facts(&rt, &ns, &broker, &g.name)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("the broker holds group {}", g.name));
+        assert_eq!(
+            facts,
+            seckill::mq::rocketmq::GroupFacts {
+                retry_max_times: retries,
+                retry_queue_nums: 1,
+                broadcast: false,
+                consume_enable: true,
+            },
+            "{}",
+            g.name
+        );
+    }
+    // The broker the project starts creates no group by itself.
+    let auto = seckill::mq::rocketmq::broker_config_value(
+        &rt,
+        &ns,
+        &broker,
+        "autoCreateSubscriptionGroup",
+    )
+    .await
+    .unwrap();
+    assert_eq!(auto.as_deref(), Some("false"));
+    // Deleting the environment removes its groups with its topics.
+    let out = common::cli_async(&env, &["topics", "delete", "--confirm", &env.settings.env]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for g in &plan {
+        let left = seckill::mq::rocketmq::group_facts(&rt, &ns, &broker, &g.name)
+            .await
+            .unwrap();
+        assert_eq!(left, None, "{} deleted", g.name);
+    }
+    env.cleanup().await;
+}

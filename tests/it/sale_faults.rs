@@ -11,6 +11,7 @@
 //! lost, doubled or oversold.
 
 use crate::common;
+use crate::common::metric;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -27,14 +28,14 @@ const STOCK: i32 = 300;
 const BUYERS: i64 = 900;
 
 /// The roles of one sale, each a real process.
-struct Roles {
-    api: Proc,
-    api_port: u16,
+pub(crate) struct Roles {
+    pub(crate) api: Proc,
+    pub(crate) api_port: u16,
     /// The API's ops port (`/metrics`).
-    api_ops: u16,
-    consumers: Vec<(Proc, u16)>,
-    scan: Proc,
-    scan_port: u16,
+    pub(crate) api_ops: u16,
+    pub(crate) consumers: Vec<(Proc, u16)>,
+    pub(crate) scan: Proc,
+    pub(crate) scan_port: u16,
 }
 
 /// A consumer throttled below the buyers' arrival rate (batches of at most 4, each transaction
@@ -66,24 +67,7 @@ fn start_consumer(env: &TestEnv, failpoints: &str) -> (Proc, u16) {
     (p, port)
 }
 
-/// The sum of every sample of a counter on a role's `/metrics` whose labels contain `labels`
-/// (0 when it has none yet).
-async fn metric(port: u16, name: &str, labels: &str) -> f64 {
-    let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await else {
-        return 0.0;
-    };
-    let text = r.text().await.unwrap_or_default();
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.rsplit_once(' '))
-        .filter(|(series, _)| {
-            *series == name || (series.starts_with(&format!("{name}{{")) && series.contains(labels))
-        })
-        .filter_map(|(_, v)| v.parse::<f64>().ok())
-        .sum()
-}
-
-async fn start_roles(env: &TestEnv, consumers: usize, first_consumers: &str) -> Roles {
+pub(crate) async fn start_roles(env: &TestEnv, consumers: usize, first_consumers: &str) -> Roles {
     let (api_port, api_ops) = (free_port(), free_port());
     let scan_port = free_port();
     let api = spawn(
@@ -193,7 +177,7 @@ where
 /// again with the same `request_id`, a few times, half a second apart; the same request id
 /// gets its reservation back if the first attempt took one. Every answer is tallied by
 /// status and code. Whether it ended in 202.
-async fn buy(
+pub(crate) async fn buy(
     client: &reqwest::Client,
     url: &str,
     user: i64,
@@ -240,7 +224,7 @@ async fn buy(
     false
 }
 
-async fn finish(mut roles: Roles, env: TestEnv) {
+pub(crate) async fn finish(mut roles: Roles, env: TestEnv) {
     let _ = roles.api.terminate(20).await;
     let _ = roles.scan.terminate(20).await;
     for (c, _) in &mut roles.consumers {
@@ -294,7 +278,7 @@ async fn every_consumer_killed_and_restarted_during_a_sale_loses_and_doubles_not
 }
 
 /// Where `scripts/rocketmq-up.sh` keeps its pid files.
-fn run_dir() -> std::path::PathBuf {
+pub(crate) fn run_dir() -> std::path::PathBuf {
     std::env::var("SECKILL_RUN_DIR")
         .map(Into::into)
         .unwrap_or_else(|_| Path::new(&std::env::var("HOME").unwrap()).join(".cache/seckill/run"))
@@ -305,7 +289,11 @@ fn script(name: &str) -> std::process::ExitStatus {
 }
 
 /// `scripts/<name> <args>` with `vars` set; its own output is dropped.
-fn script_with(name: &str, args: &[&str], vars: &[(&str, &str)]) -> std::process::ExitStatus {
+pub(crate) fn script_with(
+    name: &str,
+    args: &[&str],
+    vars: &[(&str, &str)],
+) -> std::process::ExitStatus {
     std::process::Command::new(
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("scripts")
@@ -451,8 +439,7 @@ async fn one_of_two_brokers_killed_mid_sale_loses_and_doubles_nothing() {
     // Topics on both masters: sends and consumer groups spread over the two.
     let mut env = TestEnv::without_topics().await;
     env.settings.mq.broker_addr = format!("{},{BROKER_B}", env.settings.mq.broker_addr);
-    let plan = seckill::roles::ops::topics::topic_plan(&env.settings);
-    seckill::mq::create_topics(&env.settings, &plan)
+    seckill::roles::ops::topics::create_all(&env.settings)
         .await
         .expect("topics on both brokers");
     env.activity(983, 1, STOCK).await;

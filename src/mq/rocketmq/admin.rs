@@ -100,7 +100,10 @@ pub struct LagProbe {
 }
 
 /// An admin client of the process's runtime, started against `name_srv`.
-async fn start_admin(runtime: &MqRuntime, name_srv: &str) -> anyhow::Result<DefaultMQAdminExt> {
+pub(super) async fn start_admin(
+    runtime: &MqRuntime,
+    name_srv: &str,
+) -> anyhow::Result<DefaultMQAdminExt> {
     let mut admin = DefaultMQAdminExt::new(runtime.client_runtime());
     admin.set_namesrv_addr(name_srv);
     admin
@@ -418,7 +421,7 @@ async fn create_topics_with(
 }
 
 /// Addresses of the master (id 0) of every broker of `cluster`.
-async fn cluster_masters(
+pub(super) async fn cluster_masters(
     admin: &DefaultMQAdminExt,
     cluster: &str,
 ) -> anyhow::Result<Vec<CheetahString>> {

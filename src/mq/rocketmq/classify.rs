@@ -87,6 +87,16 @@ pub fn classify_send_error(facts: &ErrorFacts<'_>) -> SendErrorClass {
     Unknown
 }
 
+/// The response code a client error carries: the broker's, else the wrapped
+/// `MQClientException`'s (`None` when neither says).
+pub(super) fn response_code(err: &ClientError) -> Option<i32> {
+    err.broker_response_code().or_else(|| {
+        err.source_ref::<MQClientException>()
+            .map(MQClientException::response_code)
+            .filter(|c| *c != -1)
+    })
+}
+
 /// Turns a client error into the outcome of the design, with a loggable description.
 pub(super) fn outcome_from_error(err: &ClientError) -> SendOutcome {
     let descriptor = err.descriptor();

@@ -194,6 +194,7 @@ pub(super) fn to_delivery(m: &MessageExt) -> Delivery {
         queue_offset: m.queue_offset(),
         store_timestamp_ms: m.store_timestamp(),
         broker_msg_id: m.msg_id().to_string(),
+        broker_name: m.broker_name().to_string(),
         properties,
     }
 }

@@ -30,19 +30,25 @@ mod admin;
 mod broker_stats;
 mod classify;
 mod consumer;
+mod groups;
 mod half_message;
 mod producer;
 mod runtime;
 mod sharded;
+mod source_read;
 
 pub use admin::{combine_lag, create_topics, delete_topics, Lag, LagProbe, QueueLagFacts};
 pub use broker_stats::{export_broker_stats, BrokerStats};
 pub use classify::{classify_send_error, ErrorFacts, SendErrorClass};
 pub use consumer::{start_push_consumer, ConsumeFrom, ConsumerHandle, ConsumerOptions};
+pub use groups::{
+    broker_config_value, create_groups, delete_groups, group_facts, GroupFacts, GroupSpec,
+};
 pub use half_message::{RocketTransactionProducer, TransactionOptions};
 pub use producer::{ProducerOptions, RocketProducer};
 pub use runtime::{MqRuntime, MqRuntimeConfig};
 pub use sharded::shard_index;
+pub use source_read::{read_window, Window};
 
 /// Prefix of the per-group retry topic through which redelivered messages arrive.
 const RETRY_TOPIC_PREFIX: &str = "%RETRY%";

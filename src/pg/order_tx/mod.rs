@@ -91,6 +91,8 @@ struct Batch<'a> {
     expires_at: DateTime<Utc>,
     /// Reject every message this batch owns, whatever it holds ([`withdraw`]).
     withdraw: bool,
+    /// Reject every message this batch owns as expired or expiring ([`shed`]).
+    shed: bool,
 }
 
 impl<'a> Batch<'a> {
@@ -103,6 +105,7 @@ impl<'a> Batch<'a> {
             now,
             expires_at: now + pay,
             withdraw: false,
+            shed: false,
         }
     }
 
@@ -117,6 +120,8 @@ impl<'a> Batch<'a> {
             Some(RejectReason::Withdrawn)
         } else if self.ev(idx).reservation_valid_until <= self.now {
             Some(RejectReason::Expired)
+        } else if self.shed {
+            Some(RejectReason::Expiring)
         } else {
             None
         }
@@ -169,6 +174,21 @@ pub async fn process_batch(
     pay_window: Duration,
 ) -> Result<Vec<Decision>, TxError> {
     run(client, Batch::new(names, items, now, pay_window)).await
+}
+
+/// The fast lane's transaction (docs/ARCHITECTURE.md#the-fast-lane): the steps of
+/// [`process_batch`], except that every message it owns is rejected, `EXPIRED` when its
+/// validity has passed, else `EXPIRING`, with its compensation; no order and no stock row is
+/// touched. Duplicates stay duplicates: what an earlier copy came to stands.
+pub async fn shed(
+    client: &mut Client,
+    names: &TxNames,
+    items: &[Inbound],
+    now: DateTime<Utc>,
+) -> Result<Vec<Decision>, TxError> {
+    let mut b = Batch::new(names, items, now, Duration::zero());
+    b.shed = true;
+    run(client, b).await
 }
 
 /// The steps, in one transaction.

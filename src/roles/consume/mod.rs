@@ -12,6 +12,7 @@
 pub mod compensate;
 pub mod deferral;
 pub mod dlq_intake;
+pub mod fast_lane;
 pub mod order_create;
 pub mod poison;
 pub mod projection;

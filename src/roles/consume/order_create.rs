@@ -32,6 +32,17 @@ pub struct OrderCreateHandler {
     names: TxNames,
     /// `consumer.bucket_lanes`: each stock bucket's messages gathered apart.
     bucket_lanes: bool,
+    /// Doomed reservations rejected ahead of the queue while the consumer is behind.
+    fast_lane: super::fast_lane::FastLane,
+}
+
+/// Where the items of one listener call go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Lane {
+    /// The fast lane's own transaction, ahead of the batches.
+    Ahead,
+    /// Gathered with other calls' items of the same lane (a stock bucket, or 0).
+    Gathered(u32),
 }
 
 /// What one transaction needs; shared with the gathering task.
@@ -70,6 +81,49 @@ impl Core {
         self.slots
             .split_on_failure(items.len(), |range| self.process_items(&items[range]))
             .await
+    }
+}
+
+impl Core {
+    /// The fast lane's items, rejected in one transaction ahead of the batches; each comes
+    /// back with its outcome (on failure, the error for each: the broker redelivers them).
+    async fn shed(&self, items: Vec<Inbound>) -> Vec<(Inbound, Result<Decision, TxError>)> {
+        let result = self
+            .slots
+            .retrying(items.len(), || {
+                self.slots.run_ahead(async |client| {
+                    crate::pg::order_tx::shed(client, &self.names, &items, Utc::now()).await
+                })
+            })
+            .await;
+        match result {
+            Ok(decisions) => {
+                for d in &decisions {
+                    if let Decision::Rejected(reason) = d {
+                        metrics::counter!("order_fast_lane_total", "reason" => reason.code())
+                            .increment(1);
+                    }
+                }
+                items
+                    .into_iter()
+                    .zip(decisions.into_iter().map(Ok))
+                    .collect()
+            }
+            Err(e) => {
+                let (transient, why) = match &e {
+                    TxError::Transient(c) => (true, c.to_string()),
+                    TxError::Unknown(c) => (false, c.to_string()),
+                };
+                let error = |why: String| match transient {
+                    true => TxError::Transient(why.into()),
+                    false => TxError::Unknown(why.into()),
+                };
+                items
+                    .into_iter()
+                    .map(|i| (i, Err(error(why.clone()))))
+                    .collect()
+            }
+        }
     }
 }
 
@@ -142,6 +196,7 @@ impl OrderCreateHandler {
             core,
             gather,
             bucket_lanes: settings.consumer.bucket_lanes,
+            fast_lane: super::fast_lane::FastLane::new(&settings.consumer),
         }
     }
 
@@ -181,20 +236,24 @@ impl OrderCreateHandler {
 
     /// Each item with its outcome, in order: the items gathered into transactions, in their
     /// stock bucket's lane when `consumer.bucket_lanes` is on (a call whose messages span
-    /// several buckets is split, its parts gathered apart and awaited together).
+    /// several buckets is split, its parts gathered apart and awaited together); the doomed
+    /// ones, while the consumer is behind, in the fast lane's transaction ahead of them.
     async fn submit(
         &self,
         batch: &[Delivery],
         items: Vec<Inbound>,
     ) -> Vec<(Inbound, Result<Decision, TxError>)> {
-        let lanes: Vec<u32> = items
+        let doomed = self.fast_lane.doomed(&items, Utc::now());
+        let lanes: Vec<Lane> = items
             .iter()
-            .map(|i| match (&i.event, self.bucket_lanes) {
-                (Ok(e), true) => u32::from(reservation_bucket(&e.reservation_id)),
-                _ => 0,
+            .zip(doomed)
+            .map(|(i, doomed)| match (&i.event, self.bucket_lanes) {
+                _ if doomed => Lane::Ahead,
+                (Ok(e), true) => Lane::Gathered(u32::from(reservation_bucket(&e.reservation_id))),
+                _ => Lane::Gathered(0),
             })
             .collect();
-        let mut parts: BTreeMap<u32, (Vec<usize>, Vec<Inbound>)> = BTreeMap::new();
+        let mut parts: BTreeMap<Lane, (Vec<usize>, Vec<Inbound>)> = BTreeMap::new();
         for ((i, item), lane) in items.into_iter().enumerate().zip(&lanes) {
             let part = parts.entry(*lane).or_default();
             part.0.push(i);
@@ -202,7 +261,11 @@ impl OrderCreateHandler {
         }
         let answers =
             futures::future::join_all(parts.into_iter().map(|(lane, (idxs, part))| async move {
-                (idxs, self.gather.submit_in(lane, part).await)
+                let answer = match lane {
+                    Lane::Ahead => Some(self.core.shed(part).await),
+                    Lane::Gathered(lane) => self.gather.submit_in(lane, part).await,
+                };
+                (idxs, answer)
             }))
             .await;
         let mut out: Vec<Option<(Inbound, Result<Decision, TxError>)>> =

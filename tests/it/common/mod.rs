@@ -62,10 +62,9 @@ impl TestEnv {
             .await
             .expect("migrations apply");
         if with_topics {
-            let plan = seckill::roles::ops::topics::topic_plan(&settings);
-            seckill::mq::create_topics(&settings, &plan)
+            seckill::roles::ops::topics::create_all(&settings)
                 .await
-                .expect("topics created (is the broker up? run `make services-up`)");
+                .expect("topics and groups created (is the broker up? run `make services-up`)");
         }
         Self { settings, id }
     }
@@ -94,13 +93,26 @@ impl TestEnv {
 
     /// An open activity whose SKUs' stock is split into `buckets` stock buckets.
     pub async fn activity_in_buckets(&self, activity_id: i64, skus: &[(i64, i32)], buckets: i16) {
+        let valid = self.settings.api.reservation_valid_secs as i32;
+        self.activity_valid_for(activity_id, skus, buckets, valid)
+            .await
+    }
+
+    /// An open activity whose reservations are valid `valid_secs`.
+    pub async fn activity_valid_for(
+        &self,
+        activity_id: i64,
+        skus: &[(i64, i32)],
+        buckets: i16,
+        valid_secs: i32,
+    ) {
         let now = Utc::now();
         let spec = ActivitySpec {
             activity_id,
             name: "test sale".into(),
             starts_at: now - chrono::Duration::seconds(1),
             ends_at: now + chrono::Duration::hours(1),
-            reservation_valid_secs: self.settings.api.reservation_valid_secs as i32,
+            reservation_valid_secs: valid_secs,
             skus: skus.iter().map(|&(sku, stock)| (sku, stock, 100)).collect(),
             stock_buckets: buckets,
         };
@@ -136,6 +148,13 @@ impl TestEnv {
             topics.push(seckill::mq::lag::retry_topic(&collector));
             // A test that stopped the broker leaves them to the next prune; never fail on it.
             let delete = seckill::mq::delete_topics(&self.settings, &topics);
+            let _ = tokio::time::timeout(Duration::from_secs(10), delete).await;
+            let mut groups: Vec<String> = seckill::roles::ops::topics::group_plan(&self.settings)
+                .into_iter()
+                .map(|g| g.name)
+                .collect();
+            groups.push(collector);
+            let delete = seckill::mq::delete_groups(&self.settings, &groups);
             let _ = tokio::time::timeout(Duration::from_secs(10), delete).await;
         }
         let pool = self.pool(1).await;
@@ -452,6 +471,23 @@ pub fn spawn_consume(env: &TestEnv, workers: &str, failpoints: &str) -> (Proc, u
         )],
     );
     (p, port)
+}
+
+/// The sum of every sample of a counter on a role's `/metrics` whose labels contain `labels`
+/// (0 when it has none yet).
+pub async fn metric(port: u16, name: &str, labels: &str) -> f64 {
+    let Ok(r) = reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await else {
+        return 0.0;
+    };
+    let text = r.text().await.unwrap_or_default();
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| {
+            *series == name || (series.starts_with(&format!("{name}{{")) && series.contains(labels))
+        })
+        .filter_map(|(_, v)| v.parse::<f64>().ok())
+        .sum()
 }
 
 /// `seckill <args>` configured for this test (schema, key prefix, env name).
@@ -961,6 +997,10 @@ pub async fn collect_events(
     String,
 ) {
     let group = format!("CG_{}_EVENT_COLLECTOR", env.settings.env);
+    let spec = seckill::roles::ops::topics::tool_group(&env.settings, &group);
+    seckill::mq::create_groups(&env.settings, &[spec])
+        .await
+        .expect("the collector's group");
     let collector = Arc::new(Collector::default());
     let handle = seckill::mq::start_consumer(
         &env.settings,

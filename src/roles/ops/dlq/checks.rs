@@ -15,6 +15,9 @@ pub struct Checks {
     pub dlq_id: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quarantine_id: Option<i64>,
+    /// Where the broker stored it (a replay read from the source topic).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_ref: Option<String>,
     pub consumer_group: String,
     pub message_id: Option<String>,
     /// The group's inbox already holds the message (`status/decision`): a replay is a no-op.
@@ -73,6 +76,7 @@ pub async fn pre_checks(
         out.push(Checks {
             dlq_id: row.subject.dlq_id(),
             quarantine_id: row.subject.quarantine_id(),
+            source_ref: row.subject.source_ref().map(str::to_string),
             consumer_group: row.consumer_group.clone(),
             message_id: row.message_id.clone(),
             already_applied,

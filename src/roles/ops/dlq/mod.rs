@@ -14,6 +14,7 @@ use crate::pg::{dlq, quarantine, replay as pg_replay};
 mod checks;
 mod groups;
 mod replay;
+mod source;
 
 pub use checks::{pre_checks, Checks};
 pub use groups::{failure_groups, normalise, FailureGroup};
@@ -140,6 +141,21 @@ pub struct ReplayArgs {
     /// The pre-checks as JSON (with --dry-run).
     #[arg(long)]
     pub json: bool,
+    /// Read the messages back from the source topic of --group (default: order creation),
+    /// those the broker stored between --since and --until, instead of the dead letters; only
+    /// the ones the group's inbox does not hold are sent again (see --include-applied).
+    #[arg(long, conflicts_with_all = ["ids", "fingerprint", "quarantined"], requires = "since")]
+    pub from_source: bool,
+    /// With --from-source: only the messages carrying this business key (a message,
+    /// reservation, order or request id).
+    #[arg(long, requires = "from_source")]
+    pub key: Option<String>,
+    /// With --from-source: also the messages the inbox already holds (sent again as no-ops).
+    #[arg(long, requires = "from_source")]
+    pub include_applied: bool,
+    /// With --from-source: read at most this many messages.
+    #[arg(long, default_value_t = 10_000)]
+    pub max: usize,
     /// After the sends, how long to watch the group's inbox for each replay's effect
     /// (recorded on its audit row: APPLIED:<decision>, DUPLICATE or NOT_OBSERVED).
     #[arg(long, default_value_t = 10)]
@@ -204,6 +220,10 @@ async fn replay_selected(
         dry_run,
         json,
         verify_secs,
+        from_source,
+        key,
+        include_applied,
+        max,
     } = args;
     let reason = reason.unwrap_or_default();
     anyhow::ensure!(
@@ -211,27 +231,38 @@ async fn replay_selected(
         "--reason must say why"
     );
     anyhow::ensure!(rate > 0.0, "--rate must be positive");
-    let mut quarantined = quarantined;
-    if let Some(f) = &fingerprint {
-        let found = groups::by_fingerprint(client, f, FINGERPRINT_SCAN).await?;
-        quarantined = found.source == "quarantined";
-        ids = found.members;
-    }
-    anyhow::ensure!(
-        !ids.is_empty() || group.is_some() || since.is_some(),
-        "select what to replay with --id, --fingerprint, --group or --since"
-    );
-    let selection = pg_replay::Selection {
-        ids: &ids,
-        group: group.as_deref(),
-        since,
-        until,
-        quarantine_reason: quarantine_reason.as_deref(),
-    };
-    let rows = if quarantined {
-        pg_replay::quarantined(client, &selection).await?
+    let rows = if from_source {
+        let selection = source::SourceSelection {
+            group: group.as_deref(),
+            since: since.unwrap_or_default(),
+            until: until.unwrap_or_else(chrono::Utc::now),
+            key: key.as_deref(),
+            max,
+        };
+        source::rows(settings, &selection).await?
     } else {
-        pg_replay::dead_letters(client, &selection).await?
+        let mut quarantined = quarantined;
+        if let Some(f) = &fingerprint {
+            let found = groups::by_fingerprint(client, f, FINGERPRINT_SCAN).await?;
+            quarantined = found.source == "quarantined";
+            ids = found.members;
+        }
+        anyhow::ensure!(
+            !ids.is_empty() || group.is_some() || since.is_some(),
+            "select what to replay with --id, --fingerprint, --group, --since or --from-source"
+        );
+        let selection = pg_replay::Selection {
+            ids: &ids,
+            group: group.as_deref(),
+            since,
+            until,
+            quarantine_reason: quarantine_reason.as_deref(),
+        };
+        if quarantined {
+            pg_replay::quarantined(client, &selection).await?
+        } else {
+            pg_replay::dead_letters(client, &selection).await?
+        }
     };
     let names = crate::mq::Names::of(settings);
     let batch_id = new_batch_id();
@@ -245,7 +276,9 @@ async fn replay_selected(
         sample,
         inbox_groups: &[names.order_create_group, names.timeout_group],
     };
-    replay_rows(settings, client, rows, &plan, dry_run, json).await
+    // From the source topic, what the inbox holds was applied: not sent again unless asked.
+    let skip_applied = from_source && !include_applied;
+    replay_rows(settings, client, rows, &plan, (dry_run, json, skip_applied)).await
 }
 
 /// A command's `replay_batch_id`.
@@ -374,16 +407,24 @@ async fn show(client: &tokio_postgres::Client, id: i64, quarantined: bool) -> an
     }
 }
 
-/// The pre-checks, then (unless a dry run) the replay of `rows`.
+/// The pre-checks, then (unless a dry run) the replay of `rows`; with `skip_applied`, the
+/// rows the group's inbox already holds are left out.
 async fn replay_rows(
     settings: &Settings,
     client: &mut tokio_postgres::Client,
     rows: Vec<pg_replay::ReplayRow>,
     plan: &replay::Plan<'_>,
-    dry_run: bool,
-    json: bool,
+    (dry_run, json, skip_applied): (bool, bool, bool),
 ) -> anyhow::Result<bool> {
     let checks = pre_checks(settings, client, &rows).await?;
+    let (rows, checks): (Vec<_>, Vec<_>) = rows
+        .into_iter()
+        .zip(checks)
+        .filter(|(_, c)| !skip_applied || c.already_applied.is_none())
+        .unzip();
+    if skip_applied {
+        eprintln!("{} not applied by the group: replayed", rows.len());
+    }
     if dry_run {
         checks::print_checks(&checks, json)?;
         return Ok(!rows.is_empty());

@@ -254,7 +254,7 @@ async fn replay_one(
     let replay_id = format!("rpl_{}", ulid::Ulid::new());
     let checks_json = serde_json::to_value(checks)?;
     let mut audit = replay::ReplayAudit {
-        subject: row.subject,
+        subject: row.subject.clone(),
         actor: plan.actor,
         reason: plan.reason,
         outcome: "",
