@@ -88,10 +88,18 @@ impl Command {
     /// A long-running role (its log is its output, to stdout for journald or a file), as
     /// opposed to a one-shot operator tool (stdout is its report; its log goes to stderr).
     pub fn is_role(&self) -> bool {
-        matches!(
-            self,
-            Command::Api | Command::Consume { .. } | Command::TimeoutCancel | Command::Scan
-        )
+        self.role_name().is_some()
+    }
+
+    /// The role's name as `seckill budget` prints it (`None`: a one-shot command).
+    pub fn role_name(&self) -> Option<&'static str> {
+        match self {
+            Command::Api => Some("api"),
+            Command::Consume { .. } => Some("consume"),
+            Command::TimeoutCancel => Some("timeout-cancel"),
+            Command::Scan => Some("scan"),
+            _ => None,
+        }
     }
 }
 
@@ -134,6 +142,9 @@ pub fn main() -> ExitCode {
         crate::telemetry::init_logs_to_stderr
     };
     let role = cli.command.is_role();
+    // PostgreSQL sees which part of the fleet holds each connection (`application_name`): a
+    // role's name, or `ops` for every one-shot command (`seckill budget`'s operators).
+    let connections_of = cli.command.role_name().unwrap_or("ops");
     // A role refuses to start when the fleet's pools do not fit the database (exit 2, naming
     // pg.max_connections): `seckill budget` prints the figures.
     let check = if role {
@@ -142,6 +153,7 @@ pub fn main() -> ExitCode {
         |_: &Settings| Ok(())
     };
     run_process_checked("seckill", logs, check, |settings| async move {
+        crate::pg::name_connections(connections_of, &settings.env);
         if role {
             crate::mq::check_name_servers(&settings.mq).await?;
             crate::mq::watch_name_servers(&settings.mq);

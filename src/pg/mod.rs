@@ -61,6 +61,16 @@ mod embedded {
 /// whole inbox on every batch until the next ANALYZE. Seen with `pgbench -M prepared` running
 /// the same statements on a fresh schema (bench/limits/limits.sh): the batched transaction fell
 /// from 140 to 60 a second within 8 s. Planning each run costs far less than that.
+/// `application_name` of this process's connections ([`name_connections`]).
+static APPLICATION_NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Names every connection this process opens from now on `seckill-<part>@<env>` (`part`: the
+/// role, or `ops`), so `pg_stat_activity` shows which part of the fleet holds it
+/// (docs/ARCHITECTURE.md#connection-budget). The first call wins.
+pub fn name_connections(part: &str, env: &str) {
+    let _ = APPLICATION_NAME.set(format!("seckill-{part}@{env}"));
+}
+
 pub fn pg_config(settings: &PgSettings) -> anyhow::Result<tokio_postgres::Config> {
     let mut cfg: tokio_postgres::Config = settings
         .url
@@ -71,7 +81,7 @@ pub fn pg_config(settings: &PgSettings) -> anyhow::Result<tokio_postgres::Config
         "-c search_path={} -c statement_timeout={} -c plan_cache_mode=force_custom_plan",
         settings.schema, settings.statement_timeout_ms
     ));
-    cfg.application_name("seckill");
+    cfg.application_name(APPLICATION_NAME.get().map_or("seckill", String::as_str));
     // `pg.tls` decides, whatever the URL says.
     cfg.ssl_mode(match settings.tls {
         PgTls::Off => tokio_postgres::config::SslMode::Disable,
@@ -140,6 +150,8 @@ pub async fn connect_pool(settings: &PgSettings, size: usize) -> anyhow::Result<
         },
     );
     let wait = Duration::from_millis(settings.pool_wait_timeout_ms);
+    // What this process may open, all pools together (docs/ARCHITECTURE.md#connection-budget).
+    metrics::gauge!("pg_pool_capacity").increment(size.max(1) as f64);
     let pool = Pool::builder(mgr)
         .max_size(size.max(1))
         .runtime(Runtime::Tokio1)

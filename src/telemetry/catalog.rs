@@ -106,6 +106,7 @@ pub const METRICS: &[Metric] = &[
     counter("order_tx_retry_total", "Order transactions rolled back by a transient failure (lost connection, deadlock, timeout) and attempted again in-process, by kind"),
     histogram_in("pg_pool_wait_seconds", Unit::Seconds, "Wait for a pooled PostgreSQL connection"),
     gauge("pg_pool_acquired", "PostgreSQL connections in use"),
+    gauge("pg_pool_capacity", "PostgreSQL connections this process may open, its pools together (seckill budget prints the same per role)"),
     counter("pg_deadlock_total", "Deadlocks seen"),
     counter("pg_serialization_retry_total", "Serialization failures seen"),
     counter("inventory_condition_update_miss_total", "Units refused by the conditional stock update"),

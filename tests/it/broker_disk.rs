@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
-use crate::common::{self, eventually, metric, TestEnv};
+use crate::common::{self, eventually, gauge, metric, TestEnv};
 use crate::sale_faults::{buy, finish, script_with, start_roles};
 
 /// The drill broker's address (`scripts/broker-drill.sh`).
@@ -21,18 +21,6 @@ const STOCK: i32 = 200;
 
 fn drill(args: &[&str]) -> std::process::ExitStatus {
     script_with("broker-drill.sh", args, &[])
-}
-
-/// The value of one gauge sample on a role's `/metrics`, if it is there.
-async fn gauge(port: u16, series: &str) -> Option<f64> {
-    let r = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
-        .await
-        .ok()?;
-    let text = r.text().await.ok()?;
-    text.lines()
-        .filter_map(|l| l.rsplit_once(' '))
-        .find(|(s, _)| *s == series)
-        .and_then(|(_, v)| v.parse().ok())
 }
 
 /// Buyers `users`, 8 at a time, each as [`buy`] asks; how many got a 202.

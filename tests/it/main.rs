@@ -14,6 +14,7 @@ mod admin;
 mod broker_disk;
 mod cancel_tx;
 mod config;
+mod connection_budget;
 mod delivery;
 mod dlq;
 #[cfg(feature = "failpoints")]

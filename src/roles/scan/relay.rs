@@ -259,6 +259,9 @@ pub(super) async fn listen(
     wake: Arc<Notify>,
     shutdown: CancellationToken,
 ) {
+    // One connection at a time, however often it is replaced (`pools::SCAN_RELAY_LISTEN`).
+    metrics::gauge!("pg_pool_capacity")
+        .increment(crate::config::budget::pools::SCAN_RELAY_LISTEN as f64);
     while !shutdown.is_cancelled() {
         match crate::pg::connect_one(&settings.pg).await {
             Ok((client, mut conn)) => {

@@ -490,6 +490,19 @@ pub async fn metric(port: u16, name: &str, labels: &str) -> f64 {
         .sum()
 }
 
+/// The value of one sample (`name{labels}` exactly as exported) on a role's `/metrics`, if it
+/// is there.
+pub async fn gauge(port: u16, series: &str) -> Option<f64> {
+    let r = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .ok()?;
+    let text = r.text().await.ok()?;
+    text.lines()
+        .filter_map(|l| l.rsplit_once(' '))
+        .find(|(s, _)| *s == series)
+        .and_then(|(_, v)| v.parse().ok())
+}
+
 /// `seckill <args>` configured for this test (schema, key prefix, env name).
 pub fn command(env: &TestEnv, args: &[&str]) -> std::process::Command {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"));

@@ -204,81 +204,70 @@ async fn replay_selected(
     client: &mut tokio_postgres::Client,
     args: ReplayArgs,
 ) -> anyhow::Result<bool> {
-    let ReplayArgs {
-        mut ids,
-        fingerprint,
-        sample,
-        group,
-        since,
-        until,
-        quarantined,
-        quarantine_reason,
-        reason,
-        actor,
-        rate,
-        force,
-        dry_run,
-        json,
-        verify_secs,
-        from_source,
-        key,
-        include_applied,
-        max,
-    } = args;
-    let reason = reason.unwrap_or_default();
+    let reason = args.reason.clone().unwrap_or_default();
     anyhow::ensure!(
-        dry_run || !reason.trim().is_empty(),
+        args.dry_run || !reason.trim().is_empty(),
         "--reason must say why"
     );
-    anyhow::ensure!(rate > 0.0, "--rate must be positive");
-    let rows = if from_source {
+    anyhow::ensure!(args.rate > 0.0, "--rate must be positive");
+    let rows = if args.from_source {
         let selection = source::SourceSelection {
-            group: group.as_deref(),
-            since: since.unwrap_or_default(),
-            until: until.unwrap_or_else(chrono::Utc::now),
-            key: key.as_deref(),
-            max,
+            group: args.group.as_deref(),
+            since: args.since.unwrap_or_default(),
+            until: args.until.unwrap_or_else(chrono::Utc::now),
+            key: args.key.as_deref(),
+            max: args.max,
         };
         source::rows(settings, &selection).await?
     } else {
-        let mut quarantined = quarantined;
-        if let Some(f) = &fingerprint {
-            let found = groups::by_fingerprint(client, f, FINGERPRINT_SCAN).await?;
-            quarantined = found.source == "quarantined";
-            ids = found.members;
-        }
-        anyhow::ensure!(
-            !ids.is_empty() || group.is_some() || since.is_some(),
-            "select what to replay with --id, --fingerprint, --group, --since or --from-source"
-        );
-        let selection = pg_replay::Selection {
-            ids: &ids,
-            group: group.as_deref(),
-            since,
-            until,
-            quarantine_reason: quarantine_reason.as_deref(),
-        };
-        if quarantined {
-            pg_replay::quarantined(client, &selection).await?
-        } else {
-            pg_replay::dead_letters(client, &selection).await?
-        }
+        recorded_rows(client, &args).await?
     };
     let names = crate::mq::Names::of(settings);
     let batch_id = new_batch_id();
     let plan = replay::Plan {
-        actor: &actor_or_user(actor),
+        actor: &actor_or_user(args.actor),
         reason: &reason,
-        rate,
-        force,
-        verify: Duration::from_secs(verify_secs),
+        rate: args.rate,
+        force: args.force,
+        verify: Duration::from_secs(args.verify_secs),
         batch_id: &batch_id,
-        sample,
+        sample: args.sample,
         inbox_groups: &[names.order_create_group, names.timeout_group],
     };
     // From the source topic, what the inbox holds was applied: not sent again unless asked.
-    let skip_applied = from_source && !include_applied;
-    replay_rows(settings, client, rows, &plan, (dry_run, json, skip_applied)).await
+    let skip_applied = args.from_source && !args.include_applied;
+    let output = (args.dry_run, args.json, skip_applied);
+    replay_rows(settings, client, rows, &plan, output).await
+}
+
+/// The dead letters (or quarantined messages) `args` select: by id, by fingerprint, or by
+/// group and window.
+async fn recorded_rows(
+    client: &tokio_postgres::Client,
+    args: &ReplayArgs,
+) -> anyhow::Result<Vec<pg_replay::ReplayRow>> {
+    let (mut ids, mut quarantined) = (args.ids.clone(), args.quarantined);
+    if let Some(f) = &args.fingerprint {
+        let found = groups::by_fingerprint(client, f, FINGERPRINT_SCAN).await?;
+        quarantined = found.source == "quarantined";
+        ids = found.members;
+    }
+    anyhow::ensure!(
+        !ids.is_empty() || args.group.is_some() || args.since.is_some(),
+        "select what to replay with --id, --fingerprint, --group, --since or --from-source"
+    );
+    let selection = pg_replay::Selection {
+        ids: &ids,
+        group: args.group.as_deref(),
+        since: args.since,
+        until: args.until,
+        quarantine_reason: args.quarantine_reason.as_deref(),
+    };
+    Ok(if quarantined {
+        pg_replay::quarantined(client, &selection).await?
+    } else {
+        pg_replay::dead_letters(client, &selection).await?
+    })
 }
 
 /// A command's `replay_batch_id`.
