@@ -111,6 +111,11 @@ impl Keys {
     pub fn requests(&self, shard: impl Into<Shard>) -> String {
         format!("{}:req", self.tag(shard))
     }
+    /// A SKU's fair-start draw: its entrants (buyer ids) scored by ticket
+    /// (docs/ARCHITECTURE.md#a-fair-start).
+    pub fn draw(&self, shard: impl Into<Shard>, sku_id: i64) -> String {
+        format!("{}:draw:{}", self.tag(shard), sku_id)
+    }
     pub fn pending(&self, shard: impl Into<Shard>) -> String {
         format!("{}:pending", self.tag(shard))
     }

@@ -10,6 +10,7 @@
 //! between stock buckets) and `pipeline` (per-slot pipelines through failovers).
 
 mod buckets;
+mod draw;
 mod error;
 mod keys;
 mod marks;
@@ -24,6 +25,7 @@ mod send_state;
 mod stock;
 
 pub use buckets::{BucketStock, OpenTransfer, SkuBuckets};
+pub use draw::{DrawState, DRAW_CHUNK};
 pub use error::StoreError;
 pub use keys::{bucket_tag, Keys, Shard};
 pub use marks::{Mark, Marks, ShardTrust};
@@ -74,6 +76,7 @@ struct Scripts {
     set_paused: Script,
     transfer_out: Script,
     transfer_in: Script,
+    draw: Script,
 }
 
 impl RedisStore {
@@ -98,6 +101,7 @@ impl RedisStore {
                 set_paused: Script::new(include_str!("lua/set_paused.lua")),
                 transfer_out: Script::new(include_str!("lua/transfer_out.lua")),
                 transfer_in: Script::new(include_str!("lua/transfer_in.lua")),
+                draw: Script::new(include_str!("lua/draw.lua")),
             }),
             buckets: Default::default(),
             marks: Marks::default(),

@@ -67,6 +67,14 @@ pub enum ReserveResult {
         percent: u32,
         secs: u64,
     },
+    /// The activity's fair window is open: the request entered the SKU's draw, nothing taken
+    /// yet (docs/ARCHITECTURE.md#a-fair-start). The view's `valid_until_ms` is when the window
+    /// closes; its status is `DRAW_PENDING`.
+    Draw(ReservationView),
+    /// The window closed at `closes_ms` and the draw is not finished: ask again once it is.
+    Drawing {
+        closes_ms: i64,
+    },
 }
 
 /// Arguments of one reservation attempt; ids are minted by the caller beforehand.
@@ -129,6 +137,7 @@ impl RedisStore {
             .key(k.pending_since(shard))
             .key(k.rate_bucket(shard, "ip", a.limits.client_addr))
             .key(k.rate_bucket(shard, "u", &a.reservation.user_id.to_string()))
+            .key(k.draw(shard, a.reservation.sku_id))
             .arg(a.now_ms)
             .arg(a.reservation.user_id)
             .arg(a.reservation.request_id)
@@ -224,6 +233,10 @@ fn parse_reply(code: &str, parts: &[String]) -> Result<ReserveResult, StoreError
         "LOST" => ReserveResult::Lost {
             signal: "sequence",
             reason: part(1),
+        },
+        "DRAW" => ReserveResult::Draw(view(parts)),
+        "DRAWING" => ReserveResult::Drawing {
+            closes_ms: parts.get(1).and_then(|v| v.parse().ok()).unwrap_or(0),
         },
         "RAMP" => ReserveResult::Ramp {
             percent: parts.get(1).and_then(|v| v.parse().ok()).unwrap_or(10),

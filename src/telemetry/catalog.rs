@@ -149,6 +149,8 @@ pub const METRICS: &[Metric] = &[
     gauge("admission_paused", "1 while this API refuses new reservations of every activity (the order queue is behind, or its lag unreadable)"),
     gauge("projection_deferred", "1 while the projection steps aside because orders are behind (consumer.projection_defer_lag_secs)"),
     counter("projection_deferred_batches_total", "Projection batches held while orders were behind"),
+    counter("draw_hold_total", "Requests held through their activity's fair-start draw, by outcome (won, lost, timeout)"),
+    histogram_in("draw_hold_seconds", Unit::Seconds, "How long a request waited for its draw"),
     gauge("order_fast_lane_active", "1 while the last listener call's oldest message was past consumer.fast_lane_backlog_ms (the fast lane open)"),
     counter("order_fast_lane_total", "Reservations rejected ahead of the queue by the fast lane, by reason (EXPIRED, EXPIRING)"),
     gauge("admission_paused_activities", "Activities this API refuses new reservations of on their own (their reservations wait), the others selling on"),

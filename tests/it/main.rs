@@ -18,6 +18,7 @@ mod connection_budget;
 mod delivery;
 mod dlq;
 #[cfg(feature = "failpoints")]
+mod fair_start;
 mod fast_lane;
 mod faults;
 mod front_door;

@@ -9,11 +9,15 @@
 --       14 address burst, 15 buyer rate per second, 16 buyer burst (a rate of 0: no limit),
 --       17 the buyer's sales channel ("" when none), 18 19 the highest (epoch, seq) of this
 --       shard the caller has seen (docs/ARCHITECTURE.md#when-redis-forgets)
+-- KEYS 9: the SKU's draw (docs/ARCHITECTURE.md#a-fair-start): while the activity's fair window
+--       is open, a request enters it instead of taking stock, answered DRAW with when it closes;
+--       once closed and until draw.lua has drawn every entrant, DRAWING.
 -- Returns {code, epoch, seq, ...}: the shard's epoch and reservation sequence, then for OK
 -- {reservation_id, message_id, order_id, mq_status, status, valid_until_ms, created_at_ms}
 local now = tonumber(ARGV[1])
 local meta = redis.call('HMGET', KEYS[1], 'starts_at_ms', 'ends_at_ms', 'valid_ms', 'paused',
-  'paused_reason', 'buckets', 'epoch', 'seq', 'suspect', 'resumed_at_ms', 'ramp_ms')
+  'paused_reason', 'buckets', 'epoch', 'seq', 'suspect', 'resumed_at_ms', 'ramp_ms', 'fair_ms',
+  'fair_seed')
 local epoch, seq = tonumber(meta[7] or '0'), tonumber(meta[8] or '0')
 local function out(t)
   table.insert(t, 2, tostring(epoch))
@@ -86,12 +90,37 @@ end
 if meta[4] == '1' then return out({'PAUSED', meta[5] or ''}) end
 if now < tonumber(meta[1]) then return out({'NOT_STARTED'}) end
 if now >= tonumber(meta[2]) then return out({'ENDED'}) end
-local sku = redis.call('HMGET', KEYS[2], 'remaining', 'paused', 'paused_reason')
+local sku = redis.call('HMGET', KEYS[2], 'remaining', 'paused', 'paused_reason', 'draw_done')
 local remaining = sku[1]
 if not remaining then return out({'NOT_FOUND'}) end
 if sku[2] == '1' then return out({'PAUSED', sku[3] or ''}) end
 local holder = redis.call('HGET', KEYS[3], ARGV[2])
 if holder then return out({'ALREADY_PURCHASED', holder}) end
+
+-- A fair start: from the start until the window closes, every request enters the SKU's draw
+-- (one ticket per buyer, its number drawn from the activity's seed and the buyer, so an audit
+-- recomputes the order); nothing is taken until draw.lua gives the stock out in ticket order.
+local fair_ms = tonumber(meta[12] or '0') or 0
+if fair_ms > 0 and sku[4] ~= '1' then
+  local closes = tonumber(meta[1]) + fair_ms
+  if now >= closes then return out({'DRAWING', tostring(closes)}) end
+  local ticket = tonumber(string.sub(redis.sha1hex((meta[13] or '') .. ':' .. ARGV[2]), 1, 13), 16)
+  redis.call('ZADD', KEYS[9], ticket, ARGV[2])
+  redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
+  redis.call('HSET', KEYS[4], reqfield, ARGV[4])
+  local rk = ARGV[10] .. ARGV[4]
+  redis.call('HSET', rk,
+    'reservation_id', ARGV[4], 'message_id', ARGV[5], 'order_id', ARGV[6],
+    'request_id', ARGV[3], 'req_field', reqfield,
+    'activity_id', ARGV[8], 'sku_id', ARGV[7], 'user_id', ARGV[2],
+    'status', 'DRAW_PENDING', 'mq_status', 'DRAW_PENDING', 'send_attempt', '0',
+    'entered_at', ARGV[1], 'traceparent', ARGV[11])
+  if ARGV[17] and ARGV[17] ~= '' then redis.call('HSET', rk, 'channel', ARGV[17]) end
+  -- Kept until well after the draw: the window, then a reservation's own lifetime.
+  redis.call('EXPIRE', rk, tonumber(ARGV[12]) + math.ceil((closes - now) / 1000))
+  return out({'DRAW', ARGV[4], ARGV[5], ARGV[6], 'DRAW_PENDING', 'DRAW_PENDING',
+    tostring(closes), ARGV[1]})
+end
 if tonumber(remaining) <= 0 then
   -- A split SKU's bucket counts the buyers it refused: the rebalancer moves leftovers from
   -- the other buckets to one that refuses (docs/ARCHITECTURE.md#moving-leftovers).

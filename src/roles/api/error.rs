@@ -162,6 +162,12 @@ impl From<ReserveResult> for ApiError {
                 "ACTIVITY_NOT_FOUND",
                 "no such activity or SKU",
             ),
+            ReserveResult::Draw(_) | ReserveResult::Drawing { .. } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "DRAW_PENDING",
+                "the draw is not finished; ask again with the same request_id for its outcome",
+            )
+            .retry_after(1),
             ReserveResult::Reserved(_) | ReserveResult::Duplicate(_) => ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "INTERNAL",

@@ -23,6 +23,7 @@ mod admin_guard;
 mod admin_refunds;
 mod admission;
 pub mod bodies;
+mod draw_hold;
 mod error;
 mod gate;
 pub mod limits;

@@ -85,6 +85,7 @@ async fn reserve_inner(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(&'static str, Response), ApiError> {
+    let arrived = Instant::now();
     let activity_id = parse_path_id(activity, "activity_id").map_err(ApiError::invalid)?;
     let sku_id = parse_path_id(sku, "sku_id").map_err(ApiError::invalid)?;
     let api = &s.settings.api;
@@ -134,7 +135,16 @@ async fn reserve_inner(
         &client_addr,
         &trace,
     );
-    let view = match reserve_in_redis(s, &args).await? {
+    let mut result = reserve_in_redis(s, &args).await?;
+    if in_draw(&result) {
+        match super::draw_hold::hold(s, shard, &args, arrived, result).await? {
+            super::draw_hold::Drawn::Won(v) => {
+                return send_won(s, &args, req.quantity, &v, &trace).await
+            }
+            super::draw_hold::Drawn::Other(r) => result = r,
+        }
+    }
+    let view = match result {
         ReserveResult::Reserved(v) => v,
         ReserveResult::Duplicate(v) => {
             return Ok((
@@ -149,6 +159,37 @@ async fn reserve_inner(
         refused => return Err(refusal(s, shard, sku_id, refused)),
     };
     send_and_record(s, &args, req.quantity, &view, &trace).await
+}
+
+/// Whether the request is in its activity's draw (entered, being drawn, or drawn and lost).
+fn in_draw(r: &ReserveResult) -> bool {
+    match r {
+        ReserveResult::Draw(_) | ReserveResult::Drawing { .. } => true,
+        ReserveResult::Duplicate(v) => matches!(v.status.as_str(), "DRAW_PENDING" | "DRAW_LOST"),
+        _ => false,
+    }
+}
+
+/// The first send of a reservation the draw gave this request: its own ids (minted when the
+/// request entered, maybe by an earlier attempt), reserved when the draw made it.
+async fn send_won(
+    s: &ApiState,
+    args: &ReserveArgs<'_>,
+    quantity: i32,
+    v: &ReservationView,
+    trace: &TraceContext,
+) -> Result<(&'static str, Response), ApiError> {
+    let won = ReserveArgs {
+        reservation: ReservationRef {
+            message_id: &v.message_id,
+            reservation_id: &v.reservation_id,
+            order_id: &v.order_id,
+            ..args.reservation
+        },
+        now_ms: v.created_at_ms,
+        ..args.clone()
+    };
+    send_and_record(s, &won, quantity, v, trace).await
 }
 
 /// Redis answered behind what this process saw it answer: the activity is fenced until its

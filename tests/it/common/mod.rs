@@ -891,6 +891,11 @@ fn test_settings() -> &'static Settings {
     })
 }
 
+/// The test configuration's Redis (the one server, not the cluster).
+pub fn plain_redis_url() -> String {
+    secrecy::ExposeSecret::expose_secret(&test_settings().redis.url).to_string()
+}
+
 /// `Authorization` value of buyer `user`: a development token of the test configuration.
 pub fn bearer(user: i64) -> String {
     let s = test_settings();

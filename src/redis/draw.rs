@@ -1,0 +1,118 @@
+//! A fair start in Redis (docs/ARCHITECTURE.md#a-fair-start): an activity's fair window and
+//! seed on every stock bucket's meta, and the draw that gives each SKU's stock to its entrants
+//! in ticket order once the window closed (`lua/draw.lua`), a chunk at a time.
+
+use super::marks::Mark;
+use super::{RedisStore, Shard, StoreError, RESERVATION_TTL_MARGIN_SECS};
+
+/// Entrants drawn per script call: a large draw never holds Redis long.
+pub const DRAW_CHUNK: usize = 2_000;
+
+/// How one SKU's draw in one bucket stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DrawState {
+    /// Every entrant drawn (or the activity has no fair window).
+    pub done: bool,
+    /// The window is still open: nothing drawn yet.
+    pub open: bool,
+    pub won: u64,
+    pub lost: u64,
+    pub entrants: u64,
+}
+
+impl RedisStore {
+    /// Gives the activity a fair window of `fair_ms` from its start, with `seed` numbering the
+    /// tickets (`fair_ms` 0: first come first served). Written to every bucket's meta.
+    pub async fn set_fair_start(
+        &self,
+        activity_id: i64,
+        fair_ms: u64,
+        seed: &str,
+    ) -> Result<(), StoreError> {
+        let buckets = self.buckets(activity_id).await?;
+        let mut conn = self.pool.get().await?;
+        for b in 0..buckets {
+            let meta = self.keys.meta(Shard::new(activity_id, b, buckets));
+            redis::cmd("HSET")
+                .arg(&meta)
+                .arg("fair_ms")
+                .arg(fair_ms)
+                .arg("fair_seed")
+                .arg(seed)
+                .query_async::<()>(&mut *conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// One chunk of the draw of `sku_id` in `shard` at `now_ms`; winners get their first send
+    /// due at `next_retry_at_ms` (what no waiting request sends by then, the scanner does).
+    pub async fn draw_chunk(
+        &self,
+        shard: Shard,
+        sku_id: i64,
+        now_ms: i64,
+        next_retry_at_ms: i64,
+        valid_secs: u64,
+    ) -> Result<DrawState, StoreError> {
+        let k = &self.keys;
+        let mut conn = self.pool.get().await?;
+        let mut parts: Vec<String> = self
+            .scripts
+            .draw
+            .key(k.meta(shard))
+            .key(k.sku(shard, sku_id))
+            .key(k.buyers(shard, sku_id))
+            .key(k.draw(shard, sku_id))
+            .key(k.pending(shard))
+            .key(k.pending_since(shard))
+            .arg(now_ms)
+            .arg(k.reservation_prefix(shard))
+            .arg(DRAW_CHUNK)
+            .arg(next_retry_at_ms)
+            .arg(valid_secs + RESERVATION_TTL_MARGIN_SECS)
+            .invoke_async(&mut *conn)
+            .await?;
+        drop(conn);
+        let mark = Mark::of_reply(&mut parts)?;
+        self.marks.saw(shard, mark);
+        let num = |i: usize| parts.get(i).and_then(|v| v.parse().ok()).unwrap_or(0);
+        let code = parts.first().map(String::as_str).unwrap_or("");
+        let state = DrawState {
+            done: matches!(code, "DONE" | "NO_DRAW"),
+            open: code == "NOT_CLOSED",
+            won: num(1),
+            lost: num(2),
+            entrants: num(3),
+        };
+        match code {
+            "DONE" | "NO_DRAW" | "NOT_CLOSED" | "MORE" => Ok(state),
+            "FENCED" => Err(StoreError::unexpected(
+                "the activity is fenced: no draw until its rebuild",
+            )),
+            other => Err(StoreError::unexpected(format!(
+                "draw script returned an unknown code {other:?}"
+            ))),
+        }
+    }
+
+    /// Draws `sku_id` in `shard` to the end (chunk after chunk; other callers may be drawing the
+    /// same SKU: each chunk is atomic and moves a shared cursor).
+    pub async fn draw_all(
+        &self,
+        shard: Shard,
+        sku_id: i64,
+        next_retry_at_ms: i64,
+        valid_secs: u64,
+    ) -> Result<DrawState, StoreError> {
+        loop {
+            let now = chrono::Utc::now().timestamp_millis();
+            let state = self
+                .draw_chunk(shard, sku_id, now, next_retry_at_ms, valid_secs)
+                .await?;
+            if state.done || state.open {
+                return Ok(state);
+            }
+        }
+    }
+}

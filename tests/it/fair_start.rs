@@ -1,0 +1,136 @@
+//! A fair start (docs/ARCHITECTURE.md#a-fair-start), against real Redis (and Redis Cluster),
+//! the broker and PostgreSQL: the requests of an activity's fair window enter a draw, are held
+//! until it closes, and the stock goes to the entrants in the order the activity's seed gives
+//! them, whatever order they came in; a buyer who went away while held still gets the
+//! reservation the draw gave them.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use futures::StreamExt;
+
+use crate::common::{self, eventually, reserve_as, spawn_consume, spawn_listening, TestEnv};
+
+/// The buyers whose tickets come first for `seed`: what the draw must give the stock to
+/// (`ticket = the first 13 hex digits of sha1("<seed>:<buyer>")`, computed by Redis itself).
+async fn expected_winners(seed: &str, buyers: &[i64], stock: usize) -> BTreeSet<i64> {
+    let redis = deadpool_redis::redis::Client::open(common::plain_redis_url()).unwrap();
+    let mut conn = redis.get_multiplexed_async_connection().await.unwrap();
+    let mut tickets = Vec::new();
+    for &b in buyers {
+        let hex: String = deadpool_redis::redis::cmd("EVAL")
+            .arg("return redis.sha1hex(ARGV[1])")
+            .arg(0)
+            .arg(format!("{seed}:{b}"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        tickets.push((
+            u64::from_str_radix(&hex[..13], 16).unwrap(),
+            b.to_string(),
+            b,
+        ));
+    }
+    tickets.sort();
+    tickets.into_iter().take(stock).map(|(_, _, b)| b).collect()
+}
+
+async fn a_fair_window_draws_the_stock_in_seed_order(env: TestEnv, activity: i64) {
+    let (stock, seed) = (4, format!("seed-{activity}"));
+    env.activity(activity, 1, stock).await;
+    // The activity started a second ago: its window closes 2.5 s from now.
+    env.redis()
+        .await
+        .set_fair_start(activity, 3_500, &seed)
+        .await
+        .unwrap();
+    let buyers: Vec<i64> = (1..=12).collect();
+    let winners = expected_winners(&seed, &buyers, stock as usize).await;
+    let api = common::start_api(env.settings.clone()).await;
+    let (mut scan, _) = spawn_listening(&env, &["scan"], "SECKILL__SCAN__METRICS_LISTEN", &[]);
+    let (mut consume, _) = spawn_consume(&env, "2", "");
+    // One winner goes away while held (its client gives up after 300 ms).
+    let leaver = *winners.iter().next().unwrap();
+    let gone = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap()
+        .post(format!(
+            "{}/v1/activities/{activity}/skus/1/reservations",
+            api.base
+        ))
+        .header("authorization", common::bearer(leaver))
+        .json(&serde_json::json!({"request_id": "r-leaver", "quantity": 1}))
+        .send()
+        .await;
+    assert!(gone.is_err(), "the leaver's client gave up while held");
+    // The others, all at once, in an order that is not the tickets'.
+    let answers: Vec<(i64, u16, serde_json::Value)> = futures::stream::iter(buyers.iter().rev())
+        .filter(|b| futures::future::ready(**b != leaver))
+        .map(|&b| {
+            let base = api.base.clone();
+            async move {
+                let (status, body) = reserve_as(&base, activity, 1, b, &format!("r-{b}")).await;
+                (b, status.as_u16(), body)
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    let won: BTreeSet<i64> = answers
+        .iter()
+        .filter(|(_, status, _)| *status == 202)
+        .map(|(b, ..)| *b)
+        .collect();
+    let mut want = winners.clone();
+    want.remove(&leaver);
+    assert_eq!(won, want, "202s go to the first tickets: {answers:?}");
+    for (b, status, body) in &answers {
+        if !winners.contains(b) {
+            assert_eq!(*status, 410, "{b}: {body}");
+            assert_eq!(common::error_code(body), Some("SOLD_OUT"));
+        }
+    }
+    // The leaver asks again with the same request: the reservation the draw gave them.
+    let (status, body) = reserve_as(&api.base, activity, 1, leaver, "r-leaver").await;
+    assert_eq!(status.as_u16(), 202, "{body}");
+    // Every winner's order is made, the leaver's sent by the scanner.
+    eventually(60, "an order per winner", || async {
+        env.count("SELECT count(*) FROM orders").await == stock as i64
+    })
+    .await;
+    let ordered: BTreeSet<i64> = {
+        let pool = env.pool(1).await;
+        let c = pool.get().await.unwrap();
+        c.query("SELECT user_id FROM orders", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    };
+    assert_eq!(ordered, winners);
+    // After the window, first come first served: nothing left to take.
+    let (status, _) = reserve_as(&api.base, activity, 1, 99, "r-late").await;
+    assert_eq!(status.as_u16(), 410);
+    let report = common::sold_out_converged(&env, stock, activity).await;
+    assert!(report.ok(), "{:?}", report.violations);
+    assert!(consume.terminate(40).await.success());
+    assert!(scan.terminate(20).await.success());
+    api.stop.cancel();
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fair_window_draws_the_stock_in_seed_order_and_a_buyer_who_left_keeps_theirs() {
+    a_fair_window_draws_the_stock_in_seed_order(TestEnv::with_topics().await, 975).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_draw_is_the_same_on_redis_cluster() {
+    a_fair_window_draws_the_stock_in_seed_order(
+        TestEnv::with_topics().await.on_redis_cluster(),
+        976,
+    )
+    .await;
+}
