@@ -86,6 +86,15 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// How long a request may wait for its activity's draw (docs/ARCHITECTURE.md#a-fair-start):
+    /// its own time (`api.request_timeout_ms`) less one send and 500 ms for the answer. A fair
+    /// window is at most this.
+    pub fn draw_hold_ms(&self) -> u64 {
+        self.api
+            .request_timeout_ms
+            .saturating_sub(self.mq.send_timeout_ms + 500)
+    }
+
     /// Loads from `dir` (normally `config/`) with the environment overlay and env variables.
     pub fn load_from(dir: &Path) -> Result<Self, ConfigError> {
         let env_name = std::env::var("SECKILL_ENV").unwrap_or_else(|_| "local".to_string());

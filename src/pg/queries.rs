@@ -302,6 +302,42 @@ pub async fn reservation_decision(
         }))
 }
 
+/// Sets an activity's fair window (docs/ARCHITECTURE.md#a-fair-start) and, the first time,
+/// its seed; returns what the activity holds. The window of an activity that has started is
+/// fixed: a different one is refused (`Ok(None)`).
+pub async fn set_fair_window(
+    client: &impl GenericClient,
+    activity_id: i64,
+    fair_window_ms: i32,
+    seed: &str,
+    now: DateTime<Utc>,
+) -> Result<Option<(i32, String)>, tokio_postgres::Error> {
+    let row = client
+        .query_opt(
+            "UPDATE activities SET fair_window_ms = $2, fair_seed = COALESCE(fair_seed, $3),
+                    updated_at = now()
+             WHERE activity_id = $1 AND (starts_at > $4 OR fair_window_ms = $2)
+             RETURNING fair_window_ms, fair_seed",
+            &[&activity_id, &fair_window_ms, &seed, &now],
+        )
+        .await?;
+    Ok(row.map(|r| (r.get(0), r.get(1))))
+}
+
+/// An activity's fair window and seed (`(0, None)`: first come first served).
+pub async fn fair_window(
+    client: &impl GenericClient,
+    activity_id: i64,
+) -> Result<Option<(i32, Option<String>)>, tokio_postgres::Error> {
+    Ok(client
+        .query_opt(
+            "SELECT fair_window_ms, fair_seed FROM activities WHERE activity_id = $1",
+            &[&activity_id],
+        )
+        .await?
+        .map(|r| (r.get(0), r.get(1))))
+}
+
 /// `(starts_at, ends_at, reservation_valid_secs, [(sku_id, total_stock)])` of an activity.
 /// `(starts_at, ends_at, reservation_valid_secs, [(sku_id, total_stock)], stock_buckets)`.
 pub type ActivityRow = (DateTime<Utc>, DateTime<Utc>, i32, Vec<(i64, i32)>, i16);

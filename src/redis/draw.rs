@@ -45,6 +45,21 @@ impl RedisStore {
         Ok(())
     }
 
+    /// When an activity's fair window closes (`None`: it has none, or is not warmed).
+    pub async fn fair_window_closes(&self, activity_id: i64) -> Result<Option<i64>, StoreError> {
+        let mut conn = self.pool.get().await?;
+        let (starts, fair): (Option<i64>, Option<i64>) = redis::cmd("HMGET")
+            .arg(self.keys.meta(activity_id))
+            .arg("starts_at_ms")
+            .arg("fair_ms")
+            .query_async(&mut *conn)
+            .await?;
+        Ok(match (starts, fair) {
+            (Some(s), Some(f)) if f > 0 => Some(s + f),
+            _ => None,
+        })
+    }
+
     /// One chunk of the draw of `sku_id` in `shard` at `now_ms`; winners get their first send
     /// due at `next_retry_at_ms` (what no waiting request sends by then, the scanner does).
     pub async fn draw_chunk(

@@ -14,7 +14,69 @@ fn args(activity_id: i64, stock: i32, starts_in_secs: i64) -> CreateArgs {
         duration_secs: 600,
         reservation_valid_secs: Some(120),
         stock_buckets: 1,
+        fair_window_ms: None,
     }
+}
+
+#[tokio::test]
+async fn a_fair_window_is_kept_with_its_seed_and_fixed_once_the_sale_started() {
+    let env = TestEnv::without_topics().await;
+    let seed_of = |id: i64| {
+        let env = &env;
+        async move {
+            let pool = env.pool(1).await;
+            let c = pool.get().await.unwrap();
+            let r = c
+                .query_one(
+                    "SELECT fair_window_ms, fair_seed FROM activities WHERE activity_id = $1",
+                    &[&id],
+                )
+                .await
+                .unwrap();
+            (r.get::<_, i32>(0), r.get::<_, Option<String>>(1))
+        }
+    };
+    let future = CreateArgs {
+        fair_window_ms: Some(2_000),
+        ..args(20, 10, 3600)
+    };
+    create(&env.settings, &future).await.unwrap();
+    let (ms, seed) = seed_of(20).await;
+    assert_eq!(ms, 2_000);
+    let seed = seed.expect("a seed made with the window");
+    // Created again (a window changed before the start): the same seed, kept for the audit.
+    create(
+        &env.settings,
+        &CreateArgs {
+            fair_window_ms: Some(1_500),
+            ..args(20, 10, 3600)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(seed_of(20).await, (1_500, Some(seed.clone())));
+    // Past what a held request can wait, or once started with another window: refused.
+    let too_long = CreateArgs {
+        fair_window_ms: Some(env.settings.draw_hold_ms() as u32 + 1),
+        ..args(21, 10, 3600)
+    };
+    let e = create(&env.settings, &too_long).await.unwrap_err();
+    assert!(format!("{e:#}").contains("--fair-window-ms"), "{e:#}");
+    create(&env.settings, &args(22, 10, -5)).await.unwrap();
+    let late = CreateArgs {
+        fair_window_ms: Some(1_000),
+        ..args(22, 10, -5)
+    };
+    let e = create(&env.settings, &late).await.unwrap_err();
+    assert!(format!("{e:#}").contains("fair window is fixed"), "{e:#}");
+    assert_eq!(seed_of(22).await, (0, None));
+    // Re-asserting the window it has is fine.
+    let same = CreateArgs {
+        fair_window_ms: Some(0),
+        ..args(22, 10, -5)
+    };
+    create(&env.settings, &same).await.unwrap();
+    env.cleanup().await;
 }
 
 #[tokio::test]

@@ -134,3 +134,47 @@ async fn the_draw_is_the_same_on_redis_cluster() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_draw_nobody_waits_for_is_made_by_the_scanner() {
+    let env = TestEnv::with_topics().await;
+    env.activity(977, 1, 2).await;
+    env.redis()
+        .await
+        .set_fair_start(977, 2_000, "seed-977")
+        .await
+        .unwrap();
+    let api = common::start_api(env.settings.clone()).await;
+    // The only entrant gives up while held; no request comes after it.
+    let gone = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap()
+        .post(format!(
+            "{}/v1/activities/977/skus/1/reservations",
+            api.base
+        ))
+        .header("authorization", common::bearer(7))
+        .json(&serde_json::json!({"request_id": "r-7", "quantity": 1}))
+        .send()
+        .await;
+    assert!(gone.is_err(), "the client gave up while held");
+    api.stop.cancel();
+    let (mut scan, _) = spawn_listening(&env, &["scan"], "SECKILL__SCAN__METRICS_LISTEN", &[]);
+    let (mut consume, _) = spawn_consume(&env, "2", "");
+    eventually(
+        60,
+        "the scanner drew the SKU and sent the winner",
+        || async {
+            env.count("SELECT count(*) FROM orders WHERE user_id = 7")
+                .await
+                == 1
+        },
+    )
+    .await;
+    let report = env.invariants(977, 1).await;
+    assert!(report.ok(), "{:?}", report.violations);
+    assert!(consume.terminate(40).await.success());
+    assert!(scan.terminate(20).await.success());
+    env.cleanup().await;
+}

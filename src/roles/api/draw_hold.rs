@@ -13,15 +13,9 @@ use chrono::Utc;
 use super::{ApiError, ApiState};
 use crate::redis::{RateLimits, ReservationView, ReserveArgs, ReserveResult, Shard};
 
-/// How long a request may wait for its draw, from the moment it arrived: its timeout less
-/// one send and a margin for the answer.
+/// How long a request may wait for its draw, from the moment it arrived.
 fn hold_bound(s: &ApiState) -> Duration {
-    let budget = s
-        .settings
-        .api
-        .request_timeout_ms
-        .saturating_sub(s.settings.mq.send_timeout_ms + 500);
-    Duration::from_millis(budget)
+    Duration::from_millis(s.settings.draw_hold_ms())
 }
 
 /// Pause between looks while another caller finishes drawing.

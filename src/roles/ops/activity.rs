@@ -33,6 +33,13 @@ pub struct CreateArgs {
     /// (docs/ARCHITECTURE.md#stock-buckets). Fixed once the activity exists.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i16).range(1..=64))]
     pub stock_buckets: i16,
+    /// A fair start (docs/ARCHITECTURE.md#a-fair-start): the sale's first this many
+    /// milliseconds go to a draw among every buyer who asks (each held until it closes),
+    /// not to the fastest requests; 0: first come first served. At most what a held request
+    /// can wait (`api.request_timeout_ms` less `mq.send_timeout_ms` and 500 ms); fixed once
+    /// the sale has started. The draw's seed is made once and kept with the activity.
+    #[arg(long)]
+    pub fair_window_ms: Option<u32>,
 }
 
 fn parse_sku(s: &str) -> Result<(i64, i32, i64), String> {
@@ -77,6 +84,21 @@ pub async fn create(settings: &Settings, args: &CreateArgs) -> anyhow::Result<()
     let (mut client, conn) = crate::pg::connect_one(&settings.pg).await?;
     let conn = tokio::spawn(conn);
     queries::create_activity(&mut client, &spec, now).await?;
+    if let Some(ms) = args.fair_window_ms {
+        check_fair_window(settings, args, ms)?;
+        let seed = format!("fs_{}", ulid::Ulid::new());
+        queries::set_fair_window(&client, args.activity_id, ms as i32, &seed, now)
+            .await?
+            .with_context(|| {
+                format!(
+                    "activity {} has started: its fair window is fixed",
+                    args.activity_id
+                )
+            })?;
+    }
+    let (fair_ms, seed) = queries::fair_window(&client, args.activity_id)
+        .await?
+        .unwrap_or((0, None));
     // Warm Redis from what PostgreSQL holds (an earlier, started run keeps its values).
     let (starts, ends, valid_secs, skus, buckets) = queries::activity(&client, args.activity_id)
         .await?
@@ -116,6 +138,35 @@ pub async fn create(settings: &Settings, args: &CreateArgs) -> anyhow::Result<()
             r
         );
     }
+    redis
+        .set_fair_start(
+            args.activity_id,
+            fair_ms as u64,
+            seed.as_deref().unwrap_or(""),
+        )
+        .await?;
+    if fair_ms > 0 {
+        println!(
+            "activity {}: fair window {fair_ms} ms from the start, seed {}",
+            args.activity_id,
+            seed.as_deref().unwrap_or("")
+        );
+    }
+    Ok(())
+}
+
+/// A fair window must fit what a held request can wait, and the sale.
+fn check_fair_window(settings: &Settings, args: &CreateArgs, ms: u32) -> anyhow::Result<()> {
+    let bound = settings.draw_hold_ms();
+    anyhow::ensure!(
+        u64::from(ms) <= bound,
+        "--fair-window-ms {ms}: at most {bound}, what a request can be held (api.request_timeout_ms \
+         less mq.send_timeout_ms and 500 ms)"
+    );
+    anyhow::ensure!(
+        i64::from(ms) < args.duration_secs * 1000,
+        "--fair-window-ms {ms}: longer than the sale"
+    );
     Ok(())
 }
 

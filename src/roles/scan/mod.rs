@@ -10,6 +10,7 @@
 //! Several `scan` processes may run at once: the leases keep them out of each other's way.
 
 mod copies;
+mod draws;
 pub mod rebalance;
 pub mod relay;
 pub mod resend;

@@ -87,6 +87,13 @@ impl Scanner {
             None
         };
         for activity_id in self.copies.redis.activities().await? {
+            // A draw every waiting request left behind, before its winners are looked at.
+            if let Err(e) =
+                super::draws::draw_closed(&self.copies.redis, &self.copies.settings, activity_id)
+                    .await
+            {
+                warn!(activity_id, error = %e, "draw failed; tried again next pass");
+            }
             let mut retire = true;
             for shard in self.copies.redis.shards(activity_id).await? {
                 retire &= self.scan_shard(shard, &mut stats).await?;
