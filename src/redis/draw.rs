@@ -20,7 +20,86 @@ pub struct DrawState {
     pub entrants: u64,
 }
 
+/// `draw_done`, `draw_reported`, `draw_won`, `draw_lost`, `draw_done_at_ms` of a SKU.
+type DrawFields = (
+    Option<String>,
+    Option<String>,
+    Option<u64>,
+    Option<u64>,
+    Option<i64>,
+);
+
+/// A finished draw of one SKU in one bucket, for the activity's audit trail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrawReport {
+    pub entrants: u64,
+    pub won: u64,
+    pub lost: u64,
+    pub drawn_at_ms: i64,
+    pub seed: String,
+}
+
 impl RedisStore {
+    /// The report of a finished draw that nobody has taken yet, taken (`draw_reported` on the
+    /// SKU, set once); `None` while it is not finished or once taken. A caller that cannot
+    /// record it gives it back with [`RedisStore::untake_draw_report`].
+    pub async fn take_draw_report(
+        &self,
+        shard: Shard,
+        sku_id: i64,
+    ) -> Result<Option<DrawReport>, StoreError> {
+        let sku = self.keys.sku(shard, sku_id);
+        let mut conn = self.pool.get().await?;
+        let (done, reported, won, lost, at): DrawFields = redis::cmd("HMGET")
+            .arg(&sku)
+            .arg("draw_done")
+            .arg("draw_reported")
+            .arg("draw_won")
+            .arg("draw_lost")
+            .arg("draw_done_at_ms")
+            .query_async(&mut *conn)
+            .await?;
+        if done.as_deref() != Some("1") || reported.is_some() {
+            return Ok(None);
+        }
+        let taken: bool = redis::cmd("HSETNX")
+            .arg(&sku)
+            .arg("draw_reported")
+            .arg("1")
+            .query_async(&mut *conn)
+            .await?;
+        if !taken {
+            return Ok(None);
+        }
+        let entrants: u64 = redis::cmd("ZCARD")
+            .arg(self.keys.draw(shard, sku_id))
+            .query_async(&mut *conn)
+            .await?;
+        let seed: Option<String> = redis::cmd("HGET")
+            .arg(self.keys.meta(shard))
+            .arg("fair_seed")
+            .query_async(&mut *conn)
+            .await?;
+        Ok(Some(DrawReport {
+            entrants,
+            won: won.unwrap_or(0),
+            lost: lost.unwrap_or(0),
+            drawn_at_ms: at.unwrap_or(0),
+            seed: seed.unwrap_or_default(),
+        }))
+    }
+
+    /// Gives back a report taken by [`RedisStore::take_draw_report`] that could not be recorded.
+    pub async fn untake_draw_report(&self, shard: Shard, sku_id: i64) -> Result<(), StoreError> {
+        let mut conn = self.pool.get().await?;
+        redis::cmd("HDEL")
+            .arg(self.keys.sku(shard, sku_id))
+            .arg("draw_reported")
+            .query_async::<()>(&mut *conn)
+            .await?;
+        Ok(())
+    }
+
     /// Gives the activity a fair window of `fair_ms` from its start, with `seed` numbering the
     /// tickets (`fair_ms` 0: first come first served). Written to every bucket's meta.
     pub async fn set_fair_start(

@@ -25,7 +25,7 @@ mod send_state;
 mod stock;
 
 pub use buckets::{BucketStock, OpenTransfer, SkuBuckets};
-pub use draw::{DrawState, DRAW_CHUNK};
+pub use draw::{DrawReport, DrawState, DRAW_CHUNK};
 pub use error::StoreError;
 pub use keys::{bucket_tag, Keys, Shard};
 pub use marks::{Mark, Marks, ShardTrust};

@@ -55,6 +55,15 @@ async fn a_fair_window_is_kept_with_its_seed_and_fixed_once_the_sale_started() {
     .await
     .unwrap();
     assert_eq!(seed_of(20).await, (1_500, Some(seed.clone())));
+    assert_eq!(
+        env.count(&format!(
+            "SELECT count(*) FROM admin_audit WHERE action = 'fair_window_set' \
+             AND target = 'activity:20' AND detail->>'seed' = '{seed}'"
+        ))
+        .await,
+        2,
+        "each window set is in the activity's audit trail with the seed"
+    );
     // Past what a held request can wait, or once started with another window: refused.
     let too_long = CreateArgs {
         fair_window_ms: Some(env.settings.draw_hold_ms() as u32 + 1),

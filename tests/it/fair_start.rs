@@ -110,6 +110,22 @@ async fn a_fair_window_draws_the_stock_in_seed_order(env: TestEnv, activity: i64
             .collect()
     };
     assert_eq!(ordered, winners);
+    // The scanner recorded the draw in the activity's audit trail.
+    let target = format!("activity:{activity}");
+    eventually(30, "the draw in the audit trail", || {
+        let (target, seed) = (target.clone(), seed.clone());
+        let env = &env;
+        async move {
+            env.count(&format!(
+                "SELECT count(*) FROM admin_audit WHERE action = 'fair_draw' AND target = '{target}' \
+                 AND detail->>'entrants' = '12' AND detail->>'won' = '4' AND detail->>'lost' = '8' \
+                 AND detail->>'seed' = '{seed}'"
+            ))
+            .await
+                == 1
+        }
+    })
+    .await;
     // After the window, first come first served: nothing left to take.
     let (status, _) = reserve_as(&api.base, activity, 1, 99, "r-late").await;
     assert_eq!(status.as_u16(), 410);
@@ -174,6 +190,15 @@ async fn a_draw_nobody_waits_for_is_made_by_the_scanner() {
     .await;
     let report = env.invariants(977, 1).await;
     assert!(report.ok(), "{:?}", report.violations);
+    eventually(30, "the draw in the audit trail", || async {
+        env.count(
+            "SELECT count(*) FROM admin_audit WHERE action = 'fair_draw' \
+             AND target = 'activity:977' AND detail->>'won' = '1'",
+        )
+        .await
+            == 1
+    })
+    .await;
     assert!(consume.terminate(40).await.success());
     assert!(scan.terminate(20).await.success());
     env.cleanup().await;

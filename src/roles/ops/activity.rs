@@ -87,7 +87,7 @@ pub async fn create(settings: &Settings, args: &CreateArgs) -> anyhow::Result<()
     if let Some(ms) = args.fair_window_ms {
         check_fair_window(settings, args, ms)?;
         let seed = format!("fs_{}", ulid::Ulid::new());
-        queries::set_fair_window(&client, args.activity_id, ms as i32, &seed, now)
+        let (ms, seed) = queries::set_fair_window(&client, args.activity_id, ms as i32, &seed, now)
             .await?
             .with_context(|| {
                 format!(
@@ -95,6 +95,12 @@ pub async fn create(settings: &Settings, args: &CreateArgs) -> anyhow::Result<()
                     args.activity_id
                 )
             })?;
+        // The seed goes in the activity's audit trail with the window: the draw's order can
+        // be recomputed from it.
+        let detail = serde_json::json!({"fair_window_ms": ms, "seed": seed});
+        let target = format!("activity:{}", args.activity_id);
+        let actor = crate::pg::audit::cli_actor();
+        crate::pg::audit::record(&client, &actor, "fair_window_set", &target, &detail).await?;
     }
     let (fair_ms, seed) = queries::fair_window(&client, args.activity_id)
         .await?

@@ -88,9 +88,13 @@ impl Scanner {
         };
         for activity_id in self.copies.redis.activities().await? {
             // A draw every waiting request left behind, before its winners are looked at.
-            if let Err(e) =
-                super::draws::draw_closed(&self.copies.redis, &self.copies.settings, activity_id)
-                    .await
+            if let Err(e) = super::draws::draw_closed(
+                &self.copies.redis,
+                &self.copies.pool,
+                &self.copies.settings,
+                activity_id,
+            )
+            .await
             {
                 warn!(activity_id, error = %e, "draw failed; tried again next pass");
             }
