@@ -115,15 +115,7 @@ async fn reserve_inner(
         metrics::counter!("reservation_sold_out_from_memory_total").increment(1);
         return Err(ApiError::from(ReserveResult::SoldOut));
     }
-    // Taken once the body is in: a client that stalls mid-body holds a connection (bounded by
-    // the listener's limits), never one of the permits real buyers need.
-    let _permit = s.inflight.clone().try_acquire_owned().map_err(|_| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "OVERLOADED",
-            "too many requests in flight; retry shortly",
-        )
-    })?;
+    let _permit = inflight_permit(s)?;
     // Ids and trace first: every later retry of this reservation reuses them.
     let ids = Ids::generate(activity_id, shard.bucket);
     let trace = trace_context(headers);
@@ -159,6 +151,19 @@ async fn reserve_inner(
         refused => return Err(refusal(s, shard, sku_id, refused)),
     };
     send_and_record(s, &args, req.quantity, &view, &trace).await
+}
+
+/// One of the requests in flight. Taken once the body is in: a client that stalls mid-body
+/// holds a connection (bounded by the listener's limits), never one of the permits real buyers
+/// need.
+fn inflight_permit(s: &ApiState) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    s.inflight.clone().try_acquire_owned().map_err(|_| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "OVERLOADED",
+            "too many requests in flight; retry shortly",
+        )
+    })
 }
 
 /// Whether the request is in its activity's draw (entered, being drawn, or drawn and lost).

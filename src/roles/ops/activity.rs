@@ -84,27 +84,7 @@ pub async fn create(settings: &Settings, args: &CreateArgs) -> anyhow::Result<()
     let (mut client, conn) = crate::pg::connect_one(&settings.pg).await?;
     let conn = tokio::spawn(conn);
     queries::create_activity(&mut client, &spec, now).await?;
-    if let Some(ms) = args.fair_window_ms {
-        check_fair_window(settings, args, ms)?;
-        let seed = format!("fs_{}", ulid::Ulid::new());
-        let (ms, seed) = queries::set_fair_window(&client, args.activity_id, ms as i32, &seed, now)
-            .await?
-            .with_context(|| {
-                format!(
-                    "activity {} has started: its fair window is fixed",
-                    args.activity_id
-                )
-            })?;
-        // The seed goes in the activity's audit trail with the window: the draw's order can
-        // be recomputed from it.
-        let detail = serde_json::json!({"fair_window_ms": ms, "seed": seed});
-        let target = format!("activity:{}", args.activity_id);
-        let actor = crate::pg::audit::cli_actor();
-        crate::pg::audit::record(&client, &actor, "fair_window_set", &target, &detail).await?;
-    }
-    let (fair_ms, seed) = queries::fair_window(&client, args.activity_id)
-        .await?
-        .unwrap_or((0, None));
+    let (fair_ms, seed) = fair_window(settings, args, &client, now).await?;
     // Warm Redis from what PostgreSQL holds (an earlier, started run keeps its values).
     let (starts, ends, valid_secs, skus, buckets) = queries::activity(&client, args.activity_id)
         .await?
@@ -159,6 +139,37 @@ pub async fn create(settings: &Settings, args: &CreateArgs) -> anyhow::Result<()
         );
     }
     Ok(())
+}
+
+/// Sets the fair window `args` asks for (its seed made once, both in the activity's audit
+/// trail), and returns what the activity holds: `(0, None)` for first come first served.
+async fn fair_window(
+    settings: &Settings,
+    args: &CreateArgs,
+    client: &tokio_postgres::Client,
+    now: DateTime<Utc>,
+) -> anyhow::Result<(i32, Option<String>)> {
+    if let Some(ms) = args.fair_window_ms {
+        check_fair_window(settings, args, ms)?;
+        let seed = format!("fs_{}", ulid::Ulid::new());
+        let (ms, seed) = queries::set_fair_window(client, args.activity_id, ms as i32, &seed, now)
+            .await?
+            .with_context(|| {
+                format!(
+                    "activity {} has started: its fair window is fixed",
+                    args.activity_id
+                )
+            })?;
+        // The seed goes in the activity's audit trail with the window: the draw's order can
+        // be recomputed from it.
+        let detail = serde_json::json!({"fair_window_ms": ms, "seed": seed});
+        let target = format!("activity:{}", args.activity_id);
+        let actor = crate::pg::audit::cli_actor();
+        crate::pg::audit::record(client, &actor, "fair_window_set", &target, &detail).await?;
+    }
+    Ok(queries::fair_window(client, args.activity_id)
+        .await?
+        .unwrap_or((0, None)))
 }
 
 /// A fair window must fit what a held request can wait, and the sale.
