@@ -203,3 +203,99 @@ async fn a_draw_nobody_waits_for_is_made_by_the_scanner() {
     assert!(scan.terminate(20).await.success());
     env.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_api_killed_while_its_requests_wait_for_the_draw_loses_none_of_their_answers() {
+    let env = TestEnv::with_topics().await;
+    let (stock, seed) = (3, "seed-978");
+    let created = chrono::Utc::now();
+    env.activity(978, 1, stock).await;
+    let buyers: Vec<i64> = (1..=8).collect();
+    let winners = expected_winners(seed, &buyers, stock as usize).await;
+    let start_api = || {
+        let port = common::free_port();
+        let p = common::spawn(
+            &env,
+            &["api"],
+            "",
+            &[
+                ("SECKILL__API__LISTEN", format!("127.0.0.1:{port}")),
+                (
+                    "SECKILL__API__METRICS_LISTEN",
+                    format!("127.0.0.1:{}", common::free_port()),
+                ),
+            ],
+        );
+        (p, format!("http://127.0.0.1:{port}"))
+    };
+    let (mut api, base) = start_api();
+    common::wait_ready(format!("{base}/readyz")).await;
+    let (mut scan, _) = spawn_listening(&env, &["scan"], "SECKILL__SCAN__METRICS_LISTEN", &[]);
+    let (mut consume, _) = spawn_consume(&env, "2", "");
+    // The window (from the start, a second before `created`) closes 2.5 s from now, however
+    // long the roles took to start.
+    let window = (chrono::Utc::now() - created).num_milliseconds() as u64 + 1_000 + 2_500;
+    env.redis()
+        .await
+        .set_fair_start(978, window, seed)
+        .await
+        .unwrap();
+    // Every buyer enters and is held; the API is killed while they wait.
+    let waiting: Vec<_> = buyers
+        .iter()
+        .map(|&b| {
+            let base = base.clone();
+            // Its answer never comes: the connection dies with the API.
+            tokio::spawn(async move {
+                reqwest::Client::new()
+                    .post(format!("{base}/v1/activities/978/skus/1/reservations"))
+                    .header("authorization", common::bearer(b))
+                    .json(&serde_json::json!({"request_id": format!("r-{b}"), "quantity": 1}))
+                    .send()
+                    .await
+                    .is_err()
+            })
+        })
+        .collect();
+    let redis = env.redis().await;
+    for &b in &buyers {
+        eventually(10, "every buyer in the draw", || {
+            let (redis, id) = (&redis, format!("r-{b}"));
+            async move {
+                redis
+                    .request_reservation(978, b, &id)
+                    .await
+                    .unwrap()
+                    .is_some()
+            }
+        })
+        .await;
+    }
+    let _ = api.0.kill();
+    let _ = api.0.wait();
+    for w in waiting {
+        assert!(
+            w.await.unwrap(),
+            "no held request was answered before the kill"
+        );
+    }
+    // The scanner draws once the longest hold is over and sends the winners.
+    eventually(60, "an order per winner", || async {
+        env.count("SELECT count(*) FROM orders").await == stock as i64
+    })
+    .await;
+    // A new API instance: each buyer asks again with the same request and gets its answer.
+    let (mut api, base) = start_api();
+    common::wait_ready(format!("{base}/readyz")).await;
+    for &b in &buyers {
+        let (status, body) = reserve_as(&base, 978, 1, b, &format!("r-{b}")).await;
+        let want = if winners.contains(&b) { 202 } else { 410 };
+        assert_eq!(status.as_u16(), want, "buyer {b}: {body}");
+    }
+    let report = common::sold_out_converged(&env, stock, 978).await;
+    assert!(report.ok(), "{:?}", report.violations);
+    for p in [&mut api, &mut consume, &mut scan] {
+        assert!(p.terminate(40).await.success());
+    }
+    env.cleanup().await;
+}
