@@ -37,6 +37,19 @@ async fn skip_to_end(env: &TestEnv, group: &str, topic: &str) {
     admin.shutdown().await;
 }
 
+/// `seckill dlq replay --from-source --since <since> <more>`: whether it succeeded, its stdout
+/// and stderr.
+async fn replay_from_source(env: &TestEnv, since: &str, more: &[&str]) -> (bool, String, String) {
+    let mut args = vec!["dlq", "replay", "--from-source", "--since", since];
+    args.extend_from_slice(more);
+    let out = common::cli_async(env, &args).await;
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// Sends `n` ORDER_CREATE_REQUESTED for users from `first`; their events.
 async fn send_orders(
     env: &TestEnv,
@@ -77,25 +90,9 @@ async fn messages_a_group_skipped_are_replayed_from_the_source_topic_by_window_a
     skip_to_end(&env, &names.order_create_group, &names.order_create_topic).await;
 
     // The dry run reads the whole window back and lists only what the inbox lacks.
-    let dry = common::cli_async(
-        &env,
-        &[
-            "dlq",
-            "replay",
-            "--from-source",
-            "--since",
-            &since,
-            "--dry-run",
-            "--json",
-        ],
-    )
-    .await;
-    assert!(
-        dry.status.success(),
-        "{}",
-        String::from_utf8_lossy(&dry.stderr)
-    );
-    let listed: Vec<serde_json::Value> = serde_json::from_slice(&dry.stdout).unwrap();
+    let (ok, dry, err) = replay_from_source(&env, &since, &["--dry-run", "--json"]).await;
+    assert!(ok, "{err}");
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&dry).unwrap();
     let mut ids: Vec<&str> = listed
         .iter()
         .map(|c| c["message_id"].as_str().unwrap())
@@ -104,23 +101,15 @@ async fn messages_a_group_skipped_are_replayed_from_the_source_topic_by_window_a
     let mut want: Vec<&str> = skipped.iter().map(|e| e.message_id.as_str()).collect();
     want.sort();
     assert_eq!(ids, want, "the skipped three, not the applied ones");
-    assert!(
-        String::from_utf8_lossy(&dry.stderr).contains("read 6 message(s)"),
-        "{}",
-        String::from_utf8_lossy(&dry.stderr)
-    );
+    assert!(err.contains("read 6 message(s)"), "{err}");
 
     // The consumer runs again (from the end: it will not see them), and the replay sends them.
     let (mut consume, port) = spawn_consume(&env, "2", "");
     common::wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
-    let out = common::cli_async(
+    let (ok, stdout, err) = replay_from_source(
         &env,
+        &since,
         &[
-            "dlq",
-            "replay",
-            "--from-source",
-            "--since",
-            &since,
             "--reason",
             "skipped by an offset reset",
             "--sample",
@@ -130,12 +119,7 @@ async fn messages_a_group_skipped_are_replayed_from_the_source_topic_by_window_a
         ],
     )
     .await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(ok, "{stdout}{err}");
     assert!(stdout.contains("3 confirmed (3 applied"), "{stdout}");
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 6);
     let topic = &names.order_create_topic;
@@ -156,14 +140,10 @@ async fn messages_a_group_skipped_are_replayed_from_the_source_topic_by_window_a
 
     // By key, with what was applied included: one message, a no-op.
     let key = &applied[1].reservation_id;
-    let out = common::cli_async(
+    let (ok, stdout, _) = replay_from_source(
         &env,
+        &since,
         &[
-            "dlq",
-            "replay",
-            "--from-source",
-            "--since",
-            &since,
             "--key",
             key,
             "--include-applied",
@@ -174,8 +154,7 @@ async fn messages_a_group_skipped_are_replayed_from_the_source_topic_by_window_a
         ],
     )
     .await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}");
+    assert!(ok, "{stdout}");
     assert!(
         stdout.contains("1 confirmed (0 applied, 1 duplicate"),
         "{stdout}"

@@ -100,24 +100,30 @@ if holder then return out({'ALREADY_PURCHASED', holder}) end
 -- A fair start: from the start until the window closes, every request enters the SKU's draw
 -- (one ticket per buyer, its number drawn from the activity's seed and the buyer, so an audit
 -- recomputes the order); nothing is taken until draw.lua gives the stock out in ticket order.
-local fair_ms = tonumber(meta[12] or '0') or 0
-if fair_ms > 0 and sku[4] ~= '1' then
-  local closes = tonumber(meta[1]) + fair_ms
-  if now >= closes then return out({'DRAWING', tostring(closes)}) end
-  local ticket = tonumber(string.sub(redis.sha1hex((meta[13] or '') .. ':' .. ARGV[2]), 1, 13), 16)
-  redis.call('ZADD', KEYS[9], ticket, ARGV[2])
+-- The request's reservation hash, in the buyer and request indexes: what a reservation and a
+-- draw entry share. `fields` are its state's own; returns its key.
+local function write_reservation(fields, ttl)
   redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
   redis.call('HSET', KEYS[4], reqfield, ARGV[4])
   local rk = ARGV[10] .. ARGV[4]
   redis.call('HSET', rk,
     'reservation_id', ARGV[4], 'message_id', ARGV[5], 'order_id', ARGV[6],
     'request_id', ARGV[3], 'req_field', reqfield,
-    'activity_id', ARGV[8], 'sku_id', ARGV[7], 'user_id', ARGV[2],
-    'status', 'DRAW_PENDING', 'mq_status', 'DRAW_PENDING', 'send_attempt', '0',
-    'entered_at', ARGV[1], 'traceparent', ARGV[11])
+    'activity_id', ARGV[8], 'sku_id', ARGV[7], 'user_id', ARGV[2], 'traceparent', ARGV[11],
+    unpack(fields))
   if ARGV[17] and ARGV[17] ~= '' then redis.call('HSET', rk, 'channel', ARGV[17]) end
+  redis.call('EXPIRE', rk, ttl)
+  return rk
+end
+local fair_ms = tonumber(meta[12] or '0') or 0
+if fair_ms > 0 and sku[4] ~= '1' then
+  local closes = tonumber(meta[1]) + fair_ms
+  if now >= closes then return out({'DRAWING', tostring(closes)}) end
+  local ticket = tonumber(string.sub(redis.sha1hex((meta[13] or '') .. ':' .. ARGV[2]), 1, 13), 16)
+  redis.call('ZADD', KEYS[9], ticket, ARGV[2])
   -- Kept until well after the draw: the window, then a reservation's own lifetime.
-  redis.call('EXPIRE', rk, tonumber(ARGV[12]) + math.ceil((closes - now) / 1000))
+  write_reservation({'status', 'DRAW_PENDING', 'mq_status', 'DRAW_PENDING', 'send_attempt', '0',
+    'entered_at', ARGV[1]}, tonumber(ARGV[12]) + math.ceil((closes - now) / 1000))
   return out({'DRAW', ARGV[4], ARGV[5], ARGV[6], 'DRAW_PENDING', 'DRAW_PENDING',
     tostring(closes), ARGV[1]})
 end
@@ -146,19 +152,10 @@ seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
 -- Every reservation ever made, never given back: an API instance answering SOLD_OUT from memory
 -- sees a unit released and taken again between two of its polls (sold_out_view.lua).
 redis.call('HINCRBY', KEYS[2], 'taken', 1)
-redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
-redis.call('HSET', KEYS[4], reqfield, ARGV[4])
 local valid_until = now + tonumber(meta[3])
-local rk = ARGV[10] .. ARGV[4]
-redis.call('HSET', rk,
-  'reservation_id', ARGV[4], 'message_id', ARGV[5], 'order_id', ARGV[6],
-  'request_id', ARGV[3], 'req_field', reqfield,
-  'activity_id', ARGV[8], 'sku_id', ARGV[7], 'user_id', ARGV[2],
-  'status', 'RESERVED', 'mq_status', 'MQ_PENDING', 'send_attempt', '1',
-  'next_retry_at', ARGV[9], 'created_at', ARGV[1], 'valid_until', tostring(valid_until),
-  'traceparent', ARGV[11])
-if ARGV[17] and ARGV[17] ~= '' then redis.call('HSET', rk, 'channel', ARGV[17]) end
-redis.call('EXPIRE', rk, tonumber(ARGV[12]))
+write_reservation({'status', 'RESERVED', 'mq_status', 'MQ_PENDING', 'send_attempt', '1',
+  'next_retry_at', ARGV[9], 'created_at', ARGV[1], 'valid_until', tostring(valid_until)},
+  tonumber(ARGV[12]))
 redis.call('ZADD', KEYS[5], tonumber(ARGV[9]), ARGV[4])
 redis.call('ZADD', KEYS[6], now, ARGV[4])
 return out({'OK', ARGV[4], ARGV[5], ARGV[6], 'MQ_PENDING', 'RESERVED', tostring(valid_until), ARGV[1]})

@@ -47,7 +47,10 @@ pub(super) async fn hold(
     let mut answer = first;
     loop {
         match answer {
-            ReserveResult::Draw(ref v) => wait_until(v.valid_until_ms, deadline).await?,
+            ReserveResult::Draw(ref v) => {
+                wait_until(v.valid_until_ms, deadline).await?;
+                draw(s, shard, args).await?;
+            }
             ReserveResult::Duplicate(ref v) if v.status == "DRAW_PENDING" => {
                 draw(s, shard, args).await?;
             }

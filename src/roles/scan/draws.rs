@@ -27,8 +27,9 @@ pub async fn draw_closed(
         return Ok(());
     }
     let backstop = now >= closes + settings.draw_hold_ms() as i64;
+    let skus = redis.skus(activity_id).await?;
     for shard in redis.shards(activity_id).await? {
-        for sku_id in redis.skus(activity_id).await? {
+        for &sku_id in &skus {
             if backstop {
                 redis
                     .draw_all(shard, sku_id, now, settings.api.reservation_valid_secs)
