@@ -135,6 +135,7 @@ async fn reserve_all(
                         valid_secs,
                         limits: Default::default(),
                         channel: "",
+                        pass_id: "",
                     };
                     Ok(match redis.reserve(&a).await? {
                         ReserveResult::Reserved(view) => {

@@ -158,6 +158,7 @@ pub async fn run(settings: Settings, args: ReserveRunArgs) -> anyhow::Result<boo
                     valid_secs: 600,
                     limits: Default::default(),
                     channel: "",
+                    pass_id: "",
                 };
                 Ok(matches!(
                     redis.reserve(&a).await?,

@@ -6,6 +6,8 @@ pub mod buyer;
 pub mod cache;
 pub mod jwks;
 pub mod keygen;
+pub mod pass;
+pub mod pow;
 pub mod remote;
 pub mod signature;
 

@@ -347,3 +347,69 @@ pub fn check_jwks_url(url: &str) -> Result<(), ConfigError> {
         )),
     }
 }
+
+/// `[passes]`: sale passes (docs/ARCHITECTURE.md#sale-passes) and the proof of work their
+/// registration may require.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PassSettings {
+    /// Secrets that sign passes and proof-of-work challenges: the first signs, any verifies
+    /// (two during a rotation); the same on every API instance. Empty: no pass can be issued
+    /// or checked, so an activity that requires passes sells to nobody. Secrets, never printed.
+    pub secrets: Vec<SecretString>,
+    /// SHA-256 rounds per counter a client tries.
+    pub pow_cost: u32,
+    /// Seconds a proof-of-work challenge may be answered in.
+    pub pow_challenge_secs: u64,
+    /// Challenges one instance is asked for per second that double the work (0: fixed work).
+    pub pow_load_step_per_sec: u32,
+    /// The most the load multiplies an activity's work by.
+    pub pow_max_factor: u32,
+}
+
+impl Default for PassSettings {
+    fn default() -> Self {
+        Self {
+            secrets: Vec::new(),
+            pow_cost: 10,
+            pow_challenge_secs: 300,
+            pow_load_step_per_sec: 50,
+            pow_max_factor: 64,
+        }
+    }
+}
+
+impl PassSettings {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = ConfigError::invalid;
+        if self.secrets.iter().any(|s| s.expose_secret().len() < 32) {
+            return Err(invalid(
+                "passes.secrets",
+                "every secret must be at least 32 bytes",
+            ));
+        }
+        if !(1..=100_000).contains(&self.pow_cost) {
+            return Err(invalid("passes.pow_cost", "must be in 1..=100000"));
+        }
+        if !(10..=86_400).contains(&self.pow_challenge_secs) {
+            return Err(invalid(
+                "passes.pow_challenge_secs",
+                "must be in 10..=86400",
+            ));
+        }
+        if !(1..=1024).contains(&self.pow_max_factor) {
+            return Err(invalid("passes.pow_max_factor", "must be in 1..=1024"));
+        }
+        Ok(())
+    }
+
+    /// The proof-of-work tuning these settings give.
+    pub fn pow_tuning(&self) -> crate::auth::pow::PowTuning {
+        crate::auth::pow::PowTuning {
+            cost: self.pow_cost,
+            challenge_secs: self.pow_challenge_secs,
+            load_step_per_sec: self.pow_load_step_per_sec,
+            max_factor: self.pow_max_factor,
+        }
+    }
+}

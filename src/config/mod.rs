@@ -23,7 +23,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 pub use api::{
-    check_jwks_url, ApiSettings, AuthSettings, BuyerIdentity, PaymentSettings,
+    check_jwks_url, ApiSettings, AuthSettings, BuyerIdentity, PassSettings, PaymentSettings,
     MIN_ADMIN_TOKEN_BYTES,
 };
 pub use mq::{EventDelivery, EventSettings, MqSettings};
@@ -83,6 +83,8 @@ pub struct Settings {
     pub telemetry: TelemetrySettings,
     #[serde(default)]
     pub events: EventSettings,
+    #[serde(default)]
+    pub passes: PassSettings,
 }
 
 impl Settings {
@@ -137,6 +139,7 @@ impl Settings {
         self.auth.validate(self.env == "PROD")?;
         self.payments.validate()?;
         self.events.validate()?;
+        self.passes.validate()?;
         self.scan.validate()?;
         self.timeout.validate()?;
         self.retention.validate()?;

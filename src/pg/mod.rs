@@ -10,6 +10,7 @@ pub mod half_message_events;
 pub mod order_state;
 pub mod order_tx;
 pub mod outbox;
+pub mod passes;
 pub mod quarantine;
 pub mod queries;
 pub mod reconcile;

@@ -116,6 +116,11 @@ impl Keys {
     pub fn draw(&self, shard: impl Into<Shard>, sku_id: i64) -> String {
         format!("{}:draw:{}", self.tag(shard), sku_id)
     }
+    /// The bucket's buyers whose sale pass holds a reservation: user id → the SKU it holds
+    /// (docs/ARCHITECTURE.md#sale-passes).
+    pub fn passes_used(&self, shard: impl Into<Shard>) -> String {
+        format!("{}:passes", self.tag(shard))
+    }
     pub fn pending(&self, shard: impl Into<Shard>) -> String {
         format!("{}:pending", self.tag(shard))
     }

@@ -14,6 +14,7 @@ mod draw;
 mod error;
 mod keys;
 mod marks;
+mod passes;
 mod pipeline;
 pub mod pool;
 mod projection;

@@ -76,6 +76,9 @@ pub struct RebuildShard {
     pub reservations: Vec<RebuildReservation>,
     /// Recorded reservations to take off the re-send and watch indexes (they were consumed).
     pub consumed: Vec<String>,
+    /// The activity sells only to pass holders: the meta says so, and each buyer's pass holds
+    /// the SKU the buyers sets give them (docs/ARCHITECTURE.md#sale-passes).
+    pub passes_required: bool,
 }
 
 /// Hash fields written per HSET: far under any argument limit.
@@ -165,6 +168,23 @@ impl RedisStore {
             .arg("buckets")
             .arg(s.buckets)
             .ignore();
+        let passes_used = k.passes_used(s);
+        pipe.del(&passes_used).ignore();
+        if r.passes_required {
+            pipe.hset(k.meta(s), "passes", "1").ignore();
+            let held: BTreeMap<String, String> = r
+                .skus
+                .iter()
+                .flat_map(|sku| {
+                    sku.buyers
+                        .keys()
+                        .map(|u| (u.clone(), sku.sku_id.to_string()))
+                })
+                .collect();
+            hset_chunks(&mut pipe, &passes_used, &held);
+        } else {
+            pipe.hdel(k.meta(s), "passes").ignore();
+        }
         for sku in &r.skus {
             pipe.cmd("HSET")
                 .arg(k.sku(s, sku.sku_id))

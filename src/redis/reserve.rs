@@ -75,6 +75,13 @@ pub enum ReserveResult {
     Drawing {
         closes_ms: i64,
     },
+    /// The activity requires a sale pass and the request carried none. Nothing changed.
+    PassRequired,
+    /// The buyer's pass holds a live reservation of another SKU (`sku_id`). Nothing changed.
+    PassUsed {
+        reservation_id: String,
+        sku_id: String,
+    },
 }
 
 /// Arguments of one reservation attempt; ids are minted by the caller beforehand.
@@ -89,6 +96,9 @@ pub struct ReserveArgs<'a> {
     pub limits: RateLimits<'a>,
     /// The buyer's sales channel (`""`: none), kept on the reservation for its re-sends.
     pub channel: &'a str,
+    /// The id of the sale pass the caller verified for this buyer and activity (`""`: none;
+    /// an activity that requires passes refuses the request).
+    pub pass_id: &'a str,
 }
 
 /// The abuse limits of one reservation request (docs/ARCHITECTURE.md#abuse-limits); a rate of 0
@@ -138,6 +148,7 @@ impl RedisStore {
             .key(k.rate_bucket(shard, "ip", a.limits.client_addr))
             .key(k.rate_bucket(shard, "u", &a.reservation.user_id.to_string()))
             .key(k.draw(shard, a.reservation.sku_id))
+            .key(k.passes_used(shard))
             .arg(a.now_ms)
             .arg(a.reservation.user_id)
             .arg(a.reservation.request_id)
@@ -161,6 +172,7 @@ impl RedisStore {
             .arg(a.channel)
             .arg(seen.map_or(0, |m| m.epoch))
             .arg(seen.map_or(0, |m| m.seq))
+            .arg(a.pass_id)
             .invoke_async(&mut *conn)
             .await?;
         drop(conn);
@@ -233,6 +245,11 @@ fn parse_reply(code: &str, parts: &[String]) -> Result<ReserveResult, StoreError
         "LOST" => ReserveResult::Lost {
             signal: "sequence",
             reason: part(1),
+        },
+        "PASS_REQUIRED" => ReserveResult::PassRequired,
+        "PASS_USED" => ReserveResult::PassUsed {
+            reservation_id: part(1),
+            sku_id: part(2),
         },
         "DRAW" => ReserveResult::Draw(view(parts)),
         "DRAWING" => ReserveResult::Drawing {

@@ -15,6 +15,10 @@ fn args(activity_id: i64, stock: i32, starts_in_secs: i64) -> CreateArgs {
         reservation_valid_secs: Some(120),
         stock_buckets: 1,
         fair_window_ms: None,
+        passes: None,
+        pass_registration_opens_at: None,
+        pass_registration_closes_at: None,
+        pass_pow_difficulty: 0,
     }
 }
 

@@ -28,6 +28,7 @@ mod many_instances;
 mod metrics;
 mod order_tx;
 mod outbox_timers;
+mod passes;
 mod pgbench_scripts;
 mod pipeline;
 mod rate_limits;

@@ -152,6 +152,7 @@ async fn redis_over_tls_reserves_and_an_unknown_ca_is_refused() {
             valid_secs: 300,
             limits: Default::default(),
             channel: "",
+            pass_id: "",
         })
         .await
         .unwrap();

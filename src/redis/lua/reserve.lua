@@ -12,12 +12,17 @@
 -- KEYS 9: the SKU's draw (docs/ARCHITECTURE.md#a-fair-start): while the activity's fair window
 --       is open, a request enters it instead of taking stock, answered DRAW with when it closes;
 --       once closed and until draw.lua has drawn every entrant, DRAWING.
+-- KEYS 10, ARGV 20: sale passes (docs/ARCHITECTURE.md#sale-passes). KEYS[10] maps each buyer of
+--       the bucket to the SKU their pass holds; ARGV[20] is the id of the pass the caller
+--       verified for this buyer and activity ("" when none). When the activity requires passes,
+--       a request without one is PASS_REQUIRED, and a pass holding a live reservation of
+--       another SKU is PASS_USED.
 -- Returns {code, epoch, seq, ...}: the shard's epoch and reservation sequence, then for OK
 -- {reservation_id, message_id, order_id, mq_status, status, valid_until_ms, created_at_ms}
 local now = tonumber(ARGV[1])
 local meta = redis.call('HMGET', KEYS[1], 'starts_at_ms', 'ends_at_ms', 'valid_ms', 'paused',
   'paused_reason', 'buckets', 'epoch', 'seq', 'suspect', 'resumed_at_ms', 'ramp_ms', 'fair_ms',
-  'fair_seed')
+  'fair_seed', 'passes')
 local epoch, seq = tonumber(meta[7] or '0'), tonumber(meta[8] or '0')
 local function out(t)
   table.insert(t, 2, tostring(epoch))
@@ -96,6 +101,18 @@ if not remaining then return out({'NOT_FOUND'}) end
 if sku[2] == '1' then return out({'PAUSED', sku[3] or ''}) end
 local holder = redis.call('HGET', KEYS[3], ARGV[2])
 if holder then return out({'ALREADY_PURCHASED', holder}) end
+-- A pass buys once: it is free again only when the reservation it holds was given back (the
+-- buyer is no longer in that SKU's buyers).
+local passes = meta[14] == '1'
+if passes then
+  if (ARGV[20] or '') == '' then return out({'PASS_REQUIRED'}) end
+  local held = redis.call('HGET', KEYS[10], ARGV[2])
+  if held and held ~= ARGV[7] then
+    local other = string.sub(KEYS[3], 1, #KEYS[3] - #ARGV[7]) .. held
+    local rid = redis.call('HGET', other, ARGV[2])
+    if rid then return out({'PASS_USED', rid, held}) end
+  end
+end
 
 -- A fair start: from the start until the window closes, every request enters the SKU's draw
 -- (one ticket per buyer, its number drawn from the activity's seed and the buyer, so an audit
@@ -112,6 +129,10 @@ local function write_reservation(fields, ttl)
     'activity_id', ARGV[8], 'sku_id', ARGV[7], 'user_id', ARGV[2], 'traceparent', ARGV[11],
     unpack(fields))
   if ARGV[17] and ARGV[17] ~= '' then redis.call('HSET', rk, 'channel', ARGV[17]) end
+  if passes then
+    redis.call('HSET', KEYS[10], ARGV[2], ARGV[7])
+    redis.call('HSET', rk, 'pass_id', ARGV[20])
+  end
   redis.call('EXPIRE', rk, ttl)
   return rk
 end

@@ -69,6 +69,23 @@ pub struct Paid<'a> {
     pub repeat: bool,
 }
 
+/// 201 (issued) or 200 (held already) to a pass registration (`SalePass`).
+#[derive(Debug, Serialize)]
+pub struct SalePass<'a> {
+    pub pass: &'a str,
+    pub pass_id: &'a str,
+    pub activity_id: i64,
+    pub user_id: i64,
+    pub issued_at: DateTime<Utc>,
+}
+
+/// 200 to a proof-of-work challenge request (`PassChallenge`): the ALTCHA challenge as made.
+#[derive(Debug, Serialize)]
+pub struct PassChallenge<'a> {
+    pub challenge: &'a altcha::Challenge,
+    pub difficulty: u32,
+}
+
 /// Every error (`Error`): `{"error": {"code", "message"}}`.
 #[derive(Debug, Serialize)]
 pub struct ErrorBody<'a> {
@@ -242,6 +259,26 @@ mod tests {
             repeat: false,
         };
         assert_matches("Paid", paid);
+        let pass = SalePass {
+            pass: "sp1.10001.42.sp_01JQ3Z8V6W2M4N7P9R1S3T5V7Z.c2ln",
+            pass_id: "sp_01JQ3Z8V6W2M4N7P9R1S3T5V7Z",
+            activity_id: 10001,
+            user_id: 42,
+            issued_at: Utc::now(),
+        };
+        assert_matches("SalePass", pass);
+        let pow = crate::auth::pow::Pow::new(
+            &[secrecy::SecretString::from("x".repeat(32))],
+            crate::config::PassSettings::default().pow_tuning(),
+        );
+        let (challenge, difficulty) = pow.challenge(10001, 42, 100).expect("a secret is set");
+        assert_matches(
+            "PassChallenge",
+            PassChallenge {
+                challenge: &challenge,
+                difficulty,
+            },
+        );
         let error = ErrorBody {
             error: ErrorDetail {
                 code: "SOLD_OUT",

@@ -88,6 +88,15 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// The activity sells only to buyers holding a sale pass (docs/ARCHITECTURE.md#sale-passes).
+pub(super) fn pass_required() -> ApiError {
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "PASS_REQUIRED",
+        "this sale requires a sale pass (the Sale-Pass header), registered before the sale",
+    )
+}
+
 /// A path id this system minted (`rsv_<ULID>`, `ord_<ULID>`), or a 400.
 pub(super) fn require_id(prefix: &str, name: &str, id: &str) -> Result<(), ApiError> {
     if is_valid_id(prefix, id) {
@@ -168,6 +177,12 @@ impl From<ReserveResult> for ApiError {
                 "the draw is not finished; ask again with the same request_id for its outcome",
             )
             .retry_after(1),
+            ReserveResult::PassRequired => pass_required(),
+            ReserveResult::PassUsed { sku_id, .. } => ApiError::new(
+                StatusCode::CONFLICT,
+                "PASS_USED",
+                format!("this buyer's sale pass already holds a reservation of SKU {sku_id}"),
+            ),
             ReserveResult::Reserved(_) | ReserveResult::Duplicate(_) => ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "INTERNAL",

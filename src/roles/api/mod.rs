@@ -16,7 +16,8 @@
 //! - `admin_guard`: the admin listener's throttle of failed logins;
 //! - `admission`: fail-closed admission, the background check that pauses new reservations
 //!   (the whole API, or one activity); `gate`: one pause with its hysteresis and ramp;
-//! - `limits`: per-address and per-buyer token buckets (429 RATE_LIMITED).
+//! - `limits`: per-address and per-buyer token buckets (429 RATE_LIMITED);
+//! - `passes`: sale-pass registration, its proof of work, and a reservation's pass check.
 
 pub mod admin;
 mod admin_guard;
@@ -27,6 +28,7 @@ mod draw_hold;
 mod error;
 mod gate;
 pub mod limits;
+mod passes;
 mod payments;
 mod queries;
 mod reserve;
@@ -88,6 +90,8 @@ pub struct ApiState {
     /// The transaction producer, when ORDER_PAID is sent as transaction messages
     /// (`events.order_paid = "transaction"`).
     pub transactions: Option<Arc<dyn TransactionPublisher>>,
+    /// Sale passes: their secrets, the proof of work, what this instance read of policies.
+    pub passes: Arc<passes::PassDesk>,
 }
 
 /// The gathering of confirmed sends: each request gets its own verdict, or the error's text.
@@ -179,6 +183,14 @@ pub fn router(state: ApiState) -> Router {
         .route(
             "/v1/activities/{activity_id}/skus/{sku_id}/reservations",
             post(reserve::reserve),
+        )
+        .route(
+            "/v1/activities/{activity_id}/passes",
+            post(passes::register),
+        )
+        .route(
+            "/v1/activities/{activity_id}/passes/challenges",
+            post(passes::challenge),
         )
         .route(
             "/v1/reservations/{reservation_id}",
@@ -300,6 +312,7 @@ pub async fn build_state(
             settings.api.resume_ramp_secs,
         ))),
         sold_out: Default::default(),
+        passes: Arc::new(passes::PassDesk::new(&settings)),
         settings,
         redis,
         pg,

@@ -99,6 +99,7 @@ async fn reserve_inner(
     admit(s, activity_id)?;
     let req = read_request(s, body).await?;
     let user_id = the_buyer(token_buyer, req.user_id)?;
+    let pass_id = super::passes::sale_pass(s, headers, activity_id, user_id).await?;
     // The stock bucket the buyer reserves in (docs/ARCHITECTURE.md#stock-buckets): the
     // activity's count of buckets is read once per process.
     let shard = s
@@ -119,14 +120,17 @@ async fn reserve_inner(
     // Ids and trace first: every later retry of this reservation reuses them.
     let ids = Ids::generate(activity_id, shard.bucket);
     let trace = trace_context(headers);
-    let args = reserve_args(
-        s,
-        &ids,
-        &req,
-        (activity_id, sku_id, user_id),
-        &client_addr,
-        &trace,
-    );
+    let args = ReserveArgs {
+        pass_id: &pass_id,
+        ..reserve_args(
+            s,
+            &ids,
+            &req,
+            (activity_id, sku_id, user_id),
+            &client_addr,
+            &trace,
+        )
+    };
     let mut result = reserve_in_redis(s, &args).await?;
     if in_draw(&result) {
         match super::draw_hold::hold(s, shard, &args, arrived, result).await? {
@@ -211,7 +215,7 @@ async fn lost(s: &ApiState, activity_id: i64, signal: &'static str, reason: &str
 
 /// The buyer a request is for: the token's when there is one (a body naming someone else is
 /// refused), else the body's where the deployment trusts it.
-fn the_buyer(token: Option<i64>, body: Option<i64>) -> Result<i64, ApiError> {
+pub(super) fn the_buyer(token: Option<i64>, body: Option<i64>) -> Result<i64, ApiError> {
     match (token, body) {
         (Some(token), Some(body)) if token != body => Err(ApiError::new(
             StatusCode::FORBIDDEN,
@@ -259,6 +263,7 @@ fn reserve_args<'a>(
             buyer_burst: api.buyer_burst,
         },
         channel: req.channel.as_deref().unwrap_or_default(),
+        pass_id: "",
     }
 }
 

@@ -40,6 +40,21 @@ pub struct CreateArgs {
     /// the sale has started. The draw's seed is made once and kept with the activity.
     #[arg(long)]
     pub fair_window_ms: Option<u32>,
+    /// Sale passes (docs/ARCHITECTURE.md#sale-passes): sell only to buyers who registered for a
+    /// pass (POST /v1/activities/{id}/passes) before the sale, at most this many passes.
+    #[arg(long)]
+    pub passes: Option<u32>,
+    /// When pass registration opens (RFC 3339); default: when the activity was created.
+    #[arg(long, requires = "passes")]
+    pub pass_registration_opens_at: Option<DateTime<Utc>>,
+    /// When pass registration closes (RFC 3339, at the latest the sale's end); default: the
+    /// sale's start.
+    #[arg(long, requires = "passes")]
+    pub pass_registration_closes_at: Option<DateTime<Utc>>,
+    /// A registration must carry a proof of work of about this many counters (ALTCHA, grown
+    /// with the load by `passes.pow_*`); 0: none.
+    #[arg(long, default_value_t = 0, requires = "passes")]
+    pub pass_pow_difficulty: u32,
 }
 
 fn parse_sku(s: &str) -> Result<(i64, i32, i64), String> {
@@ -85,6 +100,7 @@ pub async fn create(settings: &Settings, args: &CreateArgs) -> anyhow::Result<()
     let conn = tokio::spawn(conn);
     queries::create_activity(&mut client, &spec, now).await?;
     let (fair_ms, seed) = fair_window(settings, args, &client, now).await?;
+    let passes_required = pass_policy(args, &client, now).await?;
     // Warm Redis from what PostgreSQL holds (an earlier, started run keeps its values).
     let (starts, ends, valid_secs, skus, buckets) = queries::activity(&client, args.activity_id)
         .await?
@@ -131,6 +147,7 @@ pub async fn create(settings: &Settings, args: &CreateArgs) -> anyhow::Result<()
             seed.as_deref().unwrap_or(""),
         )
         .await?;
+    redis.set_passes(args.activity_id, passes_required).await?;
     if fair_ms > 0 {
         println!(
             "activity {}: fair window {fair_ms} ms from the start, seed {}",
@@ -170,6 +187,55 @@ async fn fair_window(
     Ok(queries::fair_window(client, args.activity_id)
         .await?
         .unwrap_or((0, None)))
+}
+
+/// Sets the pass policy `args` asks for (in the activity's audit trail), and returns whether
+/// the activity requires passes.
+async fn pass_policy(
+    args: &CreateArgs,
+    client: &tokio_postgres::Client,
+    now: DateTime<Utc>,
+) -> anyhow::Result<bool> {
+    use crate::pg::passes::{self, PassSpec};
+    if let Some(limit) = args.passes {
+        let limit = i32::try_from(limit).context("--passes: at most 2147483647")?;
+        let pow_difficulty =
+            i32::try_from(args.pass_pow_difficulty).context("--pass-pow-difficulty too large")?;
+        let spec = PassSpec {
+            limit,
+            opens_at: args.pass_registration_opens_at,
+            closes_at: args.pass_registration_closes_at,
+            pow_difficulty,
+        };
+        if let (Some(o), Some(c)) = (spec.opens_at, spec.closes_at) {
+            anyhow::ensure!(
+                o < c,
+                "--pass-registration-opens-at must be before its close"
+            );
+        }
+        anyhow::ensure!(
+            passes::set_policy(client, args.activity_id, &spec, now).await?,
+            "activity {}: its passes are fixed once the sale started, and never fewer than issued",
+            args.activity_id
+        );
+        let detail = serde_json::json!({
+            "passes": limit,
+            "registration_opens_at": spec.opens_at,
+            "registration_closes_at": spec.closes_at,
+            "pow_difficulty": pow_difficulty,
+        });
+        let target = format!("activity:{}", args.activity_id);
+        let actor = crate::pg::audit::cli_actor();
+        crate::pg::audit::record(client, &actor, "passes_set", &target, &detail).await?;
+        println!(
+            "activity {}: sells to sale-pass holders only, {limit} passes at most",
+            args.activity_id
+        );
+    }
+    Ok(matches!(
+        passes::policy(client, args.activity_id).await?,
+        Some(Some(_))
+    ))
 }
 
 /// A fair window must fit what a held request can wait, and the sale.

@@ -48,6 +48,10 @@ pub async fn activity_facts(
         valid_ms: i64::from(valid_secs) * 1000,
         skus: skus.into_iter().map(|(s, t)| (s, i64::from(t))).collect(),
         buckets: buckets.max(1) as u16,
+        passes_required: matches!(
+            crate::pg::passes::policy(client, activity_id).await?,
+            Some(Some(_))
+        ),
     }))
 }
 

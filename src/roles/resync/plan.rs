@@ -28,6 +28,8 @@ pub struct ActivityFacts {
     /// (sku, total stock)
     pub skus: Vec<(i64, i64)>,
     pub buckets: u16,
+    /// The activity sells only to sale-pass holders (docs/ARCHITECTURE.md#sale-passes).
+    pub passes_required: bool,
 }
 
 impl ActivityFacts {
@@ -123,6 +125,7 @@ pub fn plan(
             starts_at_ms: facts.starts_at_ms,
             ends_at_ms: facts.ends_at_ms,
             valid_ms: facts.valid_ms,
+            passes_required: facts.passes_required,
             ..Default::default()
         };
         for &(sku_id, total) in &facts.skus {
@@ -297,6 +300,7 @@ mod tests {
             valid_ms: 60_000,
             skus: vec![(1, 10)],
             buckets,
+            passes_required: false,
         }
     }
 

@@ -661,6 +661,7 @@ pub async fn try_reserve(
             valid_secs: 300,
             limits: Default::default(),
             channel: "",
+            pass_id: "",
         })
         .await
         .unwrap();

@@ -1,0 +1,44 @@
+//! Sale passes in Redis (docs/ARCHITECTURE.md#sale-passes): whether an activity sells only to
+//! pass holders, kept in every bucket's meta for the reserve script.
+
+use deadpool_redis::redis;
+
+use super::{RedisStore, Shard, StoreError};
+
+impl RedisStore {
+    /// Makes the activity sell only to buyers with a pass (or to anyone). Written to every
+    /// bucket's meta.
+    pub async fn set_passes(&self, activity_id: i64, required: bool) -> Result<(), StoreError> {
+        let buckets = self.buckets(activity_id).await?;
+        let mut conn = self.pool.get().await?;
+        for b in 0..buckets {
+            let meta = self.keys.meta(Shard::new(activity_id, b, buckets));
+            let mut cmd = if required {
+                redis::cmd("HSET")
+            } else {
+                redis::cmd("HDEL")
+            };
+            cmd.arg(&meta).arg("passes");
+            if required {
+                cmd.arg("1");
+            }
+            cmd.query_async::<()>(&mut *conn).await?;
+        }
+        Ok(())
+    }
+
+    /// When the activity starts (`None`: not warmed) and whether it requires passes.
+    pub async fn passes_required(
+        &self,
+        activity_id: i64,
+    ) -> Result<(Option<i64>, bool), StoreError> {
+        let mut conn = self.pool.get().await?;
+        let (starts, passes): (Option<i64>, Option<String>) = redis::cmd("HMGET")
+            .arg(self.keys.meta(activity_id))
+            .arg("starts_at_ms")
+            .arg("passes")
+            .query_async(&mut *conn)
+            .await?;
+        Ok((starts, passes.as_deref() == Some("1")))
+    }
+}
