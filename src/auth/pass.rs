@@ -111,13 +111,19 @@ mod tests {
         let k = secret("pass-secret-of-at-least-32-bytes!!");
         let id = format!("sp_{}", ulid::Ulid::new());
         let p = sign(&k, 7, 42, &id);
-        assert_eq!(verify(&[k.clone()], &p, 7, 42), Ok(id.as_str()));
-        assert_eq!(verify(&[k.clone()], &p, 7, 43), Err(PassFailure::NotYours));
-        assert_eq!(verify(&[k.clone()], &p, 8, 42), Err(PassFailure::NotYours));
+        assert_eq!(verify(std::slice::from_ref(&k), &p, 7, 42), Ok(id.as_str()));
+        assert_eq!(
+            verify(std::slice::from_ref(&k), &p, 7, 43),
+            Err(PassFailure::NotYours)
+        );
+        assert_eq!(
+            verify(std::slice::from_ref(&k), &p, 8, 42),
+            Err(PassFailure::NotYours)
+        );
         // Another secret did not sign it; during a rotation either verifies.
         let other = secret("another-secret-of-at-least-32-bytes");
         assert_eq!(
-            verify(&[other.clone()], &p, 7, 42),
+            verify(std::slice::from_ref(&other), &p, 7, 42),
             Err(PassFailure::BadSignature)
         );
         assert_eq!(verify(&[other, k], &p, 7, 42), Ok(id.as_str()));
@@ -131,7 +137,7 @@ mod tests {
         // Another buyer's id written into a genuine pass breaks its signature.
         let forged = p.replacen(".42.", ".43.", 1);
         assert_eq!(
-            verify(&[k.clone()], &forged, 7, 43),
+            verify(std::slice::from_ref(&k), &forged, 7, 43),
             Err(PassFailure::BadSignature)
         );
         for bad in [
@@ -142,7 +148,7 @@ mod tests {
             "sp1.7.x.sp_1.AAAA",
         ] {
             assert_eq!(
-                verify(&[k.clone()], bad, 7, 42),
+                verify(std::slice::from_ref(&k), bad, 7, 42),
                 Err(PassFailure::Malformed),
                 "{bad}"
             );

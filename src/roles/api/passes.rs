@@ -28,12 +28,16 @@ use crate::pg::passes::{PassPolicy, Registered};
 /// a limit changed before the sale reaches every instance within this).
 const POLICY_FRESH: Duration = Duration::from_secs(1);
 
+/// What PostgreSQL said of an activity's passes: no such activity (`None`), one sold without
+/// passes (`Some(None)`), or its policy.
+type PolicyRead = Option<Option<PassPolicy>>;
+
 /// What one API instance keeps for passes: the proof of work, the policies it read lately, and
 /// which started activities require passes (fixed once the sale starts).
 pub struct PassDesk {
     secrets: Vec<secrecy::SecretString>,
     pow: Pow,
-    policies: Mutex<HashMap<i64, (Instant, Option<Option<PassPolicy>>)>>,
+    policies: Mutex<HashMap<i64, (Instant, PolicyRead)>>,
     required: RwLock<HashMap<i64, bool>>,
 }
 
@@ -233,7 +237,7 @@ pub(super) async fn register(
     let fresh_id = format!("sp_{}", ulid::Ulid::new());
     let outcome = s
         .bounded_pg(async |c| {
-            crate::pg::passes::register(&mut ***c, activity_id, user_id, &fresh_id, &client_addr)
+            crate::pg::passes::register(c, activity_id, user_id, &fresh_id, &client_addr)
                 .await
                 .map_err(|e| {
                     warn!(activity_id, user_id, error = %e, "pass registration failed");
