@@ -151,7 +151,14 @@ drop_state # leftovers of an interrupted run
 # SKU 1 with stock for a million buyers: the fuzzer never sells out.
 "$BIN" activity create --activity-id 1 --name "schemathesis" --sku 1:1000000:9900 \
   --duration-secs 3600 >>"$RUN_DIR/prepare.log" 2>&1 || { tail -20 "$RUN_DIR/prepare.log"; exit 1; }
-log "schema $PG_SCHEMA migrated, FUZZ topics present, activity 1 / sku 1 on sale for an hour"
+# Activity 2 sells to sale-pass holders from an hour on: its registration (with a light proof
+# of work) is open during the run, so the pass routes reach their own logic.
+"$BIN" activity create --activity-id 2 --name "schemathesis passes" --sku 1:1000000:9900 \
+  --starts-at "$(date -u -d '+1 hour' +%Y-%m-%dT%H:%M:%SZ)" --duration-secs 3600 \
+  --passes 1000000 --pass-pow-difficulty 20 \
+  >>"$RUN_DIR/prepare.log" 2>&1 || { tail -20 "$RUN_DIR/prepare.log"; exit 1; }
+log "schema $PG_SCHEMA migrated, FUZZ topics present, activity 1 / sku 1 on sale for an hour, activity 2 registering passes"
+
 
 # --- the roles ----------------------------------------------------------------------------------
 stage=roles

@@ -11,6 +11,7 @@ mod baseline;
 mod bench;
 mod broker;
 mod cpu;
+mod crowd;
 mod lines;
 mod payments;
 mod ratios;
@@ -61,6 +62,9 @@ enum Command {
     /// The arithmetic of `make bench`: reads each scenario's summary line from a directory,
     /// prints the summary and the RATIOS line; non-zero exit when a scenario failed.
     Ratios(ratios::RatiosArgs),
+    /// Who gets the units of a contested start: scripted buyers and people against one SKU,
+    /// first come or drawn, with or without sale passes; last line CROWD ... people_share=…
+    Crowd(crowd::CrowdArgs),
     /// The scenarios of `make bench` in order (after scripts/bench.sh measured the limits),
     /// each a line under the run directory, then the ratios; non-zero exit when one failed.
     Run(run::RunArgs),
@@ -77,6 +81,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Load(args) => bench::run(settings, args).await,
             Command::Backlog(args) => backlog::run(settings, args).await,
+            Command::Crowd(args) => crowd::run(settings, args).await,
             Command::Broker(args) => broker::run(settings, args).await,
             Command::BaselineApi(args) => baseline::run(settings, args).await.map(|_| true),
             Command::Soak(args) => soak::run(settings, args).await,

@@ -241,7 +241,7 @@ async fn registration_asks_a_proof_of_work_bound_to_its_buyer() {
     let api = common::start_api(env.settings.clone()).await;
     let path = format!("/v1/activities/{activity}/passes");
     let (s, body) = post(&api.base, &path, Some(1), json!({})).await;
-    assert_eq!((s, code(&body)), (428, "POW_REQUIRED"), "{body}");
+    assert_eq!((s, code(&body)), (403, "POW_REQUIRED"), "{body}");
     // Buyer 1's challenge, solved the way a client would.
     let (s, c) = post(&api.base, &format!("{path}/challenges"), Some(1), json!({})).await;
     assert_eq!(s, 200, "{c}");

@@ -284,7 +284,7 @@ fn proof_of_work(
 ) -> Result<(), ApiError> {
     let Some(pow) = pow else {
         return Err(refused(
-            StatusCode::PRECONDITION_REQUIRED,
+            StatusCode::FORBIDDEN,
             "POW_REQUIRED",
             "this registration needs a proof of work: solve a challenge from \
              POST /v1/activities/{activity_id}/passes/challenges and send it as `pow`",
