@@ -19,6 +19,9 @@
 #      by 60,000 buyers; many SKUs; duplicate-heavy traffic; open-loop arrivals.
 #   4b. the front door's ceilings with wrk: /healthz, sold-out answers per token algorithm with
 #      the token cache on and off, the accepted path with the consumer stopped.
+#   4c. a mixed crowd (seckill-bench crowd): scripted accounts firing at the start instant and
+#      people arriving over its first seconds, against first come first served, a fair window,
+#      and a fair window among sale-pass holders: the share of units that reach people.
 #   5. the baseline a team would otherwise build (seckill-bench baseline-api: the same route,
 #      one autocommit statement straight to PostgreSQL): sold-out answers, purchases, and the
 #      same sale.
@@ -30,7 +33,9 @@
 #          sale_p99_vs_direct_pg=… sale_vs_front_door=… (the sale against the front door alone)
 #          sale_vs_direct_pg=… sale_p99_ms=… direct_pg_sale_p99_ms=… within_3s_pct=…
 #          trust_on_vs_off=… soldout_vs_healthz=… soldout_{rs256,ps256,es256,eddsa}_vs_hs256=…
-#          (and _nocache: the token cache off) soldout_ceiling_vs_direct_pg=… violations=…
+#          (and _nocache: the token cache off) soldout_ceiling_vs_direct_pg=…
+#          fcfs_people_share=… fair_people_share=… people_share_of_arrivals_in_window=…
+#          passes_people_share=… draw_answers_vs_fcfs=… draw_p99_ms=… violations=…
 # The buyers' tokens are RS256 from a key generated for the run (BENCH_TOKEN_ALG=ES256 etc.),
 # published in the JWKS both servers verify with; the front door's ceilings are measured with
 # wrk (bench/src/run/ceilings.rs), the generator's CPU beside the server's.
@@ -94,6 +99,14 @@ fi
 if [[ "${BENCH_ONLY:-}" == sale ]]; then
   exec_status=0
   "$BENCH" run "${run_args[@]}" --only sale || exec_status=$?
+  exit "$exec_status"
+fi
+
+# BENCH_ONLY=fair (make bench-fair): who gets the units of a contested start, first come, drawn,
+# and drawn among sale-pass holders; last line FAIR_RATIOS ... violations=N.
+if [[ "${BENCH_ONLY:-}" == fair ]]; then
+  exec_status=0
+  "$BENCH" run "${run_args[@]}" --only fair || exec_status=$?
   exit "$exec_status"
 fi
 

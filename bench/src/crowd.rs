@@ -57,6 +57,9 @@ pub struct CrowdArgs {
     /// The operator's solving time for its accounts' proofs of work, in ms of one core.
     #[arg(long, default_value_t = 2000)]
     pub bot_pow_budget_ms: u64,
+    /// The SKU's stock: more units given out than this fails the run.
+    #[arg(long)]
+    pub stock: usize,
     #[arg(long, default_value = "CROWD")]
     pub summary_prefix: String,
     #[command(flatten)]
@@ -97,7 +100,13 @@ pub async fn run(settings: Settings, args: CrowdArgs) -> anyhow::Result<bool> {
     let minter = Minter::new(&settings, &args.signing)?;
     let users: Vec<i64> = (1..=args.bots + args.people).collect();
     let bearers = Arc::new(minter.bearer_for(&users)?);
-    let kind = |u: i64| if u <= args.bots { Kind::Bot } else { Kind::Person };
+    let kind = |u: i64| {
+        if u <= args.bots {
+            Kind::Bot
+        } else {
+            Kind::Person
+        }
+    };
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(4096)
         .timeout(Duration::from_secs(15))
@@ -140,7 +149,10 @@ pub async fn run(settings: Settings, args: CrowdArgs) -> anyhow::Result<bool> {
     }
     // From the first request to the last answer.
     let sale_secs = (now_ms() - (args.starts_at_ms - args.bot_lead_ms as i64)) as f64 / 1000.0;
-    let h = latencies.lock().map(|h| h.clone()).unwrap_or_else(|e| e.into_inner().clone());
+    let h = latencies
+        .lock()
+        .map(|h| h.clone())
+        .unwrap_or_else(|e| e.into_inner().clone());
     report(&args, &reg, &outcomes, sale_secs, &h);
     Ok(true)
 }
@@ -220,29 +232,48 @@ async fn register(
 ) -> anyhow::Result<Registered> {
     let mut reg = Registered::default();
     let base = format!("{}/v1/activities/{}/passes", args.api, args.activity_id);
-    // The operator first, as it would be: registration opens and the scripts start.
+    // The operator first, as it would be: registration opens and the scripts start. Two at a
+    // time, the cores of a small bot host, while its solving budget lasts.
     let mut next = 1;
     while next <= args.bots && (reg.bot_solve_ms as u64) < args.bot_pow_budget_ms {
         let pair: Vec<i64> = (next..(next + 2).min(args.bots + 1)).collect();
         next += pair.len() as i64;
-        let got = futures::future::join_all(
-            pair.iter().map(|&u| register_one(client, &base, u, &bearers[&u])),
-        )
-        .await;
-        for (u, r) in pair.into_iter().zip(got) {
-            let (pass, solve_ms) = r?;
+        for (u, pass, solve_ms) in register_all(client, &base, &pair, bearers).await? {
             reg.bot_solve_ms += solve_ms;
             reg.passes.insert(u, pass);
             reg.bot_passes += 1;
         }
     }
-    for u in args.bots + 1..=args.bots + args.people {
-        let (pass, solve_ms) = register_one(client, &base, u, &bearers[&u]).await?;
-        reg.people_solve_ms += solve_ms;
-        reg.passes.insert(u, pass);
-        reg.people_passes += 1;
+    // Each person on their own device: here two at a time, for the clock's sake.
+    let people: Vec<i64> = (args.bots + 1..=args.bots + args.people).collect();
+    for pair in people.chunks(2) {
+        for (u, pass, solve_ms) in register_all(client, &base, pair, bearers).await? {
+            reg.people_solve_ms += solve_ms;
+            reg.passes.insert(u, pass);
+            reg.people_passes += 1;
+        }
     }
     Ok(reg)
+}
+
+/// `users` registered side by side: (user, pass, solving ms) each.
+async fn register_all(
+    client: &reqwest::Client,
+    base: &str,
+    users: &[i64],
+    bearers: &HashMap<i64, Arc<str>>,
+) -> anyhow::Result<Vec<(i64, String, f64)>> {
+    let got = futures::future::join_all(
+        users
+            .iter()
+            .map(|&u| register_one(client, base, u, &bearers[&u])),
+    )
+    .await;
+    users
+        .iter()
+        .zip(got)
+        .map(|(&u, r)| r.map(|(pass, ms)| (u, pass, ms)))
+        .collect()
 }
 
 /// One account's registration: a challenge, solved off the runtime, then the pass; the pass
@@ -260,7 +291,10 @@ async fn register_one(
             .json(&body)
             .send()
     };
-    let c: Value = post(format!("{base}/challenges"), json!({})).await?.json().await?;
+    let c: Value = post(format!("{base}/challenges"), json!({}))
+        .await?
+        .json()
+        .await?;
     let challenge: altcha::Challenge = serde_json::from_value(c["challenge"].clone())
         .with_context(|| format!("no challenge for buyer {user}: {c}"))?;
     let solving = Instant::now();
@@ -268,7 +302,10 @@ async fn register_one(
         .await?
         .context("unsolvable challenge")?;
     let solve_ms = solving.elapsed().as_secs_f64() * 1000.0;
-    let r: Value = post(base.to_string(), json!({"pow": solved})).await?.json().await?;
+    let r: Value = post(base.to_string(), json!({"pow": solved}))
+        .await?
+        .json()
+        .await?;
     let pass = r["pass"]
         .as_str()
         .with_context(|| format!("no pass for buyer {user}: {r}"))?;
@@ -305,11 +342,17 @@ fn report(
     let (pw, bw) = (in_window(Kind::Person) as f64, in_window(Kind::Bot) as f64);
     let answers = requests(Kind::Bot) + requests(Kind::Person);
     let per = |ms: f64, n: i64| if n > 0 { ms / n as f64 } else { 0.0 };
+    // Every account's 202 is its own unit: more than the stock is an oversell.
+    let verdict = if (people_units + bot_units) as usize <= args.stock {
+        "OK"
+    } else {
+        "FAILED oversold"
+    };
     println!(
-        "{} OK people_share={:.3} people_share_of_arrivals_in_window={:.3} people_units={} \
+        "{} {verdict} people_share={:.3} people_share_of_arrivals_in_window={:.3} people_units={} \
          bot_units={} people_in_window={} bots_in_window={} window_ms={} answers={} \
          answers_per_s={:.0} p50_ms={:.1} p99_ms={:.1} bot_requests={} people_requests={} \
-         passes={} bot_passes={} bot_pow_ms_per_pass={:.1} people_pow_ms_per_pass={:.1}",
+         passes={} bot_passes={} bot_pow_ms_per_pass={:.1} people_pow_ms_per_pass={:.1} stock={}",
         args.summary_prefix,
         people_units / units,
         pw / (pw + bw).max(1.0),
@@ -328,5 +371,6 @@ fn report(
         reg.bot_passes,
         per(reg.bot_solve_ms, reg.bot_passes),
         per(reg.people_solve_ms, reg.people_passes),
+        args.stock,
     );
 }

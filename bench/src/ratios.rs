@@ -32,10 +32,12 @@ pub enum Part {
     Ceilings,
     /// The order consumer on a backlog beside pgbench's batch (`make bench-orders`).
     Orders,
+    /// Who gets the units of a contested start (`make bench-fair`).
+    Fair,
 }
 
 /// Scenarios judged by their verdict alone.
-const VERDICT_ONLY: [&str; 11] = [
+const VERDICT_ONLY: [&str; 14] = [
     "RELAY",
     "I_BATCHED",
     "I_SINGLE",
@@ -47,6 +49,9 @@ const VERDICT_ONLY: [&str; 11] = [
     "BASE_SOLDOUT",
     "BASE_BUY",
     "BASE_SALE",
+    "CROWD_FCFS",
+    "CROWD_DRAW",
+    "CROWD_PASSES",
 ];
 
 /// Scenarios through the pipeline: their verdict, and the invariant violations they counted
@@ -109,6 +114,33 @@ pub fn violations(lines: &Lines) -> u64 {
         v += u64::from(!line.ok());
     }
     v
+}
+
+/// Who the units reached, as in `RATIOS` and `FAIR_RATIOS` (bench/src/crowd.rs): the people's
+/// share first come first served, with a draw, and with a draw among pass holders, beside the
+/// people's share of the accounts that asked within the window (what a fair draw would give);
+/// what the draw costs in answers/s and p99.
+pub fn fair_ratios(l: &Lines) -> String {
+    let (fcfs, draw, passes) = (
+        l.get("CROWD_FCFS"),
+        l.get("CROWD_DRAW"),
+        l.get("CROWD_PASSES"),
+    );
+    format!(
+        "fcfs_people_share={} fair_people_share={} people_share_of_arrivals_in_window={} \
+         passes_people_share={} passes_people_share_of_arrivals_in_window={} \
+         draw_answers_vs_fcfs={} draw_p99_ms={} fcfs_p99_ms={} bot_pow_ms_per_pass={} bot_passes={}",
+        fcfs.raw("people_share"),
+        draw.raw("people_share"),
+        draw.raw("people_share_of_arrivals_in_window"),
+        passes.raw("people_share"),
+        passes.raw("people_share_of_arrivals_in_window"),
+        ratio(draw.num("answers_per_s"), fcfs.num("answers_per_s")),
+        draw.raw("p99_ms"),
+        fcfs.raw("p99_ms"),
+        passes.raw("bot_pow_ms_per_pass"),
+        passes.raw("bot_passes"),
+    )
 }
 
 /// The sale's figures, as in `RATIOS` and `SALE_RATIOS`.
@@ -229,6 +261,7 @@ pub fn ratios(l: &Lines) -> String {
             ratio(accepted("A_BATCHED"), accepted("BASE_BUY")),
         ),
         ("", sale_ratios(l)),
+        ("", fair_ratios(l)),
         (
             "workers64_vs_budget",
             ratio(l.num("B_WIDE", "orders_per_s"), orders),
@@ -394,6 +427,17 @@ pub fn run(args: RatiosArgs) -> anyhow::Result<bool> {
                     limits.num("pgbench_batch_orders_per_s")
                 ),
                 cpu_ratios(&lines)
+            );
+            (text, failed == 0)
+        }
+        Some(Part::Fair) => {
+            let names = ["CROWD_FCFS", "CROWD_DRAW", "CROWD_PASSES"];
+            let failed = names.iter().filter(|n| !lines.get(n).ok()).count();
+            let table: Vec<String> = names.iter().map(|n| lines.get(n).text.clone()).collect();
+            let text = format!(
+                "{}\nFAIR_RATIOS {} violations={failed}",
+                table.join("\n"),
+                fair_ratios(&lines)
             );
             (text, failed == 0)
         }

@@ -5,6 +5,7 @@
 //! is compared with.
 
 mod ceilings;
+mod fair;
 mod procs;
 mod scenarios;
 
@@ -36,7 +37,8 @@ pub struct RunArgs {
     /// Only one part: `sale` (the sale's three runs, `make bench-sale`; last line
     /// SALE_RATIOS), `ceilings` (the front door's ceilings with wrk, `make bench-ceilings`;
     /// CEILING_RATIOS) or `orders` (the order consumer on a backlog beside `--limits`'
-    /// pgbench batch, `make bench-orders`; ORDER_RATIOS).
+    /// pgbench batch, `make bench-orders`; ORDER_RATIOS) or `fair` (who gets the units of a
+    /// contested start, `make bench-fair`; FAIR_RATIOS).
     #[arg(long, value_enum)]
     pub only: Option<Part>,
     /// Requests in flight from the load generator.
@@ -194,6 +196,7 @@ pub async fn run(settings: Settings, args: RunArgs) -> anyhow::Result<bool> {
         Some(Part::Sale) => scenarios::only_sale(&mut run).await,
         Some(Part::Ceilings) => ceilings::only_ceilings(&mut run, &keys).await,
         Some(Part::Orders) => scenarios::only_orders(&mut run).await,
+        Some(Part::Fair) => fair::fairness(&mut run).await,
         None => scenarios::whole(&mut run, &keys).await,
     };
     // Whatever happened, nothing started here outlives the run.

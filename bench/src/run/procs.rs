@@ -170,6 +170,17 @@ impl Procs {
 
     /// A fresh activity with `skus` SKUs of `stock` units each; its id.
     pub async fn activity(&mut self, stock: i64, skus: usize) -> anyhow::Result<i64> {
+        self.activity_with(stock, skus, &[]).await
+    }
+
+    /// The same with `extra` arguments to `seckill activity create` (a start, a fair window,
+    /// passes).
+    pub async fn activity_with(
+        &mut self,
+        stock: i64,
+        skus: usize,
+        extra: &[String],
+    ) -> anyhow::Result<i64> {
         self.next_activity += 1;
         let id = self.next_activity;
         let mut args = vec![
@@ -185,6 +196,7 @@ impl Procs {
         for sku in 1..=skus {
             args.extend(["--sku".to_owned(), format!("{sku}:{stock}:9900")]);
         }
+        args.extend_from_slice(extra);
         let seckill = self.seckill.clone();
         let status = self
             .command(&seckill, None)

@@ -319,6 +319,7 @@ pub async fn whole(run: &mut Run, keys: &[Provisioned]) -> anyhow::Result<()> {
     relay(run).await?;
     send_path(run, keys).await?;
     through_the_api(run).await?;
+    super::fair::fairness(run).await?;
     baseline(run, keys).await
 }
 
