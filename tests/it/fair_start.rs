@@ -47,7 +47,8 @@ async fn a_fair_window_draws_the_stock_in_seed_order(env: TestEnv, activity: i64
     let buyers: Vec<i64> = (1..=12).collect();
     let winners = expected_winners(&seed, &buyers, stock as usize).await;
     let api = common::start_api(env.settings.clone()).await;
-    let (mut scan, _) = spawn_listening(&env, &["scan"], "SECKILL__SCAN__METRICS_LISTEN", &[]);
+    let (mut scan, scan_port) =
+        spawn_listening(&env, &["scan"], "SECKILL__SCAN__METRICS_LISTEN", &[]);
     let (mut consume, _) = spawn_consume(&env, "2", "");
     // One winner goes away while held (its client gives up after 300 ms).
     let leaver = *winners.iter().next().unwrap();
@@ -126,6 +127,21 @@ async fn a_fair_window_draws_the_stock_in_seed_order(env: TestEnv, activity: i64
         }
     })
     .await;
+    // The draw's size and outcome per activity on the scanner's /metrics.
+    let text = reqwest::get(format!("http://127.0.0.1:{scan_port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for (name, value) in [
+        ("fair_draw_entrants", 12),
+        ("fair_draw_won", 4),
+        ("fair_draw_lost", 8),
+    ] {
+        let want = format!("{name}{{activity_id=\"{activity}\",sku_id=\"1\"}} {value}");
+        assert!(text.lines().any(|l| l == want), "{want} not in:\n{text}");
+    }
     // After the window, first come first served: nothing left to take.
     let (status, _) = reserve_as(&api.base, activity, 1, 99, "r-late").await;
     assert_eq!(status.as_u16(), 410);

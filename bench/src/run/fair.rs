@@ -11,7 +11,7 @@ use super::{Run, API, API_READY, CONSUME_READY, SCAN_READY};
 const WINDOW_MS: i64 = 2_000;
 const SPREAD_MS: i64 = 4_000;
 /// The registration's proof of work: counters per pass (each of `passes.pow_cost` rounds).
-const POW_DIFFICULTY: i64 = 2_000;
+const POW_DIFFICULTY: i64 = 50_000;
 /// The scripted crowd's solving budget for its accounts' passes, in ms of one core.
 const BOT_POW_BUDGET_MS: i64 = 2_000;
 

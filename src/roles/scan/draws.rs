@@ -70,8 +70,17 @@ async fn record(
     }
     metrics::counter!("fair_draw_entrants_total").increment(r.entrants);
     metrics::counter!("fair_draw_won_total").increment(r.won);
-    metrics::histogram!("fair_draw_seconds")
-        .record((r.drawn_at_ms - closes_ms).max(0) as f64 / 1000.0);
+    let took = (r.drawn_at_ms - closes_ms).max(0) as f64 / 1000.0;
+    metrics::histogram!("fair_draw_seconds").record(took);
+    // Per activity and SKU, for the sale's dashboard: each bucket's draw adds its part.
+    let labels = [
+        ("activity_id", shard.activity_id.to_string()),
+        ("sku_id", sku_id.to_string()),
+    ];
+    metrics::gauge!("fair_draw_entrants", &labels).increment(r.entrants as f64);
+    metrics::gauge!("fair_draw_won", &labels).increment(r.won as f64);
+    metrics::gauge!("fair_draw_lost", &labels).increment(r.lost as f64);
+    metrics::gauge!("fair_draw_duration_seconds", &labels).set(took);
     info!(activity_id = shard.activity_id, sku_id, bucket = shard.bucket, seed = %r.seed,
           entrants = r.entrants, won = r.won, lost = r.lost,
           drawn_in_ms = r.drawn_at_ms - closes_ms, "fair-start draw finished");
