@@ -62,6 +62,10 @@ pub struct CrowdArgs {
     pub stock: usize,
     #[arg(long, default_value = "CROWD")]
     pub summary_prefix: String,
+    /// Processes whose CPU the sale costs, `name=pid[+pid...]` (repeatable): each one's CPU
+    /// per answer is on the line (the draw's cost beside first come first served).
+    #[arg(long = "cpu", value_parser = crate::cpu::parse_cpu_target)]
+    pub cpu: Vec<crate::cpu::CpuTarget>,
     #[command(flatten)]
     pub signing: SigningArgs,
 }
@@ -123,6 +127,8 @@ pub async fn run(settings: Settings, args: CrowdArgs) -> anyhow::Result<bool> {
     let passes = Arc::new(reg.passes.clone());
     let latencies = Arc::new(std::sync::Mutex::new(Histogram::<u64>::new(3)?));
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.activity_id as u64);
+    let cpu_before = crate::cpu::cpu_snapshot(&args.cpu);
+    let sale_started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for &u in &users {
         let k = kind(u);
@@ -153,7 +159,8 @@ pub async fn run(settings: Settings, args: CrowdArgs) -> anyhow::Result<bool> {
         .lock()
         .map(|h| h.clone())
         .unwrap_or_else(|e| e.into_inner().clone());
-    report(&args, &reg, &outcomes, sale_secs, &h);
+    let cpu = crate::cpu::cpu_use(&args.cpu, &cpu_before, sale_started.elapsed());
+    report(&args, &reg, &outcomes, (sale_secs, &h), &cpu);
     Ok(true)
 }
 
@@ -318,8 +325,8 @@ fn report(
     args: &CrowdArgs,
     reg: &Registered,
     outcomes: &[Outcome],
-    sale_secs: f64,
-    h: &Histogram<u64>,
+    (sale_secs, h): (f64, &Histogram<u64>),
+    cpu: &[crate::cpu::CpuUse],
 ) {
     let closes = args.starts_at_ms + args.window_ms;
     // The accounts that could buy (a pass, where passes are needed) and asked in the window.
@@ -348,11 +355,19 @@ fn report(
     } else {
         "FAILED oversold"
     };
+    // The CPU each process spent per answer over the sale (its waits included).
+    let cpu: String = cpu
+        .iter()
+        .map(|c| {
+            let us = c.cpu_secs * 1e6 / answers.max(1) as f64;
+            format!(" cpu_{}_us_per_answer={us:.0}", c.name)
+        })
+        .collect();
     println!(
         "{} {verdict} people_share={:.3} people_share_of_arrivals_in_window={:.3} people_units={} \
          bot_units={} people_in_window={} bots_in_window={} window_ms={} answers={} \
          answers_per_s={:.0} p50_ms={:.1} p99_ms={:.1} bot_requests={} people_requests={} \
-         passes={} bot_passes={} bot_pow_ms_per_pass={:.1} people_pow_ms_per_pass={:.1} stock={}",
+         passes={} bot_passes={} bot_pow_ms_per_pass={:.1} people_pow_ms_per_pass={:.1} stock={}{cpu}",
         args.summary_prefix,
         people_units / units,
         pw / (pw + bw).max(1.0),

@@ -129,13 +129,18 @@ pub fn fair_ratios(l: &Lines) -> String {
     format!(
         "fcfs_people_share={} fair_people_share={} people_share_of_arrivals_in_window={} \
          passes_people_share={} passes_people_share_of_arrivals_in_window={} \
-         draw_answers_vs_fcfs={} draw_p99_ms={} fcfs_p99_ms={} bot_pow_ms_per_pass={} bot_passes={}",
+         draw_answers_vs_fcfs={} draw_api_cpu_per_answer_vs_fcfs={} draw_p99_ms={} fcfs_p99_ms={} \
+         bot_pow_ms_per_pass={} bot_passes={}",
         fcfs.raw("people_share"),
         draw.raw("people_share"),
         draw.raw("people_share_of_arrivals_in_window"),
         passes.raw("people_share"),
         passes.raw("people_share_of_arrivals_in_window"),
         ratio(draw.num("answers_per_s"), fcfs.num("answers_per_s")),
+        ratio(
+            draw.num("cpu_api_us_per_answer"),
+            fcfs.num("cpu_api_us_per_answer")
+        ),
         draw.raw("p99_ms"),
         fcfs.raw("p99_ms"),
         passes.raw("bot_pow_ms_per_pass"),

@@ -72,6 +72,7 @@ pub(super) async fn fairness(run: &mut Run) -> anyhow::Result<()> {
                 s(BOT_POW_BUDGET_MS),
             ]);
         }
+        args.extend(run.procs.cpu_args().await);
         let line = run
             .procs
             .bench_line(&format!("crowd-{label}"), &args)
