@@ -3,6 +3,7 @@
 //! services that `make test` starts.
 #![allow(dead_code)]
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -414,11 +415,20 @@ pub async fn closed_within(mut s: tokio::net::TcpStream, secs: u64) -> Option<Ve
 }
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    // The kernel may hand the same free port to two tests whose processes have not bound it
+    // yet; one of them then fails to start while the other answers its readiness probe. A
+    // port handed out once in this run is never handed out again.
+    static GIVEN: std::sync::Mutex<BTreeSet<u16>> = std::sync::Mutex::new(BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+            return port;
+        }
+    }
 }
 
 /// Starts `seckill <args>` configured for this test (schema, key prefix, env name) plus
