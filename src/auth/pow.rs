@@ -53,6 +53,17 @@ pub struct PowTuning {
     pub max_factor: u32,
 }
 
+impl From<&crate::config::PassSettings> for PowTuning {
+    fn from(p: &crate::config::PassSettings) -> Self {
+        Self {
+            cost: p.pow_cost,
+            challenge_secs: p.pow_challenge_secs,
+            load_step_per_sec: p.pow_load_step_per_sec,
+            max_factor: p.pow_max_factor,
+        }
+    }
+}
+
 /// Challenges made and checked by one API instance.
 pub struct Pow {
     tuning: PowTuning,

@@ -402,14 +402,4 @@ impl PassSettings {
         }
         Ok(())
     }
-
-    /// The proof-of-work tuning these settings give.
-    pub fn pow_tuning(&self) -> crate::auth::pow::PowTuning {
-        crate::auth::pow::PowTuning {
-            cost: self.pow_cost,
-            challenge_secs: self.pow_challenge_secs,
-            load_step_per_sec: self.pow_load_step_per_sec,
-            max_factor: self.pow_max_factor,
-        }
-    }
 }

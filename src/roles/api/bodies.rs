@@ -280,7 +280,7 @@ mod tests {
         assert_matches("SalePass", pass);
         let pow = crate::auth::pow::Pow::new(
             &[secrecy::SecretString::from("x".repeat(32))],
-            crate::config::PassSettings::default().pow_tuning(),
+            (&crate::config::PassSettings::default()).into(),
         );
         let (challenge, difficulty) = pow.challenge(10001, 42, 100).expect("a secret is set");
         assert_matches(

@@ -176,6 +176,23 @@ impl ApiState {
     }
 }
 
+/// The buyer a request is for: the token's when there is one (a body naming someone else is
+/// refused), else the body's where the deployment trusts it.
+pub(super) fn the_buyer(token: Option<i64>, body: Option<i64>) -> Result<i64, ApiError> {
+    match (token, body) {
+        (Some(token), Some(body)) if token != body => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "FORBIDDEN",
+            "user_id is not the buyer the token names",
+        )),
+        (Some(token), _) => Ok(token),
+        (None, Some(body)) => Ok(body),
+        (None, None) => Err(ApiError::invalid(crate::domain::ValidationError::Missing(
+            "user_id",
+        ))),
+    }
+}
+
 /// The buyers' router, with a bare `/healthz` and a `/readyz` that says ready or not and
 /// nothing else: the metrics are on the ops listener (`api.metrics_listen`).
 pub fn router(state: ApiState) -> Router {

@@ -46,7 +46,7 @@ impl PassDesk {
         let p = &settings.passes;
         Self {
             secrets: p.secrets.clone(),
-            pow: Pow::new(&p.secrets, p.pow_tuning()),
+            pow: Pow::new(&p.secrets, p.into()),
             policies: Mutex::default(),
             required: RwLock::default(),
         }
@@ -144,7 +144,7 @@ async fn caller(
     let token_buyer = s.buyer(headers).await?;
     let bytes = super::read_body(s, body).await?;
     let req = parse_request(&bytes)?;
-    let user_id = super::reserve::the_buyer(token_buyer, req.user_id)?;
+    let user_id = super::the_buyer(token_buyer, req.user_id)?;
     if s.passes.secrets.is_empty() {
         return Err(unavailable());
     }

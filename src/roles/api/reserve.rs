@@ -17,7 +17,7 @@ use crate::domain::ids::{new_traceparent, parse_traceparent};
 use crate::domain::order_create::TAG_CREATE_ORDER;
 use crate::domain::order_create::{ReservationFacts, ReservationRef};
 use crate::domain::request::parse_path_id;
-use crate::domain::{Ids, OrderCreateRequested, ReserveRequest, TraceContext, ValidationError};
+use crate::domain::{Ids, OrderCreateRequested, ReserveRequest, TraceContext};
 use crate::http::PeerAddr;
 use crate::mq::{order_create_message, SendOutcome};
 use crate::redis::{RateLimits, ReservationView, ReserveArgs, ReserveResult, SentMark, Shard};
@@ -98,7 +98,7 @@ async fn reserve_inner(
         .unwrap_or_default();
     admit(s, activity_id)?;
     let req = read_request(s, body).await?;
-    let user_id = the_buyer(token_buyer, req.user_id)?;
+    let user_id = super::the_buyer(token_buyer, req.user_id)?;
     let pass_id = super::passes::sale_pass(s, headers, activity_id, user_id).await?;
     // The stock bucket the buyer reserves in (docs/ARCHITECTURE.md#stock-buckets): the
     // activity's count of buckets is read once per process.
@@ -210,21 +210,6 @@ async fn lost(s: &ApiState, activity_id: i64, signal: &'static str, reason: &str
         crate::roles::resync::raise(&s.pg, &s.redis, activity_id, signal, reason, &by).await
     {
         warn!(activity_id, error = %format!("{e:#}"), "fence not recorded; the scanner records it from Redis");
-    }
-}
-
-/// The buyer a request is for: the token's when there is one (a body naming someone else is
-/// refused), else the body's where the deployment trusts it.
-pub(super) fn the_buyer(token: Option<i64>, body: Option<i64>) -> Result<i64, ApiError> {
-    match (token, body) {
-        (Some(token), Some(body)) if token != body => Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "FORBIDDEN",
-            "user_id is not the buyer the token names",
-        )),
-        (Some(token), _) => Ok(token),
-        (None, Some(body)) => Ok(body),
-        (None, None) => Err(ApiError::invalid(ValidationError::Missing("user_id"))),
     }
 }
 
