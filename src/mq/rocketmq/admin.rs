@@ -331,6 +331,9 @@ fn now_epoch_ms() -> i64 {
 /// 10 s at the broker's floor; one more period when the first attempt met a dead connection).
 const ROUTE_WAIT: Duration = Duration::from_secs(30);
 
+/// Times a topic's creation is asked of one broker before it is an error.
+const TOPIC_ATTEMPTS: u32 = 3;
+
 /// Creates (or updates to the same settings) each `(topic, queues)` on each of `brokers`, or on
 /// every master of `cluster` when `brokers` is empty, then waits until the name server returns
 /// a route through each of them. Idempotent.
@@ -393,11 +396,25 @@ async fn create_topics_with(
             bail!("topic {topic}: queue count must be positive");
         }
         for addr in &brokers {
-            let config = TopicConfig::with_queues(topic.clone(), *queues, *queues);
-            admin
-                .create_and_update_topic_config(addr.clone(), config)
-                .await
-                .map_err(|e| anyhow!("creating topic {topic} on {addr}: {e}"))?;
+            // Idempotent, so a broker that answered too late (busy flushing, a loaded host)
+            // is asked again, three times in all.
+            let mut attempt = 1;
+            loop {
+                let config = TopicConfig::with_queues(topic.clone(), *queues, *queues);
+                match admin
+                    .create_and_update_topic_config(addr.clone(), config)
+                    .await
+                {
+                    Ok(_) => break,
+                    Err(e) if attempt < TOPIC_ATTEMPTS => {
+                        tracing::warn!(topic = %topic, broker = %addr, attempt, error = %e,
+                                       "creating a topic failed; asking again");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        attempt += 1;
+                    }
+                    Err(e) => bail!("creating topic {topic} on {addr}: {e} ({attempt} attempts)"),
+                }
+            }
         }
     }
     let deadline = Instant::now() + ROUTE_WAIT;
