@@ -108,20 +108,11 @@ impl RedisStore {
         fair_ms: u64,
         seed: &str,
     ) -> Result<(), StoreError> {
-        let buckets = self.buckets(activity_id).await?;
-        let mut conn = self.pool.get().await?;
-        for b in 0..buckets {
-            let meta = self.keys.meta(Shard::new(activity_id, b, buckets));
-            redis::cmd("HSET")
-                .arg(&meta)
-                .arg("fair_ms")
-                .arg(fair_ms)
-                .arg("fair_seed")
-                .arg(seed)
-                .query_async::<()>(&mut *conn)
-                .await?;
-        }
-        Ok(())
+        let fields = [
+            ("fair_ms", fair_ms.to_string()),
+            ("fair_seed", seed.to_string()),
+        ];
+        self.set_on_every_bucket(activity_id, &fields).await
     }
 
     /// When an activity's fair window closes (`None`: it has none, or is not warmed).

@@ -6,23 +6,30 @@ use deadpool_redis::redis;
 use super::{RedisStore, Shard, StoreError};
 
 impl RedisStore {
-    /// Makes the activity sell only to buyers with a pass (or to anyone). Written to every
-    /// bucket's meta.
+    /// Makes the activity sell only to buyers with a pass (or to anyone: `passes` is "0",
+    /// which the reserve script reads as no requirement, as it reads no field).
     pub async fn set_passes(&self, activity_id: i64, required: bool) -> Result<(), StoreError> {
+        let flag = if required { "1" } else { "0" };
+        self.set_on_every_bucket(activity_id, &[("passes", flag.to_string())])
+            .await
+    }
+
+    /// Writes `fields` to the meta of every stock bucket of the activity (one command per
+    /// bucket: on Redis Cluster each is its own hash slot).
+    pub(super) async fn set_on_every_bucket(
+        &self,
+        activity_id: i64,
+        fields: &[(&str, String)],
+    ) -> Result<(), StoreError> {
         let buckets = self.buckets(activity_id).await?;
         let mut conn = self.pool.get().await?;
         for b in 0..buckets {
             let meta = self.keys.meta(Shard::new(activity_id, b, buckets));
-            let mut cmd = if required {
-                redis::cmd("HSET")
-            } else {
-                redis::cmd("HDEL")
-            };
-            cmd.arg(&meta).arg("passes");
-            if required {
-                cmd.arg("1");
-            }
-            cmd.query_async::<()>(&mut *conn).await?;
+            redis::cmd("HSET")
+                .arg(&meta)
+                .arg(fields)
+                .query_async::<()>(&mut *conn)
+                .await?;
         }
         Ok(())
     }
