@@ -338,37 +338,51 @@ impl<'a> InboxClaims<'a> {
 /// written in the same transaction.
 #[derive(Debug, Default)]
 pub struct InboxOutcomes {
-    message_ids: Vec<String>,
-    statuses: Vec<&'static str>,
-    decisions: Vec<String>,
+    /// The messages of each distinct outcome (status, decision), in first-seen order.
+    groups: Vec<((&'static str, String), Vec<String>)>,
 }
+
+/// One outcome for many messages. The rows are found with `message_id = ANY($4)`: both key
+/// columns are in the index condition whatever the table's statistics say. A join with
+/// `unnest` instead let a generic plan made while the table was still empty (a fresh schema,
+/// a new deployment) scan the group's whole index range for each batch, growing with the inbox
+/// (docs/ARCHITECTURE.md#order-creation).
+const SETTLE_INBOX: &str =
+    "UPDATE consumer_inbox SET status = $2, decision = $3, updated_at = now()
+     WHERE consumer_group = $1 AND message_id = ANY($4::text[])";
 
 impl InboxOutcomes {
     pub fn push(&mut self, message_id: String, status: &'static str, decision: String) {
-        self.message_ids.push(message_id);
-        self.statuses.push(status);
-        self.decisions.push(decision);
+        match self
+            .groups
+            .iter_mut()
+            .find(|((st, d), _)| *st == status && *d == decision)
+        {
+            Some((_, ids)) => ids.push(message_id),
+            None => self.groups.push(((status, decision), vec![message_id])),
+        }
     }
 
+    /// One statement per distinct outcome (one for a batch whose messages all created their
+    /// order), pipelined.
     pub async fn settle(
         &self,
         tx: &deadpool_postgres::Transaction<'_>,
         consumer_group: &str,
     ) -> Result<(), tokio_postgres::Error> {
-        super::exec_unless_empty(
-            tx,
-            self.message_ids.is_empty(),
-            "UPDATE consumer_inbox i SET status = t.st, decision = t.d, updated_at = now()
-             FROM unnest($2::text[], $3::text[], $4::text[]) AS t(m, st, d)
-             WHERE i.consumer_group = $1 AND i.message_id = t.m",
-            [
-                &consumer_group,
-                &self.message_ids,
-                &self.statuses,
-                &self.decisions,
-            ],
-        )
-        .await
+        if self.groups.is_empty() {
+            return Ok(());
+        }
+        let stmt = tx.prepare_cached(SETTLE_INBOX).await?;
+        let updates = self.groups.iter().map(|((status, decision), ids)| {
+            let params: [&(dyn ToSql + Sync); 4] = [&consumer_group, status, decision, ids];
+            let stmt = &stmt;
+            async move { tx.execute(stmt, &params).await }
+        });
+        for updated in futures::future::join_all(updates).await {
+            updated?;
+        }
+        Ok(())
     }
 }
 

@@ -20,7 +20,6 @@ use chrono::{DateTime, Duration, Utc};
 use deadpool_postgres::Client;
 
 use super::errors::TxError;
-use super::exec_unless_empty;
 use crate::domain::order_create::PoisonReason;
 use crate::domain::{Decision, OrderCreateRequested, RejectReason};
 
@@ -437,14 +436,7 @@ async fn write_outcomes(
     }
     let inbox = inbox_outcomes(b, owned, rejected);
 
-    let reject = exec_unless_empty(
-        tx,
-        rejections.reservation_ids.is_empty(),
-        "UPDATE reservations r SET status = 'REJECTED', reject_reason = t.x
-         FROM unnest($1::text[], $2::text[]) AS t(id, x)
-         WHERE r.reservation_id = t.id",
-        [&rejections.reservation_ids, &rejections.reasons],
-    );
+    let reject = rejections.mark(tx);
     let inbox = inbox.settle(tx, &b.names.consumer_group);
     // Wakes the outbox relays on commit (a NOTIFY is delivered only if the transaction commits).
     let notify = async {
