@@ -569,3 +569,66 @@ async fn a_call_over_several_stock_buckets_becomes_one_transaction_per_bucket() 
     );
     env.cleanup().await;
 }
+
+/// An order whose home bucket's row has no unit left takes one from another bucket of its SKU
+/// (the locked path): the order and its ledger debit name the bucket that gave it, and that
+/// row is the one decremented.
+#[tokio::test]
+async fn an_order_whose_home_bucket_is_empty_takes_its_unit_from_another_bucket() {
+    let env = TestEnv::without_topics().await;
+    let activity_id = 3;
+    env.activity_in_buckets(activity_id, &[(1, 8)], 4).await;
+    let pool = env.pool(2).await;
+    pool.get()
+        .await
+        .unwrap()
+        .execute(
+            "UPDATE stock_buckets SET remaining_stock = 0 WHERE activity_id = $1 AND bucket = 0",
+            &[&activity_id],
+        )
+        .await
+        .unwrap();
+    let h = OrderCreateHandler::new(pool, &env.settings, 1);
+    let topic = env.names().order_create_topic;
+    let batch = (1..=3i64)
+        .map(|user| {
+            let mut e = event(activity_id, 1, user, 300);
+            let ids = seckill::domain::ids::Ids::generate(activity_id, 0);
+            e.reservation_id = ids.reservation_id.clone();
+            e.message_key = ids.reservation_id;
+            delivery_of(&topic, &e)
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(h.handle(batch).await, ConsumeDecision::Ack);
+    let a = activity_id;
+    let q = |sql: String| {
+        let env = &env;
+        async move { env.count(&sql).await }
+    };
+    assert_eq!(
+        q(format!(
+            "SELECT count(*) FROM orders WHERE activity_id = {a} AND stock_bucket <> 0"
+        ))
+        .await,
+        3,
+        "every order names the bucket that gave its unit"
+    );
+    assert_eq!(
+        q(format!(
+            "SELECT count(*) FROM orders o JOIN stock_ledger l USING (order_id)
+             WHERE o.activity_id = {a} AND l.bucket = o.stock_bucket AND l.delta = -1"
+        ))
+        .await,
+        3,
+        "each ledger debit is from the order's bucket"
+    );
+    assert_eq!(
+        q(format!(
+            "SELECT sum(total_stock - remaining_stock)::int8 FROM stock_buckets
+             WHERE activity_id = {a} AND bucket <> 0"
+        ))
+        .await,
+        3
+    );
+    env.cleanup().await;
+}

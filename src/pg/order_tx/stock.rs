@@ -179,20 +179,24 @@ impl Allocation {
             [&self.surplus],
         )
         .await?;
-        let moved_ids: Vec<&str> = self
-            .moved
-            .keys()
-            .map(|&i| b.ev(i).order_id.as_str())
-            .collect();
-        let moved_buckets: Vec<i16> = self.moved.values().copied().collect();
-        exec_unless_empty(
-            tx,
-            self.moved.is_empty(),
-            "UPDATE orders o SET stock_bucket = t.b FROM unnest($1::text[], $2::int2[]) AS t(o, b)
-             WHERE o.order_id = t.o",
-            [&moved_ids as &(dyn ToSql + Sync), &moved_buckets],
-        )
-        .await?;
+        // By the bucket they moved to, each found with `= ANY` (an index scan whatever plan is
+        // reused), in bucket order.
+        let mut by_bucket: BTreeMap<i16, Vec<&str>> = BTreeMap::new();
+        for (&i, &bucket) in &self.moved {
+            by_bucket
+                .entry(bucket)
+                .or_default()
+                .push(b.ev(i).order_id.as_str());
+        }
+        for (bucket, ids) in &by_bucket {
+            exec_unless_empty(
+                tx,
+                false,
+                "UPDATE orders SET stock_bucket = $1 WHERE order_id = ANY($2::text[])",
+                [bucket as &(dyn ToSql + Sync), ids],
+            )
+            .await?;
+        }
         Ok(())
     }
 }
