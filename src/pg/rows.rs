@@ -342,11 +342,11 @@ pub struct InboxOutcomes {
     groups: Vec<((&'static str, String), Vec<String>)>,
 }
 
-/// One outcome for many messages. The rows are found with `message_id = ANY($4)`: both key
-/// columns are in the index condition whatever the table's statistics say. A join with
-/// `unnest` instead let a generic plan made while the table was still empty (a fresh schema,
-/// a new deployment) scan the group's whole index range for each batch, growing with the inbox
-/// (docs/ARCHITECTURE.md#order-creation).
+/// One outcome for many messages, the rows found with `message_id = ANY($4)`. Before the inbox
+/// has statistics (a fresh schema, a new deployment) PostgreSQL may still read the group's
+/// whole index range and filter it, with this form or with a join on `unnest`; this one read
+/// fewer entries in a drain (docs/ARCHITECTURE.md#order-creation). With statistics both find
+/// the rows by key.
 const SETTLE_INBOX: &str =
     "UPDATE consumer_inbox SET status = $2, decision = $3, updated_at = now()
      WHERE consumer_group = $1 AND message_id = ANY($4::text[])";

@@ -186,9 +186,8 @@ pub(super) struct RejectionRows {
     pub(super) tasks: CompensationRows,
 }
 
-/// The rows are found with `reservation_id = ANY($2)`, an index scan whatever the table's
-/// statistics say (a join with `unnest` planned on a table not yet analysed chose a hash join
-/// over the whole table).
+/// The rows are found with `reservation_id = ANY($2)`: an index scan even on a table without
+/// statistics, where a join with `unnest` was planned as a hash join over the whole table.
 const MARK_REJECTED: &str = "UPDATE reservations SET status = 'REJECTED', reject_reason = $1
      WHERE reservation_id = ANY($2::text[])";
 

@@ -179,8 +179,8 @@ impl Allocation {
             [&self.surplus],
         )
         .await?;
-        // By the bucket they moved to, each found with `= ANY` (an index scan whatever plan is
-        // reused), in bucket order.
+        // By the bucket they moved to, each found with `= ANY` (an index scan even without
+        // statistics, where a join with `unnest` may scan every partition), in bucket order.
         let mut by_bucket: BTreeMap<i16, Vec<&str>> = BTreeMap::new();
         for (&i, &bucket) in &self.moved {
             by_bucket
