@@ -338,51 +338,47 @@ impl<'a> InboxClaims<'a> {
 /// written in the same transaction.
 #[derive(Debug, Default)]
 pub struct InboxOutcomes {
-    /// The messages of each distinct outcome (status, decision), in first-seen order.
-    groups: Vec<((&'static str, String), Vec<String>)>,
+    message_ids: Vec<String>,
+    statuses: Vec<&'static str>,
+    decisions: Vec<String>,
 }
 
-/// One outcome for many messages, the rows found with `message_id = ANY($4)`. Before the inbox
-/// has statistics (a fresh schema, a new deployment) PostgreSQL may still read the group's
-/// whole index range and filter it, with this form or with a join on `unnest`; this one read
-/// fewer entries in a drain (docs/ARCHITECTURE.md#order-creation). With statistics both find
-/// the rows by key.
-const SETTLE_INBOX: &str =
-    "UPDATE consumer_inbox SET status = $2, decision = $3, updated_at = now()
-     WHERE consumer_group = $1 AND message_id = ANY($4::text[])";
+/// One statement for the batch: each row found with `message_id = ANY($2)`, its values taken
+/// from the same position of `$3` and `$4`. Before the inbox has statistics (a fresh schema, a
+/// new deployment) PostgreSQL may still read the group's whole index range and filter it, with
+/// this form or with a join on `unnest`; this one read fewer entries in a drain
+/// (docs/ARCHITECTURE.md#order-creation). With statistics both find the rows by key.
+const SETTLE_INBOX: &str = "UPDATE consumer_inbox
+        SET status = ($3::text[])[array_position($2::text[], message_id)],
+            decision = ($4::text[])[array_position($2::text[], message_id)],
+            updated_at = now()
+      WHERE consumer_group = $1 AND message_id = ANY($2::text[])";
 
 impl InboxOutcomes {
+    /// `message_id` once per batch (the claim made them unique).
     pub fn push(&mut self, message_id: String, status: &'static str, decision: String) {
-        match self
-            .groups
-            .iter_mut()
-            .find(|((st, d), _)| *st == status && *d == decision)
-        {
-            Some((_, ids)) => ids.push(message_id),
-            None => self.groups.push(((status, decision), vec![message_id])),
-        }
+        self.message_ids.push(message_id);
+        self.statuses.push(status);
+        self.decisions.push(decision);
     }
 
-    /// One statement per distinct outcome (one for a batch whose messages all created their
-    /// order), pipelined.
     pub async fn settle(
         &self,
         tx: &deadpool_postgres::Transaction<'_>,
         consumer_group: &str,
     ) -> Result<(), tokio_postgres::Error> {
-        if self.groups.is_empty() {
-            return Ok(());
-        }
-        let stmt = tx.prepare_cached(SETTLE_INBOX).await?;
-        let updates = self.groups.iter().map(|((status, decision), ids)| {
-            let params: [&(dyn ToSql + Sync); 4] = [&consumer_group, status, decision, ids];
-            let stmt = &stmt;
-            async move { tx.execute(stmt, &params).await }
-        });
-        for updated in futures::future::join_all(updates).await {
-            updated?;
-        }
-        Ok(())
+        super::exec_unless_empty(
+            tx,
+            self.message_ids.is_empty(),
+            SETTLE_INBOX,
+            [
+                &consumer_group,
+                &self.message_ids,
+                &self.statuses,
+                &self.decisions,
+            ],
+        )
+        .await
     }
 }
 

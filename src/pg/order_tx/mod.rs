@@ -20,6 +20,7 @@ use chrono::{DateTime, Duration, Utc};
 use deadpool_postgres::Client;
 
 use super::errors::TxError;
+use super::exec_unless_empty;
 use crate::domain::order_create::PoisonReason;
 use crate::domain::{Decision, OrderCreateRequested, RejectReason};
 
@@ -436,7 +437,12 @@ async fn write_outcomes(
     }
     let inbox = inbox_outcomes(b, owned, rejected);
 
-    let reject = rejections.mark(tx);
+    let reject = exec_unless_empty(
+        tx,
+        rejections.reservation_ids.is_empty(),
+        rows::MARK_REJECTED,
+        [&rejections.reservation_ids, &rejections.reasons],
+    );
     let inbox = inbox.settle(tx, &b.names.consumer_group);
     // Wakes the outbox relays on commit (a NOTIFY is delivered only if the transaction commits).
     let notify = async {

@@ -181,42 +181,29 @@ fn order_facts(e: &OrderCreateRequested) -> OrderRef {
 /// `reservations` marked REJECTED, with their `compensation_tasks`.
 #[derive(Default)]
 pub(super) struct RejectionRows {
-    /// The reservations rejected for each reason, in first-seen order.
-    pub(super) by_reason: Vec<(&'static str, Vec<String>)>,
+    pub(super) reservation_ids: Vec<String>,
+    pub(super) reasons: Vec<String>,
     pub(super) tasks: CompensationRows,
 }
 
-/// The rows are found with `reservation_id = ANY($2)`: an index scan even on a table without
-/// statistics, where a join with `unnest` was planned as a hash join over the whole table.
-const MARK_REJECTED: &str = "UPDATE reservations SET status = 'REJECTED', reject_reason = $1
-     WHERE reservation_id = ANY($2::text[])";
+/// One statement: the rows found with `reservation_id = ANY($1)` (an index scan even on a table
+/// without statistics, where a join with `unnest` was planned as a hash join over the whole
+/// table), each one's reason taken from the same position of `$2`.
+pub(super) const MARK_REJECTED: &str = "UPDATE reservations
+        SET status = 'REJECTED', reject_reason = ($2::text[])[array_position($1::text[], reservation_id)]
+      WHERE reservation_id = ANY($1::text[])";
 
 impl RejectionRows {
     pub(super) fn push(&mut self, e: &OrderCreateRequested, reason: RejectReason) {
-        let code = reason.code();
-        match self.by_reason.iter_mut().find(|(r, _)| *r == code) {
-            Some((_, ids)) => ids.push(e.reservation_id.clone()),
-            None => self.by_reason.push((code, vec![e.reservation_id.clone()])),
-        }
-        self.tasks
-            .push(&e.reservation_id, e.activity_id, e.sku_id, e.user_id, code);
-    }
-
-    /// One statement per reason, pipelined.
-    pub(super) async fn mark(&self, tx: &super::Tx<'_>) -> Result<(), tokio_postgres::Error> {
-        if self.by_reason.is_empty() {
-            return Ok(());
-        }
-        let stmt = tx.prepare_cached(MARK_REJECTED).await?;
-        let updates = self.by_reason.iter().map(|(reason, ids)| {
-            let params: [&(dyn ToSql + Sync); 2] = [reason, ids];
-            let stmt = &stmt;
-            async move { tx.execute(stmt, &params).await }
-        });
-        for updated in futures::future::join_all(updates).await {
-            updated?;
-        }
-        Ok(())
+        self.reservation_ids.push(e.reservation_id.clone());
+        self.reasons.push(reason.code().to_string());
+        self.tasks.push(
+            &e.reservation_id,
+            e.activity_id,
+            e.sku_id,
+            e.user_id,
+            reason.code(),
+        );
     }
 }
 

@@ -179,24 +179,22 @@ impl Allocation {
             [&self.surplus],
         )
         .await?;
-        // By the bucket they moved to, each found with `= ANY` (an index scan even without
-        // statistics, where a join with `unnest` may scan every partition), in bucket order.
-        let mut by_bucket: BTreeMap<i16, Vec<&str>> = BTreeMap::new();
-        for (&i, &bucket) in &self.moved {
-            by_bucket
-                .entry(bucket)
-                .or_default()
-                .push(b.ev(i).order_id.as_str());
-        }
-        for (bucket, ids) in &by_bucket {
-            exec_unless_empty(
-                tx,
-                false,
-                "UPDATE orders SET stock_bucket = $1 WHERE order_id = ANY($2::text[])",
-                [bucket as &(dyn ToSql + Sync), ids],
-            )
-            .await?;
-        }
+        let moved_ids: Vec<&str> = self
+            .moved
+            .keys()
+            .map(|&i| b.ev(i).order_id.as_str())
+            .collect();
+        let moved_buckets: Vec<i16> = self.moved.values().copied().collect();
+        // Found with `= ANY` (an index scan even without statistics, where a join with
+        // `unnest` may scan every partition), each one's bucket from the same position.
+        exec_unless_empty(
+            tx,
+            self.moved.is_empty(),
+            "UPDATE orders SET stock_bucket = ($2::int2[])[array_position($1::text[], order_id)]
+             WHERE order_id = ANY($1::text[])",
+            [&moved_ids as &(dyn ToSql + Sync), &moved_buckets],
+        )
+        .await?;
         Ok(())
     }
 }
