@@ -42,7 +42,9 @@
 # Knobs: BENCH_QUICK=1 (smaller runs, for a smoke test), BENCH_CONCURRENCY (default 64),
 # LIMITS_SECONDS (default 10), BENCH_ONLY=sale (only the sale's three runs: make bench-sale),
 # BENCH_ONLY=orders (pgbench's batch and the order consumer on a backlog: make bench-orders),
-# BENCH_WAITING_NICE (default 10, as shipped: the nice level of consume, scan and timeout-cancel).
+# BENCH_WAITING_NICE (default 10, as shipped: the nice level of consume, scan and timeout-cancel),
+# BENCH_FRESH_START=1 (the order consumer's drains start on the order tables as the migration
+# left them, never analyzed, instead of pgbench's start: an inbox with history, analyzed).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"

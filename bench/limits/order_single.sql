@@ -2,9 +2,9 @@
 -- src/pg/order_tx/mod.rs runs it for a batch of one (happy path: fresh message, fresh
 -- reservation, stock left). The same statements in the same order and the same round trips
 -- (tests/it/pgbench_scripts.rs records what the consumer sends and compares):
---   BEGIN; inbox insert; reservation insert; order insert (joined with the SKU row, FK check
+--   BEGIN; inbox insert (with the outcome it comes to); reservation insert; order insert (joined with the SKU row, FK check
 --   = FOR KEY SHARE on the hot row); SAVEPOINT + unlocked stock read, pipelined; ledger,
---   outbox (ORDER_CREATED + delayed CANCEL_IF_UNPAID), inbox status and NOTIFY, pipelined;
+--   outbox (ORDER_CREATED + delayed CANCEL_IF_UNPAID) and NOTIFY, pipelined;
 --   the conditional hot-row decrement (its row lock is taken last, held for the commit only)
 --   and the commit stamp (order_commits), pipelined; COMMIT.
 -- Ids: k = per-client counter * 1000 + client_id: unique and rising, like the ULID-based
@@ -16,10 +16,11 @@
 \set uid permute(:k, 10000000000000) + 1
 BEGIN;
 INSERT INTO seckill_limits.consumer_inbox
-    (consumer_group, message_id, topic, reservation_id, order_id, status, delivery_attempt,
-     activity_id)
+    (consumer_group, message_id, topic, reservation_id, order_id, status, decision,
+     delivery_attempt, activity_id)
 VALUES ('seckill-limits-consumer', 'evt_' || lpad(:k::text, 26, '0'), 'seckill-order-create',
-        'rsv_' || lpad(:k::text, 26, '0'), 'ord_' || lpad(:k::text, 26, '0'), 'PROCESSING', 0, 1)
+        'rsv_' || lpad(:k::text, 26, '0'), 'ord_' || lpad(:k::text, 26, '0'), 'SUCCEEDED',
+        'CREATED', 0, 1)
 ON CONFLICT DO NOTHING
 RETURNING message_id;
 INSERT INTO seckill_limits.reservations
@@ -75,9 +76,6 @@ SELECT 'ord_' || lpad(:k::text, 26, '0') || '.CANCEL_IF_UNPAID', 'seckill-order-
            'traceparent', '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'),
        now() + interval '15 minutes', now() + interval '15 minutes' - interval '60 seconds', 1
 ON CONFLICT (activity_id, event_id) DO NOTHING;
-UPDATE seckill_limits.consumer_inbox
-   SET status = 'SUCCEEDED', decision = 'CREATED', updated_at = now()
- WHERE consumer_group = 'seckill-limits-consumer' AND message_id = 'evt_' || lpad(:k::text, 26, '0');
 NOTIFY seckill_limits_outbox;
 \endpipeline
 \startpipeline

@@ -56,12 +56,12 @@ mod embedded {
 /// The connection config of every pool: search_path to the configured schema and a statement
 /// timeout, so a stuck lock turns into a retryable error instead of a hung worker.
 ///
-/// `plan_cache_mode = force_custom_plan`: the hot statements are prepared once per connection;
-/// left to itself PostgreSQL switches to a generic plan after five runs, and one made while
-/// the inbox was nearly empty (a fresh deployment, the first seconds of a sale) scans the
-/// whole inbox on every batch until the next ANALYZE. Seen with `pgbench -M prepared` running
-/// the same statements on a fresh schema (bench/limits/limits.sh): the batched transaction fell
-/// from 140 to 60 a second within 8 s. Planning each run costs far less than that.
+/// `plan_cache_mode` is [`PlanCache::Custom`] unless a pool asks otherwise: the hot statements
+/// are prepared once per connection; left to itself PostgreSQL switches to a generic plan
+/// after five runs, and one made while the inbox was nearly empty (a fresh deployment, the
+/// first seconds of a sale) scans the whole inbox on every batch until the next ANALYZE. Seen
+/// with `pgbench -M prepared` running the same statements on a fresh schema
+/// (bench/limits/limits.sh): the batched transaction fell from 140 to 60 a second within 8 s.
 /// `application_name` of this process's connections ([`name_connections`]).
 static APPLICATION_NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
@@ -72,14 +72,39 @@ pub fn name_connections(part: &str, env: &str) {
     let _ = APPLICATION_NAME.set(format!("seckill-{part}@{env}"));
 }
 
+/// Whether a pool's connections reuse the plans of their prepared statements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanCache {
+    /// Every run of a statement is planned with its parameters (`force_custom_plan`): right
+    /// whatever the tables' statistics say, at the planner's price on every run.
+    Custom,
+    /// PostgreSQL's own choice (`auto`): a prepared statement's generic plan is reused after
+    /// five runs, foreign-key checks' plans too. Only for a pool whose repeated statements
+    /// have one sensible plan whatever the statistics (the order transaction's hot path,
+    /// docs/ARCHITECTURE.md#planning-once); a statement that searches a growing table is sent
+    /// unprepared there ([`exec_planned`]), so it is planned with its parameters every time.
+    Reuse,
+}
+
 pub fn pg_config(settings: &PgSettings) -> anyhow::Result<tokio_postgres::Config> {
+    pg_config_with(settings, PlanCache::Custom)
+}
+
+fn pg_config_with(
+    settings: &PgSettings,
+    plans: PlanCache,
+) -> anyhow::Result<tokio_postgres::Config> {
     let mut cfg: tokio_postgres::Config = settings
         .url
         .expose_secret()
         .parse()
         .context("pg.url: not a valid PostgreSQL connection string")?;
+    let mode = match plans {
+        PlanCache::Custom => "force_custom_plan",
+        PlanCache::Reuse => "auto",
+    };
     cfg.options(format!(
-        "-c search_path={} -c statement_timeout={} -c plan_cache_mode=force_custom_plan",
+        "-c search_path={} -c statement_timeout={} -c plan_cache_mode={mode}",
         settings.schema, settings.statement_timeout_ms
     ));
     cfg.application_name(APPLICATION_NAME.get().map_or("seckill", String::as_str));
@@ -141,7 +166,16 @@ const PG_TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Builds a pool of `size` connections and checks one connection works before returning.
 pub async fn connect_pool(settings: &PgSettings, size: usize) -> anyhow::Result<Pool> {
-    let cfg = pg_config(settings)?;
+    connect_pool_with(settings, size, PlanCache::Custom).await
+}
+
+/// [`connect_pool`] whose connections plan as `plans` says.
+pub async fn connect_pool_with(
+    settings: &PgSettings,
+    size: usize,
+    plans: PlanCache,
+) -> anyhow::Result<Pool> {
+    let cfg = pg_config_with(settings, plans)?;
     let cfg_shown = cfg.clone();
     let mgr = Manager::from_config(
         cfg,
@@ -238,8 +272,6 @@ pub async fn quarantine(
     rows.insert_with(client, group, &d.topic).await
 }
 
-/// Runs one set-based statement of a transaction (prepared once per connection), unless it has
-/// no rows to write: the order and cancel transactions' building block.
 /// The order facts of `order_id` from `r`: reservation, activity, SKU and user ids in the four
 /// columns from `at`.
 pub(crate) fn order_ref(
@@ -256,6 +288,8 @@ pub(crate) fn order_ref(
     }
 }
 
+/// Runs one set-based statement of a transaction (prepared once per connection), unless it has
+/// no rows to write: the order and cancel transactions' building block.
 pub(crate) async fn exec_unless_empty<const N: usize>(
     tx: &deadpool_postgres::Transaction<'_>,
     empty: bool,
@@ -267,5 +301,25 @@ pub(crate) async fn exec_unless_empty<const N: usize>(
     }
     let stmt = tx.prepare_cached(sql).await?;
     tx.execute(&stmt, &params).await?;
+    Ok(())
+}
+
+/// Runs one statement of a transaction unless it has no rows to write, prepared for this run
+/// only: PostgreSQL plans it with its parameters even on a [`PlanCache::Reuse`] connection.
+/// For a statement that searches a table whose size a cached plan could misjudge (the inbox,
+/// reservations and orders of a sale that began a minute ago), on paths that are not every
+/// batch's.
+pub(crate) async fn exec_planned<const N: usize>(
+    tx: &deadpool_postgres::Transaction<'_>,
+    empty: bool,
+    sql: &str,
+    params: [&(dyn tokio_postgres::types::ToSql + Sync); N],
+) -> Result<(), tokio_postgres::Error> {
+    if empty {
+        return Ok(());
+    }
+    // A statement prepared here and closed when dropped: its first run is its only one, and
+    // PostgreSQL plans a statement's first five runs with their parameters in any mode.
+    tx.execute(sql, &params).await?;
     Ok(())
 }

@@ -276,16 +276,21 @@ pub struct InboxClaims<'a> {
     order_ids: Vec<&'a str>,
     attempts: Vec<i32>,
     activity_ids: Vec<Option<i64>>,
+    statuses: Vec<&'static str>,
+    decisions: Vec<Option<&'a str>>,
 }
 
 /// The claim: the row's activity is the message's, or (when the message does not carry it)
-/// the order's, looked up in the same statement.
+/// the order's, looked up in the same statement. A row starts `PROCESSING`, or with the
+/// outcome its transaction expects ([`InboxClaims::expect`]); no other transaction sees it
+/// before the commit, and the transaction corrects the rows that came to something else.
 const CLAIM_INBOX: &str = "INSERT INTO consumer_inbox
-       (consumer_group, message_id, topic, reservation_id, order_id, status, delivery_attempt,
-        activity_id)
-     SELECT $1, t.m, $2, t.r, t.o, 'PROCESSING', t.a,
+       (consumer_group, message_id, topic, reservation_id, order_id, status, decision,
+        delivery_attempt, activity_id)
+     SELECT $1, t.m, $2, t.r, t.o, t.st, t.d, t.a,
             coalesce(t.act, (SELECT o.activity_id FROM orders o WHERE o.order_id = t.o LIMIT 1), 0)
-     FROM unnest($3::text[], $4::text[], $5::text[], $6::int[], $7::int8[]) AS t(m, r, o, a, act)
+     FROM unnest($3::text[], $4::text[], $5::text[], $6::int[], $7::int8[], $8::text[],
+                 $9::text[]) AS t(m, r, o, a, act, st, d)
      ON CONFLICT DO NOTHING
      RETURNING message_id";
 
@@ -303,6 +308,18 @@ impl<'a> InboxClaims<'a> {
         self.order_ids.push(order_id);
         self.attempts.push(delivery_attempt);
         self.activity_ids.push(activity_id);
+        self.statuses.push("PROCESSING");
+        self.decisions.push(None);
+    }
+
+    /// The last pushed row starts with the outcome its transaction expects (`SUCCEEDED` or
+    /// `REJECTED`, and the decision) instead of `PROCESSING`: when the expectation holds, no
+    /// second write of the row is needed.
+    pub fn expect(&mut self, status: &'static str, decision: &'a str) {
+        if let (Some(s), Some(d)) = (self.statuses.last_mut(), self.decisions.last_mut()) {
+            *s = status;
+            *d = Some(decision);
+        }
     }
 
     /// Claims every row in one statement; returns the message ids this transaction now owns.
@@ -316,7 +333,7 @@ impl<'a> InboxClaims<'a> {
             return Ok(HashSet::new());
         }
         let stmt = tx.prepare_cached(CLAIM_INBOX).await?;
-        let params: [&(dyn ToSql + Sync); 7] = [
+        let params: [&(dyn ToSql + Sync); 9] = [
             &consumer_group,
             &topic,
             &self.message_ids,
@@ -324,6 +341,8 @@ impl<'a> InboxClaims<'a> {
             &self.order_ids,
             &self.attempts,
             &self.activity_ids,
+            &self.statuses,
+            &self.decisions,
         ];
         Ok(tx
             .query(&stmt, &params)
@@ -360,6 +379,27 @@ impl InboxOutcomes {
         self.message_ids.push(message_id);
         self.statuses.push(status);
         self.decisions.push(decision);
+    }
+
+    /// [`InboxOutcomes::settle`] planned with this batch's ids ([`super::exec_planned`]): for
+    /// the few rows whose claim expected another outcome, on a connection that reuses plans.
+    pub async fn settle_planned(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        consumer_group: &str,
+    ) -> Result<(), tokio_postgres::Error> {
+        super::exec_planned(
+            tx,
+            self.message_ids.is_empty(),
+            SETTLE_INBOX,
+            [
+                &consumer_group,
+                &self.message_ids,
+                &self.statuses,
+                &self.decisions,
+            ],
+        )
+        .await
     }
 
     pub async fn settle(

@@ -20,7 +20,7 @@ use chrono::{DateTime, Duration, Utc};
 use deadpool_postgres::Client;
 
 use super::errors::TxError;
-use super::exec_unless_empty;
+use super::exec_planned;
 use crate::domain::order_create::PoisonReason;
 use crate::domain::{Decision, OrderCreateRequested, RejectReason};
 
@@ -28,7 +28,7 @@ mod rows;
 mod stock;
 use super::rows::{InboxClaims, LedgerMove, LedgerRows, OutboxRows, Poison, QuarantineRows};
 use rows::{
-    home_bucket, inbox_outcomes, push_created, push_release, OrderRows, RejectionRows,
+    home_bucket, inbox_corrections, push_created, push_release, OrderRows, RejectionRows,
     ReservationRows,
 };
 use stock::{group_by_sku, take_stock_locked, take_stock_optimistically};
@@ -124,6 +124,16 @@ impl<'a> Batch<'a> {
             Some(RejectReason::Expiring)
         } else {
             None
+        }
+    }
+
+    /// The inbox outcome the claim writes for the message at `idx`: its early rejection, else
+    /// a created order (what nearly every message comes to); [`rows::inbox_corrections`]
+    /// rewrites the rows that came to something else.
+    fn expected_outcome(&self, idx: usize) -> (&'static str, &'static str) {
+        match self.early_rejection(idx) {
+            Some(reason) => ("REJECTED", reason.code()),
+            None => ("SUCCEEDED", "CREATED"),
         }
     }
 
@@ -274,6 +284,8 @@ async fn claim_inbox(tx: &Tx<'_>, b: &mut Batch<'_>) -> Result<Vec<usize>, tokio
         let attempt = b.items[i].delivery_attempt;
         let r = Some(e.reservation_id.as_str());
         claims.push(&e.message_id, r, &e.order_id, attempt, Some(e.activity_id));
+        let (status, decision) = b.expected_outcome(i);
+        claims.expect(status, decision);
     }
     let fresh = claims
         .claim(tx, &b.names.consumer_group, &b.names.source_topic)
@@ -379,16 +391,15 @@ async fn insert_orders(
         .filter(|&i| !inserted.contains(&b.ev(i).order_id))
         .collect();
     if !missing.is_empty() {
-        let stmt = tx
-            .prepare_cached(
-                "SELECT t.a, t.s FROM unnest($1::int8[], $2::int8[]) AS t(a, s)
-                 WHERE EXISTS (SELECT 1 FROM activity_skus k WHERE k.activity_id = t.a AND k.sku_id = t.s)",
-            )
-            .await?;
+        // Not every batch's: planned for these ids (pg::exec_planned).
         let a: Vec<i64> = missing.iter().map(|&i| b.ev(i).activity_id).collect();
         let s: Vec<i64> = missing.iter().map(|&i| b.ev(i).sku_id).collect();
         let known: HashSet<(i64, i64)> = tx
-            .query(&stmt, &[&a, &s])
+            .query(
+                "SELECT t.a, t.s FROM unnest($1::int8[], $2::int8[]) AS t(a, s)
+                 WHERE EXISTS (SELECT 1 FROM activity_skus k WHERE k.activity_id = t.a AND k.sku_id = t.s)",
+                &[&a, &s],
+            )
             .await?
             .into_iter()
             .map(|row| (row.get(0), row.get(1)))
@@ -435,15 +446,17 @@ async fn write_outcomes(
         rejections.push(e, reason);
         push_release(&mut outbox, b, e, reason);
     }
-    let inbox = inbox_outcomes(b, owned, rejected);
+    let inbox = inbox_corrections(b, owned, rejected);
 
-    let reject = exec_unless_empty(
+    // Rejections are the exception: their reservations and inbox rows are searched with
+    // plans made for these ids (pg::exec_planned), whatever this connection has cached.
+    let reject = exec_planned(
         tx,
         rejections.reservation_ids.is_empty(),
         rows::MARK_REJECTED,
         [&rejections.reservation_ids, &rejections.reasons],
     );
-    let inbox = inbox.settle(tx, &b.names.consumer_group);
+    let inbox = inbox.settle_planned(tx, &b.names.consumer_group);
     // Wakes the outbox relays on commit (a NOTIFY is delivered only if the transaction commits).
     let notify = async {
         if outbox.is_empty() {

@@ -207,8 +207,9 @@ impl RejectionRows {
     }
 }
 
-/// What each owned message came to, for its inbox row.
-pub(super) fn inbox_outcomes(
+/// The owned messages whose inbox row must change: what each came to, where that is not the
+/// outcome its claim wrote ([`Batch::expected_outcome`]). Empty when every order was created.
+pub(super) fn inbox_corrections(
     b: &Batch<'_>,
     owned: &[usize],
     rejected: &[(usize, RejectReason)],
@@ -217,13 +218,15 @@ pub(super) fn inbox_outcomes(
     let mut out = InboxOutcomes::default();
     for &i in owned {
         let (status, decision) = if let Some(r) = rejected.get(&i) {
-            ("REJECTED", r.code().to_string())
+            ("REJECTED", r.code())
         } else if b.decisions[i] == Some(Decision::DuplicateReservation) {
-            ("SUCCEEDED", "DUPLICATE_RESERVATION".to_string())
+            ("SUCCEEDED", "DUPLICATE_RESERVATION")
         } else {
-            ("SUCCEEDED", "CREATED".to_string())
+            ("SUCCEEDED", "CREATED")
         };
-        out.push(b.ev(i).message_id.clone(), status, decision);
+        if (status, decision) != b.expected_outcome(i) {
+            out.push(b.ev(i).message_id.clone(), status, decision.to_string());
+        }
     }
     out
 }

@@ -9,7 +9,7 @@ use tokio_postgres::types::ToSql;
 use super::rows::home_bucket;
 use super::{write_outcomes, Batch, Tx};
 use crate::domain::RejectReason;
-use crate::pg::exec_unless_empty;
+use crate::pg::exec_planned;
 
 /// One stock row: activity, SKU, bucket (docs/ARCHITECTURE.md#stock-buckets).
 type StockKey = (i64, i64, i16);
@@ -172,7 +172,8 @@ impl Allocation {
 
     /// The surplus orders deleted, the moved ones pointed at the bucket their unit came from.
     async fn fix_orders(&self, tx: &Tx<'_>, b: &Batch<'_>) -> Result<(), tokio_postgres::Error> {
-        exec_unless_empty(
+        // Not every batch's: planned for these ids (pg::exec_planned).
+        exec_planned(
             tx,
             self.surplus.is_empty(),
             "DELETE FROM orders WHERE order_id = ANY($1::text[])",
@@ -187,7 +188,7 @@ impl Allocation {
         let moved_buckets: Vec<i16> = self.moved.values().copied().collect();
         // Found with `= ANY` (an index scan even without statistics, where a join with
         // `unnest` may scan every partition), each one's bucket from the same position.
-        exec_unless_empty(
+        exec_planned(
             tx,
             self.moved.is_empty(),
             "UPDATE orders SET stock_bucket = ($2::int2[])[array_position($1::text[], order_id)]
