@@ -22,12 +22,10 @@ use super::errors::TxError;
 use super::exec_unless_empty;
 use super::order_state::StateNames;
 use super::rows::{
-    CompensationRows, InboxClaims, InboxOutcomes, LedgerMove, LedgerRows, OutboxEvent, OutboxRows,
-    OutboxStart,
+    CompensationRows, InboxClaims, InboxOutcomes, JsonDoc, LedgerMove, LedgerRows, OutboxEvent,
+    OutboxRows, OutboxStart,
 };
-use crate::domain::events::{
-    payload, OrderCanceled, OrderRef, ReleaseReservation, TAG_ORDER_CANCELED,
-};
+use crate::domain::events::{OrderCanceled, OrderRef, ReleaseReservation, TAG_ORDER_CANCELED};
 use crate::domain::CancelOutcome;
 
 /// One cancel message handed to the transaction.
@@ -79,7 +77,7 @@ impl CanceledDraft {
             message_key: order_id.clone(),
             aggregate_id: Some(order_id.clone()),
             aggregate_version: Some(self.version),
-            payload: payload(&self.event),
+            payload: crate::domain::events::payload(&self.event),
             deliver_at: None,
             attempts: 1,
         }
@@ -400,7 +398,7 @@ fn canceled_rows(
             tag: TAG_ORDER_CANCELED,
             key: &f.order_id,
             aggregate: Some((&f.order_id, Some(c.version))),
-            payload: payload(&ev),
+            payload: JsonDoc::of(&ev),
             deliver_at: None,
             first_send_at: None,
             start,

@@ -8,8 +8,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio_postgres::GenericClient;
 
-use super::rows::{OutboxEvent, OutboxRows, OutboxStart};
-use crate::domain::events::{payload, OrderRef, RefundRequired, TAG_REFUND_REQUIRED};
+use super::rows::{JsonDoc, OutboxEvent, OutboxRows, OutboxStart};
+use crate::domain::events::{OrderRef, RefundRequired, TAG_REFUND_REQUIRED};
 
 /// The order a payment could not settle, as the payment's transaction read it.
 #[derive(Debug, Clone)]
@@ -107,7 +107,7 @@ pub async fn owe(
         tag: TAG_REFUND_REQUIRED,
         key: &order.order_id,
         aggregate: Some((&order.order_id, Some(found.version))),
-        payload: payload(&event),
+        payload: JsonDoc::of(&event),
         deliver_at: None,
         first_send_at: None,
         start: OutboxStart::Pending,

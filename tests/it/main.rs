@@ -26,6 +26,7 @@ mod hung_dependencies;
 mod jwks_url;
 mod many_instances;
 mod metrics;
+mod order_plans;
 mod order_tx;
 mod outbox_timers;
 mod passes;

@@ -11,7 +11,7 @@ use seckill::roles::consume::order_create::OrderCreateHandler;
 
 async fn handler(env: &TestEnv, workers: usize) -> Arc<OrderCreateHandler> {
     Arc::new(OrderCreateHandler::new(
-        env.pool(workers + 1).await,
+        env.order_pool(workers + 1).await,
         &env.settings,
         workers,
     ))

@@ -9,11 +9,13 @@ use tokio_postgres::types::ToSql;
 
 use super::Batch;
 use crate::domain::events::{
-    cancel_if_unpaid_event_id, payload, CancelOrderIfUnpaid, OrderCreated, OrderRef,
-    ReleaseReservation, TAG_CANCEL_IF_UNPAID, TAG_ORDER_CREATED,
+    cancel_if_unpaid_event_id, CancelOrderIfUnpaid, OrderCreated, OrderRef, ReleaseReservation,
+    TAG_CANCEL_IF_UNPAID, TAG_ORDER_CREATED,
 };
 use crate::domain::{Decision, OrderCreateRequested, RejectReason};
-use crate::pg::rows::{CompensationRows, InboxOutcomes, OutboxEvent, OutboxRows, OutboxStart};
+use crate::pg::rows::{
+    CompensationRows, InboxOutcomes, JsonDoc, OutboxEvent, OutboxRows, OutboxStart,
+};
 
 /// `reservations`: the decision row of each reservation (`ORDERED`, or `REJECTED` with why).
 #[derive(Default)]
@@ -125,7 +127,7 @@ pub(super) fn push_created(out: &mut OutboxRows, b: &Batch<'_>, e: &OrderCreateR
         tag: TAG_ORDER_CREATED,
         key: &e.order_id,
         aggregate: Some((&e.order_id, Some(1))),
-        payload: payload(&created),
+        payload: JsonDoc::of(&created),
         deliver_at: None,
         first_send_at: None,
         start: OutboxStart::Pending,
@@ -145,7 +147,7 @@ pub(super) fn push_created(out: &mut OutboxRows, b: &Batch<'_>, e: &OrderCreateR
         tag: TAG_CANCEL_IF_UNPAID,
         key: &e.order_id,
         aggregate: Some((&e.order_id, None)),
-        payload: payload(&cancel),
+        payload: JsonDoc::of(&cancel),
         deliver_at: Some(b.expires_at),
         // Held in the outbox until shortly before it is due (docs/ARCHITECTURE.md#outbox-relay).
         first_send_at: Some(b.expires_at - b.names.timer_lead),

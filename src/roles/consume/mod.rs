@@ -39,8 +39,8 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     let names = crate::mq::Names::of(&settings);
     // One connection per transaction slot plus one spare, so a worker never waits on another's.
     // The order transaction's repeated statements keep their plans (pg::PlanCache::Reuse).
-    let pool = crate::pg::connect_pool_with(&settings.pg, budget + 1, crate::pg::PlanCache::Reuse)
-        .await?;
+    let pool =
+        crate::pg::connect_pool_with(&settings.pg, budget + 1, crate::pg::PlanCache::Reuse).await?;
     let handler = Arc::new(order_create::OrderCreateHandler::new(
         pool, &settings, budget,
     ));

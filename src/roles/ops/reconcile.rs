@@ -126,7 +126,7 @@ async fn emit(client: &impl GenericClient, e: &Emit) -> Result<u64, tokio_postgr
         tag: e.tag,
         key: &e.key,
         aggregate: e.aggregate_id.as_deref().map(|id| (id, e.version)),
-        payload: e.payload.clone(),
+        payload: (&e.payload).into(),
         deliver_at: None,
         first_send_at: None,
         start: OutboxStart::Pending,

@@ -76,6 +76,14 @@ impl TestEnv {
             .expect("pg pool")
     }
 
+    /// A pool like the order consumer's: its connections reuse plans (`PlanCache::Reuse`).
+    pub async fn order_pool(&self, size: usize) -> deadpool_postgres::Pool {
+        let reuse = seckill::pg::PlanCache::Reuse;
+        seckill::pg::connect_pool_with(&self.settings.pg, size, reuse)
+            .await
+            .expect("pg pool")
+    }
+
     pub async fn redis(&self) -> RedisStore {
         RedisStore::connect(&self.settings.redis)
             .await
