@@ -436,7 +436,7 @@ async fn write_outcomes(
             settled.push(items[i].message_id.clone(), "SUCCEEDED", decision);
         }
     }
-    let inbox_rows = settled.settle(tx, &names.consumer_group);
+    let inbox_rows = settled.settle(tx, &names.consumer_group, false);
     let unclaim = exec_unless_empty(
         tx,
         early.is_empty(),

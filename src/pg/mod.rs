@@ -82,7 +82,7 @@ pub enum PlanCache {
     /// five runs, foreign-key checks' plans too. Only for a pool whose repeated statements
     /// have one sensible plan whatever the statistics (the order transaction's hot path,
     /// docs/ARCHITECTURE.md#planning-once); a statement that searches a growing table is sent
-    /// unprepared there ([`exec_planned`]), so it is planned with its parameters every time.
+    /// prepared per run there ([`Sql::PerRun`]), so it is planned with its parameters every time.
     Reuse,
 }
 
@@ -288,38 +288,45 @@ pub(crate) fn order_ref(
     }
 }
 
-/// Runs one set-based statement of a transaction (prepared once per connection), unless it has
-/// no rows to write: the order and cancel transactions' building block.
-pub(crate) async fn exec_unless_empty<const N: usize>(
-    tx: &deadpool_postgres::Transaction<'_>,
-    empty: bool,
-    sql: &str,
-    params: [&(dyn tokio_postgres::types::ToSql + Sync); N],
-) -> Result<(), tokio_postgres::Error> {
-    if empty {
-        return Ok(());
-    }
-    let stmt = tx.prepare_cached(sql).await?;
-    tx.execute(&stmt, &params).await?;
-    Ok(())
+/// A statement's text, and whether its prepared form is kept for the connection's life.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Sql<'a> {
+    /// Prepared once per connection (its plan reused on a [`PlanCache::Reuse`] connection).
+    Cached(&'a str),
+    /// Prepared for this run only: PostgreSQL plans it with its parameters even on a
+    /// [`PlanCache::Reuse`] connection. For a statement that searches a table whose size a
+    /// cached plan could misjudge (the inbox, reservations and orders of a sale that began a
+    /// minute ago), on paths that are not every batch's.
+    PerRun(&'a str),
 }
 
-/// Runs one statement of a transaction unless it has no rows to write, prepared for this run
-/// only: PostgreSQL plans it with its parameters even on a [`PlanCache::Reuse`] connection.
-/// For a statement that searches a table whose size a cached plan could misjudge (the inbox,
-/// reservations and orders of a sale that began a minute ago), on paths that are not every
-/// batch's.
-pub(crate) async fn exec_planned<const N: usize>(
+impl<'a> From<&'a str> for Sql<'a> {
+    fn from(sql: &'a str) -> Self {
+        Sql::Cached(sql)
+    }
+}
+
+/// Runs one set-based statement of a transaction, unless it has no rows to write: the order
+/// and cancel transactions' building block.
+pub(crate) async fn exec_unless_empty<'a, const N: usize>(
     tx: &deadpool_postgres::Transaction<'_>,
     empty: bool,
-    sql: &str,
+    sql: impl Into<Sql<'a>>,
     params: [&(dyn tokio_postgres::types::ToSql + Sync); N],
 ) -> Result<(), tokio_postgres::Error> {
     if empty {
         return Ok(());
     }
-    // A statement prepared here and closed when dropped: its first run is its only one, and
-    // PostgreSQL plans a statement's first five runs with their parameters in any mode.
-    tx.execute(sql, &params).await?;
+    match sql.into() {
+        Sql::Cached(sql) => {
+            let stmt = tx.prepare_cached(sql).await?;
+            tx.execute(&stmt, &params).await?;
+        }
+        // Prepared here and closed when dropped: its first run is its only one, and
+        // PostgreSQL plans a statement's first five runs with their parameters in any mode.
+        Sql::PerRun(sql) => {
+            tx.execute(sql, &params).await?;
+        }
+    }
     Ok(())
 }

@@ -422,36 +422,22 @@ impl InboxOutcomes {
         self.decisions.push(decision);
     }
 
-    /// [`InboxOutcomes::settle`] planned with this batch's ids ([`super::exec_planned`]): for
-    /// the few rows whose claim expected another outcome, on a connection that reuses plans.
-    pub async fn settle_planned(
-        &self,
-        tx: &deadpool_postgres::Transaction<'_>,
-        consumer_group: &str,
-    ) -> Result<(), tokio_postgres::Error> {
-        super::exec_planned(
-            tx,
-            self.message_ids.is_empty(),
-            SETTLE_INBOX,
-            [
-                &consumer_group,
-                &self.message_ids,
-                &self.statuses,
-                &self.decisions,
-            ],
-        )
-        .await
-    }
-
+    /// The outcomes, in one statement prepared once per connection (`per_run`: for this run
+    /// only, planned with these ids: [`super::Sql::PerRun`]).
     pub async fn settle(
         &self,
         tx: &deadpool_postgres::Transaction<'_>,
         consumer_group: &str,
+        per_run: bool,
     ) -> Result<(), tokio_postgres::Error> {
+        let sql = match per_run {
+            true => super::Sql::PerRun(SETTLE_INBOX),
+            false => super::Sql::Cached(SETTLE_INBOX),
+        };
         super::exec_unless_empty(
             tx,
             self.message_ids.is_empty(),
-            SETTLE_INBOX,
+            sql,
             [
                 &consumer_group,
                 &self.message_ids,

@@ -20,7 +20,7 @@ use chrono::{DateTime, Duration, Utc};
 use deadpool_postgres::Client;
 
 use super::errors::TxError;
-use super::exec_planned;
+use super::{exec_unless_empty, Sql};
 use crate::domain::order_create::PoisonReason;
 use crate::domain::{Decision, OrderCreateRequested, RejectReason};
 
@@ -391,7 +391,7 @@ async fn insert_orders(
         .filter(|&i| !inserted.contains(&b.ev(i).order_id))
         .collect();
     if !missing.is_empty() {
-        // Not every batch's: planned for these ids (pg::exec_planned).
+        // Not every batch's: planned for these ids (pg::Sql::PerRun).
         let a: Vec<i64> = missing.iter().map(|&i| b.ev(i).activity_id).collect();
         let s: Vec<i64> = missing.iter().map(|&i| b.ev(i).sku_id).collect();
         let known: HashSet<(i64, i64)> = tx
@@ -449,14 +449,14 @@ async fn write_outcomes(
     let inbox = inbox_corrections(b, owned, rejected);
 
     // Rejections are the exception: their reservations and inbox rows are searched with
-    // plans made for these ids (pg::exec_planned), whatever this connection has cached.
-    let reject = exec_planned(
+    // plans made for these ids (pg::Sql::PerRun), whatever this connection has cached.
+    let reject = exec_unless_empty(
         tx,
         rejections.reservation_ids.is_empty(),
-        rows::MARK_REJECTED,
+        Sql::PerRun(rows::MARK_REJECTED),
         [&rejections.reservation_ids, &rejections.reasons],
     );
-    let inbox = inbox.settle_planned(tx, &b.names.consumer_group);
+    let inbox = inbox.settle(tx, &b.names.consumer_group, true);
     // Wakes the outbox relays on commit (a NOTIFY is delivered only if the transaction commits).
     let notify = async {
         if outbox.is_empty() {

@@ -9,7 +9,7 @@ use tokio_postgres::types::ToSql;
 use super::rows::home_bucket;
 use super::{write_outcomes, Batch, Tx};
 use crate::domain::RejectReason;
-use crate::pg::exec_planned;
+use crate::pg::{exec_unless_empty, Sql};
 
 /// One stock row: activity, SKU, bucket (docs/ARCHITECTURE.md#stock-buckets).
 type StockKey = (i64, i64, i16);
@@ -172,11 +172,11 @@ impl Allocation {
 
     /// The surplus orders deleted, the moved ones pointed at the bucket their unit came from.
     async fn fix_orders(&self, tx: &Tx<'_>, b: &Batch<'_>) -> Result<(), tokio_postgres::Error> {
-        // Not every batch's: planned for these ids (pg::exec_planned).
-        exec_planned(
+        // Not every batch's: planned for these ids (pg::Sql::PerRun).
+        exec_unless_empty(
             tx,
             self.surplus.is_empty(),
-            "DELETE FROM orders WHERE order_id = ANY($1::text[])",
+            Sql::PerRun("DELETE FROM orders WHERE order_id = ANY($1::text[])"),
             [&self.surplus],
         )
         .await?;
@@ -188,11 +188,13 @@ impl Allocation {
         let moved_buckets: Vec<i16> = self.moved.values().copied().collect();
         // Found with `= ANY` (an index scan even without statistics, where a join with
         // `unnest` may scan every partition), each one's bucket from the same position.
-        exec_planned(
+        exec_unless_empty(
             tx,
             self.moved.is_empty(),
-            "UPDATE orders SET stock_bucket = ($2::int2[])[array_position($1::text[], order_id)]
-             WHERE order_id = ANY($1::text[])",
+            Sql::PerRun(
+                "UPDATE orders SET stock_bucket = ($2::int2[])[array_position($1::text[], order_id)]
+                 WHERE order_id = ANY($1::text[])",
+            ),
             [&moved_ids as &(dyn ToSql + Sync), &moved_buckets],
         )
         .await?;
