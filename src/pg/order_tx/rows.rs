@@ -18,31 +18,31 @@ use crate::pg::rows::{
 };
 
 /// `reservations`: the decision row of each reservation (`ORDERED`, or `REJECTED` with why).
+/// The ids are borrowed from the batch's events: nothing is copied to bind them.
 #[derive(Default)]
-pub(super) struct ReservationRows {
-    pub(super) reservation_ids: Vec<String>,
-    pub(super) message_ids: Vec<String>,
-    pub(super) request_ids: Vec<String>,
-    pub(super) order_ids: Vec<String>,
+pub(super) struct ReservationRows<'a> {
+    pub(super) reservation_ids: Vec<&'a str>,
+    pub(super) message_ids: Vec<&'a str>,
+    pub(super) request_ids: Vec<&'a str>,
+    pub(super) order_ids: Vec<&'a str>,
     pub(super) activity_ids: Vec<i64>,
     pub(super) sku_ids: Vec<i64>,
     pub(super) user_ids: Vec<i64>,
-    pub(super) reject_reasons: Vec<Option<String>>,
+    pub(super) reject_reasons: Vec<Option<&'static str>>,
     pub(super) reserved_at: Vec<DateTime<Utc>>,
     pub(super) valid_until: Vec<DateTime<Utc>>,
 }
 
-impl ReservationRows {
-    pub(super) fn push(&mut self, e: &OrderCreateRequested, early: Option<RejectReason>) {
-        self.reservation_ids.push(e.reservation_id.clone());
-        self.message_ids.push(e.message_id.clone());
-        self.request_ids.push(e.request_id.clone());
-        self.order_ids.push(e.order_id.clone());
+impl<'a> ReservationRows<'a> {
+    pub(super) fn push(&mut self, e: &'a OrderCreateRequested, early: Option<RejectReason>) {
+        self.reservation_ids.push(&e.reservation_id);
+        self.message_ids.push(&e.message_id);
+        self.request_ids.push(&e.request_id);
+        self.order_ids.push(&e.order_id);
         self.activity_ids.push(e.activity_id);
         self.sku_ids.push(e.sku_id);
         self.user_ids.push(e.user_id);
-        self.reject_reasons
-            .push(early.map(|r| r.code().to_string()));
+        self.reject_reasons.push(early.map(|r| r.code()));
         self.reserved_at.push(e.reservation_created_at);
         self.valid_until.push(e.reservation_valid_until);
     }
@@ -63,11 +63,12 @@ impl ReservationRows {
     }
 }
 
-/// `orders`: the orders to insert (price from the SKU, payment deadline from the batch).
+/// `orders`: the orders to insert (price from the SKU, payment deadline from the batch), the
+/// ids borrowed from the batch's events.
 #[derive(Default)]
-pub(super) struct OrderRows {
-    pub(super) order_ids: Vec<String>,
-    pub(super) reservation_ids: Vec<String>,
+pub(super) struct OrderRows<'a> {
+    pub(super) order_ids: Vec<&'a str>,
+    pub(super) reservation_ids: Vec<&'a str>,
     pub(super) activity_ids: Vec<i64>,
     pub(super) sku_ids: Vec<i64>,
     pub(super) user_ids: Vec<i64>,
@@ -75,19 +76,19 @@ pub(super) struct OrderRows {
     /// The stock bucket the reservation was taken in (its home: where its unit is looked for).
     pub(super) buckets: Vec<i16>,
     /// The buyer's sales channel (v2 messages; `None` from v1).
-    pub(super) channels: Vec<Option<String>>,
+    pub(super) channels: Vec<Option<&'a str>>,
 }
 
-impl OrderRows {
-    pub(super) fn push(&mut self, e: &OrderCreateRequested) {
-        self.order_ids.push(e.order_id.clone());
-        self.reservation_ids.push(e.reservation_id.clone());
+impl<'a> OrderRows<'a> {
+    pub(super) fn push(&mut self, e: &'a OrderCreateRequested) {
+        self.order_ids.push(&e.order_id);
+        self.reservation_ids.push(&e.reservation_id);
         self.activity_ids.push(e.activity_id);
         self.sku_ids.push(e.sku_id);
         self.user_ids.push(e.user_id);
         self.reserved_at.push(e.reservation_created_at);
         self.buckets.push(home_bucket(e));
-        self.channels.push(e.channel.clone());
+        self.channels.push(e.channel.as_deref());
     }
 
     pub(super) fn params<'p>(
