@@ -25,7 +25,9 @@ use super::rows::{
     CompensationRows, InboxClaims, InboxOutcomes, JsonDoc, LedgerMove, LedgerRows, OutboxEvent,
     OutboxRows, OutboxStart,
 };
-use crate::domain::events::{OrderCanceled, OrderRef, ReleaseReservation, TAG_ORDER_CANCELED};
+use crate::domain::events::{
+    payload, OrderCanceled, OrderRef, ReleaseReservation, TAG_ORDER_CANCELED,
+};
 use crate::domain::CancelOutcome;
 
 /// One cancel message handed to the transaction.
@@ -77,7 +79,7 @@ impl CanceledDraft {
             message_key: order_id.clone(),
             aggregate_id: Some(order_id.clone()),
             aggregate_version: Some(self.version),
-            payload: crate::domain::events::payload(&self.event),
+            payload: payload(&self.event),
             deliver_at: None,
             attempts: 1,
         }
@@ -238,7 +240,14 @@ async fn claim_inbox(
     // A cancel message names its order, not its activity: the claim takes the order's.
     let mut claims = InboxClaims::default();
     for &i in &candidates {
-        claims.push(&items[i].message_id, None, &items[i].order_id, 0, None);
+        claims.push(
+            &items[i].message_id,
+            None,
+            &items[i].order_id,
+            0,
+            None,
+            None,
+        );
     }
     let fresh = claims
         .claim(tx, &names.consumer_group, &names.source_topic)

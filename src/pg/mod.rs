@@ -53,15 +53,6 @@ mod embedded {
     refinery::embed_migrations!("sql");
 }
 
-/// The connection config of every pool: search_path to the configured schema and a statement
-/// timeout, so a stuck lock turns into a retryable error instead of a hung worker.
-///
-/// `plan_cache_mode` is [`PlanCache::Custom`] unless a pool asks otherwise: the hot statements
-/// are prepared once per connection; left to itself PostgreSQL switches to a generic plan
-/// after five runs, and one made while the inbox was nearly empty (a fresh deployment, the
-/// first seconds of a sale) scans the whole inbox on every batch until the next ANALYZE. Seen
-/// with `pgbench -M prepared` running the same statements on a fresh schema
-/// (bench/limits/limits.sh): the batched transaction fell from 140 to 60 a second within 8 s.
 /// `application_name` of this process's connections ([`name_connections`]).
 static APPLICATION_NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
@@ -82,7 +73,7 @@ pub enum PlanCache {
     /// five runs, foreign-key checks' plans too. Only for a pool whose repeated statements
     /// have one sensible plan whatever the statistics (the order transaction's hot path,
     /// docs/ARCHITECTURE.md#planning-once); a statement that searches a growing table is sent
-    /// prepared per run there ([`Sql::PerRun`]), so it is planned with its parameters every time.
+    /// unnamed there ([`Sql::PerRun`]), so it is planned with its parameters every time.
     Reuse,
 }
 
@@ -90,6 +81,15 @@ pub fn pg_config(settings: &PgSettings) -> anyhow::Result<tokio_postgres::Config
     pg_config_with(settings, PlanCache::Custom)
 }
 
+/// The connection config of every pool: search_path to the configured schema and a statement
+/// timeout, so a stuck lock turns into a retryable error instead of a hung worker.
+///
+/// `plan_cache_mode` is [`PlanCache::Custom`] unless a pool asks otherwise: the hot statements
+/// are prepared once per connection; left to itself PostgreSQL switches to a generic plan
+/// after five runs, and one made while the inbox was nearly empty (a fresh deployment, the
+/// first seconds of a sale) scans the whole inbox on every batch until the next ANALYZE. Seen
+/// with `pgbench -M prepared` running the same statements on a fresh schema
+/// (bench/limits/limits.sh): the batched transaction fell from 140 to 60 a second within 8 s.
 fn pg_config_with(
     settings: &PgSettings,
     plans: PlanCache,
@@ -293,11 +293,11 @@ pub(crate) fn order_ref(
 pub(crate) enum Sql<'a> {
     /// Prepared once per connection (its plan reused on a [`PlanCache::Reuse`] connection).
     Cached(&'a str),
-    /// Prepared for this run only: PostgreSQL plans it with its parameters even on a
-    /// [`PlanCache::Reuse`] connection. For a statement that searches a table whose size a
-    /// cached plan could misjudge (the inbox, reservations and orders of a sale that began a
-    /// minute ago), on paths that are not every batch's.
-    PerRun(&'a str),
+    /// Sent unnamed with its parameters' types, in one round trip: PostgreSQL plans it with
+    /// its parameters even on a [`PlanCache::Reuse`] connection. For a statement that searches
+    /// a table whose size a cached plan could misjudge (the inbox, reservations and orders of
+    /// a sale that began a minute ago), on paths that are not every batch's.
+    PerRun(&'a str, &'a [tokio_postgres::types::Type]),
 }
 
 impl<'a> From<&'a str> for Sql<'a> {
@@ -322,10 +322,12 @@ pub(crate) async fn exec_unless_empty<'a, const N: usize>(
             let stmt = tx.prepare_cached(sql).await?;
             tx.execute(&stmt, &params).await?;
         }
-        // Prepared here and closed when dropped: its first run is its only one, and
-        // PostgreSQL plans a statement's first five runs with their parameters in any mode.
-        Sql::PerRun(sql) => {
-            tx.execute(sql, &params).await?;
+        // The unnamed statement: parsed, bound and run in one round trip, and planned for
+        // this run (PostgreSQL plans a statement's first five runs with their parameters).
+        Sql::PerRun(sql, types) => {
+            debug_assert_eq!(types.len(), N, "one type per parameter: {sql}");
+            let typed: Vec<_> = params.iter().copied().zip(types.iter().cloned()).collect();
+            tx.execute_typed(sql, &typed).await?;
         }
     }
     Ok(())

@@ -9,7 +9,7 @@ use deadpool_postgres::Client;
 use super::errors::TxError;
 use super::refunds::{self, Owed, Owing, Unsettled};
 use super::rows::{JsonDoc, OutboxEvent, OutboxRows, OutboxStart};
-use crate::domain::events::{OrderPaid, TAG_ORDER_PAID};
+use crate::domain::events::{payload, OrderPaid, TAG_ORDER_PAID};
 use crate::domain::PayOutcome;
 
 /// Topics the state changes publish to.
@@ -66,7 +66,7 @@ impl PaidDraft {
             message_key: self.event.base.order.order_id.clone(),
             aggregate_id: Some(self.event.base.order.order_id.clone()),
             aggregate_version: Some(self.version),
-            payload: crate::domain::events::payload(&self.event),
+            payload: payload(&self.event),
             deliver_at: None,
             attempts: 1,
         }

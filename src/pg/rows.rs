@@ -323,7 +323,7 @@ pub struct InboxClaims<'a> {
 
 /// The claim: the row's activity is the message's, or (when the message does not carry it)
 /// the order's, looked up in the same statement. A row starts `PROCESSING`, or with the
-/// outcome its transaction expects ([`InboxClaims::expect`]); no other transaction sees it
+/// outcome its transaction expects ([`InboxClaims::push`]); no other transaction sees it
 /// before the commit, and the transaction corrects the rows that came to something else.
 const CLAIM_INBOX: &str = "INSERT INTO consumer_inbox
        (consumer_group, message_id, topic, reservation_id, order_id, status, decision,
@@ -336,6 +336,9 @@ const CLAIM_INBOX: &str = "INSERT INTO consumer_inbox
      RETURNING message_id";
 
 impl<'a> InboxClaims<'a> {
+    /// One message to claim; `expected`: the outcome (`SUCCEEDED` or `REJECTED`, and the
+    /// decision) its row starts with instead of `PROCESSING`, so that when it holds the row is
+    /// written once.
     pub fn push(
         &mut self,
         message_id: &'a str,
@@ -343,24 +346,19 @@ impl<'a> InboxClaims<'a> {
         order_id: &'a str,
         delivery_attempt: i32,
         activity_id: Option<i64>,
+        expected: Option<(&'static str, &'a str)>,
     ) {
         self.message_ids.push(message_id);
         self.reservation_ids.push(reservation_id);
         self.order_ids.push(order_id);
         self.attempts.push(delivery_attempt);
         self.activity_ids.push(activity_id);
-        self.statuses.push("PROCESSING");
-        self.decisions.push(None);
-    }
-
-    /// The last pushed row starts with the outcome its transaction expects (`SUCCEEDED` or
-    /// `REJECTED`, and the decision) instead of `PROCESSING`: when the expectation holds, no
-    /// second write of the row is needed.
-    pub fn expect(&mut self, status: &'static str, decision: &'a str) {
-        if let (Some(s), Some(d)) = (self.statuses.last_mut(), self.decisions.last_mut()) {
-            *s = status;
-            *d = Some(decision);
-        }
+        let (status, decision) = match expected {
+            Some((status, decision)) => (status, Some(decision)),
+            None => ("PROCESSING", None),
+        };
+        self.statuses.push(status);
+        self.decisions.push(decision);
     }
 
     /// Claims every row in one statement; returns the message ids this transaction now owns.
@@ -405,9 +403,9 @@ pub struct InboxOutcomes {
 
 /// One statement for the batch: each row found with `message_id = ANY($2)`, its values taken
 /// from the same position of `$3` and `$4`. Before the inbox has statistics (a fresh schema, a
-/// new deployment) PostgreSQL may still read the group's whole index range and filter it, with
-/// this form or with a join on `unnest`; this one read fewer entries in a drain
-/// (docs/ARCHITECTURE.md#order-creation). With statistics both find the rows by key.
+/// new deployment) PostgreSQL may read the group's whole index range and filter it; the order
+/// transaction sends it only for its corrections, planned per run
+/// (docs/ARCHITECTURE.md#planning-once).
 const SETTLE_INBOX: &str = "UPDATE consumer_inbox
         SET status = ($3::text[])[array_position($2::text[], message_id)],
             decision = ($4::text[])[array_position($2::text[], message_id)],
@@ -430,8 +428,15 @@ impl InboxOutcomes {
         consumer_group: &str,
         per_run: bool,
     ) -> Result<(), tokio_postgres::Error> {
+        use tokio_postgres::types::Type;
+        const TYPES: [Type; 4] = [
+            Type::TEXT,
+            Type::TEXT_ARRAY,
+            Type::TEXT_ARRAY,
+            Type::TEXT_ARRAY,
+        ];
         let sql = match per_run {
-            true => super::Sql::PerRun(SETTLE_INBOX),
+            true => super::Sql::PerRun(SETTLE_INBOX, &TYPES),
             false => super::Sql::Cached(SETTLE_INBOX),
         };
         super::exec_unless_empty(

@@ -18,6 +18,7 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Duration, Utc};
 use deadpool_postgres::Client;
+use tokio_postgres::types::Type;
 
 use super::errors::TxError;
 use super::{exec_unless_empty, Sql};
@@ -283,9 +284,15 @@ async fn claim_inbox(tx: &Tx<'_>, b: &mut Batch<'_>) -> Result<Vec<usize>, tokio
         let e = b.ev(i);
         let attempt = b.items[i].delivery_attempt;
         let r = Some(e.reservation_id.as_str());
-        claims.push(&e.message_id, r, &e.order_id, attempt, Some(e.activity_id));
-        let (status, decision) = b.expected_outcome(i);
-        claims.expect(status, decision);
+        let expected = Some(b.expected_outcome(i));
+        claims.push(
+            &e.message_id,
+            r,
+            &e.order_id,
+            attempt,
+            Some(e.activity_id),
+            expected,
+        );
     }
     let fresh = claims
         .claim(tx, &b.names.consumer_group, &b.names.source_topic)
@@ -395,10 +402,10 @@ async fn insert_orders(
         let a: Vec<i64> = missing.iter().map(|&i| b.ev(i).activity_id).collect();
         let s: Vec<i64> = missing.iter().map(|&i| b.ev(i).sku_id).collect();
         let known: HashSet<(i64, i64)> = tx
-            .query(
+            .query_typed(
                 "SELECT t.a, t.s FROM unnest($1::int8[], $2::int8[]) AS t(a, s)
                  WHERE EXISTS (SELECT 1 FROM activity_skus k WHERE k.activity_id = t.a AND k.sku_id = t.s)",
-                &[&a, &s],
+                &[(&a, Type::INT8_ARRAY), (&s, Type::INT8_ARRAY)],
             )
             .await?
             .into_iter()
@@ -453,7 +460,7 @@ async fn write_outcomes(
     let reject = exec_unless_empty(
         tx,
         rejections.reservation_ids.is_empty(),
-        Sql::PerRun(rows::MARK_REJECTED),
+        Sql::PerRun(rows::MARK_REJECTED, &[Type::TEXT_ARRAY, Type::TEXT_ARRAY]),
         [&rejections.reservation_ids, &rejections.reasons],
     );
     let inbox = inbox.settle(tx, &b.names.consumer_group, true);

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 
 use super::rows::home_bucket;
 use super::{write_outcomes, Batch, Tx};
@@ -176,7 +176,10 @@ impl Allocation {
         exec_unless_empty(
             tx,
             self.surplus.is_empty(),
-            Sql::PerRun("DELETE FROM orders WHERE order_id = ANY($1::text[])"),
+            Sql::PerRun(
+                "DELETE FROM orders WHERE order_id = ANY($1::text[])",
+                &[Type::TEXT_ARRAY],
+            ),
             [&self.surplus],
         )
         .await?;
@@ -194,6 +197,7 @@ impl Allocation {
             Sql::PerRun(
                 "UPDATE orders SET stock_bucket = ($2::int2[])[array_position($1::text[], order_id)]
                  WHERE order_id = ANY($1::text[])",
+                &[Type::TEXT_ARRAY, Type::INT2_ARRAY],
             ),
             [&moved_ids as &(dyn ToSql + Sync), &moved_buckets],
         )
