@@ -9,11 +9,12 @@
 pub mod batching;
 pub mod lag;
 mod names;
+mod properties;
 pub mod rocketmq;
 
 pub use names::Names;
+pub use properties::Properties;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The short name of one of the pipeline's topics, for metric labels (`order_create`,
@@ -158,7 +159,7 @@ pub struct Delivery {
     pub topic: String,
     pub tags: String,
     pub keys: String,
-    pub properties: HashMap<String, String>,
+    pub properties: Properties,
     pub body: Vec<u8>,
     /// How many times the broker has already redelivered it (0 on the first delivery).
     pub reconsume_times: i32,

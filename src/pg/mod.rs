@@ -261,7 +261,7 @@ pub async fn quarantine(
 ) -> Result<u64, tokio_postgres::Error> {
     let mut rows = rows::QuarantineRows::default();
     rows.push(rows::Poison {
-        message_id: d.properties.get("message_id").cloned(),
+        message_id: d.properties.get("message_id").map(str::to_owned),
         broker_msg_id: d.broker_msg_id.clone(),
         reason: reason.to_owned(),
         error: error.to_owned(),

@@ -281,11 +281,7 @@ impl BatchHandler for TimeoutCancelHandler {
         // A retried batch re-runs its processed messages too: the inbox makes them no-ops.
         let mut decision = ConsumeDecision::Ack;
         for (d, outcome) in batch.iter().zip(&outcomes) {
-            let message_id = d
-                .properties
-                .get("message_id")
-                .map(String::as_str)
-                .unwrap_or("");
+            let message_id = d.properties.get("message_id").unwrap_or("");
             let order_id = d.keys.split(' ').next().unwrap_or("");
             match outcome {
                 Ok(Some(o)) => {

@@ -8,7 +8,7 @@
 
 use crate::common;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,7 +29,7 @@ fn our_properties(d: &Delivery) -> BTreeSet<String> {
     d.properties
         .keys()
         .filter(|k| k.chars().all(|c| c.is_ascii_lowercase() || c == '_') && !k.starts_with('_'))
-        .cloned()
+        .map(str::to_owned)
         .collect()
 }
 
@@ -87,9 +87,9 @@ async fn paid_event_in(mode: EventDelivery, activity: i64) -> BTreeSet<String> {
     // the version it orders by, and the payload, exactly as the row holds them.
     assert_eq!(d.topic, row.get::<_, String>(4));
     assert_eq!(d.topic, names.order_event_topic);
-    assert_eq!(d.properties["message_id"], event_id);
-    assert_eq!(d.properties["event_type"], "ORDER_PAID");
-    assert_eq!(d.properties["aggregate_version"], "2");
+    assert_eq!(&d.properties["message_id"], event_id);
+    assert_eq!(&d.properties["event_type"], "ORDER_PAID");
+    assert_eq!(&d.properties["aggregate_version"], "2");
     let body: serde_json::Value = serde_json::from_slice(&d.body).unwrap();
     assert_eq!(body, payload, "{mode:?}: the payload is the row's");
     assert_eq!(body["payment_id"], "pay-1");
@@ -202,8 +202,8 @@ async fn canceled_events_in(mode: EventDelivery, activity: i64) -> BTreeSet<Stri
         let payload: serde_json::Value = row.get(0);
         assert_eq!(row.get::<_, String>(1), "SENT");
         assert_eq!(row.get::<_, String>(2), mode.label());
-        assert_eq!(got[0].properties["message_id"], event_id);
-        assert_eq!(got[0].properties["aggregate_version"], "2");
+        assert_eq!(&got[0].properties["message_id"], event_id);
+        assert_eq!(&got[0].properties["aggregate_version"], "2");
         let body: serde_json::Value = serde_json::from_slice(&got[0].body).unwrap();
         assert_eq!(body, payload, "{mode:?}: the payload is the row's");
         carried = our_properties(&got[0]);
@@ -237,7 +237,7 @@ fn check_of(order_id: &str, event_id: &str, deadline_ms: i64) -> Delivery {
     Delivery {
         keys: order_id.to_string(),
         body: br#"{"v": 1}"#.to_vec(),
-        properties: HashMap::from([
+        properties: seckill::mq::Properties::from([
             ("message_id".to_string(), event_id.to_string()),
             (DEADLINE_PROPERTY.to_string(), deadline_ms.to_string()),
         ]),

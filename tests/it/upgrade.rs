@@ -138,10 +138,8 @@ async fn a_v2_message_quarantined_by_a_v1_consumer_is_replayed_once_and_audited(
     let msg = seckill::mq::order_create_message(&names.order_create_topic, &event);
     let mut delivery = common::delivery_of(&names.order_create_topic, &event);
     delivery.properties.extend(msg.properties.iter().cloned());
-    delivery.properties.insert("TAGS".into(), msg.tag.clone());
-    delivery
-        .properties
-        .insert("KEYS".into(), msg.keys.join(" "));
+    delivery.properties.insert("TAGS", msg.tag.clone());
+    delivery.properties.insert("KEYS", msg.keys.join(" "));
     let pool = env.pool(1).await;
     let c = pool.get().await.unwrap();
     seckill::pg::quarantine(

@@ -1,7 +1,6 @@
 //! The push consumer: the client's synchronous listener bridged to an async
 //! [`crate::mq::BatchHandler`], with bounded in-flight work and a graceful shutdown.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +15,7 @@ use rocketmq_model::common::message::message_ext::MessageExt;
 use rocketmq_model::common::message::MessageConst;
 use tokio::sync::Notify;
 
-use crate::mq::{ConsumeDecision, Delivery, SharedHandler};
+use crate::mq::{ConsumeDecision, Delivery, Properties, SharedHandler};
 
 use super::runtime::SlotReservation;
 use super::*;
@@ -169,32 +168,24 @@ impl MessageListenerConcurrently for BridgeListener {
 }
 
 pub(super) fn to_delivery(m: &MessageExt) -> Delivery {
-    let properties: HashMap<String, String> = m
+    // The client's strings, shared (crate::mq::Properties): no key or value copied.
+    let properties: Properties = m
         .properties()
         .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     let raw_topic = m.topic().as_str();
     // The client already restores the original topic of retried messages; this covers any
     // path that does not.
-    let topic = if raw_topic.starts_with(RETRY_TOPIC_PREFIX) {
-        properties
-            .get(MessageConst::PROPERTY_RETRY_TOPIC)
-            .cloned()
-            .unwrap_or_else(|| raw_topic.to_owned())
-    } else {
-        raw_topic.to_owned()
+    let topic = match properties.get(MessageConst::PROPERTY_RETRY_TOPIC) {
+        Some(original) if raw_topic.starts_with(RETRY_TOPIC_PREFIX) => original.to_owned(),
+        _ => raw_topic.to_owned(),
     };
+    let text = |key: &str| properties.get(key).unwrap_or_default().to_owned();
     Delivery {
         topic,
-        tags: properties
-            .get(MessageConst::PROPERTY_TAGS)
-            .cloned()
-            .unwrap_or_default(),
-        keys: properties
-            .get(MessageConst::PROPERTY_KEYS)
-            .cloned()
-            .unwrap_or_default(),
+        tags: text(MessageConst::PROPERTY_TAGS),
+        keys: text(MessageConst::PROPERTY_KEYS),
         body: m.body().map(|b| b.to_vec()).unwrap_or_default(),
         reconsume_times: m.reconsume_times(),
         queue_id: m.queue_id(),
@@ -344,10 +335,7 @@ mod tests {
         assert_eq!(d.topic, "orders");
         assert_eq!(d.tags, "T");
         assert_eq!(d.keys, "k1 k2");
-        assert_eq!(
-            d.properties.get("message_id").map(String::as_str),
-            Some("m1")
-        );
+        assert_eq!(d.properties.get("message_id"), Some("m1"));
         assert_eq!(d.reconsume_times, 1);
         assert_eq!(d.body, b"x");
     }

@@ -122,7 +122,7 @@ impl TransactionListener for Listener {
 
     fn check_local_transaction(&self, msg: &MessageExt) -> LocalTransactionState {
         let delivery = to_delivery(msg);
-        let message_id = delivery.properties.get("message_id").cloned();
+        let message_id = delivery.properties.get("message_id").map(str::to_owned);
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let checker = Arc::clone(&self.checker);
         self.app.spawn(async move {

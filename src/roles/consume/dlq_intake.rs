@@ -35,9 +35,9 @@ impl BatchHandler for DlqIntake {
                     metrics::counter!("mq_dlq_intake_total").increment(1);
                     error!(
                         consumer_group = %self.source_group, topic = %self.source_topic,
-                        message_id = d.properties.get("message_id").map(String::as_str).unwrap_or(""),
-                        reservation_id = d.properties.get("reservation_id").map(String::as_str).unwrap_or(""),
-                        order_id = d.properties.get("order_id").map(String::as_str).unwrap_or(""),
+                        message_id = d.properties.get("message_id").unwrap_or(""),
+                        reservation_id = d.properties.get("reservation_id").unwrap_or(""),
+                        order_id = d.properties.get("order_id").unwrap_or(""),
                         "message dead-lettered after its last retry; recorded for an operator"
                     );
                 }

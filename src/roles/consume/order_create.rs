@@ -218,7 +218,7 @@ impl OrderCreateHandler {
             } else {
                 serde_json::Value::Null
             },
-            property_message_id: d.properties.get("message_id").cloned(),
+            property_message_id: d.properties.get("message_id").map(str::to_owned),
             broker_msg_id: d.broker_msg_id.clone(),
             delivery_attempt: d.reconsume_times,
         }
@@ -336,17 +336,9 @@ impl OrderCreateHandler {
         {
             return;
         }
-        let message_id = d
-            .properties
-            .get("message_id")
-            .map(String::as_str)
-            .unwrap_or("");
+        let message_id = d.properties.get("message_id").unwrap_or("");
         let reservation_id = d.keys.split(' ').next().unwrap_or("");
-        let trace = d
-            .properties
-            .get("traceparent")
-            .map(String::as_str)
-            .unwrap_or("");
+        let trace = d.properties.get("traceparent").unwrap_or("");
         // The trace started at the API continues here: a span per message carrying
         // its trace and parent span ids (JSON logs print the span's fields).
         let (trace_id, parent_span_id) =
@@ -455,7 +447,7 @@ impl BatchHandler for OrderCreateHandler {
                 .iter()
                 .filter_map(|(d, e)| {
                     let id = d.properties.get("message_id")?;
-                    Some((id.as_str(), e.class(), e.to_string()))
+                    Some((id, e.class(), e.to_string()))
                 })
                 .collect();
             let _ =
@@ -466,7 +458,7 @@ impl BatchHandler for OrderCreateHandler {
             metrics::counter!("mq_consume_total", "topic" => "order_create", "result" => e.class())
                 .increment(1);
             warn!(
-                message_id = d.properties.get("message_id").map(String::as_str).unwrap_or(""),
+                message_id = d.properties.get("message_id").unwrap_or(""),
                 reservation_id = d.keys.split(' ').next().unwrap_or(""),
                 error_class = e.class(), error = %e, delivery_attempt = d.reconsume_times,
                 "order transaction rolled back; the broker will redeliver"

@@ -306,7 +306,7 @@ pub fn event(activity_id: i64, sku_id: i64, user_id: i64, valid_secs: i64) -> Or
 
 /// The delivery a broker would hand the consumer for `body`.
 pub fn delivery(topic: &str, message_id: Option<&str>, body: Vec<u8>) -> Delivery {
-    let mut properties = std::collections::HashMap::new();
+    let mut properties = seckill::mq::Properties::default();
     if let Some(id) = message_id {
         properties.insert("message_id".to_string(), id.to_string());
     }

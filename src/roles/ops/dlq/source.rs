@@ -91,12 +91,12 @@ pub(super) async fn rows(
 fn carries_key(d: &Delivery, key: &str) -> bool {
     ["message_id", "reservation_id", "order_id", "request_id"]
         .iter()
-        .any(|p| d.properties.get(*p).map(String::as_str) == Some(key))
+        .any(|p| d.properties.get(*p) == Some(key))
         || d.keys.split(' ').any(|k| k == key)
 }
 
 fn row(group: &str, d: Delivery) -> ReplayRow {
-    let prop = |k: &str| d.properties.get(k).cloned();
+    let prop = |k: &str| d.properties.get(k).map(str::to_owned);
     let at = format!(
         "{}@{}:{}:{}",
         d.topic, d.broker_name, d.queue_id, d.queue_offset
@@ -126,8 +126,8 @@ mod tests {
             keys: "rsv_a ord_b".into(),
             ..Default::default()
         };
-        d.properties.insert("message_id".into(), "evt_c".into());
-        d.properties.insert("request_id".into(), "req-1".into());
+        d.properties.insert("message_id", "evt_c");
+        d.properties.insert("request_id", "req-1");
         for k in ["rsv_a", "ord_b", "evt_c", "req-1"] {
             assert!(carries_key(&d, k), "{k}");
         }
@@ -147,7 +147,7 @@ mod tests {
             body: b"{}".to_vec(),
             ..Default::default()
         };
-        d.properties.insert("message_id".into(), "evt_c".into());
+        d.properties.insert("message_id", "evt_c");
         let r = row("CG_T_SECKILL_ORDER_CREATE_PG_V1", d);
         assert_eq!(
             r.subject,
