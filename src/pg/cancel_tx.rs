@@ -360,18 +360,18 @@ async fn give_stock_back(tx: &Tx<'_>, canceled: &[&Canceled]) -> Result<(), TxEr
 /// ORDER_CANCELED (beside its half message when one was drafted at this version) and
 /// RELEASE_RESERVATION; the event ids written as transaction messages.
 #[derive(Default)]
-struct CanceledRows {
-    ledger: LedgerRows,
+struct CanceledRows<'a> {
+    ledger: LedgerRows<'a>,
     tasks: CompensationRows,
-    outbox: OutboxRows,
+    outbox: OutboxRows<'a>,
     in_transaction: Vec<String>,
 }
 
-fn canceled_rows(
-    names: &CancelNames,
-    canceled: &[&Canceled],
+fn canceled_rows<'a>(
+    names: &'a CancelNames,
+    canceled: &[&'a Canceled],
     drafts: Option<&CancelDrafts>,
-) -> CanceledRows {
+) -> CanceledRows<'a> {
     let mut out = CanceledRows::default();
     let now = Utc::now();
     for c in canceled {

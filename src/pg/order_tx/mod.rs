@@ -27,7 +27,9 @@ use crate::domain::{Decision, OrderCreateRequested, RejectReason};
 
 mod rows;
 mod stock;
-use super::rows::{InboxClaims, LedgerMove, LedgerRows, OutboxRows, Poison, QuarantineRows};
+use super::rows::{
+    InboxClaims, LedgerMove, LedgerRows, OutboxRows, Poison, QuarantineRows, Returned,
+};
 use rows::{
     home_bucket, inbox_corrections, push_created, push_release, OrderRows, RejectionRows,
     ReservationRows,
@@ -325,8 +327,8 @@ async fn record_reservations(
             b.decisions[idx] = Some(Decision::DuplicateReservation);
         }
     }
-    let new_rsv: HashSet<String> = if rsv_idx.is_empty() {
-        HashSet::new()
+    let new_rsv = if rsv_idx.is_empty() {
+        Returned::All
     } else {
         let stmt = tx
             .prepare_cached(
@@ -346,7 +348,7 @@ async fn record_reservations(
         for &i in &rsv_idx {
             rows.push(b.ev(i), b.early_rejection(i));
         }
-        returned_ids(tx.query(&stmt, &rows.params()).await?)
+        Returned::of(tx.query(&stmt, &rows.params()).await?, rsv_idx.len())
     };
     let mut rejected: Vec<(usize, RejectReason)> = Vec::new();
     let mut eligible: Vec<usize> = Vec::new();
@@ -369,8 +371,8 @@ async fn insert_orders(
     b: &Batch<'_>,
     eligible: &[usize],
     rejected: &mut Vec<(usize, RejectReason)>,
-) -> Result<HashSet<String>, tokio_postgres::Error> {
-    let mut inserted: HashSet<String> = HashSet::new();
+) -> Result<Returned, tokio_postgres::Error> {
+    let mut inserted = Returned::All;
     if !eligible.is_empty() {
         let stmt = tx
             .prepare_cached(
@@ -390,7 +392,10 @@ async fn insert_orders(
         for &i in eligible {
             rows.push(b.ev(i));
         }
-        inserted = returned_ids(tx.query(&stmt, &rows.params(&b.expires_at)).await?);
+        // One order per reservation, and the reservations are distinct: so are the ids, unless
+        // two messages name one order (then fewer rows come back and the set is read).
+        let rows = tx.query(&stmt, &rows.params(&b.expires_at)).await?;
+        inserted = Returned::of(rows, eligible.len());
     }
     let missing: Vec<usize> = eligible
         .iter()
@@ -425,16 +430,17 @@ async fn insert_orders(
 
 /// Step 6: ledger, outbox, rejections with their compensation, inbox status of every owned
 /// message. Independent statements, sent pipelined on the one connection.
-async fn write_outcomes(
+async fn write_outcomes<'a>(
     tx: &Tx<'_>,
-    b: &Batch<'_>,
+    b: &Batch<'a>,
     owned: &[usize],
     created: &[usize],
     moved: &HashMap<usize, i16>,
     rejected: &[(usize, RejectReason)],
 ) -> Result<(), tokio_postgres::Error> {
     let mut ledger = LedgerRows::default();
-    let mut outbox = OutboxRows::default();
+    // Two events per created order, one per rejection.
+    let mut outbox = OutboxRows::with_capacity(2 * created.len() + rejected.len());
     for &i in created {
         let e = b.ev(i);
         let bucket = moved.get(&i).copied().unwrap_or_else(|| home_bucket(e));
@@ -482,11 +488,4 @@ async fn write_outcomes(
     );
     // Every statement ran to its end; the first error, if any, is the transaction's.
     [r1, r2, r3, r4, r5, r6].into_iter().collect()
-}
-
-/// The first column of every row a `RETURNING id` gave back.
-fn returned_ids(rows: Vec<tokio_postgres::Row>) -> HashSet<String> {
-    rows.into_iter()
-        .map(|row| row.get::<_, String>(0))
-        .collect()
 }

@@ -116,7 +116,11 @@ pub(super) fn home_bucket(e: &OrderCreateRequested) -> i16 {
 }
 
 /// A created order's ORDER_CREATED and its CANCEL_ORDER_IF_UNPAID timer (at `expires_at`).
-pub(super) fn push_created(out: &mut OutboxRows, b: &Batch<'_>, e: &OrderCreateRequested) {
+pub(super) fn push_created<'a>(
+    out: &mut OutboxRows<'a>,
+    b: &Batch<'a>,
+    e: &'a OrderCreateRequested,
+) {
     let facts = order_facts(e);
     let mut created = OrderCreated::new(&facts, b.expires_at);
     created.base.occurred_at = Some(b.now);
@@ -157,10 +161,10 @@ pub(super) fn push_created(out: &mut OutboxRows, b: &Batch<'_>, e: &OrderCreateR
 }
 
 /// A rejected reservation's RELEASE_RESERVATION (the compensation path).
-pub(super) fn push_release(
-    out: &mut OutboxRows,
-    b: &Batch<'_>,
-    e: &OrderCreateRequested,
+pub(super) fn push_release<'a>(
+    out: &mut OutboxRows<'a>,
+    b: &Batch<'a>,
+    e: &'a OrderCreateRequested,
     reason: RejectReason,
 ) {
     let mut release = ReleaseReservation::new(&order_facts(e), reason.code());

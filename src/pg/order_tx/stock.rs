@@ -2,13 +2,14 @@
 //! (optimistically, else under the row lock, falling back to the SKU's other buckets) and
 //! stamp the commit. The hot row is locked as late as possible.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use tokio_postgres::types::{ToSql, Type};
 
 use super::rows::home_bucket;
 use super::{write_outcomes, Batch, Tx};
 use crate::domain::RejectReason;
+use crate::pg::rows::Returned;
 use crate::pg::{exec_unless_empty, Sql};
 
 /// One stock row: activity, SKU, bucket (docs/ARCHITECTURE.md#stock-buckets).
@@ -22,7 +23,7 @@ type BucketGroups<'a> = Vec<(i16, &'a [usize])>;
 pub(super) fn group_by_sku(
     b: &Batch<'_>,
     eligible: &[usize],
-    inserted: &HashSet<String>,
+    inserted: &Returned,
 ) -> BTreeMap<StockKey, Vec<usize>> {
     let mut per_row: BTreeMap<StockKey, Vec<usize>> = BTreeMap::new();
     for &i in eligible {
