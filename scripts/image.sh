@@ -6,9 +6,10 @@
 # crates.io; the default here, SECKILL_IMAGE_BASES=local), the same Dockerfile is built from
 # bases made on the machine, through its build arguments:
 #   - localhost/debian:bookworm   mmdebstrap --variant=minbase bookworm, imported (once);
-#   - localhost/seckill-build     that base with a C toolchain from Debian (once); cargo and
-#                                 rustc are the machine's own (rustup's stable toolchain),
-#                                 mounted read-only into the build;
+#   - localhost/seckill-build     that base with a C toolchain from Debian (once per version
+#                                 of deploy/image/build-base.Containerfile: its tag carries the
+#                                 file's hash); cargo and rustc are the machine's own (rustup's
+#                                 stable toolchain), mounted read-only into the build;
 #   - the crates come from the machine's cargo registry, mounted, and the build runs
 #     `cargo build --offline`: the COPY list alone must compile;
 #   - the build's target directory is cached in ~/.cache/seckill/image-target.
@@ -40,9 +41,11 @@ case "$BASES" in
       podman_ import "$CACHE/bookworm.tar" localhost/debian:bookworm >/dev/null
       rm -f "$CACHE/bookworm.tar"
     fi
-    if ! podman_ image exists localhost/seckill-build:bookworm; then
-      log "making localhost/seckill-build:bookworm (a C toolchain for the build stage, once)"
-      podman_ build --network host -t localhost/seckill-build:bookworm \
+    # A changed build base (a tool added for a crate's build script) gets a new tag.
+    build_base="localhost/seckill-build:bookworm-$(sha256sum "$REPO_DIR/deploy/image/build-base.Containerfile" | cut -c1-12)"
+    if ! podman_ image exists "$build_base"; then
+      log "making $build_base (a C toolchain for the build stage, once)"
+      podman_ build --network host -t "$build_base" \
         -f "$REPO_DIR/deploy/image/build-base.Containerfile" "$REPO_DIR/deploy/image"
     fi
     # The toolchain this checkout builds with (rust-toolchain, rustup's default).
@@ -50,7 +53,7 @@ case "$BASES" in
     [[ -x "$toolchain/bin/cargo" ]] || { echo "image: no cargo in $toolchain/bin" >&2; exit 1; }
     log "building $IMAGE from the local bases with $("$toolchain/bin/rustc" --version)"
     podman_ build --network host -t "$IMAGE" \
-      --build-arg BUILD_IMAGE=localhost/seckill-build:bookworm \
+      --build-arg BUILD_IMAGE="$build_base" \
       --build-arg RUNTIME_IMAGE=localhost/debian:bookworm \
       --build-arg CARGO_FLAGS=--offline \
       -v "$toolchain:/opt/rust:ro" \
