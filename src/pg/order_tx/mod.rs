@@ -25,6 +25,7 @@ use super::{exec_unless_empty, Sql};
 use crate::domain::order_create::PoisonReason;
 use crate::domain::{Decision, OrderCreateRequested, RejectReason};
 
+mod docs;
 mod rows;
 mod stock;
 use super::rows::{
@@ -47,11 +48,22 @@ pub struct Inbound {
     /// Message properties (message_id, traceparent, ...), kept in quarantine with poison
     /// (`Null` when the event decoded).
     pub properties: serde_json::Value,
-    /// `message_id` property, when the body cannot be parsed.
+    /// `message_id` property, when the body cannot be parsed (`None` when it was).
     pub property_message_id: Option<String>,
+    /// The broker's id of the message, kept in quarantine with poison (empty otherwise).
     pub broker_msg_id: String,
     /// Broker delivery attempt (0 = first delivery).
     pub delivery_attempt: i32,
+}
+
+impl Inbound {
+    /// The message's id: its event's, or for poison its `message_id` property.
+    pub fn message_id(&self) -> Option<&str> {
+        match &self.event {
+            Ok(e) => Some(&e.message_id),
+            Err(_) => self.property_message_id.as_deref(),
+        }
+    }
 }
 
 /// Names the transaction writes (consumer group and the topics of the outbox rows).
@@ -92,6 +104,8 @@ struct Batch<'a> {
     now: DateTime<Utc>,
     /// The payment deadline of every order this batch creates.
     expires_at: DateTime<Utc>,
+    /// `now` and `expires_at` as the created orders' event documents write them.
+    doc_times: docs::DocTimes,
     /// Reject every message this batch owns, whatever it holds ([`withdraw`]).
     withdraw: bool,
     /// Reject every message this batch owns as expired or expiring ([`shed`]).
@@ -107,6 +121,7 @@ impl<'a> Batch<'a> {
             decisions: vec![None; items.len()],
             now,
             expires_at: now + pay,
+            doc_times: docs::DocTimes::new(now, now + pay),
             withdraw: false,
             shed: false,
         }

@@ -7,9 +7,10 @@ use std::collections::HashMap;
 use chrono::{DateTime, Utc};
 use tokio_postgres::types::ToSql;
 
+use super::docs::{CancelDoc, CreatedDoc};
 use super::Batch;
 use crate::domain::events::{
-    cancel_if_unpaid_event_id, CancelOrderIfUnpaid, OrderCreated, OrderRef, ReleaseReservation,
+    cancel_if_unpaid_event_id, order_created_event_id, OrderRef, ReleaseReservation,
     TAG_CANCEL_IF_UNPAID, TAG_ORDER_CREATED,
 };
 use crate::domain::{Decision, OrderCreateRequested, RejectReason};
@@ -115,44 +116,37 @@ pub(super) fn home_bucket(e: &OrderCreateRequested) -> i16 {
     crate::domain::ids::reservation_bucket(&e.reservation_id) as i16
 }
 
-/// A created order's ORDER_CREATED and its CANCEL_ORDER_IF_UNPAID timer (at `expires_at`).
+/// A created order's ORDER_CREATED and its CANCEL_ORDER_IF_UNPAID timer (at `expires_at`),
+/// their documents written from the batch's event (`docs`).
 pub(super) fn push_created<'a>(
     out: &mut OutboxRows<'a>,
-    b: &Batch<'a>,
+    b: &'a Batch<'a>,
     e: &'a OrderCreateRequested,
 ) {
-    let facts = order_facts(e);
-    let mut created = OrderCreated::new(&facts, b.expires_at);
-    created.base.occurred_at = Some(b.now);
-    created.traceparent = Some(e.trace.traceparent.clone());
+    let created_id = order_created_event_id(&e.order_id);
+    let created = JsonDoc::of(&CreatedDoc::new(e, &created_id, &b.doc_times));
     out.push(OutboxEvent {
-        event_id: created.base.event_id.clone(),
+        event_id: created_id,
         activity_id: e.activity_id,
         topic: &b.names.order_event_topic,
         tag: TAG_ORDER_CREATED,
         key: &e.order_id,
         aggregate: Some((&e.order_id, Some(1))),
-        payload: JsonDoc::of(&created),
+        payload: created,
         deliver_at: None,
         first_send_at: None,
         start: OutboxStart::Pending,
     });
-    let mut cancel = CancelOrderIfUnpaid::new(
-        cancel_if_unpaid_event_id(&e.order_id),
-        &e.order_id,
-        e.activity_id,
-        e.sku_id,
-        b.expires_at,
-    );
-    cancel.traceparent = Some(e.trace.traceparent.clone());
+    let cancel_id = cancel_if_unpaid_event_id(&e.order_id);
+    let cancel = JsonDoc::of(&CancelDoc::new(e, &cancel_id, &b.doc_times));
     out.push(OutboxEvent {
-        event_id: cancel.event_id.clone(),
+        event_id: cancel_id,
         activity_id: e.activity_id,
         topic: &b.names.order_timeout_topic,
         tag: TAG_CANCEL_IF_UNPAID,
         key: &e.order_id,
         aggregate: Some((&e.order_id, None)),
-        payload: JsonDoc::of(&cancel),
+        payload: cancel,
         deliver_at: Some(b.expires_at),
         // Held in the outbox until shortly before it is due (docs/ARCHITECTURE.md#outbox-relay).
         first_send_at: Some(b.expires_at - b.names.timer_lead),

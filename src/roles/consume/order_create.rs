@@ -59,10 +59,7 @@ impl Core {
         // failpoint's argument) fails any transaction that contains it.
         #[cfg(feature = "failpoints")]
         if let Some(Some(id)) = fail::eval("order-tx-fails-for-message", |arg| arg) {
-            if items
-                .iter()
-                .any(|i| i.property_message_id.as_deref() == Some(id.as_str()))
-            {
+            if items.iter().any(|i| i.message_id() == Some(id.as_str())) {
                 return Err(TxError::Unknown(
                     format!("injected failure for {id}").into(),
                 ));
@@ -206,21 +203,26 @@ impl OrderCreateHandler {
     }
 
     /// Turns broker deliveries into transaction inputs (poison is kept, not dropped). The raw
-    /// body and the properties are copied for poison only, the one case that stores them.
+    /// body, the properties and the ids of the delivery are copied for poison only, the one
+    /// case that stores them.
     pub fn inbound(d: &Delivery) -> Inbound {
-        let event = OrderCreateRequested::decode(&d.body);
-        let poison = event.is_err();
-        Inbound {
-            event,
-            raw_body: if poison { d.body.clone() } else { Vec::new() },
-            properties: if poison {
-                serde_json::to_value(&d.properties).unwrap_or_default()
-            } else {
-                serde_json::Value::Null
+        match OrderCreateRequested::decode(&d.body) {
+            Ok(event) => Inbound {
+                event: Ok(event),
+                raw_body: Vec::new(),
+                properties: serde_json::Value::Null,
+                property_message_id: None,
+                broker_msg_id: String::new(),
+                delivery_attempt: d.reconsume_times,
             },
-            property_message_id: d.properties.get("message_id").map(str::to_owned),
-            broker_msg_id: d.broker_msg_id.clone(),
-            delivery_attempt: d.reconsume_times,
+            Err(reason) => Inbound {
+                event: Err(reason),
+                raw_body: d.body.clone(),
+                properties: serde_json::to_value(&d.properties).unwrap_or_default(),
+                property_message_id: d.properties.get("message_id").map(str::to_owned),
+                broker_msg_id: d.broker_msg_id.clone(),
+                delivery_attempt: d.reconsume_times,
+            },
         }
     }
 
