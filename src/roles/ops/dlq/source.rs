@@ -91,7 +91,7 @@ pub(super) async fn rows(
 fn carries_key(d: &Delivery, key: &str) -> bool {
     ["message_id", "reservation_id", "order_id", "request_id"]
         .iter()
-        .any(|p| d.properties.get(*p) == Some(key))
+        .any(|p| d.properties.get(p) == Some(key))
         || d.keys.split(' ').any(|k| k == key)
 }
 
