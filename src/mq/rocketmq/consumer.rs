@@ -38,13 +38,6 @@ pub enum ConsumeFrom {
 /// start, a fixed delay). One small request per queue per interval.
 const OFFSET_COMMIT_INTERVAL_MS: u32 = 1_000;
 
-/// Messages one pull request asks the broker for (the client's default is 32). The handler
-/// still gets at most `batch_size` per call: a pull feeds several calls. The broker answers
-/// at most its `maxTransferCountOnMessageInMemory` (128 in config/rocketmq/broker.toml, 32 by
-/// default); a quarter of the pull requests for a backlog cost the broker a fifth less CPU
-/// per message (BENCHMARKS.md, "The order work's price").
-const PULL_BATCH: u32 = 128;
-
 /// Settings of one push consumer.
 #[derive(Debug, Clone)]
 pub struct ConsumerOptions {
@@ -274,7 +267,7 @@ pub async fn start_push_consumer(
         .name_server_addr(name_srv.to_owned())
         .consume_from_where(consume_from)
         .consume_message_batch_max_size(batch)
-        .pull_batch_size(batch.max(PULL_BATCH))
+        .pull_batch_size(batch.max(32))
         .consume_thread_min(threads)
         .consume_thread_max(threads)
         .max_reconsume_times(opts.max_reconsume_times)
