@@ -10,7 +10,8 @@
 #   1. limits: pgbench with the order transaction (one per transaction and batched),
 #      redis-benchmark with the reservation script, direct-to-PostgreSQL purchases;
 #      the broker's raw send rate (seckill-bench broker), one per call and batched.
-#   2. order consumer on a backlog (seckill-bench backlog), one hot SKU: batched transactions,
+#   2. order consumer on a backlog (seckill-bench backlog), one hot SKU: batched transactions
+#      (three rounds, each pgbench's batch right before the drain, the median round kept),
 #      one order per transaction, and --workers far past the budget.
 #   3. the outbox relay draining the events those backlogs left (events/s).
 #   4. the API (seckill-bench load): accepted reservations/s with batched sends and with one send
@@ -113,11 +114,11 @@ if [[ "${BENCH_ONLY:-}" == fair ]]; then
 fi
 
 # BENCH_ONLY=orders (make bench-orders): pgbench's batch (the limits' measurement 2) and the
-# order consumer on a backlog, with the CPU each spends per order; last line ORDER_RATIOS ...
+# order consumer on a backlog, with the CPU each spends per order, in three rounds back to back
+# (the median kept); last line ORDER_RATIOS ...
 if [[ "${BENCH_ONLY:-}" == orders ]]; then
   exec_status=0
-  LIMITS_ONLY=batch bench/limits/limits.sh | tee "$RUN_DIR/limits-batch.out" >&2
-  "$BENCH" run "${run_args[@]}" --only orders --limits "$RUN_DIR/limits-batch.out" || exec_status=$?
+  "$BENCH" run "${run_args[@]}" --only orders || exec_status=$?
   exit "$exec_status"
 fi
 

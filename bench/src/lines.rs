@@ -89,4 +89,63 @@ impl Lines {
     pub fn num(&self, name: &str, key: &str) -> Option<f64> {
         self.get(name).num(key)
     }
+
+    /// pgbench's batch the consumer's drain (`B_BATCH`) is compared with: the one measured
+    /// right before that drain (`PGBENCH_BATCH`, `run::scenarios::batched_rounds`), or the
+    /// limits' own (`LIMITS`) in a run without rounds.
+    pub fn batch_floor(&self) -> Line {
+        let paired = self.get("PGBENCH_BATCH");
+        if paired.num("pgbench_batch_orders_per_s").is_some() {
+            paired
+        } else {
+            self.get("LIMITS")
+        }
+    }
+}
+
+/// Where the median of `values` is (the lower of the two middles for an even count; a value
+/// that is not a number counts as the lowest). `None` when there are none.
+pub fn median_at(values: &[f64]) -> Option<usize> {
+    let mut order: Vec<usize> = (0..values.len()).collect();
+    let key = |i: &usize| {
+        let v = values[*i];
+        if v.is_nan() {
+            f64::NEG_INFINITY
+        } else {
+            v
+        }
+    };
+    order.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    order.get(values.len().saturating_sub(1) / 2).copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_median_round_is_the_middle_one_whatever_the_order() {
+        assert_eq!(median_at(&[]), None);
+        assert_eq!(median_at(&[0.7]), Some(0));
+        assert_eq!(median_at(&[0.9, 0.5, 0.7]), Some(2));
+        assert_eq!(median_at(&[0.5, 0.9, 0.7, 0.6]), Some(3));
+        // A round without a figure is the lowest, never the median of three.
+        assert_eq!(median_at(&[f64::NAN, 0.8, 0.6]), Some(2));
+    }
+
+    #[test]
+    fn the_floor_is_the_paired_pgbench_batch_when_there_is_one() {
+        let limits = Line::parse("LIMITS pgbench_batch_orders_per_s=10000 pgbench_single_tps=9");
+        let paired = Line::parse("LIMITS pgbench_batch_orders_per_s=12000");
+        let mut lines = Lines(HashMap::from([("LIMITS".to_owned(), limits)]));
+        assert_eq!(
+            lines.batch_floor().num("pgbench_batch_orders_per_s"),
+            Some(10000.0)
+        );
+        lines.0.insert("PGBENCH_BATCH".to_owned(), paired);
+        assert_eq!(
+            lines.batch_floor().num("pgbench_batch_orders_per_s"),
+            Some(12000.0)
+        );
+    }
 }

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-pub use crate::lines::{ratio, sum, Line, Lines};
+pub use crate::lines::{median_at, ratio, sum, Line, Lines};
 
 /// `seckill-bench ratios`.
 #[derive(Debug, clap::Args)]
@@ -56,8 +56,9 @@ const VERDICT_ONLY: [&str; 14] = [
 
 /// Scenarios through the pipeline: their verdict, and the invariant violations they counted
 /// (a line without the count counts as one).
-const WITH_VIOLATIONS: [&str; 11] = [
+const WITH_VIOLATIONS: [&str; 12] = [
     "B_BATCH",
+    "ORDER_ROUNDS",
     "B_WIDE",
     "B_SINGLE",
     "A_BATCHED",
@@ -195,7 +196,7 @@ pub fn ceiling_ratios(l: &Lines) -> String {
 /// The order work's CPU per order on the backlog (`B_BATCH`), split by process, beside the
 /// floor: PostgreSQL and pgbench running the same statements (`LIMITS`, measurement 2).
 pub fn cpu_ratios(l: &Lines) -> String {
-    let (backlog, limits) = (l.get("B_BATCH"), l.get("LIMITS"));
+    let (backlog, limits) = (l.get("B_BATCH"), l.batch_floor());
     let mut out = vec![format!(
         "cpu_us_per_order={} cpu_us_per_order_floor={} cpu_per_order_vs_floor={}",
         backlog.raw("cpu_us_per_order"),
@@ -239,7 +240,11 @@ pub fn ratios(l: &Lines) -> String {
         ),
         (
             "order_vs_pgbench_batch",
-            ratio(orders, l.num("LIMITS", "pgbench_batch_orders_per_s")),
+            ratio(orders, l.batch_floor().num("pgbench_batch_orders_per_s")),
+        ),
+        (
+            "order_vs_pgbench_batch_rounds",
+            l.get("ORDER_ROUNDS").raw("ratios").to_owned(),
         ),
         ("", cpu_ratios(l)),
         (
@@ -334,7 +339,7 @@ pub fn summary(l: &Lines) -> String {
         "consumer orders/s (batched) {} vs pgbench one order/tx {} and batched {}",
         f("B_BATCH", "orders_per_s"),
         f("LIMITS", "pgbench_single_tps"),
-        f("LIMITS", "pgbench_batch_orders_per_s")
+        l.batch_floor().raw("pgbench_batch_orders_per_s")
     ));
     out.push(format!(
         "consumer orders/s, --workers 64: {}; one order per transaction: {}",
@@ -419,18 +424,22 @@ pub fn run(args: RatiosArgs) -> anyhow::Result<bool> {
             (text, failed == 0)
         }
         Some(Part::Orders) => {
-            let (limits, backlog) = (lines.get("LIMITS"), lines.get("B_BATCH"));
+            let (limits, backlog) = (lines.batch_floor(), lines.get("B_BATCH"));
             // The backlog's own verdict (its invariants) and a floor to compare with.
+            let rounds = lines.get("ORDER_ROUNDS");
             let failed = u64::from(!backlog.ok())
+                + u64::from(!rounds.ok())
+                + rounds.num("violations").unwrap_or(0.0) as u64
                 + u64::from(limits.num("pgbench_batch_orders_per_s").is_none());
             let text = format!(
-                "{}\n{}\nORDER_RATIOS order_vs_pgbench_batch={} {} violations={failed}",
+                "{}\n{}\nORDER_RATIOS order_vs_pgbench_batch={} order_vs_pgbench_batch_rounds={} {} violations={failed}",
                 limits.text,
                 backlog.text,
                 ratio(
                     backlog.num("orders_per_s"),
                     limits.num("pgbench_batch_orders_per_s")
                 ),
+                lines.get("ORDER_ROUNDS").raw("ratios"),
                 cpu_ratios(&lines)
             );
             (text, failed == 0)

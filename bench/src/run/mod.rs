@@ -36,8 +36,8 @@ pub struct RunArgs {
     pub quick: bool,
     /// Only one part: `sale` (the sale's three runs, `make bench-sale`; last line
     /// SALE_RATIOS), `ceilings` (the front door's ceilings with wrk, `make bench-ceilings`;
-    /// CEILING_RATIOS) or `orders` (the order consumer on a backlog beside `--limits`'
-    /// pgbench batch, `make bench-orders`; ORDER_RATIOS) or `fair` (who gets the units of a
+    /// CEILING_RATIOS) or `orders` (pgbench's batch and the order consumer on a backlog,
+    /// round by round, `make bench-orders`; ORDER_RATIOS) or `fair` (who gets the units of a
     /// contested start, `make bench-fair`; FAIR_RATIOS).
     #[arg(long, value_enum)]
     pub only: Option<Part>,
@@ -62,6 +62,8 @@ pub struct Sizes {
     pub backlog: usize,
     pub backlog_single: usize,
     pub api_requests: usize,
+    /// Pairs of pgbench's batch and the consumer's batched drain (the median kept).
+    pub order_rounds: usize,
 }
 
 impl Sizes {
@@ -74,6 +76,7 @@ impl Sizes {
                 backlog: 5_000,
                 backlog_single: 1_000,
                 api_requests: 5_000,
+                order_rounds: 1,
             }
         } else {
             Sizes {
@@ -83,6 +86,7 @@ impl Sizes {
                 backlog: 30_000,
                 backlog_single: 5_000,
                 api_requests: 30_000,
+                order_rounds: 3,
             }
         }
     }
@@ -180,11 +184,11 @@ pub async fn run(settings: Settings, args: RunArgs) -> anyhow::Result<bool> {
         lines: BTreeMap::new(),
         settings: settings.clone(),
     };
-    if args.only.is_none() || args.only == Some(Part::Orders) {
+    if args.only.is_none() {
         let limits = args
             .limits
             .as_ref()
-            .context("--limits FILE is needed for a whole run and for the orders")?;
+            .context("--limits FILE is needed for a whole run")?;
         let text = std::fs::read_to_string(limits)?;
         let line = text
             .lines()

@@ -228,6 +228,34 @@ impl Procs {
     }
 }
 
+impl Procs {
+    /// pgbench's batch alone (`bench/limits/limits.sh` with `LIMITS_ONLY=batch`, from the
+    /// repository's root as `scripts/bench.sh` runs this): its `LIMITS ...` line, the floor of
+    /// the drain that follows it. Its output is kept in `<out>.out`.
+    pub async fn pgbench_batch(&self, out: &str) -> anyhow::Result<Line> {
+        let output = Command::new("bench/limits/limits.sh")
+            .env("LIMITS_ONLY", "batch")
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .context("running bench/limits/limits.sh (LIMITS_ONLY=batch)")?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        std::fs::write(self.dir.join(format!("{out}.out")), text.as_bytes())?;
+        anyhow::ensure!(
+            output.status.success(),
+            "bench/limits/limits.sh (LIMITS_ONLY=batch) failed: {}",
+            output.status
+        );
+        let line = text
+            .lines()
+            .rfind(|l| l.starts_with("LIMITS "))
+            .context("no LIMITS line from bench/limits/limits.sh")?;
+        eprintln!("[bench] {line}");
+        Ok(Line::parse(line))
+    }
+}
+
 /// Waits up to 30 s for `url` to answer 2xx.
 pub async fn wait_ready(url: &str) -> anyhow::Result<()> {
     let client = reqwest::Client::builder()
