@@ -7,6 +7,7 @@ pub mod events;
 pub mod ids;
 pub mod order_create;
 pub mod request;
+pub mod rfc3339;
 
 pub use decision::{CancelOutcome, Decision, PayOutcome, RejectReason};
 pub use ids::Ids;

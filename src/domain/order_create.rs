@@ -53,8 +53,11 @@ pub struct OrderCreateRequested {
     pub sku_id: i64,
     pub user_id: i64,
     pub quantity: i32,
+    #[serde(deserialize_with = "super::rfc3339::deserialize")]
     pub reservation_created_at: DateTime<Utc>,
+    #[serde(deserialize_with = "super::rfc3339::deserialize")]
     pub reservation_valid_until: DateTime<Utc>,
+    #[serde(deserialize_with = "super::rfc3339::deserialize")]
     pub created_at: DateTime<Utc>,
     /// Application-level re-sends (scanner), not broker redeliveries.
     pub retry_count: i32,

@@ -46,23 +46,41 @@ where
 {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&settings.log_level));
+    // A second init (tests) is harmless: the first subscriber stays. The subscriber's most
+    // verbose level also becomes the `log` crate's (`try_init`), which is what keeps the
+    // libraries that log through `log` (tokio-postgres: a trace line per protocol message)
+    // from paying for a record nobody writes.
+    let _ = subscriber(filter, settings.json, writer, terminal).try_init();
+}
+
+/// The process's subscriber: the formatted log lines under `filter`, and the MQ client's ACK
+/// failures turned into metrics. Its `max_level_hint` is `filter`'s (the ACK-failure layer
+/// wants errors only and says so).
+fn subscriber<W>(
+    filter: EnvFilter,
+    json: bool,
+    writer: W,
+    terminal: bool,
+) -> impl tracing::Subscriber + Send + Sync
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
     // Colour only on a terminal: a log file or journald gets plain text, never ANSI codes.
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(writer)
         .with_target(true)
         .with_ansi(terminal);
-    let fmt = if settings.json {
+    let fmt = if json {
         fmt.json().flatten_event(true).boxed()
     } else {
         fmt.boxed()
     };
-    // A second init (tests) is harmless: the first subscriber stays.
-    let _ = tracing_subscriber::registry()
+    let ack_failures =
+        filter_fn(|m| *m.level() == Level::ERROR && m.target().starts_with(MQ_CLIENT_TARGET))
+            .with_max_level_hint(Level::ERROR);
+    tracing_subscriber::registry()
         .with(fmt.with_filter(filter))
-        .with(AckFailureLayer.with_filter(filter_fn(|m| {
-            *m.level() == Level::ERROR && m.target().starts_with(MQ_CLIENT_TARGET)
-        })))
-        .try_init();
+        .with(AckFailureLayer.with_filter(ack_failures))
 }
 
 /// Log target prefix of the RocketMQ client crate.
@@ -242,6 +260,21 @@ pub async fn serve_ops(
 mod tests {
     use super::*;
     use tracing_subscriber::layer::SubscriberExt;
+
+    #[test]
+    fn the_subscriber_is_no_more_verbose_than_its_filter() {
+        // What `try_init` hands to the `log` crate as its max level: at "info", the
+        // libraries' debug and trace records are skipped before any record is built.
+        use tracing::level_filters::LevelFilter;
+        use tracing::Subscriber;
+        let at = |f: &str| subscriber(EnvFilter::new(f), false, std::io::sink, false);
+        assert_eq!(at("info").max_level_hint(), Some(LevelFilter::INFO));
+        assert_eq!(at("warn").max_level_hint(), Some(LevelFilter::WARN));
+        assert_eq!(
+            at("info,seckill=debug").max_level_hint(),
+            Some(LevelFilter::DEBUG)
+        );
+    }
 
     #[test]
     fn ack_failure_kinds_come_only_from_the_client_crate() {
