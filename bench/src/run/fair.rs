@@ -46,8 +46,8 @@ pub(super) async fn fairness(run: &mut Run) -> anyhow::Result<()> {
             "[bench] crowd: {bots} scripted accounts, {people} people, {stock} units, {label}"
         );
         // Time to sign the tokens and, with passes, to register everyone: each person solves
-        // their own challenge, two at a time (~15 ms a person on a quiet machine here, four
-        // times that on its slowest hours).
+        // their own challenge, two at a time (a pass cost 46 ms in a quiet hour here, 23 ms a
+        // person; 90 ms a person leaves room for the machine's slowest hours).
         let lead = if passes { 30_000 + 90 * people } else { 15_000 };
         let starts = chrono::Utc::now() + chrono::Duration::milliseconds(lead);
         let mut extra = vec![s("--starts-at"), starts.to_rfc3339()];
