@@ -51,12 +51,17 @@ impl Line {
     }
 }
 
+/// `a / b`; `None` when either is missing or the baseline is not positive.
+pub fn quotient(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
 /// `a / b` to two places; `nan` when either is missing or the baseline is not positive.
 pub fn ratio(a: Option<f64>, b: Option<f64>) -> String {
-    match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
-        _ => "nan".to_owned(),
-    }
+    quotient(a, b).map_or_else(|| "nan".to_owned(), |q| format!("{q:.2}"))
 }
 
 pub fn sum(a: Option<f64>, b: Option<f64>) -> Option<f64> {
@@ -131,6 +136,15 @@ mod tests {
         assert_eq!(median_at(&[0.5, 0.9, 0.7, 0.6]), Some(3));
         // A round without a figure is the lowest, never the median of three.
         assert_eq!(median_at(&[f64::NAN, 0.8, 0.6]), Some(2));
+    }
+
+    #[test]
+    fn a_ratio_needs_both_figures_and_a_positive_baseline() {
+        assert_eq!(quotient(Some(8.0), Some(10.0)), Some(0.8));
+        assert_eq!(quotient(Some(8.0), Some(0.0)), None);
+        assert_eq!(quotient(None, Some(10.0)), None);
+        assert_eq!(ratio(Some(8.0), Some(10.0)), "0.80");
+        assert_eq!(ratio(Some(8.0), None), "nan");
     }
 
     #[test]

@@ -16,7 +16,7 @@ pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::
 }
 
 /// The reading itself: strict first, relaxed for the rest.
-pub fn parse(s: &str) -> Result<DateTime<Utc>, chrono::ParseError> {
+fn parse(s: &str) -> Result<DateTime<Utc>, chrono::ParseError> {
     DateTime::parse_from_rfc3339(s)
         .or_else(|_| s.parse::<DateTime<FixedOffset>>())
         .map(|t| t.with_timezone(&Utc))

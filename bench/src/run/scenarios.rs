@@ -10,6 +10,7 @@ use super::procs::{poll_until, wait_ready};
 use super::{
     Run, API, API_READY, BASELINE, BASELINE_READY, CONSUME_METRICS, CONSUME_READY, SCAN_READY,
 };
+use crate::lines::quotient;
 use crate::ratios::{median_at, Line};
 use crate::tokens::Provisioned;
 use anyhow::Context;
@@ -368,7 +369,8 @@ pub async fn only_orders(run: &mut Run) -> anyhow::Result<()> {
 /// The machine's speed moves by as much as 2× within an hour and a drain lasts seconds: a
 /// floor measured minutes before the drain, or a single pair, says more about the machine's
 /// moment than about the code.
-async fn batched_rounds(run: &mut Run, stock: i64, messages: usize) -> anyhow::Result<()> {
+/// Returns the activities of the rounds not kept.
+async fn batched_rounds(run: &mut Run, stock: i64, messages: usize) -> anyhow::Result<Vec<i64>> {
     let mut rounds = Vec::new();
     for r in 1..=run.sizes.order_rounds {
         eprintln!("[bench] round {r}: pgbench's batch, then the consumer's drain");
@@ -382,14 +384,11 @@ async fn batched_rounds(run: &mut Run, stock: i64, messages: usize) -> anyhow::R
     let ratios: Vec<f64> = rounds
         .iter()
         .map(|(floor, drain, _)| {
-            let pair = (
+            let (d, f) = (
                 drain.num("orders_per_s"),
                 floor.num("pgbench_batch_orders_per_s"),
             );
-            match pair {
-                (Some(d), Some(f)) if f > 0.0 => d / f,
-                _ => f64::NAN,
-            }
+            quotient(d, f).unwrap_or(f64::NAN)
         })
         .collect();
     let at = median_at(&ratios).context("no round ran")?;
@@ -410,14 +409,7 @@ async fn batched_rounds(run: &mut Run, stock: i64, messages: usize) -> anyhow::R
         .iter()
         .map(|(_, d, _)| d.num("violations").unwrap_or(1.0))
         .sum();
-    // The relay then measures the outbox of one batched drain, as in a run without rounds: the
-    // other rounds' events (their drains checked above) are taken out of its backlog.
     let others: Vec<i64> = rounds.iter().map(|(_, _, a)| *a).collect();
-    let sql = format!(
-        "DELETE FROM {}.event_outbox WHERE activity_id = ANY($1)",
-        run.schema
-    );
-    run.pg.execute(sql.as_str(), &[&others]).await?;
     run.keep("PGBENCH_BATCH", floor);
     run.keep("B_BATCH", drain);
     run.keep(
@@ -429,7 +421,7 @@ async fn batched_rounds(run: &mut Run, stock: i64, messages: usize) -> anyhow::R
             listed.join("/")
         )),
     );
-    Ok(())
+    Ok(others)
 }
 
 /// The whole of `make bench` after the limits.
@@ -472,7 +464,14 @@ async fn order_consumer(run: &mut Run) -> anyhow::Result<()> {
     let lead = ("SECKILL__SCAN__TIMER_LEAD_SECS", "86400");
     run.procs.set_env(&[lead]);
     let stock = (z.backlog * 2) as i64;
-    batched_rounds(run, stock, z.backlog).await?;
+    let others = batched_rounds(run, stock, z.backlog).await?;
+    // The relay then measures the outbox of one batched drain, as in a run without rounds: the
+    // other rounds' events (their drains already checked) are taken out of its backlog.
+    let sql = format!(
+        "DELETE FROM {}.event_outbox WHERE activity_id = ANY($1)",
+        run.schema
+    );
+    run.pg.execute(sql.as_str(), &[&others]).await?;
     let line = backlog(run, "workers64", stock, z.backlog, &["--workers", "64"]).await?;
     run.keep("B_WIDE", line);
     run.procs
