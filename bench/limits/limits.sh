@@ -47,11 +47,13 @@ esac
 DIRECT_CLIENTS="${DIRECT_PG_CLIENTS:-64}"
 SCHEMA=seckill_limits
 RPREFIX=seckill_limits                 # Redis key prefix (Keys::new(prefix) in src/redis)
-# Orders per transaction in measurement 2 (<= 99): the consumer's own consumer.batch_size.
-BATCH="$(awk '/^\[/ { sec = $0 } sec == "[consumer]" && $1 == "batch_size" { print $3 }' \
-         "$root/config/default.toml")"
+# Orders per transaction in measurement 2 (<= 99): the consumer's own consumer.batch_size, read
+# as the consumer reads it (SECKILL__CONSUMER__BATCH_SIZE over config/default.toml), so
+# `SECKILL__CONSUMER__BATCH_SIZE=64 make bench-orders` compares both sides at 64.
+BATCH="${SECKILL__CONSUMER__BATCH_SIZE:-$(awk '/^\[/ { sec = $0 } sec == "[consumer]" && $1 == "batch_size" { print $3 }' \
+         "$root/config/default.toml")}"
 [[ "$BATCH" =~ ^[0-9]+$ ]] && ((BATCH >= 1 && BATCH <= 99)) \
-  || { echo "[limits] error: consumer.batch_size in config/default.toml must be 1-99 (got '$BATCH')" >&2; exit 1; }
+  || { echo "[limits] error: consumer.batch_size (config/default.toml or SECKILL__CONSUMER__BATCH_SIZE) must be 1-99 (got '$BATCH')" >&2; exit 1; }
 SINGLE_CLIENTS=(1 4 16)
 BATCH_CLIENTS=(2 4)
 REDIS_CLIENTS=50

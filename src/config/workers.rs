@@ -75,8 +75,10 @@ fn default_fast_lane_margin_ms() -> u64 {
 impl ConsumerSettings {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         let invalid = ConfigError::invalid;
-        if self.batch_size == 0 || self.batch_size > 32 {
-            return Err(invalid("consumer.batch_size", "must be in 1..=32"));
+        // A listener call carries at most the client's pull of 32; larger transactions gather
+        // two calls (docs/ARCHITECTURE.md#gathering-batches-across-queues).
+        if self.batch_size == 0 || self.batch_size > 64 {
+            return Err(invalid("consumer.batch_size", "must be in 1..=64"));
         }
         // Listener calls in flight (order-create at most 128 of the process's 160 slots, the
         // other groups 64 each) and messages per call (at most the client's 32).

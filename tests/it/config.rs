@@ -29,11 +29,7 @@ fn a_bad_value_fails_start_up_naming_the_key() {
             "not an address",
             "mq.name_server",
         ),
-        (
-            "SECKILL__CONSUMER__BATCH_SIZE",
-            "100",
-            "consumer.batch_size",
-        ),
+        ("SECKILL__CONSUMER__BATCH_SIZE", "65", "consumer.batch_size"),
         // Held longer, an order could miss its 3 s reservation->order SLO.
         (
             "SECKILL__CONSUMER__PACE_AGE_MS",

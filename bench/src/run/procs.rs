@@ -50,11 +50,6 @@ impl Procs {
         })
     }
 
-    /// The activity `activity` created last.
-    pub fn last_activity(&self) -> i64 {
-        self.next_activity
-    }
-
     /// Sets `SECKILL__…` overrides for every process started from now on.
     pub fn set_env(&mut self, vars: &[(&str, &str)]) {
         self.env = vars
