@@ -326,3 +326,31 @@ impl TelemetrySettings {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::ConfigError;
+
+    /// A transaction holds up to two of the client's calls of 32: 64 starts, 65 names the key.
+    #[test]
+    fn an_order_batch_is_one_to_sixty_four_messages() {
+        let mut consumer = super::super::tests::test_settings().consumer;
+        for size in [1, 32, 64] {
+            consumer.batch_size = size;
+            assert!(consumer.validate().is_ok(), "batch_size {size} refused");
+        }
+        for size in [0, 65] {
+            consumer.batch_size = size;
+            assert!(
+                matches!(
+                    consumer.validate(),
+                    Err(ConfigError::Invalid {
+                        key: "consumer.batch_size",
+                        ..
+                    })
+                ),
+                "batch_size {size} accepted"
+            );
+        }
+    }
+}
