@@ -75,8 +75,9 @@ fn default_fast_lane_margin_ms() -> u64 {
 impl ConsumerSettings {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         let invalid = ConfigError::invalid;
-        // A listener call carries at most the client's pull of 32; larger transactions gather
-        // two calls (docs/ARCHITECTURE.md#gathering-batches-across-queues).
+        // A listener call carries at most one pull, which the broker caps at 32 messages (its
+        // default maxTransferCountOnMessageInMemory): above 32 a transaction gathers calls
+        // (docs/ARCHITECTURE.md#gathering-batches-across-queues).
         if self.batch_size == 0 || self.batch_size > 64 {
             return Err(invalid("consumer.batch_size", "must be in 1..=64"));
         }

@@ -237,7 +237,8 @@ async fn the_pgbench_order_scripts_run_the_consumers_statements_in_its_order() {
     let batch = consumer_shapes(&env, batch_size).await;
     assert_eq!(script_shapes("order_batch.sql"), batch);
     // bench/limits/limits.sh runs order_batch.sql with the consumer's configured batch size
-    // (config/default.toml; no overlay of the tests changes it).
+    // (SECKILL__CONSUMER__BATCH_SIZE over config/default.toml, as the settings read it; no
+    // overlay of the tests changes it).
     let limits = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/limits/limits.sh");
     let out = std::process::Command::new("bash")
         .arg(&limits)

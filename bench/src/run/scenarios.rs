@@ -81,6 +81,17 @@ async fn backlog(
 /// start with (`INBOX_HISTORY` in bench/limits/limits.sh).
 const INBOX_HISTORY: i64 = 100_000;
 
+/// The tables an order transaction fills, as limits.sh's `reset_order_tables` lists them: emptied
+/// before each batched round ([`reset_order_tables`]), vacuumed before every drain
+/// ([`like_pgbench_start`]).
+const ORDER_TABLES: [&str; 5] = [
+    "consumer_inbox",
+    "reservations",
+    "orders",
+    "stock_ledger",
+    "event_outbox",
+];
+
 /// The order tables as pgbench's runs find theirs (bench/limits/limits.sh,
 /// `reset_order_tables`): an inbox holding `INBOX_HISTORY` processed messages of an earlier
 /// sale, every order table vacuumed and analyzed, a checkpoint taken. A production inbox has
@@ -110,14 +121,7 @@ async fn like_pgbench_start(run: &Run) -> anyhow::Result<()> {
     run.pg
         .execute(sql.as_str(), &[&group, &have.max(0), &INBOX_HISTORY])
         .await?;
-    for table in [
-        "stock_buckets",
-        "consumer_inbox",
-        "reservations",
-        "orders",
-        "stock_ledger",
-        "event_outbox",
-    ] {
+    for table in std::iter::once("stock_buckets").chain(ORDER_TABLES) {
         run.pg
             .batch_execute(&format!("VACUUM ANALYZE {s}.{table}"))
             .await?;
@@ -431,12 +435,12 @@ async fn batched_rounds(run: &mut Run, stock: i64, messages: usize) -> anyhow::R
 /// the inbox's history, vacuums and checkpoints. Only the rows of drains already checked are
 /// lost: the rounds run first among the scenarios that write orders.
 async fn reset_order_tables(run: &Run) -> anyhow::Result<()> {
-    let s = &run.schema;
+    let tables: Vec<String> = ORDER_TABLES
+        .iter()
+        .map(|t| format!("{}.{t}", run.schema))
+        .collect();
     run.pg
-        .batch_execute(&format!(
-            "TRUNCATE {s}.consumer_inbox, {s}.reservations, {s}.orders, {s}.stock_ledger, \
-             {s}.event_outbox"
-        ))
+        .batch_execute(&format!("TRUNCATE {}", tables.join(", ")))
         .await?;
     Ok(())
 }
