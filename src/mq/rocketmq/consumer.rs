@@ -160,7 +160,8 @@ impl MessageListenerConcurrently for BridgeListener {
     }
 }
 
-pub(super) fn to_delivery(m: &MessageExt) -> Delivery {
+/// A delivery as the handlers see it, from the client's message (shared by every intake).
+pub fn to_delivery(m: &MessageExt) -> Delivery {
     // The client's strings, shared (crate::mq::Properties): no key or value copied.
     let properties: Properties = m
         .properties()

@@ -40,7 +40,9 @@ mod source_read;
 pub use admin::{combine_lag, create_topics, delete_topics, Lag, LagProbe, QueueLagFacts};
 pub use broker_stats::{export_broker_stats, BrokerStats};
 pub use classify::{classify_send_error, ErrorFacts, SendErrorClass};
-pub use consumer::{start_push_consumer, ConsumeFrom, ConsumerHandle, ConsumerOptions};
+pub use consumer::{
+    start_push_consumer, to_delivery, ConsumeFrom, ConsumerHandle, ConsumerOptions,
+};
 pub use groups::{
     broker_config_value, create_groups, delete_groups, group_facts, GroupFacts, GroupSpec,
 };
