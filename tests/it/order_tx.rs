@@ -141,6 +141,128 @@ async fn order_row_ledger_outbox_and_inbox_are_written_together() {
     env.cleanup().await;
 }
 
+/// A created order's two events are written by one statement in which PostgreSQL builds the
+/// documents (src/pg/order_tx/docs.rs): each must be the event struct's own document as serde
+/// writes it, field for field and value for value (timestamps in serde's form included), so
+/// the event contract has one definition.
+#[tokio::test]
+async fn created_orders_events_are_the_event_structs_own_documents() {
+    use chrono::{DateTime, Utc};
+    use seckill::domain::events::{
+        cancel_if_unpaid_event_id, order_created_event_id, CancelOrderIfUnpaid, OrderCreated,
+        OrderRef,
+    };
+
+    let env = TestEnv::without_topics().await;
+    env.activity(1, 1, 10).await;
+    let h = handler(&env, 1).await;
+    let n = env.names();
+    let events: Vec<_> = (1..=3)
+        .map(|user| {
+            let mut e = event(1, 1, user, 300);
+            e.trace.traceparent =
+                format!("00-0af7651916cd43dd8448eb211c8031{user:02x}-b7ad6b7169203331-01");
+            e
+        })
+        .collect();
+    let deliveries: Vec<_> = events
+        .iter()
+        .map(|e| delivery_of(&n.order_create_topic, e))
+        .collect();
+    let decisions = h.process(&deliveries).await.unwrap();
+    assert!(
+        decisions
+            .iter()
+            .all(|d| matches!(d, Decision::Created { .. })),
+        "{decisions:?}"
+    );
+    let pool = env.pool(1).await;
+    let c = pool.get().await.unwrap();
+    let instant = |v: &serde_json::Value, field: &str| -> DateTime<Utc> {
+        let text = v[field]
+            .as_str()
+            .unwrap_or_else(|| panic!("{field} in {v}"));
+        text.parse()
+            .unwrap_or_else(|e| panic!("{field} {text}: {e}"))
+    };
+    for e in &events {
+        let rows = c
+            .query(
+                "SELECT x.tag, x.event_id, x.message_key, x.aggregate_version, x.payload,
+                        x.deliver_at, x.next_attempt_at, o.expires_at
+                   FROM event_outbox x JOIN orders o ON o.order_id = x.aggregate_id
+                  WHERE x.aggregate_id = $1 ORDER BY x.tag",
+                &[&e.order_id],
+            )
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 2, "two events for {}", e.order_id);
+        let (cancel, created) = (&rows[0], &rows[1]);
+        let order_expires_at: DateTime<Utc> = created.get(7);
+
+        // ORDER_CREATED: version 1 of the order, relayed at once.
+        assert_eq!(created.get::<_, String>(0), "ORDER_CREATED");
+        assert_eq!(
+            created.get::<_, String>(1),
+            order_created_event_id(&e.order_id)
+        );
+        assert_eq!(created.get::<_, String>(2), e.order_id);
+        assert_eq!(created.get::<_, Option<i32>>(3), Some(1));
+        assert_eq!(created.get::<_, Option<DateTime<Utc>>>(5), None);
+        let stored: serde_json::Value = created.get(4);
+        let (occurred_at, expires_at) = (
+            instant(&stored, "occurred_at"),
+            instant(&stored, "expires_at"),
+        );
+        let facts = OrderRef {
+            order_id: e.order_id.clone(),
+            reservation_id: e.reservation_id.clone(),
+            activity_id: e.activity_id,
+            sku_id: e.sku_id,
+            user_id: e.user_id,
+        };
+        let mut own = OrderCreated::new(&facts, expires_at);
+        own.base.occurred_at = Some(occurred_at);
+        own.traceparent = Some(e.trace.traceparent.clone());
+        assert_eq!(stored, serde_json::to_value(&own).unwrap());
+        // The document's deadline is the order's (PostgreSQL keeps microseconds).
+        assert!(
+            (expires_at - order_expires_at)
+                .num_microseconds()
+                .unwrap()
+                .abs()
+                < 1,
+            "{expires_at} against the order's {order_expires_at}"
+        );
+        assert_eq!(
+            (expires_at - occurred_at).num_seconds(),
+            env.settings.consumer.pay_window_secs as i64
+        );
+
+        // CANCEL_ORDER_IF_UNPAID: unversioned, delivered at the deadline, first sent
+        // `scan.timer_lead_secs` before it.
+        assert_eq!(cancel.get::<_, String>(0), "CANCEL_IF_UNPAID");
+        let cancel_id = cancel_if_unpaid_event_id(&e.order_id);
+        assert_eq!(cancel.get::<_, String>(1), cancel_id);
+        assert_eq!(cancel.get::<_, String>(2), e.order_id);
+        assert_eq!(cancel.get::<_, Option<i32>>(3), None);
+        let deliver_at: DateTime<Utc> = cancel.get(5);
+        let first_send_at: DateTime<Utc> = cancel.get(6);
+        assert_eq!(deliver_at, order_expires_at);
+        assert_eq!(
+            (deliver_at - first_send_at).num_seconds(),
+            env.settings.scan.timer_lead_secs as i64
+        );
+        let stored: serde_json::Value = cancel.get(4);
+        let mut own =
+            CancelOrderIfUnpaid::new(cancel_id, &e.order_id, e.activity_id, e.sku_id, expires_at);
+        own.traceparent = Some(e.trace.traceparent.clone());
+        assert_eq!(stored, serde_json::to_value(&own).unwrap());
+    }
+    drop(c);
+    env.cleanup().await;
+}
+
 #[tokio::test]
 async fn poison_bodies_are_quarantined_with_their_raw_body_and_acknowledged() {
     let env = TestEnv::without_topics().await;

@@ -32,8 +32,7 @@ use super::rows::{
     InboxClaims, LedgerMove, LedgerRows, OutboxRows, Poison, QuarantineRows, Returned,
 };
 use rows::{
-    home_bucket, inbox_corrections, push_created, push_release, OrderRows, RejectionRows,
-    ReservationRows,
+    home_bucket, inbox_corrections, push_release, OrderRows, RejectionRows, ReservationRows,
 };
 use stock::{group_by_sku, take_stock_locked, take_stock_optimistically};
 
@@ -454,8 +453,9 @@ async fn write_outcomes<'a>(
     rejected: &[(usize, RejectReason)],
 ) -> Result<(), tokio_postgres::Error> {
     let mut ledger = LedgerRows::default();
-    // Two events per created order, one per rejection.
-    let mut outbox = OutboxRows::with_capacity(2 * created.len() + rejected.len());
+    // Two events per created order, in one statement; one per rejection.
+    let mut created_events = docs::CreatedEvents::with_capacity(created.len());
+    let mut outbox = OutboxRows::with_capacity(rejected.len());
     for &i in created {
         let e = b.ev(i);
         let bucket = moved.get(&i).copied().unwrap_or_else(|| home_bucket(e));
@@ -466,7 +466,7 @@ async fn write_outcomes<'a>(
             bucket,
             LedgerMove::OrderCreated,
         );
-        push_created(&mut outbox, b, e);
+        created_events.push(e);
     }
     let mut rejections = RejectionRows::default();
     for &(i, reason) in rejected {
@@ -487,14 +487,15 @@ async fn write_outcomes<'a>(
     let inbox = inbox.settle(tx, &b.names.consumer_group, true);
     // Wakes the outbox relays on commit (a NOTIFY is delivered only if the transaction commits).
     let notify = async {
-        if outbox.is_empty() {
+        if outbox.is_empty() && created_events.is_empty() {
             return Ok::<_, tokio_postgres::Error>(());
         }
         crate::pg::outbox::notify(&**tx).await
     };
     // Every statement runs to its answer; the first error (in statement order) is returned.
-    let (r1, r2, r3, r4, r5, r6) = futures::join!(
+    let (r1, r2, r3, r4, r5, r6, r7) = futures::join!(
         ledger.insert(tx),
+        created_events.insert(tx, b),
         outbox.insert(tx),
         reject,
         rejections.tasks.insert(tx),
@@ -502,5 +503,5 @@ async fn write_outcomes<'a>(
         notify
     );
     // Every statement ran to its end; the first error, if any, is the transaction's.
-    [r1, r2, r3, r4, r5, r6].into_iter().collect()
+    [r1, r2, r3, r4, r5, r6, r7].into_iter().collect()
 }

@@ -7,16 +7,10 @@ use std::collections::HashMap;
 use chrono::{DateTime, Utc};
 use tokio_postgres::types::ToSql;
 
-use super::docs::{CancelDoc, CreatedDoc};
 use super::Batch;
-use crate::domain::events::{
-    cancel_if_unpaid_event_id, order_created_event_id, OrderRef, ReleaseReservation,
-    TAG_CANCEL_IF_UNPAID, TAG_ORDER_CREATED,
-};
+use crate::domain::events::{OrderRef, ReleaseReservation};
 use crate::domain::{Decision, OrderCreateRequested, RejectReason};
-use crate::pg::rows::{
-    CompensationRows, InboxOutcomes, JsonDoc, OutboxEvent, OutboxRows, OutboxStart,
-};
+use crate::pg::rows::{CompensationRows, InboxOutcomes, OutboxEvent, OutboxRows};
 
 /// `reservations`: the decision row of each reservation (`ORDERED`, or `REJECTED` with why).
 /// The ids are borrowed from the batch's events: nothing is copied to bind them.
@@ -114,44 +108,6 @@ impl<'a> OrderRows<'a> {
 /// (docs/ARCHITECTURE.md#stock-buckets).
 pub(super) fn home_bucket(e: &OrderCreateRequested) -> i16 {
     crate::domain::ids::reservation_bucket(&e.reservation_id) as i16
-}
-
-/// A created order's ORDER_CREATED and its CANCEL_ORDER_IF_UNPAID timer (at `expires_at`),
-/// their documents written from the batch's event (`docs`).
-pub(super) fn push_created<'a>(
-    out: &mut OutboxRows<'a>,
-    b: &'a Batch<'a>,
-    e: &'a OrderCreateRequested,
-) {
-    let created_id = order_created_event_id(&e.order_id);
-    let created = JsonDoc::of(&CreatedDoc::new(e, &created_id, &b.doc_times));
-    out.push(OutboxEvent {
-        event_id: created_id,
-        activity_id: e.activity_id,
-        topic: &b.names.order_event_topic,
-        tag: TAG_ORDER_CREATED,
-        key: &e.order_id,
-        aggregate: Some((&e.order_id, Some(1))),
-        payload: created,
-        deliver_at: None,
-        first_send_at: None,
-        start: OutboxStart::Pending,
-    });
-    let cancel_id = cancel_if_unpaid_event_id(&e.order_id);
-    let cancel = JsonDoc::of(&CancelDoc::new(e, &cancel_id, &b.doc_times));
-    out.push(OutboxEvent {
-        event_id: cancel_id,
-        activity_id: e.activity_id,
-        topic: &b.names.order_timeout_topic,
-        tag: TAG_CANCEL_IF_UNPAID,
-        key: &e.order_id,
-        aggregate: Some((&e.order_id, None)),
-        payload: cancel,
-        deliver_at: Some(b.expires_at),
-        // Held in the outbox until shortly before it is due (docs/ARCHITECTURE.md#outbox-relay).
-        first_send_at: Some(b.expires_at - b.names.timer_lead),
-        start: OutboxStart::Pending,
-    });
 }
 
 /// A rejected reservation's RELEASE_RESERVATION (the compensation path).
