@@ -13,8 +13,9 @@
 //! its first offset. CPU per message is read from `/proc` for this process and the broker,
 //! from the consumer's start to its last message (start-up included on both sides).
 //!
-//! `cargo run --release --example intake_cost -- [messages (30000)] [rounds (3)]`, with the
-//! services of `make services-up`; the topic and groups it creates are deleted at the end.
+//! `cargo run --release --example intake_cost -- [messages (30000)] [rounds (3)] [push,pull]`,
+//! with the services of `make services-up`; the topic and groups it creates are deleted at the
+//! end, also when interrupted (`-- --delete NAME...` deletes what a killed run left).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -295,8 +296,48 @@ async fn round(
     Ok(())
 }
 
+/// The rounds, on a topic already filled; every group used is pushed to `groups`.
+async fn rounds(
+    settings: &Settings,
+    topic: &str,
+    (messages, rounds, modes): (usize, usize, &str),
+    groups: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let broker = broker_pid();
+    for r in 1..=rounds {
+        for (intake, name) in [(Intake::Push, "push"), (Intake::Pull, "pull")] {
+            if !modes.split(',').any(|m| m == name) {
+                continue;
+            }
+            let group = format!("{topic}_{name}_{r}");
+            groups.push(group.clone());
+            // The broker serves only the groups it was told of (as `seckill topics create` does).
+            let spec = seckill::roles::ops::topics::tool_group(settings, &group);
+            seckill::mq::create_groups(settings, &[spec]).await?;
+            round(settings, intake, &group, topic, messages, broker).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Deletes `topics`, `groups` and the retry and dead-letter topics the broker made for them.
+async fn clean_up(settings: &Settings, topics: &[String], groups: &[String]) -> anyhow::Result<()> {
+    let mut all = topics.to_vec();
+    for g in groups {
+        all.extend([format!("%RETRY%{g}"), format!("%DLQ%{g}")]);
+    }
+    seckill::mq::delete_groups(settings, groups).await?;
+    seckill::mq::delete_topics(settings, &all).await
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // `--delete NAME...`: what an earlier run could not delete (a killed process).
+    if std::env::args().nth(1).as_deref() == Some("--delete") {
+        let settings = Settings::load()?;
+        let names: Vec<String> = std::env::args().skip(2).collect();
+        return clean_up(&settings, &names, &names).await;
+    }
     let arg = |i: usize, default: usize| -> anyhow::Result<usize> {
         std::env::args()
             .nth(i)
@@ -304,7 +345,7 @@ async fn main() -> anyhow::Result<()> {
             .transpose()
             .map(|v| v.unwrap_or(default))
     };
-    let (messages, rounds) = (arg(1, 30_000)?, arg(2, 3)?);
+    let (messages, rounds_wanted) = (arg(1, 30_000)?, arg(2, 3)?);
     let modes = std::env::args()
         .nth(3)
         .unwrap_or_else(|| "push,pull".into());
@@ -313,34 +354,23 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let settings = Settings::load()?;
-    let tag = format!("seckill_intake_cost_{}", std::process::id());
-    let topic = tag.clone();
-    seckill::mq::create_topics(
-        &settings,
-        &[(topic.clone(), settings.mq.order_create_queues)],
-    )
-    .await?;
-    fill(&settings, &topic, messages).await?;
-    let broker = broker_pid();
+    let topic = format!("seckill_intake_cost_{}", std::process::id());
     let mut groups = Vec::new();
-    let mut result = Ok(());
-    'rounds: for r in 1..=rounds {
-        for (intake, name) in [(Intake::Push, "push"), (Intake::Pull, "pull")] {
-            if !modes.split(',').any(|m| m == name) {
-                continue;
-            }
-            let group = format!("{tag}_{name}_{r}");
-            groups.push(group.clone());
-            // The broker serves only the groups it was told of (as `seckill topics create` does).
-            let spec = seckill::roles::ops::topics::tool_group(&settings, &group);
-            seckill::mq::create_groups(&settings, &[spec]).await?;
-            if let Err(e) = round(&settings, intake, &group, &topic, messages, broker).await {
-                result = Err(e);
-                break 'rounds;
-            }
-        }
-    }
-    let _ = seckill::mq::delete_groups(&settings, &groups).await;
-    let _ = seckill::mq::delete_topics(&settings, &[topic]).await;
-    result
+    let run = async {
+        seckill::mq::create_topics(
+            &settings,
+            &[(topic.clone(), settings.mq.order_create_queues)],
+        )
+        .await?;
+        fill(&settings, &topic, messages).await?;
+        let plan = (messages, rounds_wanted, modes.as_str());
+        rounds(&settings, &topic, plan, &mut groups).await
+    };
+    // Interrupted or not, the topic and the groups go (the messages with them).
+    let result = tokio::select! {
+        r = run => r,
+        _ = seckill::shutdown::shutdown_signal() => Err(anyhow!("interrupted")),
+    };
+    let cleaned = clean_up(&settings, &[topic], &groups).await;
+    result.and(cleaned)
 }
