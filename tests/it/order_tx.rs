@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::common::{delivery, delivery_of, event, TestEnv};
+use crate::common::{create_orders, delivery, delivery_of, event, TestEnv};
 use seckill::domain::{Decision, RejectReason};
 use seckill::mq::{BatchHandler, ConsumeDecision};
 use seckill::roles::consume::order_create::OrderCreateHandler;
@@ -165,17 +165,7 @@ async fn created_orders_events_are_the_event_structs_own_documents() {
             e
         })
         .collect();
-    let deliveries: Vec<_> = events
-        .iter()
-        .map(|e| delivery_of(&n.order_create_topic, e))
-        .collect();
-    let decisions = h.process(&deliveries).await.unwrap();
-    assert!(
-        decisions
-            .iter()
-            .all(|d| matches!(d, Decision::Created { .. })),
-        "{decisions:?}"
-    );
+    create_orders(&h, &n.order_create_topic, &events).await;
     let pool = env.pool(1).await;
     let c = pool.get().await.unwrap();
     let instant = |v: &serde_json::Value, field: &str| -> DateTime<Utc> {

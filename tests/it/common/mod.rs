@@ -323,6 +323,22 @@ pub fn delivery_of(topic: &str, e: &OrderCreateRequested) -> Delivery {
     delivery(topic, Some(&e.message_id), e.encode())
 }
 
+/// `events` as one transaction of the order handler, every one of which must become an order.
+pub async fn create_orders(
+    h: &seckill::roles::consume::order_create::OrderCreateHandler,
+    topic: &str,
+    events: &[OrderCreateRequested],
+) {
+    let deliveries: Vec<_> = events.iter().map(|e| delivery_of(topic, e)).collect();
+    let decisions = h.process(&deliveries).await.unwrap();
+    assert!(
+        decisions
+            .iter()
+            .all(|d| matches!(d, seckill::domain::Decision::Created { .. })),
+        "{decisions:?}"
+    );
+}
+
 pub type Shared<T> = Arc<T>;
 
 impl TestEnv {
