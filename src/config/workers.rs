@@ -332,7 +332,7 @@ impl TelemetrySettings {
 mod tests {
     use crate::config::ConfigError;
 
-    /// A transaction holds up to two of the client's calls of 32: 64 starts, 65 names the key.
+    /// A transaction gathers up to two pulls of 32 (the broker's cap): 64 starts, 65 names the key.
     #[test]
     fn an_order_batch_is_one_to_sixty_four_messages() {
         let mut consumer = super::super::tests::test_settings().consumer;

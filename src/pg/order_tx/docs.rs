@@ -5,11 +5,11 @@
 //!
 //! Nearly every message writes these two. Serialised by the consumer they were ~770 bytes of
 //! JSON per order to build, bind, send and have PostgreSQL parse again (BENCHMARKS.md, "The
-//! order work's price", cut 12); now an order binds its ids, its buyer and its traceparent, and
-//! the batch its two timestamps, formatted once. The field names live in the statement below; the
-//! test `order_tx::created_orders_events_are_the_event_structs_own_documents` (tests/it) holds
-//! each document to `events::OrderCreated` and `events::CancelOrderIfUnpaid` as serde writes
-//! them, so the event contract keeps one definition.
+//! order work's price", cut 12); now an order binds its ids, its buyer and its traceparent,
+//! and the batch its two timestamps, formatted once. The field names live in the statement
+//! below; the test `order_tx::created_orders_events_are_the_event_structs_own_documents`
+//! (tests/it) holds each document to `events::OrderCreated` and `events::CancelOrderIfUnpaid`
+//! as serde writes them, so the event contract keeps one definition.
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use tokio_postgres::types::ToSql;
@@ -22,6 +22,7 @@ use crate::domain::events::{
 use crate::domain::order_create::SCHEMA_VERSION;
 use crate::domain::OrderCreateRequested;
 use crate::pg::exec_unless_empty;
+use crate::pg::rows::OutboxStart;
 
 /// A batch's two instants as its documents write them: what `DateTime<Utc>`'s `Serialize`
 /// writes (chrono's RFC 3339, AutoSi fractions, `Z` for UTC), formatted once per batch.
@@ -43,7 +44,8 @@ impl DocTimes {
 /// Both events of every created order of a batch; a row already there (the same activity and
 /// event id) is left as it is, as with every outbox insert. The order's own status and version
 /// (`CREATED`, 1) are the event's; the timer is unversioned and first sent `$19`, shortly
-/// before it is due (docs/ARCHITECTURE.md#outbox-relay).
+/// before it is due (docs/ARCHITECTURE.md#outbox-relay). Both start as the relay's to send
+/// (`OutboxStart::Pending`'s columns, `$20` and `$21`).
 const INSERT_CREATED_EVENTS: &str = "INSERT INTO event_outbox
        (event_id, activity_id, topic, tag, message_key, aggregate_id, aggregate_version, payload,
         deliver_at, next_attempt_at, status, delivery)
@@ -52,7 +54,7 @@ const INSERT_CREATED_EVENTS: &str = "INSERT INTO event_outbox
                 'event_id', t.ce, 'order_id', t.o, 'reservation_id', t.r, 'activity_id', t.ac,
                 'sku_id', t.sk, 'user_id', t.u, 'status', 'CREATED', 'aggregate_version', 1,
                 'occurred_at', $16::text, 'expires_at', $17::text, 'traceparent', t.tp),
-            NULL, now(), 'PENDING', 'outbox'
+            NULL, now(), $20::text, $21::text
      FROM unnest($1::text[], $2::text[], $3::text[], $5::int8[], $6::int8[], $7::int8[],
                  $8::text[]) AS t(o, r, ce, ac, sk, u, tp)
      UNION ALL
@@ -60,7 +62,7 @@ const INSERT_CREATED_EVENTS: &str = "INSERT INTO event_outbox
             jsonb_build_object('schema_version', $15::int4, 'event_type', $14::text,
                 'event_id', t.xe, 'order_id', t.o, 'activity_id', t.ac, 'sku_id', t.sk,
                 'expires_at', $17::text, 'traceparent', t.tp),
-            $18::timestamptz, $19::timestamptz, 'PENDING', 'outbox'
+            $18::timestamptz, $19::timestamptz, $20::text, $21::text
      FROM unnest($1::text[], $4::text[], $5::int8[], $6::int8[], $8::text[])
           AS t(o, xe, ac, sk, tp)
      ON CONFLICT (activity_id, event_id) DO NOTHING";
@@ -114,7 +116,8 @@ impl<'a> CreatedEvents<'a> {
         b: &Batch<'_>,
     ) -> Result<(), tokio_postgres::Error> {
         let first_send_at = b.expires_at - b.names.timer_lead;
-        let params: [&(dyn ToSql + Sync); 19] = [
+        let (status, delivery) = OutboxStart::Pending.columns();
+        let params: [&(dyn ToSql + Sync); 21] = [
             &self.order_ids,
             &self.reservation_ids,
             &self.created_ids,
@@ -134,6 +137,8 @@ impl<'a> CreatedEvents<'a> {
             &b.doc_times.expires_at,
             &b.expires_at,
             &first_send_at,
+            &status,
+            &delivery,
         ];
         exec_unless_empty(tx, self.is_empty(), INSERT_CREATED_EVENTS, params).await
     }

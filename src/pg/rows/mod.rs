@@ -142,6 +142,16 @@ pub enum OutboxStart {
     Transaction,
 }
 
+impl OutboxStart {
+    /// The row's `(status, delivery)` columns.
+    pub fn columns(self) -> (&'static str, &'static str) {
+        match self {
+            OutboxStart::Pending => ("PENDING", "outbox"),
+            OutboxStart::Transaction => ("TRANSACTION", "transaction"),
+        }
+    }
+}
+
 /// An event's JSON document, serialised once straight from its struct and bound as `jsonb`
 /// (no `serde_json::Value` tree built, walked and dropped on the way: on the order
 /// transaction's path that was a tenth of the consumer's CPU, BENCHMARKS.md).
@@ -280,10 +290,7 @@ impl<'a> OutboxRows<'a> {
     }
 
     pub fn push(&mut self, e: OutboxEvent<'a>) {
-        let (status, delivery) = match e.start {
-            OutboxStart::Pending => ("PENDING", "outbox"),
-            OutboxStart::Transaction => ("TRANSACTION", "transaction"),
-        };
+        let (status, delivery) = e.start.columns();
         self.event_ids.push(e.event_id);
         self.activity_ids.push(e.activity_id);
         self.topics.push(e.topic);
