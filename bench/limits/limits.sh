@@ -21,6 +21,9 @@
 #      LIMITS_ONLY=batch only measurement 2 (make bench-orders); the other figures print 0
 #      DIRECT_PG_CLIENTS clients of measurement 4 (default 64; capped, with a warning, to the
 #                       connections PostgreSQL has free)
+#      LIMITS_PG_HOST   PostgreSQL's host for pgbench and psql (default 127.0.0.1); a
+#                       directory means its Unix socket, e.g. /var/run/postgresql (pair it
+#                       with SECKILL__PG__URL="host=/var/run/postgresql ..." for the roles)
 # Usage: bench/limits/limits.sh [--json | --batch-size]
 # Progress goes to stderr; the LAST line on stdout is the result, either
 #   LIMITS pgbench_single_tps=<f> pgbench_single_clients=<n> pgbench_batch_orders_per_s=<f>
@@ -67,7 +70,8 @@ INBOX_HISTORY=100000                   # processed messages already in the inbox
 TRACEPARENT=00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01
 export PGAPPNAME=seckill-limits PGCONNECT_TIMEOUT=5
 
-PG_CONN=(-h 127.0.0.1 -p 5432 -U postgres)
+PG_HOST="${LIMITS_PG_HOST:-127.0.0.1}"   # a directory: the Unix socket in it
+PG_CONN=(-h "$PG_HOST" -p 5432 -U postgres)
 PSQL=(psql -X -q -v ON_ERROR_STOP=1 "${PG_CONN[@]}" -d postgres)
 REDIS=(redis-cli -h 127.0.0.1 -p 6379)
 
@@ -109,7 +113,7 @@ pgbench_major="$(pgbench --version | sed -n 's/^pgbench (PostgreSQL) \([0-9]*\).
   || die "pgbench >= 14 is needed (\\aset, \\startpipeline, permute()); found: $(pgbench --version)"
 
 "${PSQL[@]}" -Atc 'SELECT 1' >/dev/null 2>&1 \
-  || die "PostgreSQL does not answer on 127.0.0.1:5432 as postgres (scripts/services-up.sh starts it)"
+  || die "PostgreSQL does not answer on $PG_HOST:5432 as postgres (scripts/services-up.sh starts it)"
 [[ "$("${REDIS[@]}" ping 2>/dev/null)" == PONG ]] \
   || die "Redis does not answer on 127.0.0.1:6379 (scripts/services-up.sh starts it)"
 
