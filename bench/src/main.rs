@@ -12,6 +12,7 @@ mod bench;
 mod broker;
 mod cpu;
 mod crowd;
+mod intake;
 mod lines;
 mod payments;
 mod ratios;
@@ -68,6 +69,10 @@ enum Command {
     /// The scenarios of `make bench` in order (after scripts/bench.sh measured the limits),
     /// each a line under the run directory, then the ratios; non-zero exit when one failed.
     Run(run::RunArgs),
+    /// What the RocketMQ client's intake costs per message with a handler that does nothing:
+    /// the push consumer as `seckill consume` runs it against the client's lite pull consumer;
+    /// last lines INTAKE push|pull ... consumer_us_per_msg=…
+    Intake(intake::IntakeArgs),
     /// What one buyer-token check costs per algorithm on one core: the signature alone through
     /// each jsonwebtoken backend, and the API's whole check with the token cache off and on.
     Verify(verify::VerifyArgs),
@@ -82,6 +87,7 @@ fn main() -> std::process::ExitCode {
             Command::Load(args) => bench::run(settings, args).await,
             Command::Backlog(args) => backlog::run(settings, args).await,
             Command::Crowd(args) => crowd::run(settings, args).await,
+            Command::Intake(args) => intake::run(settings, args).await,
             Command::Broker(args) => broker::run(settings, args).await,
             Command::BaselineApi(args) => baseline::run(settings, args).await.map(|_| true),
             Command::Soak(args) => soak::run(settings, args).await,

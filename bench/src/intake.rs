@@ -1,5 +1,5 @@
-//! What the RocketMQ client costs per message on the order consumer's intake, measured with a
-//! handler that does nothing, on the two intakes the client offers:
+//! `seckill-bench intake`: what the RocketMQ client costs per message on the order consumer's
+//! intake, measured with a handler that does nothing, on the two intakes the client offers:
 //!
 //! - **push**: the consumer as `seckill consume` runs it (`mq::start_consumer`: the client's
 //!   synchronous listener on its blocking lane, the handler on the app runtime, a channel back);
@@ -10,12 +10,10 @@
 //! The same messages (order-create messages as the API sends them, on a topic with
 //! `mq.order_create_queues` queues), the same decoding (`to_delivery`) and the same handler;
 //! the rounds alternate push and pull, each with a fresh consumer group reading the topic from
-//! its first offset. CPU per message is read from `/proc` for this process and the broker,
-//! from the consumer's start to its last message (start-up included on both sides).
-//!
-//! `cargo run --release --example intake_cost -- [messages (30000)] [rounds (3)] [push,pull]`,
-//! with the services of `make services-up`; the topic and groups it creates are deleted at the
-//! end, also when interrupted (`-- --delete NAME...` deletes what a killed run left).
+//! its first offset. CPU per message, from `/proc`, of this process and of each `--cpu`
+//! target (the broker), between the first message handled and the last: start-up left out.
+//! The topic and the groups it creates are deleted at the end, also when interrupted;
+//! `--delete NAME...` deletes what a killed run left.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context as _};
 use chrono::Utc;
+use clap::{Args, ValueEnum};
 use rocketmq_client_rust::DefaultLitePullConsumer;
 use rocketmq_model::common::consumer::consume_from_where::ConsumeFromWhere;
 use rocketmq_model::common::message::message_queue::MessageQueue;
@@ -33,6 +32,45 @@ use seckill::domain::{
 };
 use seckill::mq::{BatchHandler, ConsumeDecision, Delivery, SharedHandler};
 use tokio::sync::{Notify, Semaphore};
+
+use crate::cpu::{cpu_secs_of, cpu_snapshot, cpu_use, parse_cpu_target, CpuSnapshot, CpuTarget};
+
+#[derive(Debug, Clone, Args)]
+pub struct IntakeArgs {
+    /// Messages on the topic; each round drains them all.
+    #[arg(long, default_value_t = 30_000)]
+    pub messages: usize,
+    /// Rounds; each runs every intake of `--intakes` once, in turn.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// The intakes measured, comma-separated.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "push,pull")]
+    pub intakes: Vec<Intake>,
+    /// Other processes whose CPU per message is reported: `name=pid[+pid...]`, e.g.
+    /// `--cpu broker=$(pgrep -d+ -f rocketmq-broker-rust)` (reported as `broker_us_per_msg`).
+    #[arg(long = "cpu", value_parser = parse_cpu_target)]
+    pub cpu: Vec<CpuTarget>,
+    /// Measure nothing: delete these topics and consumer groups (with their retry and
+    /// dead-letter topics), what a killed run left.
+    #[arg(long, num_args = 1..)]
+    pub delete: Vec<String>,
+}
+
+/// One of the client's two intakes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Intake {
+    Push,
+    Pull,
+}
+
+impl Intake {
+    fn name(self) -> &'static str {
+        match self {
+            Intake::Push => "push",
+            Intake::Pull => "pull",
+        }
+    }
+}
 
 /// Counts what it is handed and ACKs it; wakes the drain once `target` messages came.
 struct Count {
@@ -50,27 +88,6 @@ impl BatchHandler for Count {
         }
         ConsumeDecision::Ack
     }
-}
-
-/// CPU seconds (user + system) of `pid` so far, from `/proc/<pid>/stat`.
-fn cpu_secs(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // Fields after the command name (which may hold spaces), from field 3 on.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15 (indexes 11 and 12 here); 100 ticks a second.
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-fn broker_pid() -> Option<u32> {
-    let out = std::process::Command::new("pgrep")
-        .args(["-o", "-f", "rocketmq-broker-rust"])
-        .output()
-        .ok()?;
-    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
 }
 
 fn event(i: usize) -> OrderCreateRequested {
@@ -202,25 +219,18 @@ async fn drain_pull(
     Ok(())
 }
 
-#[derive(Clone, Copy)]
-enum Intake {
-    Push,
-    Pull,
-}
-
-/// This process's and the broker's CPU and the messages handled, at one instant.
-#[derive(Clone, Copy)]
+/// This process's CPU, the `--cpu` targets' and the messages handled, at one instant.
 struct Mark {
-    cpu: f64,
-    broker: f64,
+    own_cpu: f64,
+    others: CpuSnapshot,
     at: Instant,
     seen: usize,
 }
 
-fn mark(broker: Option<u32>, seen: usize) -> Mark {
+fn mark(targets: &[CpuTarget], seen: usize) -> Mark {
     Mark {
-        cpu: cpu_secs(std::process::id()),
-        broker: broker.map(cpu_secs).unwrap_or(0.0),
+        own_cpu: cpu_secs_of(std::process::id()),
+        others: cpu_snapshot(targets),
         at: Instant::now(),
         seen,
     }
@@ -228,7 +238,7 @@ fn mark(broker: Option<u32>, seen: usize) -> Mark {
 
 /// Watches the count every 5 ms: the marks at the first message and at the last, and the
 /// longest time without a message in between.
-async fn watch(count: Arc<Count>, broker: Option<u32>) -> (Mark, Mark, Duration) {
+async fn watch(count: Arc<Count>, targets: Vec<CpuTarget>) -> (Mark, Mark, Duration) {
     let mut first = None;
     let (mut seen, mut progress, mut stall) = (0, Instant::now(), Duration::ZERO);
     loop {
@@ -238,43 +248,38 @@ async fn watch(count: Arc<Count>, broker: Option<u32>) -> (Mark, Mark, Duration)
             continue;
         }
         if first.is_none() {
-            first = Some(mark(broker, now));
+            first = Some(mark(&targets, now));
         } else {
             stall = stall.max(progress.elapsed());
         }
         (seen, progress) = (now, Instant::now());
         if now >= count.target {
-            let last = mark(broker, now);
-            return (first.unwrap_or(last), last, stall);
+            let last = mark(&targets, now);
+            return (first.unwrap_or_else(|| mark(&targets, now)), last, stall);
         }
     }
 }
 
+/// One drain of the topic by a fresh group through `intake`; prints its `INTAKE` line.
 async fn round(
     settings: &Settings,
+    args: &IntakeArgs,
     intake: Intake,
     group: &str,
     topic: &str,
-    messages: usize,
-    broker: Option<u32>,
 ) -> anyhow::Result<()> {
     let count = Arc::new(Count {
         seen: AtomicUsize::new(0),
-        target: messages,
+        target: args.messages,
         done: Notify::new(),
     });
-    let start = mark(broker, 0);
-    let watcher = tokio::spawn(watch(Arc::clone(&count), broker));
-    let (drained, name): (std::pin::Pin<Box<dyn std::future::Future<Output = _>>>, _) = match intake
-    {
-        Intake::Push => (
-            Box::pin(drain_push(settings, group, topic, Arc::clone(&count))),
-            "push",
-        ),
-        Intake::Pull => (
-            Box::pin(drain_pull(settings, group, topic, Arc::clone(&count))),
-            "pull",
-        ),
+    let started = Instant::now();
+    let watcher = tokio::spawn(watch(Arc::clone(&count), args.cpu.clone()));
+    let drained = async {
+        match intake {
+            Intake::Push => drain_push(settings, group, topic, Arc::clone(&count)).await,
+            Intake::Pull => drain_pull(settings, group, topic, Arc::clone(&count)).await,
+        }
     };
     tokio::time::timeout(Duration::from_secs(120), drained)
         .await
@@ -283,38 +288,43 @@ async fn round(
     // From the first message to the last: the drain itself, start-up left out.
     let n = (last.seen - first.seen).max(1) as f64;
     let secs = (last.at - first.at).as_secs_f64();
-    println!(
-        "INTAKE {name} messages={} first_after_s={:.2} drain_s={secs:.2} msgs_per_s={:.0} \
-         longest_stall_s={:.2} consumer_us_per_msg={:.1} broker_us_per_msg={:.1}",
+    let mut line = format!(
+        "INTAKE {} messages={} first_after_s={:.2} drain_s={secs:.2} msgs_per_s={:.0} \
+         longest_stall_s={:.2} consumer_us_per_msg={:.1}",
+        intake.name(),
         last.seen,
-        (first.at - start.at).as_secs_f64(),
+        (first.at - started).as_secs_f64(),
         n / secs.max(1e-3),
         stall.as_secs_f64(),
-        (last.cpu - first.cpu) * 1e6 / n,
-        (last.broker - first.broker) * 1e6 / n,
+        (last.own_cpu - first.own_cpu) * 1e6 / n,
     );
+    let wall = last.at - first.at;
+    for used in cpu_use(&args.cpu, &first.others, wall) {
+        line.push_str(&format!(
+            " {}_us_per_msg={:.1}",
+            used.name,
+            used.cpu_secs * 1e6 / n
+        ));
+    }
+    println!("{line}");
     Ok(())
 }
 
 /// The rounds, on a topic already filled; every group used is pushed to `groups`.
 async fn rounds(
     settings: &Settings,
+    args: &IntakeArgs,
     topic: &str,
-    (messages, rounds, modes): (usize, usize, &str),
     groups: &mut Vec<String>,
 ) -> anyhow::Result<()> {
-    let broker = broker_pid();
-    for r in 1..=rounds {
-        for (intake, name) in [(Intake::Push, "push"), (Intake::Pull, "pull")] {
-            if !modes.split(',').any(|m| m == name) {
-                continue;
-            }
-            let group = format!("{topic}_{name}_{r}");
+    for r in 1..=args.rounds {
+        for &intake in &args.intakes {
+            let group = format!("{topic}_{}_{r}", intake.name());
             groups.push(group.clone());
             // The broker serves only the groups it was told of (as `seckill topics create` does).
             let spec = seckill::roles::ops::topics::tool_group(settings, &group);
             seckill::mq::create_groups(settings, &[spec]).await?;
-            round(settings, intake, &group, topic, messages, broker).await?;
+            round(settings, args, intake, &group, topic).await?;
         }
     }
     Ok(())
@@ -330,47 +340,56 @@ async fn clean_up(settings: &Settings, topics: &[String], groups: &[String]) -> 
     seckill::mq::delete_topics(settings, &all).await
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    // `--delete NAME...`: what an earlier run could not delete (a killed process).
-    if std::env::args().nth(1).as_deref() == Some("--delete") {
-        let settings = Settings::load()?;
-        let names: Vec<String> = std::env::args().skip(2).collect();
-        return clean_up(&settings, &names, &names).await;
+/// Fills a topic of its own, runs the rounds, deletes the topic and the groups.
+pub async fn run(settings: Settings, args: IntakeArgs) -> anyhow::Result<bool> {
+    if !args.delete.is_empty() {
+        clean_up(&settings, &args.delete, &args.delete).await?;
+        return Ok(true);
     }
-    let arg = |i: usize, default: usize| -> anyhow::Result<usize> {
-        std::env::args()
-            .nth(i)
-            .map(|v| v.parse().with_context(|| format!("argument {i}: {v}")))
-            .transpose()
-            .map(|v| v.unwrap_or(default))
-    };
-    let (messages, rounds_wanted) = (arg(1, 30_000)?, arg(2, 3)?);
-    let modes = std::env::args()
-        .nth(3)
-        .unwrap_or_else(|| "push,pull".into());
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
-    let settings = Settings::load()?;
+    anyhow::ensure!(args.messages > 0, "--messages must be at least 1");
     let topic = format!("seckill_intake_cost_{}", std::process::id());
     let mut groups = Vec::new();
-    let run = async {
+    let measure = async {
         seckill::mq::create_topics(
             &settings,
             &[(topic.clone(), settings.mq.order_create_queues)],
         )
         .await?;
-        fill(&settings, &topic, messages).await?;
-        let plan = (messages, rounds_wanted, modes.as_str());
-        rounds(&settings, &topic, plan, &mut groups).await
+        fill(&settings, &topic, args.messages).await?;
+        rounds(&settings, &args, &topic, &mut groups).await
     };
     // Interrupted or not, the topic and the groups go (the messages with them).
     let result = tokio::select! {
-        r = run => r,
+        r = measure => r,
         _ = seckill::shutdown::shutdown_signal() => Err(anyhow!("interrupted")),
     };
     let cleaned = clean_up(&settings, &[topic], &groups).await;
-    result.and(cleaned)
+    result.and(cleaned).map(|()| true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: IntakeArgs,
+    }
+
+    fn intakes(argv: &[&str]) -> Result<Vec<Intake>, clap::Error> {
+        Cli::try_parse_from([&["intake"], argv].concat()).map(|c| c.args.intakes)
+    }
+
+    #[test]
+    fn intakes_are_named_comma_separated_and_default_to_both() {
+        assert_eq!(intakes(&[]).unwrap(), vec![Intake::Push, Intake::Pull]);
+        assert_eq!(intakes(&["--intakes", "pull"]).unwrap(), vec![Intake::Pull]);
+        assert_eq!(
+            intakes(&["--intakes", "pull,push"]).unwrap(),
+            vec![Intake::Pull, Intake::Push]
+        );
+        assert!(intakes(&["--intakes", "push,poll"]).is_err());
+    }
 }
