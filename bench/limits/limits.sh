@@ -50,9 +50,10 @@ esac
 DIRECT_CLIENTS="${DIRECT_PG_CLIENTS:-64}"
 SCHEMA=seckill_limits
 RPREFIX=seckill_limits                 # Redis key prefix (Keys::new(prefix) in src/redis)
-# Orders per transaction in measurement 2 (<= 99): the consumer's own consumer.batch_size, read
-# as the consumer reads it (SECKILL__CONSUMER__BATCH_SIZE over config/default.toml), so
-# `SECKILL__CONSUMER__BATCH_SIZE=64 make bench-orders` compares both sides at 64.
+# Orders per transaction in measurement 2 (<= 99): the consumer's own consumer.batch_size.
+# seckill-bench's rounds (make bench, make bench-orders) pass it as their settings resolve it;
+# run alone, this reads SECKILL__CONSUMER__BATCH_SIZE over config/default.toml (not the
+# SECKILL_ENV files). `SECKILL__CONSUMER__BATCH_SIZE=64 make bench-orders` compares both at 64.
 BATCH="${SECKILL__CONSUMER__BATCH_SIZE:-$(awk '/^\[/ { sec = $0 } sec == "[consumer]" && $1 == "batch_size" { print $3 }' \
          "$root/config/default.toml")}"
 [[ "$BATCH" =~ ^[0-9]+$ ]] && ((BATCH >= 1 && BATCH <= 99)) \

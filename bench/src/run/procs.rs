@@ -231,10 +231,13 @@ impl Procs {
 impl Procs {
     /// pgbench's batch alone (`bench/limits/limits.sh` with `LIMITS_ONLY=batch`, from the
     /// repository's root as `scripts/bench.sh` runs this): its `LIMITS ...` line, the floor of
-    /// the drain that follows it. Its output is kept in `<out>.out`.
-    pub async fn pgbench_batch(&self, out: &str) -> anyhow::Result<Line> {
+    /// the drain that follows it. Its output is kept in `<out>.out`. `batch_size` is the
+    /// consumer's `consumer.batch_size` as the run's settings resolve it (every file and
+    /// variable the roles read), handed to limits.sh so both sides batch alike.
+    pub async fn pgbench_batch(&self, out: &str, batch_size: usize) -> anyhow::Result<Line> {
         let output = Command::new("bench/limits/limits.sh")
             .env("LIMITS_ONLY", "batch")
+            .env("SECKILL__CONSUMER__BATCH_SIZE", batch_size.to_string())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .output()

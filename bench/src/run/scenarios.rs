@@ -378,12 +378,19 @@ pub async fn only_orders(run: &mut Run) -> anyhow::Result<()> {
 /// afresh each time.
 async fn batched_rounds(run: &mut Run, stock: i64, messages: usize) -> anyhow::Result<()> {
     let mut rounds = Vec::new();
+    let batch = run.settings.consumer.batch_size;
     for r in 1..=run.sizes.order_rounds {
         eprintln!("[bench] round {r}: pgbench's batch, then the consumer's drain");
         let floor = run
             .procs
-            .pgbench_batch(&format!("limits-batch-r{r}"))
+            .pgbench_batch(&format!("limits-batch-r{r}"), batch)
             .await?;
+        let floor_batch = floor.num("pgbench_batch_size");
+        anyhow::ensure!(
+            floor_batch == Some(batch as f64),
+            "pgbench ran {floor_batch:?} orders per transaction, the consumer runs {batch}: \
+             not like for like"
+        );
         reset_order_tables(run).await?;
         let drain = backlog(run, "batched", stock, messages, &[]).await?;
         rounds.push((floor, drain));
