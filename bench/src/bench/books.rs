@@ -204,8 +204,64 @@ pub(super) async fn check_history(
     figures: &invariants::SkuFigures,
 ) -> anyhow::Result<History> {
     let mut h = History::default();
+    let (recorded, held) = unknown_outcomes(settings, pg, args, plan, unknown).await?;
+    if !held.is_empty() {
+        h.violations.push(format!(
+            "{} unknown answers left a reservation holding stock with no record in PostgreSQL: {:?}",
+            held.len(),
+            &held[..held.len().min(10)]
+        ));
+    }
+    // Every reservation the client knows of, and what it became.
+    let mut ids: Vec<String> = accepted.to_vec();
+    ids.extend(recorded.into_values());
+    ids.sort();
+    ids.dedup();
+    let (unrecorded_202, third_state) = fates(pg, &ids).await?;
+    if !unrecorded_202.is_empty() {
+        h.violations.push(format!(
+            "lost: {} reservations answered 202 never reached PostgreSQL: {:?}",
+            unrecorded_202.len(),
+            &unrecorded_202[..unrecorded_202.len().min(10)]
+        ));
+    }
+    if !third_state.is_empty() {
+        h.violations.push(format!(
+            "{} reservations are neither one order nor one compensated rejection (reservation, order, compensation): {:?}",
+            third_state.len(),
+            &third_state[..third_state.len().min(10)]
+        ));
+    }
+    h.lost = unrecorded_202.len() + held.len();
+    h.doubled = pg
+        .query_one(
+            "SELECT count(*) - count(DISTINCT (sku_id, user_id)) FROM orders
+             WHERE activity_id = $1 AND status <> 'CANCELED'",
+            &[&args.activity_id],
+        )
+        .await?
+        .get(0);
+    if h.doubled > 0 {
+        h.violations.push(format!(
+            "doubled: {} valid orders beyond one per buyer",
+            h.doubled
+        ));
+    }
+    sale_books(figures, &mut h);
+    Ok(h)
+}
+
+/// The unknown requests PostgreSQL recorded (request id -> reservation id), and the
+/// reservations of the unrecorded ones that still hold stock in Redis.
+async fn unknown_outcomes(
+    settings: &Settings,
+    pg: &tokio_postgres::Client,
+    args: &BenchArgs,
+    plan: &[Planned],
+    unknown: &[usize],
+) -> anyhow::Result<(std::collections::HashMap<String, String>, Vec<String>)> {
     let redis = RedisStore::connect(&settings.redis).await?;
-    // The unknown requests PostgreSQL recorded, by request id (unique within a run).
+    // By request id (unique within a run).
     let unknown_req: Vec<String> = unknown
         .iter()
         .map(|&i| plan[i].request_id.clone())
@@ -237,18 +293,15 @@ pub(super) async fn check_history(
             }
         }
     }
-    if !held.is_empty() {
-        h.violations.push(format!(
-            "{} unknown answers left a reservation holding stock with no record in PostgreSQL: {:?}",
-            held.len(),
-            &held[..held.len().min(10)]
-        ));
-    }
-    // Every reservation the client knows of, and what it became.
-    let mut ids: Vec<String> = accepted.to_vec();
-    ids.extend(recorded.into_values());
-    ids.sort();
-    ids.dedup();
+    Ok((recorded, held))
+}
+
+/// Of reservations `ids`, those PostgreSQL never recorded and those in a third state
+/// (each as `id: (reservation, order, compensation)` with their statuses).
+async fn fates(
+    pg: &tokio_postgres::Client,
+    ids: &[String],
+) -> anyhow::Result<(Vec<String>, Vec<String>)> {
     let (mut unrecorded_202, mut third_state) = (Vec::new(), Vec::new());
     for row in pg
         .query(
@@ -275,37 +328,12 @@ pub(super) async fn check_history(
             Fate::ThirdState => third_state.push(format!("{id}: {states:?}")),
         }
     }
-    if !unrecorded_202.is_empty() {
-        h.violations.push(format!(
-            "lost: {} reservations answered 202 never reached PostgreSQL: {:?}",
-            unrecorded_202.len(),
-            &unrecorded_202[..unrecorded_202.len().min(10)]
-        ));
-    }
-    if !third_state.is_empty() {
-        h.violations.push(format!(
-            "{} reservations are neither one order nor one compensated rejection (reservation, order, compensation): {:?}",
-            third_state.len(),
-            &third_state[..third_state.len().min(10)]
-        ));
-    }
-    h.lost = unrecorded_202.len() + held.len();
-    h.doubled = pg
-        .query_one(
-            "SELECT count(*) - count(DISTINCT (sku_id, user_id)) FROM orders
-             WHERE activity_id = $1 AND status <> 'CANCELED'",
-            &[&args.activity_id],
-        )
-        .await?
-        .get(0);
-    if h.doubled > 0 {
-        h.violations.push(format!(
-            "doubled: {} valid orders beyond one per buyer",
-            h.doubled
-        ));
-    }
-    // The books of the sale, after the drain and the settle.
-    // The figures `judge` read just before, after the drain and the settle.
+    Ok((unrecorded_202, third_state))
+}
+
+/// The sale's books, after the drain and the settle, from the figures `judge` read just
+/// before: no unit leaked, nothing unrecorded, no compensation pending, nothing quarantined.
+fn sale_books(figures: &invariants::SkuFigures, h: &mut History) {
     let f = figures;
     h.leaked = f.pg_total - f.valid_orders - f.redis_remaining;
     if h.leaked != 0 {
@@ -332,7 +360,6 @@ pub(super) async fn check_history(
             f.quarantined
         ));
     }
-    Ok(h)
 }
 
 /// The invariants of every SKU of the run, as one report.
