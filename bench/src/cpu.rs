@@ -89,10 +89,19 @@ pub fn cpu_snapshot(targets: &[CpuTarget]) -> CpuSnapshot {
 /// CPU each target used since `before`: a process that started since counts in full; one that
 /// ended in between is lost (its last ticks are gone with it).
 pub fn cpu_use(targets: &[CpuTarget], before: &CpuSnapshot, wall: Duration) -> Vec<CpuUse> {
-    let after = cpu_snapshot(targets);
+    cpu_between(targets, before, &cpu_snapshot(targets), wall)
+}
+
+/// CPU each target used between two snapshots `wall` apart (as [`cpu_use`], to `after`).
+pub fn cpu_between(
+    targets: &[CpuTarget],
+    before: &CpuSnapshot,
+    after: &CpuSnapshot,
+    wall: Duration,
+) -> Vec<CpuUse> {
     targets
         .iter()
-        .zip(before.iter().zip(&after))
+        .zip(before.iter().zip(after))
         .map(|(t, (b, a))| {
             let ticks: u64 = a
                 .iter()

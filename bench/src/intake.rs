@@ -33,7 +33,7 @@ use seckill::domain::{
 use seckill::mq::{BatchHandler, ConsumeDecision, Delivery, SharedHandler};
 use tokio::sync::{Notify, Semaphore};
 
-use crate::cpu::{cpu_secs_of, cpu_snapshot, cpu_use, parse_cpu_target, CpuSnapshot, CpuTarget};
+use crate::cpu::{cpu_between, cpu_snapshot, parse_cpu_target, CpuSnapshot, CpuTarget};
 
 #[derive(Debug, Clone, Args)]
 pub struct IntakeArgs {
@@ -219,18 +219,16 @@ async fn drain_pull(
     Ok(())
 }
 
-/// This process's CPU, the `--cpu` targets' and the messages handled, at one instant.
+/// The CPU of the measured processes and the messages handled, at one instant.
 struct Mark {
-    own_cpu: f64,
-    others: CpuSnapshot,
+    cpu: CpuSnapshot,
     at: Instant,
     seen: usize,
 }
 
 fn mark(targets: &[CpuTarget], seen: usize) -> Mark {
     Mark {
-        own_cpu: cpu_secs_of(std::process::id()),
-        others: cpu_snapshot(targets),
+        cpu: cpu_snapshot(targets),
         at: Instant::now(),
         seen,
     }
@@ -273,8 +271,14 @@ async fn round(
         target: args.messages,
         done: Notify::new(),
     });
+    // This process (the consumer under test) first, then the `--cpu` targets.
+    let mut targets = vec![CpuTarget {
+        name: "consumer".into(),
+        pids: vec![std::process::id()],
+    }];
+    targets.extend(args.cpu.iter().cloned());
     let started = Instant::now();
-    let watcher = tokio::spawn(watch(Arc::clone(&count), args.cpu.clone()));
+    let watcher = tokio::spawn(watch(Arc::clone(&count), targets.clone()));
     let drained = async {
         match intake {
             Intake::Push => drain_push(settings, group, topic, Arc::clone(&count)).await,
@@ -290,16 +294,15 @@ async fn round(
     let secs = (last.at - first.at).as_secs_f64();
     let mut line = format!(
         "INTAKE {} messages={} first_after_s={:.2} drain_s={secs:.2} msgs_per_s={:.0} \
-         longest_stall_s={:.2} consumer_us_per_msg={:.1}",
+         longest_stall_s={:.2}",
         intake.name(),
         last.seen,
         (first.at - started).as_secs_f64(),
         n / secs.max(1e-3),
         stall.as_secs_f64(),
-        (last.own_cpu - first.own_cpu) * 1e6 / n,
     );
-    let wall = last.at - first.at;
-    for used in cpu_use(&args.cpu, &first.others, wall) {
+    // Between the two marks only: not the consumer's start, not its shutdown.
+    for used in cpu_between(&targets, &first.cpu, &last.cpu, last.at - first.at) {
         line.push_str(&format!(
             " {}_us_per_msg={:.1}",
             used.name,
