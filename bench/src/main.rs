@@ -23,6 +23,7 @@ mod soak;
 mod timers;
 mod tokens;
 mod verify;
+mod wait;
 
 use clap::{Parser, Subcommand};
 

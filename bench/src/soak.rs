@@ -28,6 +28,7 @@ use tokio::sync::Semaphore;
 
 use crate::bench::{one_request, pay_one, Answer, PayAnswer, Planned};
 use crate::cpu::{parse_cpu_target, CpuTarget};
+use crate::wait::wait_progress;
 use seckill::config::Settings;
 use seckill::redis::RedisStore;
 
@@ -303,10 +304,11 @@ pub async fn run(settings: Settings, args: SoakArgs) -> anyhow::Result<bool> {
     let pg = pool.get().await?;
     pg.batch_execute("SET statement_timeout = '300s'").await?;
     let stall = Duration::from_secs(args.stall_secs);
+    const EVERY: Duration = Duration::from_millis(500);
     let db: &tokio_postgres::Client = &pg;
     let (activity_id, n_accepted) = (args.activity_id, accepted.len() as i64);
     // Drain: every accepted reservation decided in PostgreSQL.
-    let drained = wait_progress(stall, "drain", move || async move {
+    let drained = wait_progress(stall, EVERY, "soak: drain", move || async move {
         let recorded: i64 = db
             .query_one(
                 "SELECT count(*) FROM reservations WHERE activity_id = $1",
@@ -318,7 +320,7 @@ pub async fn run(settings: Settings, args: SoakArgs) -> anyhow::Result<bool> {
     })
     .await?;
     // Settle: every order paid or cancelled, every compensation done.
-    let settled = wait_progress(stall, "settle", move || async move {
+    let settled = wait_progress(stall, EVERY, "soak: settle", move || async move {
         let row = db
             .query_one(
                 "SELECT (SELECT count(*) FROM orders WHERE activity_id = $1
@@ -448,29 +450,6 @@ pub async fn run(settings: Settings, args: SoakArgs) -> anyhow::Result<bool> {
         violations.len(),
     );
     Ok(ok)
-}
-
-/// Waits while `left()` (work still to do) decreases; returns what is left when it reaches 0
-/// or stops decreasing for `stall`.
-async fn wait_progress<F, Fut>(stall: Duration, what: &str, left: F) -> anyhow::Result<i64>
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<i64>>,
-{
-    let (mut best, mut progressed) = (i64::MAX, Instant::now());
-    loop {
-        let n = left().await?;
-        if n == 0 {
-            return Ok(0);
-        }
-        if n < best {
-            (best, progressed) = (n, Instant::now());
-        } else if progressed.elapsed() >= stall {
-            eprintln!("soak: {what} stalled with {n} left");
-            return Ok(n);
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }
 
 /// Least-squares slope of `(x, y)` points; `None` with fewer than three.

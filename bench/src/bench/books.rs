@@ -8,6 +8,7 @@ use hdrhistogram::Histogram;
 
 use super::{BenchArgs, Planned};
 use crate::report::{ms, BenchReport};
+use crate::wait::wait_progress;
 use seckill::config::Settings;
 use seckill::invariants;
 use seckill::redis::RedisStore;
@@ -23,8 +24,9 @@ pub(super) async fn wait_drained(
 ) -> anyhow::Result<()> {
     let drain_started = Instant::now();
     let stall = Duration::from_secs(args.drain_timeout_secs);
-    let (mut last, mut progressed) = (-1i64, Instant::now());
-    loop {
+    let total = accepted.len() as i64;
+    let what = "drain (accepted reservations without a decision in PostgreSQL)";
+    let left = wait_progress(stall, Duration::from_millis(100), what, || async {
         let recorded: i64 = pg
             .query_one(
                 "SELECT count(*) FROM reservations WHERE reservation_id = ANY($1::text[])",
@@ -32,22 +34,10 @@ pub(super) async fn wait_drained(
             )
             .await?
             .get(0);
-        if recorded as usize >= accepted.len() {
-            report.drained = true;
-            break;
-        }
-        if recorded > last {
-            (last, progressed) = (recorded, Instant::now());
-        } else if progressed.elapsed() >= stall {
-            eprintln!(
-                "drain stalled: {recorded} of {} accepted reservations recorded, none in the last {} s",
-                accepted.len(),
-                stall.as_secs()
-            );
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        Ok((total - recorded).max(0))
+    })
+    .await?;
+    report.drained = left == 0;
     report.drain_secs = drain_started.elapsed().as_secs_f64();
     Ok(())
 }
