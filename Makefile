@@ -22,7 +22,7 @@ image: ## Build the seckill image (podman) from the Dockerfile, from local Debia
 image-test: ## The image against the host's services: api + consume containers turn a reservation into an order; last line IMAGE_TEST OK/FAILED (slow: not in make test)
 	scripts/image-test.sh
 
-test-upgrade: ## A sale on the previous release (newest v* tag, built once and cached) upgraded to this checkout mid-sale (migrate, consumers, then producers, v2, quarantine replay); last line UPGRADE OK/FAILED (slow: not in make test)
+test-upgrade: ## A sale on the previous release (RELEASES' newest below HEAD, built once from its commit and cached) upgraded to this checkout mid-sale (migrate, consumers, then producers, v2, quarantine replay); last line UPGRADE OK/FAILED (slow: not in make test)
 	scripts/upgrade-test.sh
 
 demo: ## Services, migrate, a flash sale with a burst of buyers, invariants; last line DEMO OK/FAILED
@@ -64,6 +64,7 @@ limits: services-up ## Only the naive limits (pgbench, redis-benchmark, direct P
 test: services-up ## The whole test suite against the real services, the operator files, schemathesis, a small soak, then the faults on the shared services
 	SECKILL_ENV=test cargo test --all-targets --features failpoints -- --test-threads=4
 	scripts/check-operator-files.sh
+	scripts/releases.sh check
 	scripts/check-migrations.sh --self-test
 	scripts/check-cycles.py --self-test
 	scripts/check-cycles.py

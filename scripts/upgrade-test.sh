@@ -2,8 +2,9 @@
 # make test-upgrade: a sale running on the previous release is upgraded to this checkout the way
 # docs/ARCHITECTURE.md#upgrades says, without stopping it, and nothing is lost or doubled.
 #
-#  1. The previous release (the newest v* tag HEAD does not carry, or UPGRADE_FROM=<tag>) is built
-#     once and cached with its config under ~/.cache/seckill/releases/<tag>-<commit>/.
+#  1. The previous release (the newest one RELEASES records below HEAD, or UPGRADE_FROM=<version>
+#     of RELEASES: scripts/releases.sh; no tags needed) is built from its recorded commit once
+#     and cached with its config under ~/.cache/seckill/releases/<version>-<commit>/.
 #  2. Its migrations, topics and activity; its roles: two APIs behind HAProxy
 #     (deploy/haproxy/seckill-api.cfg), consume, scan, timeout-cancel; a steady sale through
 #     HAProxy (seckill-bench soak: new buyers at UPGRADE_RATE/s for UPGRADE_DURATION_SECS).
@@ -45,9 +46,15 @@ export SECKILL_ENV=soak SECKILL__ENV=UPGRADE SECKILL__PG__SCHEMA=seckill_upgrade
 export SECKILL__REDIS__KEY_PREFIX=seckill-upgrade SECKILL__CONSUMER__PAY_WINDOW_SECS=20
 export SECKILL__TELEMETRY__LOG_LEVEL=info,rocketmq_client_rust=error,rocketmq_runtime=error
 
-PREV="${UPGRADE_FROM:-$(git tag --list 'v*' --sort=-v:refname --no-contains HEAD | head -1)}"
-[[ -n "$PREV" ]] || fail no_previous_release "no v* tag below HEAD: nothing to upgrade from"
-PREV_COMMIT="$(git rev-parse --verify "$PREV^{commit}")"
+if [[ -n "${UPGRADE_FROM:-}" ]]; then
+  PREV="$UPGRADE_FROM"
+  PREV_COMMIT="$(scripts/releases.sh commit "$PREV")" || fail no_previous_release "$PREV is not in RELEASES"
+else
+  previous="$(scripts/releases.sh previous)" || fail no_previous_release "RELEASES records no release below HEAD"
+  read -r PREV PREV_COMMIT <<<"$previous"
+fi
+# The message versions the previous release's consumers read (RELEASES' last field).
+PREV_READS="$(awk -v v="$PREV" '$1 == v { print $NF }' RELEASES)"
 OLD="$CACHE_ROOT/$PREV-${PREV_COMMIT:0:12}"
 NEW_DESC="$(git describe --tags --always --dirty)"
 
@@ -212,9 +219,9 @@ for i in $(seq 1 "$EARLY"); do
   [[ "$code" == 202 ]] || fail early_reserve "an early v2 reservation answered $code"
 done
 stop early
-# A previous release that reads v2 already (it has SCHEMA_V2) decides them; one that does not
+# A previous release that reads v2 already (RELEASES says so) decides them; one that does not
 # quarantines them.
-if git grep -q SCHEMA_V2 "$PREV_COMMIT" -- src/domain; then READS_V2=1; else READS_V2=0; fi
+if [[ ",$PREV_READS," == *,v2,* ]]; then READS_V2=1; else READS_V2=0; fi
 seen() {
   if ((READS_V2)); then
     q "SELECT count(*) FROM reservations WHERE activity_id = $ACTIVITY AND user_id BETWEEN $EARLY_USERS AND $(( EARLY_USERS + 49 ))"
