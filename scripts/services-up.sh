@@ -59,6 +59,13 @@ if ! command -v haproxy >/dev/null 2>&1; then
   apt_install haproxy
 fi
 
+# --- PgBouncer (in front of PostgreSQL in tests/it/pgbouncer.rs; deploy/pgbouncer) ------------
+# Installed only: each test starts its own from the shipped configuration.
+if ! command -v pgbouncer >/dev/null 2>&1; then
+  log "installing PgBouncer (apt)"
+  apt_install pgbouncer
+fi
+
 # --- wrk (the front door's ceilings in make bench: bench/src/run/ceilings.rs) -----------------
 if ! command -v wrk >/dev/null 2>&1; then
   log "installing wrk (apt)"

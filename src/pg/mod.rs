@@ -18,6 +18,7 @@ pub mod refunds;
 pub mod replay;
 pub mod retention;
 pub mod rows;
+mod session;
 
 use std::time::Duration;
 
@@ -77,12 +78,9 @@ pub enum PlanCache {
     Reuse,
 }
 
-pub fn pg_config(settings: &PgSettings) -> anyhow::Result<tokio_postgres::Config> {
-    pg_config_with(settings, PlanCache::Custom)
-}
-
-/// The connection config of every pool: search_path to the configured schema and a statement
-/// timeout, so a stuck lock turns into a retryable error instead of a hung worker.
+/// The connection config of every pool and connection. Each connection then sets its session
+/// ([`session::setup_sql`], run as it opens): search_path to the configured schema and a
+/// statement timeout, so a stuck lock turns into a retryable error instead of a hung worker.
 ///
 /// `plan_cache_mode` is [`PlanCache::Custom`] unless a pool asks otherwise: the hot statements
 /// are prepared once per connection; left to itself PostgreSQL switches to a generic plan
@@ -90,23 +88,12 @@ pub fn pg_config(settings: &PgSettings) -> anyhow::Result<tokio_postgres::Config
 /// first seconds of a sale) scans the whole inbox on every batch until the next ANALYZE. Seen
 /// with `pgbench -M prepared` running the same statements on a fresh schema
 /// (bench/limits/limits.sh): the batched transaction fell from 140 to 60 a second within 8 s.
-fn pg_config_with(
-    settings: &PgSettings,
-    plans: PlanCache,
-) -> anyhow::Result<tokio_postgres::Config> {
+pub fn pg_config(settings: &PgSettings) -> anyhow::Result<tokio_postgres::Config> {
     let mut cfg: tokio_postgres::Config = settings
         .url
         .expose_secret()
         .parse()
         .context("pg.url: not a valid PostgreSQL connection string")?;
-    let mode = match plans {
-        PlanCache::Custom => "force_custom_plan",
-        PlanCache::Reuse => "auto",
-    };
-    cfg.options(format!(
-        "-c search_path={} -c statement_timeout={} -c plan_cache_mode={mode}",
-        settings.schema, settings.statement_timeout_ms
-    ));
     cfg.application_name(APPLICATION_NAME.get().map_or("seckill", String::as_str));
     // `pg.tls` decides, whatever the URL says.
     cfg.ssl_mode(match settings.tls {
@@ -155,16 +142,24 @@ pub async fn connect_one(
     tokio_postgres::Connection<tokio_postgres::Socket, TlsStream>,
 )> {
     let cfg = pg_config(settings)?;
-    cfg.connect(connector(settings)?)
+    let (client, mut conn) = cfg
+        .connect(connector(settings)?)
         .await
-        .with_context(|| format!("pg.url: cannot connect to {}", endpoint(&cfg)))
+        .with_context(|| format!("pg.url: cannot connect to {}", endpoint(&cfg)))?;
+    let setup = session::setup_sql(settings, PlanCache::Custom);
+    session::drive_while(&mut conn, client.batch_execute(&setup))
+        .await
+        .with_context(|| format!("pg: setting up a session at {}", endpoint(&cfg)))?;
+    session::check_one(&client, &mut conn, settings, &endpoint(&cfg)).await?;
+    Ok((client, conn))
 }
 
 /// How long sent data may stay unacknowledged by PostgreSQL before the connection is dropped
 /// (well past any `statement_timeout`, which PostgreSQL enforces itself).
 const PG_TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Builds a pool of `size` connections and checks one connection works before returning.
+/// Builds a pool of `size` connections and checks, before returning, that its connections
+/// answer and keep their session between transactions ([`session::check_pool`]).
 pub async fn connect_pool(settings: &PgSettings, size: usize) -> anyhow::Result<Pool> {
     connect_pool_with(settings, size, PlanCache::Custom).await
 }
@@ -175,8 +170,9 @@ pub async fn connect_pool_with(
     size: usize,
     plans: PlanCache,
 ) -> anyhow::Result<Pool> {
-    let cfg = pg_config_with(settings, plans)?;
-    let cfg_shown = cfg.clone();
+    let cfg = pg_config(settings)?;
+    let shown = endpoint(&cfg);
+    let setup = session::setup_sql(settings, plans);
     let mgr = Manager::from_config(
         cfg,
         connector(settings)?,
@@ -193,18 +189,18 @@ pub async fn connect_pool_with(
         .wait_timeout(Some(wait))
         .create_timeout(Some(Duration::from_secs(5)))
         .recycle_timeout(Some(Duration::from_secs(5)))
+        .post_create(deadpool_postgres::Hook::async_fn(move |client, _| {
+            let setup = setup.clone();
+            Box::pin(async move {
+                client
+                    .batch_execute(&setup)
+                    .await
+                    .map_err(deadpool_postgres::HookError::Backend)
+            })
+        }))
         .build()
         .context("pg: cannot build the pool")?;
-    let client = pool.get().await.with_context(|| {
-        format!(
-            "pg.url: PostgreSQL at {} does not answer",
-            endpoint(&cfg_shown)
-        )
-    })?;
-    client
-        .simple_query("SELECT 1")
-        .await
-        .context("pg.url: PostgreSQL does not answer")?;
+    session::check_pool(&pool, settings, &shown).await?;
     Ok(pool)
 }
 
@@ -244,11 +240,16 @@ pub async fn set_statement_timeout(
         .await
 }
 
-/// Gives this session back the pool's statement bound (`pg.statement_timeout_ms`).
+/// Gives this session back the pool's statement bound, `ms` (`pg.statement_timeout_ms`; a
+/// `RESET` would give the server's default: the bound is set by a statement as the session
+/// opens, [`session::setup_sql`]).
 pub async fn reset_statement_timeout(
     client: &impl tokio_postgres::GenericClient,
+    ms: u64,
 ) -> Result<(), tokio_postgres::Error> {
-    client.batch_execute("RESET statement_timeout").await
+    client
+        .batch_execute(&format!("SET statement_timeout = {ms}"))
+        .await
 }
 
 /// Keeps a message that can never be processed, with its raw body, for an operator.

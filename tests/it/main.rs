@@ -31,6 +31,7 @@ mod order_tx;
 mod outbox_timers;
 mod passes;
 mod pgbench_scripts;
+mod pgbouncer;
 mod pipeline;
 mod rate_limits;
 mod reconcile;

@@ -5,8 +5,7 @@
 
 use crate::common;
 
-use crate::common::{cli_async, eventually, spawn_listening, wait_ready, Proc, TestEnv};
-use futures::StreamExt;
+use crate::common::{cli_async, spawn_listening, wait_ready, Proc, TestEnv};
 
 const STOCK: i32 = 60;
 const BUYERS: i64 = 150;
@@ -51,80 +50,7 @@ async fn every_role_twice_or_more_sells_pays_and_cancels_each_order_once() {
         wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
     }
 
-    // The sale: buyers alternate between the two APIs, 16 at a time.
-    let answers: Vec<u16> = futures::stream::iter(1..=BUYERS)
-        .map(|user| {
-            let base = format!("http://127.0.0.1:{}", apis[(user % 2) as usize]);
-            async move {
-                let (status, _) = common::reserve_as(&base, 7600, 1, user, "once").await;
-                status.as_u16()
-            }
-        })
-        .buffer_unordered(16)
-        .collect()
-        .await;
-    let accepted = answers.iter().filter(|&&s| s == 202).count();
-    let sold_out = answers.iter().filter(|&&s| s == 410).count();
-    assert_eq!(
-        (accepted, sold_out),
-        (STOCK as usize, (BUYERS - i64::from(STOCK)) as usize),
-        "{answers:?}"
-    );
-    eventually(60, "an order for every reservation", || async {
-        env.count("SELECT count(*) FROM orders").await == i64::from(STOCK)
-    })
-    .await;
-
-    // Half the buyers pay, through one API or the other; the rest let the window pass.
-    let pool = env.pool(1).await;
-    let client = pool.get().await.unwrap();
-    let orders: Vec<String> = client
-        .query("SELECT order_id FROM orders ORDER BY order_id", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let paid = orders.len() / 2;
-    for (i, order) in orders.iter().take(paid).enumerate() {
-        let base = format!("http://127.0.0.1:{}", apis[i % 2]);
-        let (status, body) = common::notify_payment(&base, order, &format!("pay-{i}"), 100).await;
-        assert_eq!(status, 200, "{body}");
-    }
-    eventually(
-        90,
-        "every unpaid order cancelled after its window",
-        || async {
-            env.count("SELECT count(*) FROM orders WHERE status = 'CANCELED'")
-                .await
-                == (orders.len() - paid) as i64
-        },
-    )
-    .await;
-    assert_eq!(
-        env.count("SELECT count(*) FROM orders WHERE status = 'PAID'")
-            .await,
-        paid as i64
-    );
-    // Each cancellation's unit back once, in PostgreSQL and in Redis.
-    eventually(60, "the cancelled units back in Redis", || async {
-        let r = env.invariants(7600, 1).await;
-        r.ok()
-            && r.figures.unrecorded == 0
-            && r.figures.valid_orders == paid as i64
-            && r.figures.redis_remaining == i64::from(STOCK) - paid as i64
-    })
-    .await;
-    let r = env.invariants(7600, 1).await;
-    assert!(r.ok(), "{:?}", r.violations);
-    assert_eq!(r.figures.pg_remaining, i64::from(STOCK) - paid as i64);
-    // Every outbox event was sent and none twice: one row per id, all SENT.
-    eventually(30, "the outbox drained", || async {
-        env.count("SELECT count(*) FROM event_outbox WHERE status <> 'SENT'")
-            .await
-            == 0
-    })
-    .await;
+    common::sale::sell_pay_and_expire(&env, &apis, 7600, STOCK, BUYERS).await;
 
     // Reconcile on two cron hosts at the same moment: both find no drift.
     let (a, b) = tokio::join!(

@@ -85,8 +85,12 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
     let scan_loop = watchdog.spawn("resend", scan_loop(scanner, poll, shutdown.clone()));
     let relay_loop = watchdog.spawn("relay", relay_loop(relay, wake, shutdown.clone()));
     let retention_pool = crate::pg::connect_pool(&settings.pg, pools::SCAN_RETENTION).await?;
-    let retention =
-        retention::run_loop(retention_pool, settings.retention.clone(), shutdown.clone());
+    let retention = retention::run_loop(
+        retention_pool,
+        settings.retention.clone(),
+        settings.pg.statement_timeout_ms,
+        shutdown.clone(),
+    );
     let retention_loop = watchdog.spawn("retention", retention);
     role.serving();
     info!(owner_metrics = %sc.metrics_listen, "scan started: reservation scanner and outbox relay");

@@ -15,6 +15,7 @@ const RETENTION_STATEMENT_TIMEOUT_SECS: u64 = 600;
 pub(super) async fn run_loop(
     pool: deadpool_postgres::Pool,
     rt: RetentionSettings,
+    statement_timeout_ms: u64,
     stop: CancellationToken,
 ) {
     while !stop.is_cancelled() {
@@ -26,7 +27,7 @@ pub(super) async fn run_loop(
                 crate::pg::set_statement_timeout(&**client, RETENTION_STATEMENT_TIMEOUT_SECS)
                     .await?;
                 let done = crate::pg::retention::purge_all(&**client, &rt).await;
-                crate::pg::reset_statement_timeout(&**client).await?;
+                crate::pg::reset_statement_timeout(&**client, statement_timeout_ms).await?;
                 done
             };
             match pass.await {

@@ -3,6 +3,8 @@
 //! services that `make test` starts.
 #![allow(dead_code)]
 
+pub mod sale;
+
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
