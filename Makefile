@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: image image-test test-upgrade help services-up services-down build demo demo-cluster bench bench-sale bench-orders bench-ceilings bench-fair bench-buckets bench-payments bench-payments-small limits test test-faults chaos soak soak-small send-timeouts test-unit fmt clippy lint ci
+.PHONY: image image-test test-upgrade help services-up services-down build demo demo-cluster bench bench-sale bench-orders bench-relay bench-ceilings bench-fair bench-buckets bench-payments bench-payments-small limits test test-faults chaos soak soak-small send-timeouts test-unit fmt clippy lint ci
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -42,6 +42,9 @@ bench-sale: ## Only the bench's sale: whole pipeline, front door alone, direct P
 
 bench-orders: ## Only the order work: pgbench's batch and the consumer on a backlog, each with its CPU per order; last line ORDER_RATIOS ...
 	BENCH_ONLY=orders scripts/bench.sh
+
+bench-relay: ## Only the outbox relay on the events the order backlogs leave, beside the broker's raw rate; last line RELAY_RATIOS ...
+	BENCH_ONLY=relay scripts/bench.sh
 
 bench-fair: ## Only the mixed crowd: the share of units that reach people first come, drawn, and drawn among sale-pass holders; last line FAIR_RATIOS ...
 	BENCH_ONLY=fair scripts/bench.sh

@@ -42,7 +42,7 @@
 # wrk (bench/src/run/ceilings.rs), the generator's CPU beside the server's.
 # Knobs: BENCH_QUICK=1 (smaller runs, for a smoke test), BENCH_CONCURRENCY (default 64),
 # LIMITS_SECONDS (default 10), BENCH_ONLY=sale (only the sale's three runs: make bench-sale),
-# BENCH_ONLY=orders (pgbench's batch and the order consumer on a backlog: make bench-orders),
+# BENCH_ONLY=orders|ceilings|fair|relay (one part alone, below),
 # BENCH_WAITING_NICE (default 10, as shipped: the nice level of consume, scan and timeout-cancel),
 # BENCH_FRESH_START=1 (the order consumer's drains start on the order tables as the migration
 # left them, never analyzed, instead of pgbench's start: an inbox with history, analyzed).
@@ -89,36 +89,20 @@ psql -X -q -h 127.0.0.1 -U postgres -d postgres -c "DROP SCHEMA IF EXISTS $bench
 "$BIN" topics create >&2
 run_args+=(--seckill "$BIN")
 
-# BENCH_ONLY=ceilings (make bench-ceilings): the front door's ceilings alone (wrk); last line
-# CEILING_RATIOS ... violations=N.
-if [[ "${BENCH_ONLY:-}" == ceilings ]]; then
+# BENCH_ONLY=<part>: one part alone, minutes instead of the whole bench; last line
+# <PART>_RATIOS ... violations=N.
+#   ceilings (make bench-ceilings)  the front door's ceilings alone (wrk)
+#   sale     (make bench-sale)      the sale's three runs
+#   fair     (make bench-fair)      who gets the units of a contested start, first come, drawn,
+#                                   and drawn among sale-pass holders
+#   orders   (make bench-orders)    pgbench's batch (the limits' measurement 2) and the order
+#                                   consumer on a backlog, with the CPU each spends per order,
+#                                   in three rounds back to back (the median kept)
+#   relay    (make bench-relay)     the broker's raw rate, the order backlogs as make bench
+#                                   makes them, then the outbox relay on the events they left
+if [[ -n "${BENCH_ONLY:-}" ]]; then
   exec_status=0
-  "$BENCH" run "${run_args[@]}" --only ceilings || exec_status=$?
-  exit "$exec_status"
-fi
-
-# BENCH_ONLY=sale (make bench-sale): the sale's three runs alone, minutes instead of the whole
-# bench; last line SALE_RATIOS ... violations=N.
-if [[ "${BENCH_ONLY:-}" == sale ]]; then
-  exec_status=0
-  "$BENCH" run "${run_args[@]}" --only sale || exec_status=$?
-  exit "$exec_status"
-fi
-
-# BENCH_ONLY=fair (make bench-fair): who gets the units of a contested start, first come, drawn,
-# and drawn among sale-pass holders; last line FAIR_RATIOS ... violations=N.
-if [[ "${BENCH_ONLY:-}" == fair ]]; then
-  exec_status=0
-  "$BENCH" run "${run_args[@]}" --only fair || exec_status=$?
-  exit "$exec_status"
-fi
-
-# BENCH_ONLY=orders (make bench-orders): pgbench's batch (the limits' measurement 2) and the
-# order consumer on a backlog, with the CPU each spends per order, in three rounds back to back
-# (the median kept); last line ORDER_RATIOS ...
-if [[ "${BENCH_ONLY:-}" == orders ]]; then
-  exec_status=0
-  "$BENCH" run "${run_args[@]}" --only orders || exec_status=$?
+  "$BENCH" run "${run_args[@]}" --only "$BENCH_ONLY" || exec_status=$?
   exit "$exec_status"
 fi
 

@@ -15,7 +15,8 @@ pub struct RatiosArgs {
     #[arg(long)]
     pub dir: PathBuf,
     /// Only one part's lines are there: `sale` prints `SALE_RATIOS ...`, `ceilings`
-    /// `CEILING_RATIOS ...`, `orders` `ORDER_RATIOS ...`.
+    /// `CEILING_RATIOS ...`, `orders` `ORDER_RATIOS ...`, `fair` `FAIR_RATIOS ...`, `relay`
+    /// `RELAY_RATIOS ...`.
     #[arg(long, value_enum)]
     pub only: Option<Part>,
     /// Also write what is printed to this file (`summary.txt`).
@@ -34,6 +35,8 @@ pub enum Part {
     Orders,
     /// Who gets the units of a contested start (`make bench-fair`).
     Fair,
+    /// The outbox relay on the order backlogs' events, beside the broker (`make bench-relay`).
+    Relay,
 }
 
 /// Scenarios judged by their verdict alone.
@@ -452,6 +455,24 @@ pub fn run(args: RatiosArgs) -> anyhow::Result<bool> {
                 "{}\nFAIR_RATIOS {} violations={failed}",
                 table.join("\n"),
                 fair_ratios(&lines)
+            );
+            (text, failed == 0)
+        }
+        Some(Part::Relay) => {
+            let relay = lines.get("RELAY");
+            let failed = u64::from(!relay.ok())
+                + ["B_BATCH", "B_WIDE", "B_SINGLE"]
+                    .iter()
+                    .map(|n| lines.get(n).num("violations").map_or(1, |v| v as u64))
+                    .sum::<u64>();
+            let text = format!(
+                "{}\n{}\nRELAY_RATIOS relay_vs_broker_single={} violations={failed}",
+                lines.get("BROKER1").text,
+                relay.text,
+                ratio(
+                    relay.num("events_per_s"),
+                    lines.get("BROKER1").num("msgs_per_s")
+                )
             );
             (text, failed == 0)
         }

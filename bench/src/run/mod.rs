@@ -7,6 +7,7 @@
 mod ceilings;
 mod fair;
 mod procs;
+mod relay;
 mod scenarios;
 
 use std::collections::BTreeMap;
@@ -201,6 +202,7 @@ pub async fn run(settings: Settings, args: RunArgs) -> anyhow::Result<bool> {
         Some(Part::Ceilings) => ceilings::only_ceilings(&mut run, &keys).await,
         Some(Part::Orders) => scenarios::only_orders(&mut run).await,
         Some(Part::Fair) => fair::fairness(&mut run).await,
+        Some(Part::Relay) => scenarios::only_relay(&mut run).await,
         None => scenarios::whole(&mut run, &keys).await,
     };
     // Whatever happened, nothing started here outlives the run.

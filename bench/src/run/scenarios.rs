@@ -355,6 +355,14 @@ pub async fn only_sale(run: &mut Run) -> anyhow::Result<()> {
     baseline_sale(run, a).await
 }
 
+/// `make bench-relay`: the relay as `make bench` measures it: the broker's raw rate (its
+/// baseline), the order backlogs whose events it relays, then the relay.
+pub async fn only_relay(run: &mut Run) -> anyhow::Result<()> {
+    broker(run).await?;
+    order_consumer(run).await?;
+    super::relay::relay(run).await
+}
+
 /// `make bench-orders`: the order consumer alone on a backlog, batched, as `make bench`
 /// measures it (`B_BATCH`), for the figures beside pgbench's batch.
 pub async fn only_orders(run: &mut Run) -> anyhow::Result<()> {
@@ -450,7 +458,7 @@ async fn reset_order_tables(run: &Run) -> anyhow::Result<()> {
 pub async fn whole(run: &mut Run, keys: &[Provisioned]) -> anyhow::Result<()> {
     broker(run).await?;
     order_consumer(run).await?;
-    relay(run).await?;
+    super::relay::relay(run).await?;
     send_path(run, keys).await?;
     through_the_api(run).await?;
     super::fair::fairness(run).await?;
@@ -498,33 +506,6 @@ async fn order_consumer(run: &mut Run) -> anyhow::Result<()> {
     run.keep("B_SINGLE", line);
     run.procs.set_env(&[]);
     consume(run, &[], None).await
-}
-
-/// A fresh relay draining the events the backlogs left in the outbox, alone.
-async fn relay(run: &mut Run) -> anyhow::Result<()> {
-    let sql = "SELECT count(*) FROM {s}.event_outbox \
-               WHERE status = 'PENDING' AND next_attempt_at <= now()";
-    let rows = run.count(sql).await;
-    eprintln!("[bench] outbox relay on a backlog of {rows} events");
-    let started = Instant::now();
-    run.procs.start("scan", &["scan"], None)?;
-    let r = &*run;
-    poll_until(
-        Duration::from_secs(180),
-        Duration::from_millis(100),
-        || async move { r.count(sql).await == 0 },
-    )
-    .await;
-    let secs = started.elapsed().as_secs_f64();
-    let left = run.count(sql).await;
-    let verdict = if left == 0 { "OK" } else { "FAILED" };
-    let text = format!(
-        "RELAY {verdict} rows={rows} left={left} seconds={secs:.2} events_per_s={:.0}",
-        rows as f64 / secs
-    );
-    eprintln!("[bench] {text}");
-    run.keep("RELAY", Line::parse(&text));
-    wait_ready(SCAN_READY).await
 }
 
 /// The send path alone (the consumer stopped: the load generator, the API, Redis and the

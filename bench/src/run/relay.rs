@@ -1,0 +1,178 @@
+//! The outbox relay's scenario: a fresh `seckill scan` draining, alone, the events the order
+//! backlogs left in the outbox (BENCHMARKS.md, "The outbox relay").
+//!
+//! What it measures is the backlog **due at its start**, and only that: those rows, counted
+//! once, and the time until every one of them is SENT. Rows written during the drain (a
+//! timeout-cancel's events when the backlog's orders reach their deadline, a compensation's
+//! release) are not part of it, and a row of it the relay has claimed (its lease pushes
+//! `next_attempt_at` ahead) or put off after a failed send is still owed. Counting "PENDING and
+//! due now" instead, as this scenario once did, could stop at a moment when the backlog's last
+//! rows were leased (too early) and then fail on rows that had just been written (16 of them,
+//! once): the verdict depended on when it was read.
+
+use std::time::{Duration, Instant};
+
+use super::procs::{poll_until, wait_ready};
+use super::{Run, SCAN_READY};
+use crate::ratios::Line;
+
+/// The moment the backlog is taken, in temporary tables of the bench's session: `relay_start`
+/// (the time, the rows due, the DEAD rows then) and `relay_not_due` (the PENDING rows not yet
+/// due then: timers held back, rows put off; a few). One snapshot (REPEATABLE READ) for all.
+/// Returns the rows due.
+pub async fn take_backlog(pg: &tokio_postgres::Client, schema: &str) -> anyhow::Result<i64> {
+    pg.batch_execute("DROP TABLE IF EXISTS relay_start, relay_not_due")
+        .await?;
+    pg.batch_execute(&format!(
+        "BEGIN ISOLATION LEVEL REPEATABLE READ;
+         CREATE TEMP TABLE relay_start AS SELECT now() AS t0,
+             (SELECT count(*) FROM {schema}.event_outbox
+               WHERE status = 'PENDING' AND next_attempt_at <= now()) AS due,
+             (SELECT count(*) FROM {schema}.event_outbox WHERE status = 'DEAD') AS dead;
+         CREATE TEMP TABLE relay_not_due AS SELECT activity_id, event_id FROM {schema}.event_outbox
+               WHERE status = 'PENDING' AND next_attempt_at > now();
+         COMMIT;"
+    ))
+    .await?;
+    Ok(pg
+        .query_one("SELECT due FROM relay_start", &[])
+        .await?
+        .get(0))
+}
+
+/// The rows of [`take_backlog`]'s backlog not SENT yet: still PENDING (due or not), or DEAD
+/// since. Cheap enough to poll often: the PENDING rows (their partial index) written before the
+/// start, less those that were not due then, plus the DEAD rows written before the start, less
+/// those that were DEAD then. A row written by a transaction that began before the start but
+/// committed after it counts while it is PENDING (none in `make bench`: nothing writes orders
+/// when the relay starts).
+pub async fn backlog_left(pg: &tokio_postgres::Client, schema: &str) -> anyhow::Result<i64> {
+    let sql = format!(
+        "SELECT (SELECT count(*) FROM {schema}.event_outbox o
+                  WHERE o.status = 'PENDING' AND o.created_at <= r.t0)
+              - (SELECT count(*) FROM relay_not_due n
+                  JOIN {schema}.event_outbox o USING (activity_id, event_id)
+                  WHERE o.status = 'PENDING')
+              + (SELECT count(*) FROM {schema}.event_outbox o
+                  WHERE o.status = 'DEAD' AND o.created_at <= r.t0)
+              - r.dead
+         FROM relay_start r"
+    );
+    Ok(pg.query_one(&sql, &[]).await?.get(0))
+}
+
+/// The scenario: the backlog taken, a fresh scan role started, its drain timed.
+pub(super) async fn relay(run: &mut Run) -> anyhow::Result<()> {
+    let rows = take_backlog(&run.pg, &run.schema).await?;
+    eprintln!("[bench] outbox relay on a backlog of {rows} events");
+    let started = Instant::now();
+    run.procs.start("scan", &["scan"], None)?;
+    let (pg, schema) = (&run.pg, run.schema.as_str());
+    poll_until(
+        Duration::from_secs(180),
+        Duration::from_millis(100),
+        || async move { backlog_left(pg, schema).await.is_ok_and(|n| n == 0) },
+    )
+    .await;
+    let secs = started.elapsed().as_secs_f64();
+    let left = backlog_left(&run.pg, &run.schema).await.unwrap_or(-1);
+    run.pg
+        .batch_execute("DROP TABLE IF EXISTS relay_start, relay_not_due")
+        .await?;
+    let verdict = if left == 0 { "OK" } else { "FAILED" };
+    let text = format!(
+        "RELAY {verdict} rows={rows} left={left} seconds={secs:.2} events_per_s={:.0}",
+        rows as f64 / secs
+    );
+    eprintln!("[bench] {text}");
+    run.keep("RELAY", Line::parse(&text));
+    wait_ready(SCAN_READY).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One outbox row, `status`, due `due_in` seconds from now.
+    async fn row(pg: &tokio_postgres::Client, schema: &str, id: &str, status: &str, due_in: i32) {
+        pg.execute(
+            &format!(
+                "INSERT INTO {schema}.event_outbox
+                   (activity_id, event_id, topic, tag, message_key, payload, status, next_attempt_at)
+                 VALUES (1, $1, 't', 'ORDER_CREATED', $1, '{{}}', $2,
+                         now() + make_interval(secs => $3))"
+            ),
+            &[&id, &status, &f64::from(due_in)],
+        )
+        .await
+        .unwrap();
+    }
+
+    async fn set(pg: &tokio_postgres::Client, schema: &str, id: &str, change: &str) {
+        pg.execute(
+            &format!("UPDATE {schema}.event_outbox SET {change} WHERE event_id = $1"),
+            &[&id],
+        )
+        .await
+        .unwrap();
+    }
+
+    /// What the scenario counted before: PENDING rows due now.
+    async fn due_now(pg: &tokio_postgres::Client, schema: &str) -> i64 {
+        let sql = format!(
+            "SELECT count(*) FROM {schema}.event_outbox
+              WHERE status = 'PENDING' AND next_attempt_at <= now()"
+        );
+        pg.query_one(&sql, &[]).await.unwrap().get(0)
+    }
+
+    /// Rows that become due, are leased or are written during the drain move neither end of
+    /// the measurement: the backlog is the rows due at its start, until each is SENT.
+    #[tokio::test]
+    async fn the_backlog_is_the_rows_due_at_the_start_whatever_moves_during_the_drain() {
+        let mut settings = seckill::config::Settings::load_from(std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../config"
+        )))
+        .expect("config loads");
+        let ulid = ulid::Ulid::new().to_string().to_lowercase();
+        settings.pg.schema = format!("t_relay_{}", &ulid[ulid.len() - 10..]);
+        seckill::pg::migrate(&settings.pg)
+            .await
+            .expect("migrations apply");
+        let (pg, conn) = seckill::pg::connect_one(&settings.pg).await.unwrap();
+        tokio::spawn(conn);
+        let s = settings.pg.schema.clone();
+        for id in ["a1", "a2", "a3"] {
+            row(&pg, &s, id, "PENDING", -1).await;
+        }
+        row(&pg, &s, "timer", "PENDING", 3600).await;
+        row(&pg, &s, "old-dead", "DEAD", -1).await;
+        row(&pg, &s, "old-sent", "SENT", -1).await;
+        assert_eq!(take_backlog(&pg, &s).await.unwrap(), 3);
+        assert_eq!(backlog_left(&pg, &s).await.unwrap(), 3);
+
+        // Two sent; the third claimed, its lease ahead: nothing due now, one still owed.
+        set(&pg, &s, "a1", "status = 'SENT'").await;
+        set(&pg, &s, "a2", "status = 'SENT'").await;
+        set(&pg, &s, "a3", "next_attempt_at = now() + interval '30 s'").await;
+        assert_eq!(due_now(&pg, &s).await, 0, "the old count would stop here");
+        assert_eq!(backlog_left(&pg, &s).await.unwrap(), 1);
+
+        // A row written during the drain, due at once, and the held-back timer come due.
+        row(&pg, &s, "cancelled-during-drain", "PENDING", -1).await;
+        set(&pg, &s, "timer", "next_attempt_at = now()").await;
+        assert_eq!(due_now(&pg, &s).await, 2, "the old recount would fail here");
+        assert_eq!(backlog_left(&pg, &s).await.unwrap(), 1);
+
+        // The leased row given up on is owed still; sent, the backlog is done.
+        set(&pg, &s, "a3", "status = 'DEAD'").await;
+        assert_eq!(backlog_left(&pg, &s).await.unwrap(), 1);
+        set(&pg, &s, "a3", "status = 'SENT'").await;
+        assert_eq!(backlog_left(&pg, &s).await.unwrap(), 0);
+
+        pg.batch_execute(&format!("DROP SCHEMA {s} CASCADE"))
+            .await
+            .unwrap();
+    }
+}
