@@ -2,13 +2,13 @@
 //! backlogs left in the outbox (BENCHMARKS.md, "The outbox relay").
 //!
 //! What it measures is the backlog **due at its start**, and only that: those rows, counted
-//! once, and the time until every one of them is SENT. Rows written during the drain (a
-//! timeout-cancel's events when the backlog's orders reach their deadline, a compensation's
-//! release) are not part of it, and a row of it the relay has claimed (its lease pushes
-//! `next_attempt_at` ahead) or put off after a failed send is still owed. Counting "PENDING and
-//! due now" instead, as this scenario once did, could stop at a moment when the backlog's last
-//! rows were leased (too early) and then fail on rows that had just been written (16 of them,
-//! once): the verdict depended on when it was read.
+//! once, and the time until every one of them is SENT. A row of it the relay has claimed (its
+//! lease pushes `next_attempt_at` ahead) or put off after a failed send is still owed; a row
+//! written during the drain, or one not yet due at the start that comes due during it, is not
+//! part of it. Counting "PENDING and due now" instead, as this scenario once did, reads a
+//! figure that moves by itself: it can reach 0 while the backlog's last rows are leased or put
+//! off (too early), and a recount then finds rows due again (`left=16` once, after 106 s): the
+//! verdict depended on the moment it was read.
 
 use std::time::{Duration, Instant};
 
