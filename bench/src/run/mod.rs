@@ -9,6 +9,7 @@ mod fair;
 mod procs;
 mod relay;
 mod scenarios;
+mod tables;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

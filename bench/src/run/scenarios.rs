@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use super::procs::{poll_until, wait_ready};
+use super::tables::{like_pgbench_start, reset_order_tables};
 use super::{
     Run, API, API_READY, BASELINE, BASELINE_READY, CONSUME_METRICS, CONSUME_READY, SCAN_READY,
 };
@@ -75,59 +76,6 @@ async fn backlog(
         .await?;
     run.procs.stop("consume").await;
     Ok(line)
-}
-
-/// Processed messages of earlier sales in the inbox when a drain starts, as pgbench's runs
-/// start with (`INBOX_HISTORY` in bench/limits/limits.sh).
-const INBOX_HISTORY: i64 = 100_000;
-
-/// The tables an order transaction fills, as limits.sh's `reset_order_tables` lists them: emptied
-/// before each batched round ([`reset_order_tables`]), vacuumed before every drain
-/// ([`like_pgbench_start`]).
-const ORDER_TABLES: [&str; 5] = [
-    "consumer_inbox",
-    "reservations",
-    "orders",
-    "stock_ledger",
-    "event_outbox",
-];
-
-/// The order tables as pgbench's runs find theirs (bench/limits/limits.sh,
-/// `reset_order_tables`): an inbox holding `INBOX_HISTORY` processed messages of an earlier
-/// sale, every order table vacuumed and analyzed, a checkpoint taken. A production inbox has
-/// its history and autovacuum's statistics; a schema migrated a second ago has neither, and
-/// its first plans read the whole inbox (BENCHMARKS.md, "The order work's price").
-/// `BENCH_FRESH_START=1` leaves the tables as the migration and earlier scenarios left them
-/// (the figures before this start was added).
-async fn like_pgbench_start(run: &Run) -> anyhow::Result<()> {
-    if std::env::var("BENCH_FRESH_START").is_ok_and(|v| v == "1") {
-        eprintln!("[bench] BENCH_FRESH_START=1: the order tables as they are, never analyzed");
-        return Ok(());
-    }
-    let group = seckill::mq::Names::of(&run.settings).order_create_group;
-    let s = &run.schema;
-    let have = run
-        .count("SELECT count(*) FROM {s}.consumer_inbox WHERE activity_id = 0")
-        .await;
-    let sql = format!(
-        "INSERT INTO {s}.consumer_inbox
-             (consumer_group, message_id, topic, reservation_id, order_id, status, decision,
-              received_at, updated_at, activity_id)
-         SELECT $1, 'evt_old' || lpad(i::text, 23, '0'), 'history',
-                'rsv_old' || lpad(i::text, 23, '0'), 'ord_old' || lpad(i::text, 23, '0'),
-                'SUCCEEDED', 'CREATED', now() - interval '1 day', now() - interval '1 day', 0
-         FROM generate_series($2::int8 + 1, $3::int8) AS i"
-    );
-    run.pg
-        .execute(sql.as_str(), &[&group, &have.max(0), &INBOX_HISTORY])
-        .await?;
-    for table in std::iter::once("stock_buckets").chain(ORDER_TABLES) {
-        run.pg
-            .batch_execute(&format!("VACUUM ANALYZE {s}.{table}"))
-            .await?;
-    }
-    run.pg.batch_execute("CHECKPOINT").await?;
-    Ok(())
 }
 
 /// Waits (up to 3 minutes) until the relay has published every outbox row due now, so a
@@ -436,21 +384,6 @@ async fn batched_rounds(run: &mut Run, stock: i64, messages: usize) -> anyhow::R
             listed.join("/")
         )),
     );
-    Ok(())
-}
-
-/// The order tables pgbench's runs truncate before each run (bench/limits/limits.sh,
-/// `reset_order_tables`), emptied in the bench's schema; [`like_pgbench_start`] then puts back
-/// the inbox's history, vacuums and checkpoints. Only the rows of drains already checked are
-/// lost: the rounds run first among the scenarios that write orders.
-async fn reset_order_tables(run: &Run) -> anyhow::Result<()> {
-    let tables: Vec<String> = ORDER_TABLES
-        .iter()
-        .map(|t| format!("{}.{t}", run.schema))
-        .collect();
-    run.pg
-        .batch_execute(&format!("TRUNCATE {}", tables.join(", ")))
-        .await?;
     Ok(())
 }
 

@@ -218,14 +218,17 @@ impl Relay {
 
     /// Updates the backlog gauges (and the refunds owed).
     pub async fn observe(&self) -> anyhow::Result<()> {
-        let client = self.pool.get().await?;
+        let mut client = self.pool.get().await?;
         let lead = self.settings.scan.timer_lead_secs as f64;
+        let tx = client.transaction().await?;
+        outbox::on_partial_indexes(&tx).await?;
         // Both readings in one round trip (tokio-postgres pipelines concurrent queries on one
         // connection); the refunds owed ride along (docs/ARCHITECTURE.md#refund-obligations).
         let (b, r) = tokio::try_join!(
-            outbox::backlog(&**client, lead),
-            crate::pg::refunds::backlog(&**client)
+            outbox::backlog(&*tx, lead),
+            crate::pg::refunds::backlog(&*tx)
         )?;
+        tx.commit().await?;
         metrics::gauge!("outbox_pending").set(b.due as f64);
         metrics::gauge!("outbox_pending_oldest_age_seconds").set(b.oldest_due_age_secs);
         metrics::gauge!("outbox_not_yet_due").set(b.not_yet_due as f64);
