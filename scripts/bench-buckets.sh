@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# make bench-buckets: how one hot SKU scales with stock buckets (docs/ARCHITECTURE.md#stock-buckets),
-# measured in one run on this machine.
+# make bench-buckets: how one hot SKU scales with stock buckets
+# (docs/architecture/redis.md#stock-buckets), measured in one run on this machine.
 #
 #   1. Redis: the reservation script's rate for one hot SKU (seckill-bench reserve: the
 #      API's script and keys, nothing sent) on the one Redis, then on the Redis Cluster

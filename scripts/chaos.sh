@@ -14,7 +14,8 @@
 # Kills are SIGKILL followed by a restart. Redis is the project's own for this run (port
 # CHAOS_REDIS_PORT, 6390, `appendonly yes`, `appendfsync everysec`, data under
 # ~/.cache/seckill/chaos-redis), restarted with SHUTDOWN (which writes the append-only file)
-# while the roles keep running: what docs/ARCHITECTURE.md assumes of Redis, tested rather than stated.
+# while the roles keep running: what docs/ARCHITECTURE.md#assumptions assumes of Redis, tested
+# rather than stated.
 # Then it waits for the pipeline to converge, checks the invariants and the load generator's
 # history of every request (seckill-bench load --tolerate-faults) and runs `seckill reconcile
 # --fail-on-drift`. Prints the faults by phase and the verdicts; the last line is

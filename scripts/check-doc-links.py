@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Every relative link in the project's Markdown, and every alert's `runbook:` annotation,
-points at a file that exists and, when it names an anchor, at a heading that exists.
+"""Every relative link in the project's Markdown, every alert's `runbook:` annotation, and every
+document a source file names from the repository's root (`docs/architecture/recovery.md#outbox-relay`
+in a comment, `BENCHMARKS.md` in a script) points at a file that exists and, when it names an
+anchor, at a heading that exists.
 
 The docs are split across README.md, BENCHMARKS.md and docs/; a section moved from one file to
 another must not leave a link or an alert's runbook pointing at nothing.
@@ -16,6 +18,10 @@ import tempfile
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 RUNBOOK = re.compile(r"runbook:\s*(\S+)")
 FENCE = re.compile(r"^(```|~~~)")
+# A document named from the repository's root in code, configuration or scripts.
+CODE_REF = re.compile(r"(?<![\w./-])((?:docs/[\w/.-]+|[A-Z][A-Z_]*)\.md)(?:#([\w-]+))?")
+CODE_DIRS = ("src", "tests", "bench", "scripts", "config", "deploy", "migrations", ".ci")
+CODE_FILES = ("Makefile", "Cargo.toml", "Containerfile")
 
 
 def slug(heading):
@@ -82,6 +88,35 @@ def markdown_files(root):
     return sorted(files)
 
 
+def code_files(root):
+    out = [os.path.join(root, f) for f in CODE_FILES if os.path.exists(os.path.join(root, f))]
+    for d in CODE_DIRS:
+        for dirpath, dirs, names in os.walk(os.path.join(root, d)):
+            dirs[:] = [x for x in dirs if x not in ("target", "node_modules")]
+            out.extend(os.path.join(dirpath, n) for n in names if not n.endswith(".md"))
+    return sorted(out)
+
+
+def check_code(root, cache):
+    """Documents named from the root in code, configuration and scripts."""
+    problems = []
+    for path in code_files(root):
+        if os.path.abspath(path) == os.path.abspath(__file__):
+            continue  # its self-test names documents that do not exist
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (UnicodeDecodeError, OSError):
+            continue
+        for no, line in enumerate(text.split("\n"), 1):
+            for doc, anchor in CODE_REF.findall(line):
+                target = doc + (f"#{anchor}" if anchor else "")
+                why = check_target(root, root, target, cache)
+                if why:
+                    problems.append(f"{os.path.relpath(path, root)}:{no}: {target}: {why}")
+    return problems
+
+
 def check(root):
     problems, cache = [], {}
     for md in markdown_files(root):
@@ -103,7 +138,8 @@ def check(root):
                     why = check_target(root, root, target, cache)
                     if why:
                         problems.append(f"config/prometheus/{name}:{no}: {target}: {why}")
-    return problems
+    # The alert rules are under config/ too: each problem once.
+    return list(dict.fromkeys(problems + check_code(root, cache)))
 
 
 def self_test():
@@ -118,9 +154,15 @@ def self_test():
             f.write("# A\n\n### Alert X\n\n[up](../README.md#top) [self](#missing-here)\n")
         with open(os.path.join(root, "config", "prometheus", "alerts.yml"), "w") as f:
             f.write("runbook: docs/A.md#alert-x\nrunbook: README.md#alert-y\n")
+        os.makedirs(os.path.join(root, "src"))
+        with open(os.path.join(root, "src", "lib.rs"), "w") as f:
+            f.write("//! See docs/A.md#alert-x and README.md.\n"
+                    "/// Moved away: docs/A.md#gone-section, docs/Old.md.\n")
         found = check(root)
         want = ["docs/B.md: no such file", "docs/A.md#nothing: no heading",
-                "#missing-here: no heading", "README.md#alert-y: no heading"]
+                "#missing-here: no heading", "README.md#alert-y: no heading",
+                "src/lib.rs:2: docs/A.md#gone-section: no heading",
+                "src/lib.rs:2: docs/Old.md: no such file"]
         for w in want:
             assert any(w in p for p in found), f"self-test: expected a problem containing {w!r}: {found}"
         assert len(found) == len(want), f"self-test: unexpected problems: {found}"
@@ -138,7 +180,8 @@ def main():
     if problems:
         print(f"check-doc-links: {len(problems)} broken link(s)", file=sys.stderr)
         return 1
-    print(f"check-doc-links OK ({len(markdown_files(root))} files)")
+    print(f"check-doc-links OK ({len(markdown_files(root))} documents, "
+          f"{len(code_files(root))} source files read)")
     return 0
 
 

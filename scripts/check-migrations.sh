@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The upgrade rule made mechanical (docs/ARCHITECTURE.md#upgrades): expand, deploy, contract.
-# During a rolling deploy the previous release's roles run against the new schema, so a
-# migration may drop or rename a table or a column only once no code of the previous release
-# reads it. For every migration added since the previous release (the newest one RELEASES
-# records below HEAD: scripts/releases.sh; no tags needed), each
+# The upgrade rule made mechanical (docs/architecture/postgresql.md#upgrades): expand, deploy,
+# contract. During a rolling deploy the previous release's roles run against the new schema, so a
+# migration may drop or rename a table or a column only once no code of the previous release reads
+# it. For every migration added since the previous release (the newest one RELEASES records below
+# HEAD: scripts/releases.sh; no tags needed), each
 #   DROP TABLE t | DROP COLUMN c | RENAME TO t | RENAME [COLUMN] c TO d
 # names an identifier; if the previous release's src/ still has it as a word, the check fails
 # and says where. Constraints and indexes are not the code's business and are not checked.

@@ -7,7 +7,7 @@
 # over to its replica (DEMO_REDIS_FAULT=kill: SIGKILLs that primary instead); the
 # sale goes on through both APIs against the one broker left, and the dead one comes back 10 s
 # later (what it held and nobody consumed is sent again through the live one meanwhile:
-# docs/ARCHITECTURE.md#a-dead-brokers-messages). Half
+# docs/architecture/messages.md#a-dead-brokers-messages). Half
 # the orders are paid and the rest expire. At the end the second broker is stopped and its
 # store removed.
 # The last line is machine-readable: DEMO OK ... / DEMO FAILED ...
@@ -128,7 +128,8 @@ set -e
 wait "$faults_pid" || true
 cat "$RUN_DIR/faults.log"
 if [[ "$status" -ne 0 ]]; then tail -5 "$RUN_DIR/bench.log"; fi
-# What the scanners sent again that the dead broker held (docs/ARCHITECTURE.md#a-dead-brokers-messages).
+# What the scanners sent again that the dead broker held
+# (docs/architecture/messages.md#a-dead-brokers-messages).
 resent=0 requeued=0
 for port in 19121 19122; do
   m="$(curl -fsS "http://127.0.0.1:$port/metrics" 2>/dev/null || true)"

@@ -42,7 +42,7 @@ trap stop_roles EXIT
 "$BIN" api >"$RUN_DIR/api.log" 2>&1 &
 pids+=($!)
 # The roles whose work can wait run at nice 10, as deploy/systemd weighs them
-# (docs/ARCHITECTURE.md#scheduling-weights).
+# (docs/architecture/roles.md#scheduling-weights).
 nice -n 10 "$BIN" consume ${WORKERS:+--workers "$WORKERS"} >"$RUN_DIR/consume.log" 2>&1 &
 pids+=($!)
 nice -n 10 "$BIN" scan >"$RUN_DIR/scan.log" 2>&1 &

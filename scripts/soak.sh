@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# make soak: a long sale at a steady rate, watched while it runs (docs/ARCHITECTURE.md#seckill-bench).
-# SOAK_RATE reservations a second (default 300), each from a new buyer, for SOAK_DURATION_SECS
-# (600), against api, consume, scan and timeout-cancel; SOAK_PAY_SHARE (0.5) of the orders are
-# paid within their SOAK_PAY_WINDOW_SECS (30) pay window, the rest expire and are cancelled all
-# along the run. Every SOAK_SAMPLE_SECS (15) one SAMPLE line: memory of every role and the
-# broker, Redis memory, PostgreSQL table sizes, each consumer group's lag and oldest age, the
-# orders created and cancelled with their ages, the orders overdue for a cancel. The last line:
+# make soak: a long sale at a steady rate, watched while it runs
+# (docs/architecture/roles.md#seckill-bench). SOAK_RATE reservations a second (default 300), each
+# from a new buyer, for SOAK_DURATION_SECS (600), against api, consume, scan and timeout-cancel;
+# SOAK_PAY_SHARE (0.5) of the orders are paid within their SOAK_PAY_WINDOW_SECS (30) pay window, the
+# rest expire and are cancelled all along the run. Every SOAK_SAMPLE_SECS (15) one SAMPLE line:
+# memory of every role and the broker, Redis memory, PostgreSQL table sizes, each consumer group's
+# lag and oldest age, the orders created and cancelled with their ages, the orders overdue for a
+# cancel. The last line:
 #   SOAK OK|FAILED duration_s=… created_per_s=… canceled_per_s=… cancel_p50_s=… cancel_p99_s=…
 #        rss_slope_mib_per_min=api:…,consume:…,… violations=N
 # and the run fails on an invariant violation, an expiry→cancel p99 above 5 s, a role whose

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make test-upgrade: a sale running on the previous release is upgraded to this checkout the way
-# docs/ARCHITECTURE.md#upgrades says, without stopping it, and nothing is lost or doubled.
+# docs/architecture/postgresql.md#upgrades says, without stopping it, and nothing is lost or
+# doubled.
 #
 #  1. The previous release (the newest one RELEASES records below HEAD, or UPGRADE_FROM=<version>
 #     of RELEASES: scripts/releases.sh; no tags needed) is built from its recorded commit once

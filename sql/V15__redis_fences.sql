@@ -1,4 +1,4 @@
--- When Redis forgets acknowledged writes (docs/ARCHITECTURE.md#when-redis-forgets): one row per
+-- When Redis forgets acknowledged writes (docs/architecture/redis.md#when-redis-forgets): one row per
 -- time an activity's Redis state was found behind what it had answered, or an operator asked
 -- for a rebuild. While a row is open (resumed_at NULL) the activity admits no reservation;
 -- the scanner waits until every message sent before the fence is consumed (drained_at),

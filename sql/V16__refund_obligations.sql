@@ -1,4 +1,4 @@
--- Refunds the shop owes (docs/ARCHITECTURE.md#refund-obligations): the payment provider
+-- Refunds the shop owes (docs/architecture/recovery.md#refund-obligations): the payment provider
 -- confirmed a payment that no order could take (the order was cancelled or past its payment
 -- window, already paid with another payment, or the amount was not the order's). The buyer's
 -- money has left their account; this row is the shop's durable promise to give it back,

@@ -1,5 +1,5 @@
 -- One batch id for every row an operator's replay or discard touched in one command
--- (docs/ARCHITECTURE.md#dead-letters): `seckill dlq replay --fingerprint` replays a whole
+-- (docs/architecture/recovery.md#dead-letters): `seckill dlq replay --fingerprint` replays a whole
 -- group of failures, a sample first, under one id, so the audit answers "what did that
 -- replay do" in one query. Rows from before carry none.
 -- An expand step: nothing of an earlier release reads or writes it.

@@ -1,5 +1,5 @@
 -- Replays read from a source topic (`seckill dlq replay --from-source`,
--- docs/ARCHITECTURE.md#dead-letters): a message the consumer group never applied, found in the
+-- docs/architecture/recovery.md#dead-letters): a message the consumer group never applied, found in the
 -- topic itself rather than in a dead-letter table, is named on its audit row by where the broker
 -- stored it (`<topic>@<broker>:<queue>:<offset>`). An expand step: the check is looser than the
 -- one it replaces, so a release that does not know the column still writes valid rows.

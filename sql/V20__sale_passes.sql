@@ -1,4 +1,4 @@
--- Sale passes (docs/ARCHITECTURE.md#sale-passes): an activity with pass_limit set sells only to
+-- Sale passes (docs/architecture/hot-path.md#sale-passes): an activity with pass_limit set sells only to
 -- buyers holding a pass, at most pass_limit of them issued, one per buyer, registered between
 -- pass_registration_opens_at and pass_registration_closes_at (the sale's start when NULL), with
 -- a proof of work of pass_pow_difficulty counters (0: none). passes_issued counts what

@@ -1,7 +1,7 @@
 //! Gathering: concurrent callers' work joined into shared round trips, each caller answered
 //! with its own outcomes. Used by the hot path's broker sends (`mq::batching`) and by the
 //! order consumer, whose listener calls share PostgreSQL transactions
-//! (docs/ARCHITECTURE.md#gathering-batches-across-queues).
+//! (docs/architecture/order-creation.md#gathering-batches-across-queues).
 //!
 //! - **Natural batching.** A batch starts as soon as a slot is free (at most `limit(head)`
 //!   batches in flight, where `head` is the first waiting caller's items; `limit` is read

@@ -1,6 +1,6 @@
 //! Every HTTP listener of the project (the buyers' API, the admin listener, each role's ops
 //! endpoints) is served here, with limits a slow or hostile client cannot get around
-//! (docs/ARCHITECTURE.md#slow-clients):
+//! (docs/architecture/hot-path.md#slow-clients):
 //!
 //! - HTTP/1.1 only: a load balancer, a scraper and an operator's `curl` all speak it, and one
 //!   protocol means one set of bounds (an HTTP/2 preface is refused and the connection closed);

@@ -1,4 +1,4 @@
-//! The invariants (docs/ARCHITECTURE.md#invariants), checked from PostgreSQL's books
+//! The invariants (docs/architecture/invariants.md#invariants), checked from PostgreSQL's books
 //! (`pg::books`) and Redis reads.
 //! Used by `seckill-bench load`, the demo and the integration tests; a violation is a bug,
 //! never noise.
@@ -196,8 +196,8 @@ async fn conserved_per_bucket(
     f: &SkuFigures,
     v: &mut Vec<String>,
 ) -> anyhow::Result<()> {
-    // ... and per stock bucket (docs/ARCHITECTURE.md#stock-buckets): each row's units taken and
-    // given back are its own ledger entries, and each valid order's unit is its bucket's.
+    // ... and per stock bucket (docs/architecture/redis.md#stock-buckets): each row's units taken
+    // and given back are its own ledger entries, and each valid order's unit is its bucket's.
     for (bucket, total, remaining, ledger, orders) in
         books::bucket_books(pg, f.activity_id, f.sku_id).await?
     {

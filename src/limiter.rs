@@ -1,5 +1,5 @@
 //! Adaptive concurrency limit for order transactions
-//! (docs/ARCHITECTURE.md#worker-budget): AIMD.
+//! (docs/architecture/order-creation.md#worker-budget): AIMD.
 //!
 //! The worker budget (`config::budget::order_budget`) is a ceiling measured
 //! once; what PostgreSQL sustains right now can be lower (a vacuum, a slow disk, another

@@ -1,6 +1,6 @@
 //! Graceful shutdown: every long-running role waits on [`shutdown_signal`], then stops taking
 //! work, drains what is in flight within its grace period, and never acknowledges work that
-//! is not committed (docs/ARCHITECTURE.md#graceful-shutdown).
+//! is not committed (docs/architecture/roles.md#graceful-shutdown).
 //!
 //! A role's background loops run under a [`Watchdog`]: when one ends before shutdown was
 //! asked for, or panics, the role turns not ready for good (`/readyz` 503), stops the way it

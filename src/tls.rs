@@ -1,4 +1,4 @@
-//! TLS to PostgreSQL and Redis (docs/ARCHITECTURE.md#secrets): rustls, the server's
+//! TLS to PostgreSQL and Redis (docs/architecture/security.md#secrets): rustls, the server's
 //! certificate checked against a CA file (or the system's roots) and its name against the host
 //! the URL names.
 

@@ -1,4 +1,5 @@
-//! `seckill-bench crowd`: who gets the units of a contested start (docs/ARCHITECTURE.md#a-fair-start).
+//! `seckill-bench crowd`: who gets the units of a contested start
+//! (docs/architecture/hot-path.md#a-fair-start).
 //!
 //! A mixed crowd against one SKU of an activity that starts at `--starts-at-ms`:
 //! - scripted buyers: `--bots` accounts run by one operator, each firing `--bot-lead-ms` before

@@ -1,5 +1,5 @@
 //! `seckill-bench payments`: the payment path's ORDER_PAID delivered through the outbox and as
-//! a RocketMQ transaction message, side by side (docs/ARCHITECTURE.md#delivering-events).
+//! a RocketMQ transaction message, side by side (docs/architecture/messages.md#delivering-events).
 //!
 //! For each mode, on a schema and topics of its own: `--orders` unpaid orders are written
 //! straight into PostgreSQL, the API (in this process, `events.order_paid` = the mode) and the

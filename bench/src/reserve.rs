@@ -1,6 +1,6 @@
 //! `seckill-bench reserve`: the reservation script's own rate for one hot SKU, with its stock
 //! split into `--buckets` stock buckets, and, on Redis Cluster, each primary's share of the
-//! calls (docs/ARCHITECTURE.md#stock-buckets).
+//! calls (docs/architecture/redis.md#stock-buckets).
 //!
 //! It warms one activity (Redis only) with twice as many units as requests, then makes `--requests`
 //! reservations, one per buyer, `--concurrency` at a time, through `RedisStore::reserve` (the

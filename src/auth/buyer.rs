@@ -1,4 +1,4 @@
-//! Buyer identity from a verified token (docs/ARCHITECTURE.md#buyer-tokens).
+//! Buyer identity from a verified token (docs/architecture/security.md#buyer-tokens).
 //!
 //! The shop's login (or its gateway) signs a JWT for the buyer: RS256, PS256, ES256 or EdDSA
 //! with a private key only it holds; the API verifies with the public keys of a JWKS, from a

@@ -1,11 +1,11 @@
-//! Verified buyer tokens, remembered (docs/ARCHITECTURE.md#buyer-tokens): a buyer's retries
-//! during a sale carry the same token, and each would otherwise cost a signature check. Like
-//! Envoy's `jwt_authn` cache, an entry is keyed by a SHA-256 of the *whole* token (header,
-//! claims and signature), so only the exact bytes that verified hit: a token with one bit of
-//! its signature changed is another key, verified in full, and never stored unless it verifies.
-//! An entry is kept no longer than the token's own `exp` (plus the leeway the verifier allows),
-//! the cache holds at most `auth.token_cache_entries` (S3-FIFO eviction), and it is emptied
-//! whenever the key set changes, so a key the provider withdrew verifies nothing from memory.
+//! Verified buyer tokens, remembered (docs/architecture/security.md#buyer-tokens): a buyer's
+//! retries during a sale carry the same token, and each would otherwise cost a signature check.
+//! Like Envoy's `jwt_authn` cache, an entry is keyed by a SHA-256 of the *whole* token (header,
+//! claims and signature), so only the exact bytes that verified hit: a token with one bit of its
+//! signature changed is another key, verified in full, and never stored unless it verifies. An
+//! entry is kept no longer than the token's own `exp` (plus the leeway the verifier allows), the
+//! cache holds at most `auth.token_cache_entries` (S3-FIFO eviction), and it is emptied whenever
+//! the key set changes, so a key the provider withdrew verifies nothing from memory.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -1,4 +1,4 @@
-//! Who a caller is (docs/ARCHITECTURE.md#security-model): a buyer by a verified token
+//! Who a caller is (docs/architecture/security.md#security-model): a buyer by a verified token
 //! (`buyer`), the payment provider by a signed notification (`signature`), an operator by the
 //! admin token (`admin_token_matches`).
 

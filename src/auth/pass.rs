@@ -1,5 +1,5 @@
-//! Sale passes (docs/ARCHITECTURE.md#sale-passes): a signed, single-use right to buy in one
-//! activity, issued to one buyer before the sale.
+//! Sale passes (docs/architecture/hot-path.md#sale-passes): a signed, single-use right to buy in
+//! one activity, issued to one buyer before the sale.
 //!
 //! A pass reads `sp1.<activity_id>.<user_id>.<pass_id>.<signature>`, the signature the
 //! base64url HMAC-SHA256 of everything before it under one of `passes.secrets` (the first

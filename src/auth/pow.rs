@@ -1,6 +1,6 @@
-//! The proof of work a pass registration may require (docs/ARCHITECTURE.md#sale-passes): an
-//! ALTCHA challenge (the `altcha` crate, PoW v2, deterministic mode), bound to one buyer and
-//! one activity, whose work grows with the registrations this instance is asked for.
+//! The proof of work a pass registration may require (docs/architecture/hot-path.md#sale-passes):
+//! an ALTCHA challenge (the `altcha` crate, PoW v2, deterministic mode), bound to one buyer and one
+//! activity, whose work grows with the registrations this instance is asked for.
 //!
 //! The API picks a counter in `[d/2, d]` for difficulty `d` and hands out the challenge the
 //! key it derives names; the client tries counters from 0 until one derives that key (about

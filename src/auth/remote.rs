@@ -1,5 +1,5 @@
 //! The identity provider's keys from its JWKS URL (`auth.jwks_url`;
-//! docs/ARCHITECTURE.md#buyer-tokens).
+//! docs/architecture/security.md#buyer-tokens).
 //!
 //! - Fetched at start and every `auth.jwks_refresh_secs`; until a first fetch succeeds the
 //!   API is not ready and answers buyers 503 (the fault is ours, not theirs).

@@ -1,4 +1,4 @@
-//! Signed payment notifications (docs/ARCHITECTURE.md#security-model).
+//! Signed payment notifications (docs/architecture/security.md#security-model).
 //!
 //! The payment provider signs each notification with a secret it shares with this service:
 //! `Seckill-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<raw body>">`. A header may

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::ConfigError;
 
 /// The shortest admin token accepted: 32 bytes, so guessing it is out of reach even before the
-/// admin listener's throttle (docs/ARCHITECTURE.md#admin-surface).
+/// admin listener's throttle (docs/architecture/security.md#admin-surface).
 pub const MIN_ADMIN_TOKEN_BYTES: usize = 32;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -27,10 +27,10 @@ pub struct ApiSettings {
     /// Bearer token for the admin listener; empty: no admin listener. A secret, never printed.
     pub admin_token: SecretString,
     /// Where the admin listener (pause, resume, status, outbox requeue) listens: keep it off
-    /// the buyers' load balancer (docs/ARCHITECTURE.md#admin-surface).
+    /// the buyers' load balancer (docs/architecture/security.md#admin-surface).
     pub admin_listen: SocketAddr,
     /// Where `api` serves /metrics, /healthz, /readyz for operators: the buyers' port serves
-    /// no metrics (docs/ARCHITECTURE.md#security-model).
+    /// no metrics (docs/architecture/security.md#security-model).
     pub metrics_listen: SocketAddr,
     /// Seconds from SIGTERM to exit at most: the drain delay, then in-flight requests.
     pub shutdown_grace_secs: u64,
@@ -38,9 +38,10 @@ pub struct ApiSettings {
     /// balancer's health check takes the instance out before anything is refused (0: close at
     /// once, for an instance no balancer sends to).
     pub drain_delay_ms: u64,
-    /// Fail closed (docs/ARCHITECTURE.md#fail-closed-admission): new reservations get 503 SALE_PAUSED while the oldest
-    /// unconfirmed reservation (or the order-create lag) is older than this share of the
-    /// reservation validity; admission resumes once it is back under half of that.
+    /// Fail closed (docs/architecture/hot-path.md#fail-closed-admission): new reservations get 503
+    /// SALE_PAUSED while the oldest unconfirmed reservation (or the order-create lag) is older than
+    /// this share of the reservation validity; admission resumes once it is back under half of
+    /// that.
     pub fail_closed_share: f64,
     /// How often the admission check runs.
     pub admission_check_ms: u64,
@@ -192,7 +193,7 @@ impl ApiSettings {
     }
 }
 
-/// Who the buyer of a request is (docs/ARCHITECTURE.md#security-model).
+/// Who the buyer of a request is (docs/architecture/security.md#security-model).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BuyerIdentity {
@@ -348,7 +349,7 @@ pub fn check_jwks_url(url: &str) -> Result<(), ConfigError> {
     }
 }
 
-/// `[passes]`: sale passes (docs/ARCHITECTURE.md#sale-passes) and the proof of work their
+/// `[passes]`: sale passes (docs/architecture/hot-path.md#sale-passes) and the proof of work their
 /// registration may require.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]

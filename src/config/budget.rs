@@ -1,9 +1,9 @@
-//! The worker budgets (docs/ARCHITECTURE.md#worker-budget: how many order and cancel
+//! The worker budgets (docs/architecture/order-creation.md#worker-budget: how many order and cancel
 //! transactions one process runs at once) and the connection budget
-//! (docs/ARCHITECTURE.md#connection-budget): every PostgreSQL pool each role opens, from the
-//! same numbers the roles size them with, times each role's instance count, against
-//! `pg.max_connections`. Each role checks it at start-up (exit 2 naming `pg.max_connections`
-//! when the fleet would open more); `seckill budget` prints it.
+//! (docs/architecture/order-creation.md#connection-budget): every PostgreSQL pool each role opens,
+//! from the same numbers the roles size them with, times each role's instance count, against
+//! `pg.max_connections`. Each role checks it at start-up (exit 2 naming `pg.max_connections` when
+//! the fleet would open more); `seckill budget` prints it.
 
 use serde::Serialize;
 
@@ -57,9 +57,9 @@ pub struct ConnectionBudget {
     pub max_connections: u32,
 }
 
-/// The worker budget (docs/ARCHITECTURE.md#worker-budget): order transactions one `consume`
-/// process runs at once, `pg.safe_concurrency × pg.order_share / pg.consume_instances`, at
-/// least 1.
+/// The worker budget (docs/architecture/order-creation.md#worker-budget): order transactions one
+/// `consume` process runs at once, `pg.safe_concurrency × pg.order_share / pg.consume_instances`,
+/// at least 1.
 pub fn order_budget(pg: &PgSettings) -> usize {
     budget(pg.safe_concurrency, pg.order_share, pg.consume_instances())
 }

@@ -88,9 +88,9 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// How long a request may wait for its activity's draw (docs/ARCHITECTURE.md#a-fair-start):
-    /// its own time (`api.request_timeout_ms`) less one send and 500 ms for the answer. A fair
-    /// window is at most this.
+    /// How long a request may wait for its activity's draw
+    /// (docs/architecture/hot-path.md#a-fair-start): its own time (`api.request_timeout_ms`) less
+    /// one send and 500 ms for the answer. A fair window is at most this.
     pub fn draw_hold_ms(&self) -> u64 {
         self.api
             .request_timeout_ms

@@ -14,7 +14,7 @@ pub struct MqSettings {
     /// RocketMQ writes them (or `,`): the client asks the next when one does not answer.
     pub name_server: String,
     /// The master brokers topics are created on, `host:port`, comma-separated when the
-    /// cluster has several (docs/ARCHITECTURE.md#two-brokers).
+    /// cluster has several (docs/architecture/messages.md#two-brokers).
     pub broker_addr: String,
     pub cluster: String,
     /// Bound on one synchronous send; past it the outcome is UNKNOWN (never a release).
@@ -31,8 +31,8 @@ pub struct MqSettings {
     /// Broker calls the API has in flight at once.
     pub send_batches_in_flight: usize,
     /// The ORDER_CREATE_REQUESTED schema the API and the scanner write: 1, or 2 (adds the
-    /// buyer's channel) once every consumer reads v2 (docs/ARCHITECTURE.md#upgrades). Optional,
-    /// so a configuration written for an earlier release still loads.
+    /// buyer's channel) once every consumer reads v2 (docs/architecture/postgresql.md#upgrades).
+    /// Optional, so a configuration written for an earlier release still loads.
     #[serde(default = "first_schema")]
     pub order_event_schema: i32,
 }
@@ -133,7 +133,8 @@ impl MqSettings {
     }
 }
 
-/// How an event PostgreSQL originates reaches the broker (docs/ARCHITECTURE.md#delivering-events).
+/// How an event PostgreSQL originates reaches the broker
+/// (docs/architecture/messages.md#delivering-events).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum EventDelivery {

@@ -13,14 +13,16 @@ pub struct PgSettings {
     pub url: SecretString,
     /// Schema holding the tables; tests give each run its own.
     pub schema: String,
-    /// Order transactions the database sustains at once (measured, not guessed: docs/ARCHITECTURE.md#worker-budget).
+    /// Order transactions the database sustains at once (measured, not guessed:
+    /// docs/architecture/order-creation.md#worker-budget).
     pub safe_concurrency: u32,
     /// Share of that concurrency the order consumers may use; the rest is for payment, queries, ops.
     pub order_share: f64,
     /// Share of it the timeout cancel may use (`order_share + cancel_share <= 1`).
     pub cancel_share: f64,
     /// Connections the whole fleet may open on the database: its `max_connections` less the
-    /// superuser reserve and every other client (docs/ARCHITECTURE.md#connection-budget).
+    /// superuser reserve and every other client
+    /// (docs/architecture/order-creation.md#connection-budget).
     #[serde(default = "default_max_connections")]
     pub max_connections: u32,
     /// Instances of each role against this database: the worker budgets are divided among
@@ -64,7 +66,7 @@ pub enum PgTls {
     Verify,
 }
 
-/// How the reservation store is deployed (docs/ARCHITECTURE.md#redis-cluster).
+/// How the reservation store is deployed (docs/architecture/redis.md#redis-cluster).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RedisMode {

@@ -17,17 +17,19 @@ pub struct ConsumerSettings {
     /// batches the gathering sees together. Past the worker budget they wait in memory.
     pub listener_calls: usize,
     /// How long an order transaction that is not full waits for more calls to join it
-    /// (docs/ARCHITECTURE.md#gathering-batches-across-queues); 0: natural batching only.
+    /// (docs/architecture/order-creation.md#gathering-batches-across-queues); 0: natural batching
+    /// only.
     pub gather_wait_ms: u64,
-    /// One transaction per stock bucket (docs/ARCHITECTURE.md#gathering-batches-across-queues):
-    /// a listener call's messages are split by their reservation's bucket and each bucket's
-    /// are gathered apart, so K stock rows are locked by K transactions side by side. Off: a
-    /// transaction gathers every bucket's messages (and locks all their rows).
+    /// One transaction per stock bucket
+    /// (docs/architecture/order-creation.md#gathering-batches-across-queues): a listener call's
+    /// messages are split by their reservation's bucket and each bucket's are gathered apart, so K
+    /// stock rows are locked by K transactions side by side. Off: a transaction gathers every
+    /// bucket's messages (and locks all their rows).
     pub bucket_lanes: bool,
-    /// Peak shaving inside the consumer (docs/ARCHITECTURE.md#pacing-during-a-burst): while the
-    /// first waiting reservation is younger than this, one order transaction runs at a time
-    /// and the backlog waits, leaving the CPU to the roles that answer buyers; past it the
-    /// adaptive limit applies in full. 0: off.
+    /// Peak shaving inside the consumer (docs/architecture/roles.md#pacing-during-a-burst): while
+    /// the first waiting reservation is younger than this, one order transaction runs at a time and
+    /// the backlog waits, leaving the CPU to the roles that answer buyers; past it the adaptive
+    /// limit applies in full. 0: off.
     pub pace_age_ms: u64,
     /// The adaptive limit of order transactions in flight shrinks when a transaction takes
     /// longer than this (begin to commit)...
@@ -53,12 +55,13 @@ pub struct ConsumerSettings {
     pub projection_workers: usize,
     pub projection_batch_size: usize,
     pub dlq_intake_workers: usize,
-    /// Non-core work steps aside while orders are behind (docs/ARCHITECTURE.md#projection): the
-    /// projection holds its batches while the order-create backlog's oldest message is older
-    /// than this many seconds, until it is back under half of it (0: never).
+    /// Non-core work steps aside while orders are behind
+    /// (docs/architecture/recovery.md#projection): the projection holds its batches while the
+    /// order-create backlog's oldest message is older than this many seconds, until it is back
+    /// under half of it (0: never).
     #[serde(default)]
     pub projection_defer_lag_secs: u64,
-    /// The fast lane (docs/ARCHITECTURE.md#the-fast-lane): once the messages handed over are
+    /// The fast lane (docs/architecture/roles.md#the-fast-lane): once the messages handed over are
     /// this many milliseconds old (the consumer is that far behind), those whose reservation
     /// has less than `fast_lane_margin_ms` of its validity left are rejected and compensated
     /// ahead of the queue instead of waiting for an order they could not get (0: off).
@@ -77,7 +80,7 @@ impl ConsumerSettings {
         let invalid = ConfigError::invalid;
         // A listener call carries at most one pull, which the broker caps at 32 messages (its
         // default maxTransferCountOnMessageInMemory): above 32 a transaction gathers calls
-        // (docs/ARCHITECTURE.md#gathering-batches-across-queues).
+        // (docs/architecture/order-creation.md#gathering-batches-across-queues).
         if self.batch_size == 0 || self.batch_size > 64 {
             return Err(invalid("consumer.batch_size", "must be in 1..=64"));
         }
@@ -144,14 +147,14 @@ pub struct ScanSettings {
     /// Cap of the re-send backoff (it starts at `api.resend_backoff_ms` and doubles).
     pub resend_backoff_cap_ms: u64,
     /// How long after its validity a refused, uncertain reservation waits before it is settled
-    /// from PostgreSQL (docs/ARCHITECTURE.md#uncertain-sends).
+    /// from PostgreSQL (docs/architecture/hot-path.md#uncertain-sends).
     pub settle_grace_ms: u64,
     /// A confirmed send the consumers have not taken this long after the group's progress
-    /// on the brokers that answer is sent again (docs/ARCHITECTURE.md#a-dead-brokers-messages);
-    /// 0: never.
+    /// on the brokers that answer is sent again
+    /// (docs/architecture/messages.md#a-dead-brokers-messages); 0: never.
     pub unconsumed_resend_ms: u64,
     /// How often the scanner looks for activities fenced after Redis lost writes, and rebuilds
-    /// those whose backlog has drained (docs/ARCHITECTURE.md#when-redis-forgets).
+    /// those whose backlog has drained (docs/architecture/redis.md#when-redis-forgets).
     pub resync_poll_ms: u64,
     /// Outbox rows one relay claims at a time.
     pub relay_batch: usize,
@@ -163,8 +166,8 @@ pub struct ScanSettings {
     pub relay_poll_ms: u64,
     /// A timer (CANCEL_IF_UNPAID, due at the order's payment deadline) waits in the outbox
     /// until this long before it is due, then the relay sends it
-    /// (docs/ARCHITECTURE.md#outbox-relay): a burst's timers leave the broker alone while the
-    /// burst lasts. Written into the outbox row by the order transaction.
+    /// (docs/architecture/recovery.md#outbox-relay): a burst's timers leave the broker alone while
+    /// the burst lasts. Written into the outbox row by the order transaction.
     pub timer_lead_secs: u64,
     pub relay_backoff_base_ms: u64,
     pub relay_backoff_cap_ms: u64,
@@ -231,7 +234,8 @@ pub struct TimeoutSettings {
     /// Where `timeout-cancel` serves /metrics, /healthz, /readyz.
     pub metrics_listen: SocketAddr,
     /// The second trigger: an order still unpaid this long after its deadline (its timer is
-    /// late or lost) is cancelled by the sweep over `orders` (docs/ARCHITECTURE.md#timeout-cancel-and-payment).
+    /// late or lost) is cancelled by the sweep over `orders`
+    /// (docs/architecture/recovery.md#timeout-cancel-and-payment).
     pub sweep_grace_ms: u64,
     /// How often the sweep looks.
     pub sweep_interval_ms: u64,

@@ -17,11 +17,11 @@ pub enum RejectReason {
     UnknownSku,
     /// Withdrawn before any copy of its message reached the consumer: an operator discarded
     /// its dead letter, or a re-send the broker refused after the reservation's validity was
-    /// settled from PostgreSQL (docs/ARCHITECTURE.md#uncertain-sends).
+    /// settled from PostgreSQL (docs/architecture/hot-path.md#uncertain-sends).
     Withdrawn,
     /// Still valid, but with less of its validity left than an order would take while the
     /// consumer is behind: rejected ahead of the queue by the fast lane
-    /// (`consumer.fast_lane_backlog_ms`, docs/ARCHITECTURE.md#the-fast-lane).
+    /// (`consumer.fast_lane_backlog_ms`, docs/architecture/roles.md#the-fast-lane).
     Expiring,
 }
 
@@ -123,8 +123,8 @@ pub enum PayOutcome {
 
 impl PayOutcome {
     /// The refund obligation's reason when the provider took the buyer's money and this
-    /// outcome leaves it with no order (docs/ARCHITECTURE.md#refund-obligations); `None` when
-    /// the payment settled its order, settled another (a reused id), or names no order.
+    /// outcome leaves it with no order (docs/architecture/recovery.md#refund-obligations); `None`
+    /// when the payment settled its order, settled another (a reused id), or names no order.
     pub fn refund_reason(&self) -> Option<&'static str> {
         match self {
             PayOutcome::Canceled => Some("ORDER_CANCELED"),

@@ -1,5 +1,5 @@
 //! The events PostgreSQL originates (through the outbox), one serde type each, with the
-//! deterministic id functions beside them (docs/ARCHITECTURE.md#downstream-events).
+//! deterministic id functions beside them (docs/architecture/messages.md#downstream-events).
 //!
 //! Producers (the order transaction, the state changes, reconcile) build these types and
 //! nothing else; consumers (compensation, projection, timeout cancel) parse them. A field a
@@ -194,8 +194,8 @@ impl OrderCanceled {
 }
 
 /// REFUND_REQUIRED: the provider confirmed a payment the order could not take
-/// (docs/ARCHITECTURE.md#refund-obligations); the shop owes it back. It rides on the order's
-/// stream without moving the order: `status` and `aggregate_version` are the order's as the
+/// (docs/architecture/recovery.md#refund-obligations); the shop owes it back. It rides on the
+/// order's stream without moving the order: `status` and `aggregate_version` are the order's as the
 /// payment found it, so a projection applying it by version changes nothing it should not.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RefundRequired {

@@ -1,5 +1,6 @@
 //! Business identifiers. The API mints all of them before it touches Redis, so every retry,
-//! re-send and replay of the same reservation carries the same ids (docs/ARCHITECTURE.md#identifiers).
+//! re-send and replay of the same reservation carries the same ids
+//! (docs/architecture/messages.md#identifiers).
 
 use ulid::Ulid;
 
@@ -19,7 +20,7 @@ pub struct Ids {
 
 impl Ids {
     /// Fresh ids for a reservation in `activity_id`, in its stock bucket `bucket`
-    /// (docs/ARCHITECTURE.md#stock-buckets; 0 when the stock is not split).
+    /// (docs/architecture/redis.md#stock-buckets; 0 when the stock is not split).
     pub fn generate(activity_id: i64, bucket: u16) -> Self {
         let reservation_id = if bucket == 0 {
             format!("rsv_{activity_id}_{}", Ulid::new())
@@ -37,10 +38,10 @@ impl Ids {
 /// Most stock buckets one activity's SKUs can be split into.
 pub const MAX_STOCK_BUCKETS: u16 = 64;
 
-/// The stock bucket a buyer reserves in, among `buckets` (docs/ARCHITECTURE.md#stock-buckets):
-/// always the same one for the same buyer, so one reservation per buyer and a repeated
-/// request id stay exact within one bucket. The user id is mixed first (SplitMix64), so
-/// consecutive ids spread over the buckets.
+/// The stock bucket a buyer reserves in, among `buckets`
+/// (docs/architecture/redis.md#stock-buckets): always the same one for the same buyer, so one
+/// reservation per buyer and a repeated request id stay exact within one bucket. The user id is
+/// mixed first (SplitMix64), so consecutive ids spread over the buckets.
 pub fn home_bucket(user_id: i64, buckets: u16) -> u16 {
     if buckets <= 1 {
         return 0;

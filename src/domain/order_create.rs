@@ -1,9 +1,9 @@
-//! `ORDER_CREATE_REQUESTED` (docs/ARCHITECTURE.md#the-order-create-message): the message between
-//! the API (or the re-send scanner) and the order consumer. `reservation_valid_until` is
+//! `ORDER_CREATE_REQUESTED` (docs/architecture/messages.md#the-order-create-message): the message
+//! between the API (or the re-send scanner) and the order consumer. `reservation_valid_until` is
 //! immutable and is the consumer's business deadline.
 //!
-//! Two schema versions are read (docs/ARCHITECTURE.md#upgrades): v1, and v2 = v1 plus the
-//! buyer's sales `channel`. Producers write the version `mq.order_event_schema` names, so a
+//! Two schema versions are read (docs/architecture/postgresql.md#upgrades): v1, and v2 = v1 plus
+//! the buyer's sales `channel`. Producers write the version `mq.order_event_schema` names, so a
 //! rollout upgrades every consumer before any producer writes v2.
 
 use chrono::{DateTime, Utc};

@@ -1,4 +1,4 @@
-//! Batched sends for the hot path (docs/ARCHITECTURE.md#batched-sends): concurrent `send`
+//! Batched sends for the hot path (docs/architecture/hot-path.md#batched-sends): concurrent `send`
 //! calls are gathered into small broker batches.
 //!
 //! One synchronous send per reservation tops out near 10,000 msg/s on this kind of machine

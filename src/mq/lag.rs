@@ -1,6 +1,6 @@
 //! Consumer groups' backlog, read from the broker through a [`LagProbe`]: the order-create
 //! lag the API's fail-closed admission reads, and every group's backlog the roles export as
-//! metrics (docs/ARCHITECTURE.md#metrics).
+//! metrics (docs/architecture/observability.md#metrics).
 
 use std::sync::Arc;
 use std::time::Duration;

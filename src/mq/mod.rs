@@ -110,8 +110,8 @@ impl LocalOutcome {
 }
 
 /// A half message the broker stored and holds back from consumers until its end arrives
-/// (docs/ARCHITECTURE.md#delivering-events). Dropping it without `end` leaves the decision to
-/// the check-back.
+/// (docs/architecture/messages.md#delivering-events). Dropping it without `end` leaves the decision
+/// to the check-back.
 #[async_trait::async_trait]
 pub trait HalfMessage: Send {
     /// Tells the broker what the local transaction came to. One way: an end that is lost
@@ -189,7 +189,7 @@ pub trait BatchHandler: Send + Sync + 'static {
 pub type SharedHandler = Arc<dyn BatchHandler>;
 
 /// The broker message for an ORDER_CREATE_REQUESTED event
-/// (docs/ARCHITECTURE.md#the-order-create-message): tag CREATE_ORDER, key
+/// (docs/architecture/messages.md#the-order-create-message): tag CREATE_ORDER, key
 /// reservation_id (plus order_id and request_id), identity in the `message_id` property.
 pub fn order_create_message(
     topic: &str,

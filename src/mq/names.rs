@@ -1,6 +1,7 @@
 //! Topic and consumer-group names, derived from the environment name.
 
-/// Topic and consumer-group names, derived from the environment name (docs/ARCHITECTURE.md#topics-and-groups).
+/// Topic and consumer-group names, derived from the environment name
+/// (docs/architecture/messages.md#topics-and-groups).
 #[derive(Debug, Clone)]
 pub struct Names {
     pub order_create_topic: String,

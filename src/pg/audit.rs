@@ -1,5 +1,5 @@
 //! The operators' audit trail (`admin_audit`): one row per action on the admin listener or the
-//! matching CLI, never purged (docs/ARCHITECTURE.md#admin-surface).
+//! matching CLI, never purged (docs/architecture/security.md#admin-surface).
 
 use tokio_postgres::GenericClient;
 

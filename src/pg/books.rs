@@ -1,6 +1,6 @@
-//! The reads the invariants relate (src/invariants.rs, docs/ARCHITECTURE.md#invariants): the
-//! figures of one activity SKU as PostgreSQL has them, and the rows that break a rule. Each
-//! is one statement; none writes.
+//! The reads the invariants relate (src/invariants.rs, docs/architecture/invariants.md#invariants):
+//! the figures of one activity SKU as PostgreSQL has them, and the rows that break a rule. Each is
+//! one statement; none writes.
 
 use tokio_postgres::{Error, GenericClient};
 
@@ -154,7 +154,7 @@ pub async fn paid_and_canceled(
 /// One stock bucket's books: (bucket, total, remaining, ledger sum, valid orders).
 pub type BucketBooks = (i16, i64, i64, i64, i64);
 
-/// Each stock bucket's own books (docs/ARCHITECTURE.md#stock-buckets), in bucket order.
+/// Each stock bucket's own books (docs/architecture/redis.md#stock-buckets), in bucket order.
 pub async fn bucket_books(
     pg: &impl GenericClient,
     activity_id: i64,

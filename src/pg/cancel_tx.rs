@@ -1,6 +1,6 @@
-//! The timeout-cancel transaction (docs/ARCHITECTURE.md#timeout-cancel-and-payment): a batch
-//! of CANCEL_ORDER_IF_UNPAID messages becomes one PostgreSQL transaction, set-based like order
-//! creation, so the way back costs a few round trips per batch, not per order.
+//! The timeout-cancel transaction (docs/architecture/recovery.md#timeout-cancel-and-payment): a
+//! batch of CANCEL_ORDER_IF_UNPAID messages becomes one PostgreSQL transaction, set-based like
+//! order creation, so the way back costs a few round trips per batch, not per order.
 //!
 //! Per message the guarantees of a single cancel hold: the message is claimed in the inbox
 //! (a duplicate is a no-op); only an order still unpaid (`CREATED`/`PAYING`) and expired by the
@@ -53,12 +53,13 @@ struct Canceled {
     facts: OrderRef,
     /// Seconds from its deadline to its cancel.
     late_secs: f64,
-    /// The stock row its unit came from, where it goes back (docs/ARCHITECTURE.md#stock-buckets).
+    /// The stock row its unit came from, where it goes back
+    /// (docs/architecture/redis.md#stock-buckets).
     stock_bucket: i16,
 }
 
 /// An ORDER_CANCELED drafted before its cancel commits, for a transaction message
-/// (docs/ARCHITECTURE.md#delivering-events): the half carries exactly this event, and the
+/// (docs/architecture/messages.md#delivering-events): the half carries exactly this event, and the
 /// cancel writes exactly it, or nothing.
 #[derive(Debug, Clone)]
 pub struct CanceledDraft {

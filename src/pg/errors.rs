@@ -1,5 +1,5 @@
 //! Sorting database failures by what the consumer does with them
-//! (docs/ARCHITECTURE.md#error-classes): transient ones
+//! (docs/architecture/order-creation.md#error-classes): transient ones
 //! roll back and wait for redelivery; anything unclassified is retried a limited number of
 //! times by the broker and then lands in the DLQ.
 

@@ -1,5 +1,5 @@
 //! The fences of activities whose Redis state cannot be trusted (`redis_fences`,
-//! docs/ARCHITECTURE.md#when-redis-forgets), and what a rebuild reads of an activity: every
+//! docs/architecture/redis.md#when-redis-forgets), and what a rebuild reads of an activity: every
 //! reservation PostgreSQL recorded, and a fingerprint that changes with any of them.
 
 use chrono::{DateTime, Utc};

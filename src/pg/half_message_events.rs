@@ -1,8 +1,8 @@
 //! The rows of events sent as RocketMQ transaction messages
-//! (docs/ARCHITECTURE.md#delivering-events): the local transaction writes the event's row as
-//! TRANSACTION, a status the relay never claims; the producer marks it SENT once it ended the
-//! half with a commit; the broker's check-back reads it; reconcile hands one left TRANSACTION
-//! past the horizon to the relay.
+//! (docs/architecture/messages.md#delivering-events): the local transaction writes the event's row
+//! as TRANSACTION, a status the relay never claims; the producer marks it SENT once it ended the
+//! half with a commit; the broker's check-back reads it; reconcile hands one left TRANSACTION past
+//! the horizon to the relay.
 
 use chrono::{DateTime, Utc};
 use tokio_postgres::GenericClient;

@@ -59,7 +59,7 @@ static APPLICATION_NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new(
 
 /// Names every connection this process opens from now on `seckill-<part>@<env>` (`part`: the
 /// role, or `ops`), so `pg_stat_activity` shows which part of the fleet holds it
-/// (docs/ARCHITECTURE.md#connection-budget). The first call wins.
+/// (docs/architecture/order-creation.md#connection-budget). The first call wins.
 pub fn name_connections(part: &str, env: &str) {
     let _ = APPLICATION_NAME.set(format!("seckill-{part}@{env}"));
 }
@@ -73,8 +73,9 @@ pub enum PlanCache {
     /// PostgreSQL's own choice (`auto`): a prepared statement's generic plan is reused after
     /// five runs, foreign-key checks' plans too. Only for a pool whose repeated statements
     /// have one sensible plan whatever the statistics (the order transaction's hot path,
-    /// docs/ARCHITECTURE.md#planning-once); a statement that searches a growing table is sent
-    /// unnamed there ([`Sql::PerRun`]), so it is planned with its parameters every time.
+    /// docs/architecture/order-creation.md#planning-once); a statement that searches a growing
+    /// table is sent unnamed there ([`Sql::PerRun`]), so it is planned with its parameters every
+    /// time.
     Reuse,
 }
 
@@ -181,7 +182,8 @@ pub async fn connect_pool_with(
         },
     );
     let wait = Duration::from_millis(settings.pool_wait_timeout_ms);
-    // What this process may open, all pools together (docs/ARCHITECTURE.md#connection-budget).
+    // What this process may open, all pools together
+    // (docs/architecture/order-creation.md#connection-budget).
     metrics::gauge!("pg_pool_capacity").increment(size.max(1) as f64);
     let pool = Pool::builder(mgr)
         .max_size(size.max(1))

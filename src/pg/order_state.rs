@@ -1,7 +1,7 @@
-//! Order state changes after creation (docs/ARCHITECTURE.md#timeout-cancel-and-payment): the
-//! payment here, the timeout cancel in `pg::cancel_tx` (batched). Both are conditional updates
-//! of the same row, so they can never both win; only a transition that really happened writes
-//! its consequences (stock, ledger, events) in the same transaction.
+//! Order state changes after creation (docs/architecture/recovery.md#timeout-cancel-and-payment):
+//! the payment here, the timeout cancel in `pg::cancel_tx` (batched). Both are conditional updates
+//! of the same row, so they can never both win; only a transition that really happened writes its
+//! consequences (stock, ledger, events) in the same transaction.
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Client;
@@ -46,8 +46,8 @@ pub async fn pay(
 }
 
 /// An ORDER_PAID drafted before its payment commits, for a transaction message
-/// (docs/ARCHITECTURE.md#delivering-events): the half message carries exactly this event, and
-/// the payment writes exactly it, or nothing.
+/// (docs/architecture/messages.md#delivering-events): the half message carries exactly this event,
+/// and the payment writes exactly it, or nothing.
 #[derive(Debug, Clone)]
 pub struct PaidDraft {
     pub event: OrderPaid,
@@ -232,7 +232,7 @@ async fn write_paid_event(
 }
 
 /// A payment id settles at most one order across every activity: the orders' own unique
-/// key carries the activity (docs/ARCHITECTURE.md#a-distributed-postgresql), this table
+/// key carries the activity (docs/architecture/postgresql.md#a-distributed-postgresql), this table
 /// does not. Then, for a transaction message, the deadline. `Some`: the attempt ends here.
 async fn claim_payment(
     tx: &tokio_postgres::Transaction<'_>,

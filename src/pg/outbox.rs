@@ -1,5 +1,5 @@
 //! The outbox relay's side of PostgreSQL
-//! (docs/ARCHITECTURE.md#outbox-relay): claim due PENDING rows with a lease
+//! (docs/architecture/recovery.md#outbox-relay): claim due PENDING rows with a lease
 //! (one short statement with `FOR UPDATE SKIP LOCKED`, so relays never block each other or
 //! the order transactions), then record what the send came to. A relay that dies between
 //! the send and the mark leaves the lease to expire: the row is sent again with the same
@@ -139,7 +139,7 @@ pub(super) async fn mark_sent_from(
 /// Puts back to PENDING, for the relay to send again under the same event id, up to `batch`
 /// RELEASE_RESERVATION rows sent before `cutoff` whose compensation task is still PENDING:
 /// the broker confirmed them but the compensation consumers never took them (its broker may
-/// be dead: docs/ARCHITECTURE.md#a-dead-brokers-messages). Returns their event ids.
+/// be dead: docs/architecture/messages.md#a-dead-brokers-messages). Returns their event ids.
 pub async fn requeue_unconsumed_releases(
     client: &impl GenericClient,
     cutoff: chrono::DateTime<chrono::Utc>,
@@ -269,7 +269,7 @@ pub struct Backlog {
     pub not_yet_due: i64,
     pub dead: i64,
     /// Rows of transaction messages whose producer has not marked them sent yet
-    /// (docs/ARCHITECTURE.md#delivering-events): the relay never sends these.
+    /// (docs/architecture/messages.md#delivering-events): the relay never sends these.
     pub in_transaction: i64,
 }
 
@@ -278,7 +278,8 @@ pub struct Backlog {
 /// every second; on a table whose statistics were taken while most rows were PENDING (an
 /// ANALYZE during a burst) the planner read the whole table, SENT rows included, with two
 /// parallel workers: 178 ms of three processes every second beside the relay, where the
-/// partial index answers in a few (docs/ARCHITECTURE.md, "Rows by their whole key").
+/// partial index answers in a few (docs/architecture/recovery.md#outbox-relay, "Rows by their whole
+/// key").
 pub async fn on_partial_indexes(
     tx: &tokio_postgres::Transaction<'_>,
 ) -> Result<(), tokio_postgres::Error> {
@@ -361,7 +362,7 @@ pub fn outbox_message(row: &OutboxRow) -> crate::mq::OutMessage {
             .map(|d| d.timestamp_millis())
             .filter(|&ms| ms > now_ms + 1000),
         // Events of one order go to one queue, in version order
-        // (docs/ARCHITECTURE.md#event-ordering).
+        // (docs/architecture/messages.md#event-ordering).
         sharding_key: if row.topic.ends_with("_SECKILL_ORDER_EVENT_V1") {
             row.aggregate_id.clone()
         } else {

@@ -1,5 +1,5 @@
-//! Sale passes in PostgreSQL (docs/ARCHITECTURE.md#sale-passes): an activity's pass policy,
-//! and the registrations, one per buyer, at most the activity's limit.
+//! Sale passes in PostgreSQL (docs/architecture/hot-path.md#sale-passes): an activity's pass
+//! policy, and the registrations, one per buyer, at most the activity's limit.
 
 use chrono::{DateTime, Utc};
 use tokio_postgres::GenericClient;

@@ -16,8 +16,8 @@ pub struct ActivitySpec {
     pub reservation_valid_secs: i32,
     /// (sku_id, total_stock, price_cents)
     pub skus: Vec<(i64, i32, i64)>,
-    /// How many stock buckets each SKU's stock is split into (docs/ARCHITECTURE.md#stock-buckets),
-    /// 1 to 64; fixed once the activity exists.
+    /// How many stock buckets each SKU's stock is split into
+    /// (docs/architecture/redis.md#stock-buckets), 1 to 64; fixed once the activity exists.
     pub stock_buckets: i16,
 }
 
@@ -302,7 +302,7 @@ pub async fn reservation_decision(
         }))
 }
 
-/// Sets an activity's fair window (docs/ARCHITECTURE.md#a-fair-start) and, the first time,
+/// Sets an activity's fair window (docs/architecture/hot-path.md#a-fair-start) and, the first time,
 /// its seed; returns what the activity holds. The window of an activity that has started is
 /// fixed: a different one is refused (`Ok(None)`).
 pub async fn set_fair_window(

@@ -1,4 +1,4 @@
-//! Refund obligations (docs/ARCHITECTURE.md#refund-obligations): a payment the provider
+//! Refund obligations (docs/architecture/recovery.md#refund-obligations): a payment the provider
 //! confirmed that no order could take is owed back. The row and its REFUND_REQUIRED event are
 //! written in the transaction that found the order could not take the payment, once per
 //! payment id; an operator (`seckill refunds`) or the shop's refund worker (the admin route)

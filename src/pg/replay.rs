@@ -1,7 +1,7 @@
-//! An operator's replay in PostgreSQL (docs/ARCHITECTURE.md#dead-letters): what is selected for
-//! it — dead letters, or quarantined messages a consumer could not read — what the group's
-//! inbox says about it, and the audit row each attempt leaves (`dlq_audit`, which names a dead
-//! letter, a quarantined message, or a message read from its source topic).
+//! An operator's replay in PostgreSQL (docs/architecture/recovery.md#dead-letters): what is
+//! selected for it — dead letters, or quarantined messages a consumer could not read — what the
+//! group's inbox says about it, and the audit row each attempt leaves (`dlq_audit`, which names a
+//! dead letter, a quarantined message, or a message read from its source topic).
 
 use chrono::{DateTime, Utc};
 use tokio_postgres::GenericClient;

@@ -1,6 +1,6 @@
-//! Stock buckets in Redis (docs/ARCHITECTURE.md#stock-buckets): what a split SKU holds bucket
+//! Stock buckets in Redis (docs/architecture/redis.md#stock-buckets): what a split SKU holds bucket
 //! by bucket, and the crash-safe move of leftovers between two buckets
-//! (docs/ARCHITECTURE.md#moving-leftovers). A move is three steps on two shards, each one
+//! (docs/architecture/redis.md#moving-leftovers). A move is three steps on two shards, each one
 //! idempotent under the move's transfer id: debit the source and record the move as open
 //! (`transfer_out.lua`), credit the target once (`transfer_in.lua`), close the move at the
 //! source. A crash between two steps leaves the move open, and whoever resumes it repeats the
@@ -68,7 +68,7 @@ impl RedisStore {
     }
 
     /// One SKU's stock bucket by bucket, and the units debited from one bucket and not yet
-    /// credited to another (docs/ARCHITECTURE.md#moving-leftovers). Empty when not warmed.
+    /// credited to another (docs/architecture/redis.md#moving-leftovers). Empty when not warmed.
     pub async fn bucket_stock(
         &self,
         activity_id: i64,

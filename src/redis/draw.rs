@@ -1,5 +1,5 @@
-//! A fair start in Redis (docs/ARCHITECTURE.md#a-fair-start): an activity's fair window and
-//! seed on every stock bucket's meta, and the draw that gives each SKU's stock to its entrants
+//! A fair start in Redis (docs/architecture/hot-path.md#a-fair-start): an activity's fair window
+//! and seed on every stock bucket's meta, and the draw that gives each SKU's stock to its entrants
 //! in ticket order once the window closed (`lua/draw.lua`), a chunk at a time.
 
 use super::marks::Mark;

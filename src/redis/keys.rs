@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use super::pool;
 
 /// Where an activity's keys live: the activity and one of its `buckets` stock buckets
-/// (docs/ARCHITECTURE.md#stock-buckets). Bucket 0 is the activity's own hash tag
+/// (docs/architecture/redis.md#stock-buckets). Bucket 0 is the activity's own hash tag
 /// (`{a<id>}`), so an activity whose stock is not split is one shard, as before; bucket k > 0
 /// has its own, placed so that the K buckets' slots spread evenly over the slot space (and so
 /// over a cluster's primaries). An activity id alone is its bucket 0.
@@ -112,12 +112,12 @@ impl Keys {
         format!("{}:req", self.tag(shard))
     }
     /// A SKU's fair-start draw: its entrants (buyer ids) scored by ticket
-    /// (docs/ARCHITECTURE.md#a-fair-start).
+    /// (docs/architecture/hot-path.md#a-fair-start).
     pub fn draw(&self, shard: impl Into<Shard>, sku_id: i64) -> String {
         format!("{}:draw:{}", self.tag(shard), sku_id)
     }
     /// The bucket's buyers whose sale pass holds a reservation: user id → the SKU it holds
-    /// (docs/ARCHITECTURE.md#sale-passes).
+    /// (docs/architecture/hot-path.md#sale-passes).
     pub fn passes_used(&self, shard: impl Into<Shard>) -> String {
         format!("{}:passes", self.tag(shard))
     }
@@ -129,13 +129,13 @@ impl Keys {
         format!("{}:pending_since", self.tag(shard))
     }
     /// Confirmed sends not yet seen taken by the consumers, scored by when their last copy
-    /// was sent (docs/ARCHITECTURE.md#a-dead-brokers-messages).
+    /// was sent (docs/architecture/messages.md#a-dead-brokers-messages).
     pub fn awaiting(&self, shard: impl Into<Shard>) -> String {
         format!("{}:awaiting", self.tag(shard))
     }
     /// A caller's rate-limit bucket in an activity (`kind` "u" for a buyer, "ip" for a client
     /// address), under the shard's hash tag so the reserve script takes its token in the
-    /// same call (docs/ARCHITECTURE.md#abuse-limits).
+    /// same call (docs/architecture/hot-path.md#abuse-limits).
     pub fn rate_bucket(&self, shard: impl Into<Shard>, kind: &str, caller: &str) -> String {
         format!("{}:rl:{}:{}", self.tag(shard), kind, caller)
     }
@@ -144,7 +144,7 @@ impl Keys {
         format!("{}:skus", self.tag(activity_id))
     }
     /// Transfers of a SKU's units out of a bucket: transfer id → "<to> <units> <ms>", kept
-    /// as the trail (docs/ARCHITECTURE.md#moving-leftovers).
+    /// as the trail (docs/architecture/redis.md#moving-leftovers).
     pub fn transfers_out(&self, shard: impl Into<Shard>, sku_id: i64) -> String {
         format!("{}:xout:{}", self.tag(shard), sku_id)
     }
@@ -172,7 +172,7 @@ impl Keys {
         format!("{}{}", self.reservation_prefix(shard), reservation_id)
     }
     /// Buyer-facing order status of one reservation (projection of the order events), under
-    /// the hash tag of the activity its id names (docs/ARCHITECTURE.md#identifiers).
+    /// the hash tag of the activity its id names (docs/architecture/messages.md#identifiers).
     pub fn projection(&self, reservation_id: &str) -> String {
         match crate::domain::ids::reservation_activity(reservation_id) {
             Some(activity_id) => format!("{}:proj:{}", self.tag(activity_id), reservation_id),
@@ -180,7 +180,8 @@ impl Keys {
         }
     }
     /// reservation_id → activity_id, outside the hash tag, written by earlier versions for
-    /// reservation ids that did not name their activity (docs/ARCHITECTURE.md#identifiers).
+    /// reservation ids that did not name their activity
+    /// (docs/architecture/messages.md#identifiers).
     pub fn location(&self, reservation_id: &str) -> String {
         format!("{}:rsvloc:{}", self.prefix, reservation_id)
     }

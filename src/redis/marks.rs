@@ -1,5 +1,5 @@
 //! How a process notices that Redis forgot writes it had acknowledged
-//! (docs/ARCHITECTURE.md#when-redis-forgets): every reservation advances its shard's sequence
+//! (docs/architecture/redis.md#when-redis-forgets): every reservation advances its shard's sequence
 //! (`seq` in the shard's meta), every rebuild gives the shard a new epoch (the fence's id), and
 //! each process remembers the highest (epoch, seq) it has seen per shard. Redis answering a
 //! lower one has lost writes; the shard is then fenced (`suspect` in its meta) until the

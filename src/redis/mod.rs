@@ -1,7 +1,7 @@
 //! Redis: the reservation store of the hot path. Every state change is one Lua script over
 //! keys that share the activity's hash tag (`<prefix>:{a<id>}`), so the scripts stay atomic
 //! on Redis Cluster too, and pipelines are sent one per hash slot there
-//! (docs/ARCHITECTURE.md#redis-cluster).
+//! (docs/architecture/redis.md#redis-cluster).
 //!
 //! This file holds the store itself (connect, scripts, an activity's buckets); its methods are
 //! spread by concern: `keys` (hash tags and key names), `reserve` (the attempt), `send_state`
@@ -47,7 +47,7 @@ use crate::config::RedisSettings;
 
 /// Physical TTL kept beyond a reservation's business validity, so that the scanner,
 /// compensation and reconcile still find it well after `valid_until`
-/// (docs/ARCHITECTURE.md#reservation-validity).
+/// (docs/architecture/hot-path.md#reservation-validity).
 pub const RESERVATION_TTL_MARGIN_SECS: u64 = 7 * 24 * 3600;
 
 #[derive(Clone)]
@@ -59,7 +59,8 @@ pub struct RedisStore {
     scripts: std::sync::Arc<Scripts>,
     /// Stock buckets per warmed activity, read once from its meta (fixed once warmed).
     buckets: std::sync::Arc<std::sync::RwLock<HashMap<i64, u16>>>,
-    /// The highest (epoch, seq) this process has seen per shard (docs/ARCHITECTURE.md#when-redis-forgets).
+    /// The highest (epoch, seq) this process has seen per shard
+    /// (docs/architecture/redis.md#when-redis-forgets).
     marks: Marks,
 }
 

@@ -1,5 +1,5 @@
-//! Sale passes in Redis (docs/ARCHITECTURE.md#sale-passes): whether an activity sells only to
-//! pass holders, kept in every bucket's meta for the reserve script.
+//! Sale passes in Redis (docs/architecture/hot-path.md#sale-passes): whether an activity sells only
+//! to pass holders, kept in every bucket's meta for the reserve script.
 
 use deadpool_redis::redis;
 

@@ -2,9 +2,9 @@
 //! (`redis.connect_timeout_ms`), each command's answer (`redis.response_timeout_ms`), and the
 //! wait for a pooled connection (`redis.pool_wait_timeout_ms`). A Redis that hangs then fails
 //! each call within those bounds instead of hanging every request and `/readyz`
-//! (docs/ARCHITECTURE.md#hung-dependencies). deadpool-redis's own manager connects without
+//! (docs/architecture/hot-path.md#hung-dependencies). deadpool-redis's own manager connects without
 //! any of these; this one differs from it in that, and in speaking to Redis Cluster too
-//! (`redis.mode = "cluster"`, docs/ARCHITECTURE.md#redis-cluster).
+//! (`redis.mode = "cluster"`, docs/architecture/redis.md#redis-cluster).
 
 use std::time::Duration;
 
@@ -142,7 +142,7 @@ pub fn endpoint(pool: &Pool) -> String {
 }
 
 /// The server's certificate authorities for a `rediss://` URL: `redis.ca_file`, or the
-/// system's roots (docs/ARCHITECTURE.md#secrets).
+/// system's roots (docs/architecture/security.md#secrets).
 fn tls_certificates(settings: &RedisSettings) -> anyhow::Result<redis::TlsCertificates> {
     crate::tls::install_crypto_provider();
     let root_cert =

@@ -1,5 +1,5 @@
-//! The Redis half of a rebuild (docs/ARCHITECTURE.md#when-redis-forgets): what one shard holds
-//! now ([`ShardSnapshot`]), and writing a shard's rebuilt state ([`RebuildShard`]) with
+//! The Redis half of a rebuild (docs/architecture/redis.md#when-redis-forgets): what one shard
+//! holds now ([`ShardSnapshot`]), and writing a shard's rebuilt state ([`RebuildShard`]) with
 //! absolute values, so a rebuild run twice leaves the same state.
 
 use std::collections::{BTreeMap, HashMap};
@@ -77,7 +77,7 @@ pub struct RebuildShard {
     /// Recorded reservations to take off the re-send and watch indexes (they were consumed).
     pub consumed: Vec<String>,
     /// The activity sells only to pass holders: the meta says so, and each buyer's pass holds
-    /// the SKU the buyers sets give them (docs/ARCHITECTURE.md#sale-passes).
+    /// the SKU the buyers sets give them (docs/architecture/hot-path.md#sale-passes).
     pub passes_required: bool,
 }
 

@@ -49,7 +49,7 @@ pub enum ReserveResult {
     },
     NotFound,
     /// The activity is fenced: its Redis state is being rebuilt from PostgreSQL
-    /// (docs/ARCHITECTURE.md#when-redis-forgets). Nothing changed.
+    /// (docs/architecture/redis.md#when-redis-forgets). Nothing changed.
     Fenced {
         reason: String,
     },
@@ -68,8 +68,8 @@ pub enum ReserveResult {
         secs: u64,
     },
     /// The activity's fair window is open: the request entered the SKU's draw, nothing taken
-    /// yet (docs/ARCHITECTURE.md#a-fair-start). The view's `valid_until_ms` is when the window
-    /// closes; its status is `DRAW_PENDING`.
+    /// yet (docs/architecture/hot-path.md#a-fair-start). The view's `valid_until_ms` is when the
+    /// window closes; its status is `DRAW_PENDING`.
     Draw(ReservationView),
     /// The window closed at `closes_ms` and the draw is not finished: ask again once it is.
     Drawing {
@@ -101,8 +101,8 @@ pub struct ReserveArgs<'a> {
     pub pass_id: &'a str,
 }
 
-/// The abuse limits of one reservation request (docs/ARCHITECTURE.md#abuse-limits); a rate of 0
-/// is no limit, and the default is none.
+/// The abuse limits of one reservation request (docs/architecture/hot-path.md#abuse-limits); a rate
+/// of 0 is no limit, and the default is none.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RateLimits<'a> {
     /// The client address (`""` when unknown: that bucket is skipped).

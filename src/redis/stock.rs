@@ -99,7 +99,7 @@ impl RedisStore {
     }
 
     /// Writes the activity window and one SKU's stock, split into `buckets` stock buckets
-    /// (docs/ARCHITECTURE.md#stock-buckets). The split cannot change once warmed
+    /// (docs/architecture/redis.md#stock-buckets). The split cannot change once warmed
     /// ([`WarmResult::BucketsFixed`]), nor the stock once any bucket holds reservations or
     /// moved units ([`WarmResult::StockInUse`]: checked for every bucket before any is written).
     #[allow(clippy::too_many_arguments)]

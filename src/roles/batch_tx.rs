@@ -1,6 +1,7 @@
 //! How a delivered batch becomes PostgreSQL transactions, for every role that turns messages
 //! into rows in batches: order creation and the timeout cancel
-//! (docs/ARCHITECTURE.md#batches-and-savepoints, docs/ARCHITECTURE.md#worker-budget).
+//! (docs/architecture/order-creation.md#batches-and-savepoints,
+//! docs/architecture/order-creation.md#worker-budget).
 //!
 //! - At most `budget` transactions run at once in the process, under an adaptive limit
 //!   (`src/limiter.rs`), each on its own pooled connection.

@@ -1,8 +1,9 @@
-//! Transaction messages of the roles that originate events (docs/ARCHITECTURE.md#delivering-events):
-//! with `events.order_paid = "transaction"` the API sends ORDER_PAID as a RocketMQ transaction
-//! message, with `events.order_canceled = "transaction"` the timeout cancel sends ORDER_CANCELED
-//! so; every such process joins one producer group and answers the broker's check-backs about
-//! any member's half messages, from PostgreSQL alone.
+//! Transaction messages of the roles that originate events
+//! (docs/architecture/messages.md#delivering-events): with `events.order_paid = "transaction"` the
+//! API sends ORDER_PAID as a RocketMQ transaction message, with `events.order_canceled =
+//! "transaction"` the timeout cancel sends ORDER_CANCELED so; every such process joins one producer
+//! group and answers the broker's check-backs about any member's half messages, from PostgreSQL
+//! alone.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +23,7 @@ pub const DEADLINE_PROPERTY: &str = "tx_deadline_ms";
 
 /// The half message of an event's outbox row: the very message the relay would send for it,
 /// on any queue (a half cannot be keyed; consumers order an order's events by
-/// `aggregate_version`, docs/ARCHITECTURE.md#event-ordering), carrying the local
+/// `aggregate_version`, docs/architecture/messages.md#event-ordering), carrying the local
 /// transaction's `deadline`.
 pub fn half_message(row: &crate::pg::outbox::OutboxRow, deadline: DateTime<Utc>) -> OutMessage {
     let mut msg = outbox_message(row);

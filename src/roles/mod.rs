@@ -1,5 +1,5 @@
 //! The roles `seckill` runs, one folder or file each, and the operator tools. Each role's
-//! `run` is what its subcommand calls (docs/ARCHITECTURE.md#roles).
+//! `run` is what its subcommand calls (docs/architecture/roles.md#roles).
 
 pub mod api;
 pub mod batch_tx;

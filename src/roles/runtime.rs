@@ -1,6 +1,6 @@
 //! What every background role (`consume`, `scan`, `timeout-cancel`) does around its own work:
 //! the ops listener (`/metrics`, `/healthz`, `/readyz`), readiness, the [`Watchdog`] over its
-//! loops, and the stop (docs/ARCHITECTURE.md#graceful-shutdown). The API's stop has a drain
+//! loops, and the stop (docs/architecture/roles.md#graceful-shutdown). The API's stop has a drain
 //! delay and listeners of its own (`roles::api::serve_listeners`).
 
 use std::net::SocketAddr;

@@ -1,5 +1,5 @@
 //! `seckill timeout-cancel`: consumes the delay topic
-//! (docs/ARCHITECTURE.md#timeout-cancel-and-payment). A CANCEL_ORDER_IF_UNPAID message
+//! (docs/architecture/recovery.md#timeout-cancel-and-payment). A CANCEL_ORDER_IF_UNPAID message
 //! only says "now you may check": the conditional update in PostgreSQL decides. A paid order
 //! is a counted no-op; a message that arrives before `expires_at` is retried later, never
 //! dropped; only a cancel that happened returns the unit (PostgreSQL final stock, ledger, and
@@ -9,7 +9,7 @@
 //! discipline (`roles::batch_tx`): at most `config::budget::cancel_budget` at once, bounded in time,
 //! retried in-process while transient, split into one per message on failure. With
 //! `events.order_canceled = "transaction"`, a batch's ORDER_CANCELED events are transaction
-//! messages (docs/ARCHITECTURE.md#delivering-events): drafted, stored as half messages
+//! messages (docs/architecture/messages.md#delivering-events): drafted, stored as half messages
 //! together, written by the batch's transaction, and ended with its outcome.
 
 use std::sync::Arc;

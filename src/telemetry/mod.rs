@@ -1,6 +1,7 @@
 //! Logs and metrics, initialised once per process. Logs are structured (`tracing`, JSON with
-//! `telemetry.json = true`) and carry the business ids as fields; metrics use the names of docs/ARCHITECTURE.md#observability
-//! with bounded labels (never an id) and are served on `/metrics` by every long-running role.
+//! `telemetry.json = true`) and carry the business ids as fields; metrics use the names of
+//! docs/architecture/observability.md#observability with bounded labels (never an id) and are
+//! served on `/metrics` by every long-running role.
 
 mod catalog;
 

@@ -1,7 +1,7 @@
-//! Hot-SKU stock buckets (docs/ARCHITECTURE.md#stock-buckets): a SKU's stock split into K
+//! Hot-SKU stock buckets (docs/architecture/redis.md#stock-buckets): a SKU's stock split into K
 //! buckets, each its own Redis hash tag and PostgreSQL stock row. Buyers each reserve in
 //! their home bucket only, so one reservation per buyer and a repeated request id stay exact;
-//! leftovers move to a bucket that refuses buyers (docs/ARCHITECTURE.md#moving-leftovers), so
+//! leftovers move to a bucket that refuses buyers (docs/architecture/redis.md#moving-leftovers), so
 //! a sale sells out completely however unevenly its buyers map, and a move cut between its
 //! debit and its credit is finished by the next pass, never lost or credited twice.
 

@@ -1,5 +1,5 @@
 //! No silently dead loop: when a background task of a role panics, the role stops taking work
-//! and exits non-zero, naming the task (docs/ARCHITECTURE.md#graceful-shutdown). Failpoints
+//! and exits non-zero, naming the task (docs/architecture/roles.md#graceful-shutdown). Failpoints
 //! make the loops panic; the in-process one lives in the `isolated` test binary and holds
 //! `common::process_failpoints`, so it touches no other test.
 

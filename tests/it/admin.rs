@@ -1,6 +1,6 @@
-//! The operators' side of the trust boundary (docs/ARCHITECTURE.md#admin-surface): the admin
-//! listener needs its token, pause and resume reach every buyer at once, each action leaves an
-//! audit row; DEAD outbox rows come back by themselves once the broker answers; an unreadable
+//! The operators' side of the trust boundary (docs/architecture/security.md#admin-surface): the
+//! admin listener needs its token, pause and resume reach every buyer at once, each action leaves
+//! an audit row; DEAD outbox rows come back by themselves once the broker answers; an unreadable
 //! order-queue lag closes admission.
 
 use crate::common;

@@ -1,8 +1,8 @@
 //! The full-disk drill (docs/RUNBOOK.md#alert-seckillbrokerdiskfull): the only broker of a
 //! sale has its disk filled mid-sale (`scripts/broker-drill.sh`: a broker of its own on a
 //! small tmpfs). It refuses every send; the reservations taken meanwhile are kept, since a
-//! refusal is not known to be final (docs/ARCHITECTURE.md#uncertain-sends), and re-sent once
-//! the disk is freed; the sale sells out exactly, nothing lost or doubled; and the broker
+//! refusal is not known to be final (docs/architecture/hot-path.md#uncertain-sends), and re-sent
+//! once the disk is freed; the sale sells out exactly, nothing lost or doubled; and the broker
 //! alerts fire on the figures the scan role exported while the disk was full.
 
 use std::collections::BTreeMap;

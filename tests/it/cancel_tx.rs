@@ -1,7 +1,8 @@
-//! The batched timeout cancel against real PostgreSQL (docs/ARCHITECTURE.md#timeout-cancel-and-payment):
-//! a delivered batch of CANCEL_ORDER_IF_UNPAID messages is one transaction in which every
-//! message keeps the outcome a message alone would get, and a message whose cancel cannot
-//! commit is split out without holding back the others.
+//! The batched timeout cancel against real PostgreSQL
+//! (docs/architecture/recovery.md#timeout-cancel-and-payment): a delivered batch of
+//! CANCEL_ORDER_IF_UNPAID messages is one transaction in which every message keeps the outcome a
+//! message alone would get, and a message whose cancel cannot commit is split out without holding
+//! back the others.
 
 use crate::common;
 

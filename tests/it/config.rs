@@ -165,11 +165,18 @@ fn the_docs_quote_the_configs_defaults() {
         .build()
         .expect("config/default.toml parses");
     let mut docs = vec![root.join("README.md")];
-    for entry in std::fs::read_dir(root.join("docs")).unwrap() {
-        let path = entry.unwrap().path();
-        // The history of measurements quotes the values of its day.
-        if path.extension().is_some_and(|e| e == "md") && !path.ends_with("benchmarks-history.md") {
-            docs.push(path);
+    let mut dirs = vec![root.join("docs")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            // The history of measurements quotes the values of its day.
+            } else if path.extension().is_some_and(|e| e == "md")
+                && !path.ends_with("benchmarks-history.md")
+            {
+                docs.push(path);
+            }
         }
     }
     let (mut checked, mut wrong) = (0, Vec::new());

@@ -1,7 +1,8 @@
-//! `seckill budget` against the fleet it describes (docs/ARCHITECTURE.md#connection-budget):
-//! each running role says on /metrics that it may open exactly its printed share
-//! (`pg_pool_capacity`), and PostgreSQL, watched through a sale by each connection's
-//! `application_name` (`seckill-<role>@<env>`), never sees a role hold more.
+//! `seckill budget` against the fleet it describes
+//! (docs/architecture/order-creation.md#connection-budget): each running role says on /metrics that
+//! it may open exactly its printed share (`pg_pool_capacity`), and PostgreSQL, watched through a
+//! sale by each connection's `application_name` (`seckill-<role>@<env>`), never sees a role hold
+//! more.
 
 use std::collections::HashMap;
 use std::time::Duration;

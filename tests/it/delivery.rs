@@ -1,4 +1,4 @@
-//! ORDER_PAID delivered either way (docs/ARCHITECTURE.md#delivering-events): through the
+//! ORDER_PAID delivered either way (docs/architecture/messages.md#delivering-events): through the
 //! outbox and its relay (`events.order_paid = "outbox"`), or as a RocketMQ transaction message
 //! (`"transaction"`). Consumers get the same message in both; reconcile finds a missing one in
 //! either; the check-back answers from PostgreSQL alone, and the faults between the half

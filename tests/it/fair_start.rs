@@ -1,8 +1,8 @@
-//! A fair start (docs/ARCHITECTURE.md#a-fair-start), against real Redis (and Redis Cluster),
-//! the broker and PostgreSQL: the requests of an activity's fair window enter a draw, are held
-//! until it closes, and the stock goes to the entrants in the order the activity's seed gives
-//! them, whatever order they came in; a buyer who went away while held still gets the
-//! reservation the draw gave them.
+//! A fair start (docs/architecture/hot-path.md#a-fair-start), against real Redis (and Redis
+//! Cluster), the broker and PostgreSQL: the requests of an activity's fair window enter a draw, are
+//! held until it closes, and the stock goes to the entrants in the order the activity's seed gives
+//! them, whatever order they came in; a buyer who went away while held still gets the reservation
+//! the draw gave them.
 
 use std::collections::BTreeSet;
 use std::time::Duration;

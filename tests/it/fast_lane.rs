@@ -1,4 +1,4 @@
-//! The fast lane against the real services (docs/ARCHITECTURE.md#the-fast-lane): a consumer
+//! The fast lane against the real services (docs/architecture/roles.md#the-fast-lane): a consumer
 //! that starts behind sheds the reservations that would expire before their turn, ahead of the
 //! queue, gives their units back through compensation, and orders the valid ones.
 

@@ -1,5 +1,5 @@
-//! Processes killed at the injection points of docs/ARCHITECTURE.md#fault-injection-points
-//! (built with `--features failpoints`,
+//! Processes killed at the injection points of
+//! docs/architecture/invariants.md#fault-injection-points (built with `--features failpoints`,
 //! which `make test` uses): the real binary aborts at the failpoint like a SIGKILL, and the
 //! recovery path finishes the work with exactly one effect.
 

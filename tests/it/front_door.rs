@@ -1,8 +1,8 @@
-//! The API's listeners as an attacker from outside meets them (docs/ARCHITECTURE.md#slow-clients,
-//! docs/ARCHITECTURE.md#admin-surface): request heads are capped and cost at most their cap,
-//! the operators' figures are not on the buyers' port, and the admin door cannot be guessed at
-//! speed. Each attack is sent as the attacker would (raw sockets where it matters), and a real
-//! caller is served meanwhile.
+//! The API's listeners as an attacker from outside meets them
+//! (docs/architecture/hot-path.md#slow-clients, docs/architecture/security.md#admin-surface):
+//! request heads are capped and cost at most their cap, the operators' figures are not on the
+//! buyers' port, and the admin door cannot be guessed at speed. Each attack is sent as the attacker
+//! would (raw sockets where it matters), and a real caller is served meanwhile.
 
 use crate::common;
 

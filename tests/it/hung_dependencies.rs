@@ -1,8 +1,8 @@
-//! A hung dependency cannot hang the API (docs/ARCHITECTURE.md#hung-dependencies): with Redis
-//! behind a proxy that stops forwarding, a reservation fails with 503 within its bounds and
-//! `/readyz` answers 503 within a second; with PostgreSQL behind one, its routes (orders,
-//! payments) answer 503 within theirs while reservations go on. Once the dependency answers
-//! again everything recovers, and a request that failed, retried, lands exactly once.
+//! A hung dependency cannot hang the API (docs/architecture/hot-path.md#hung-dependencies): with
+//! Redis behind a proxy that stops forwarding, a reservation fails with 503 within its bounds and
+//! `/readyz` answers 503 within a second; with PostgreSQL behind one, its routes (orders, payments)
+//! answer 503 within theirs while reservations go on. Once the dependency answers again everything
+//! recovers, and a request that failed, retried, lands exactly once.
 
 use crate::common;
 

@@ -1,6 +1,6 @@
 //! Buyer keys from the identity provider's JWKS URL (`auth.jwks_url`;
-//! docs/ARCHITECTURE.md#buyer-tokens), against a JWKS server on loopback whose answer the test
-//! changes: rotation, a withdrawn key, a flood of unknown kids, the provider down (error,
+//! docs/architecture/security.md#buyer-tokens), against a JWKS server on loopback whose answer the
+//! test changes: rotation, a withdrawn key, a flood of unknown kids, the provider down (error,
 //! garbage, an empty set, a hang) mid-sale, and down at start.
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,8 +1,9 @@
-//! The order consumer's connections reuse plans (docs/ARCHITECTURE.md#planning-once): that is
-//! safe only while the statements every batch sends never search the tables a sale grows by
-//! thousands of rows a second, so no generic plan made on an empty table can misjudge them.
-//! This drives the real handler on connections forced to generic plans from their first run,
-//! on a schema never analyzed, and counts the rows PostgreSQL read from those tables.
+//! The order consumer's connections reuse plans
+//! (docs/architecture/order-creation.md#planning-once): that is safe only while the statements
+//! every batch sends never search the tables a sale grows by thousands of rows a second, so no
+//! generic plan made on an empty table can misjudge them. This drives the real handler on
+//! connections forced to generic plans from their first run, on a schema never analyzed, and counts
+//! the rows PostgreSQL read from those tables.
 
 use crate::common::{create_orders, delivery_of, event, eventually, TestEnv};
 use seckill::domain::{Decision, RejectReason};

@@ -606,7 +606,7 @@ async fn calls_far_past_the_budget_are_gathered_and_never_run_more_transactions_
     );
     assert!(limiter.high_water() >= 1 && limiter.limit() <= 2);
     // The 64 one-message calls were gathered: a few full transactions, not one commit per
-    // order (docs/ARCHITECTURE.md#gathering-batches-across-queues).
+    // order (docs/architecture/order-creation.md#gathering-batches-across-queues).
     let transactions = env
         .count("SELECT count(DISTINCT xact_id) FROM orders")
         .await;

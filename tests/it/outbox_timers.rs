@@ -1,6 +1,6 @@
-//! Timers wait in the outbox until shortly before they are due (docs/ARCHITECTURE.md#outbox-relay):
-//! the relay sends an order's ORDER_CREATED at once and its CANCEL_IF_UNPAID only
-//! `scan.timer_lead_secs` before the payment deadline, once.
+//! Timers wait in the outbox until shortly before they are due
+//! (docs/architecture/recovery.md#outbox-relay): the relay sends an order's ORDER_CREATED at once
+//! and its CANCEL_IF_UNPAID only `scan.timer_lead_secs` before the payment deadline, once.
 
 use std::sync::Arc;
 

@@ -1,4 +1,4 @@
-//! Sale passes (docs/ARCHITECTURE.md#sale-passes), against real PostgreSQL, Redis and the
+//! Sale passes (docs/architecture/hot-path.md#sale-passes), against real PostgreSQL, Redis and the
 //! broker: registration before the sale within the limit and the window, one pass per buyer;
 //! a sale that requires passes refuses a request without one, a forged one, another buyer's,
 //! and a pass that already holds a reservation; a proof of work, when asked, binds to its

@@ -224,8 +224,9 @@ async fn the_pgbench_order_scripts_run_the_consumers_statements_in_its_order() {
     let env = TestEnv::without_topics().await;
     env.activity(1, 1, 1_000).await;
     let single = consumer_shapes(&env, 1).await;
-    // The consumer's happy path, as docs/ARCHITECTURE.md#order-creation describes it: the hot
-    // row's lock is the last thing the transaction takes, followed only by the commit stamp.
+    // The consumer's happy path, as docs/architecture/order-creation.md#order-creation describes
+    // it: the hot row's lock is the last thing the transaction takes, followed only by the commit
+    // stamp.
     assert_eq!(
         single[single.len().saturating_sub(3)..],
         ["UPDATE stock_buckets", "INSERT order_commits", "COMMIT"],

@@ -97,7 +97,8 @@ async fn get_as(user: i64, url: String) -> (StatusCode, Value) {
 async fn every_202_is_recorded_mq_sent_and_found_by_id_before_its_order_exists() {
     // No consumer: each reservation is answered from its Redis hash, found through the
     // activity its id names. MQ_SENT is recorded for the requests whose sends were confirmed
-    // together in one gathered round trip (docs/ARCHITECTURE.md#the-hot-path), before their 202.
+    // together in one gathered round trip (docs/architecture/hot-path.md#the-hot-path), before
+    // their 202.
     let env = TestEnv::with_topics().await;
     env.activity(120, 1, 40).await;
     let publisher = seckill::mq::hot_path_publisher(&env.settings)

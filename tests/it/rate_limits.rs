@@ -1,5 +1,5 @@
-//! Abuse limits (docs/ARCHITECTURE.md#abuse-limits): one buyer hammering the reservation route
-//! gets 429 RATE_LIMITED with Retry-After while other buyers keep getting 202; an address's
+//! Abuse limits (docs/architecture/hot-path.md#abuse-limits): one buyer hammering the reservation
+//! route gets 429 RATE_LIMITED with Retry-After while other buyers keep getting 202; an address's
 //! bucket is its own, and `X-Forwarded-For` counts only from a trusted proxy.
 
 use crate::common;

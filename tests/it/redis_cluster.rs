@@ -2,7 +2,7 @@
 //! started by `make services-up`): every script runs on the primary that owns its activity,
 //! gathered pipelines that span activities are split per slot, scans go to the slot's
 //! primary, and a whole sale through the roles sells out exactly
-//! (docs/ARCHITECTURE.md#redis-cluster).
+//! (docs/architecture/redis.md#redis-cluster).
 
 use crate::common;
 

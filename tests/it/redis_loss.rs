@@ -1,9 +1,9 @@
-//! When Redis forgets writes it acknowledged (docs/ARCHITECTURE.md#when-redis-forgets): the API
-//! finds Redis behind what it answered and fences the activity, the scanner rebuilds the
-//! activity from PostgreSQL once the backlog has drained, and buyers are answered as before
-//! the loss; `seckill activity resync` does the same on an operator's word. The loss here is
-//! written by hand (the state as it was before the last reservations); the fault test that
-//! loses the last second of a real Redis's writes is in `redis_loss_faults`.
+//! When Redis forgets writes it acknowledged (docs/architecture/redis.md#when-redis-forgets): the
+//! API finds Redis behind what it answered and fences the activity, the scanner rebuilds the
+//! activity from PostgreSQL once the backlog has drained, and buyers are answered as before the
+//! loss; `seckill activity resync` does the same on an operator's word. The loss here is written by
+//! hand (the state as it was before the last reservations); the fault test that loses the last
+//! second of a real Redis's writes is in `redis_loss_faults`.
 
 use std::collections::HashMap;
 

@@ -1,13 +1,13 @@
 //! Redis forgets the last second of acknowledged writes mid-sale
-//! (docs/ARCHITECTURE.md#when-redis-forgets), judged from the buyers' side, on both topologies:
-//! a Redis of the test's own (AOF, `appendfsync everysec`) restarted from its append-only file
-//! as it was a moment earlier (what a host crash leaves), and the test Redis Cluster with the
-//! activity's primary killed while its replica had stopped copying, the replica promoted (what
-//! a failover to a lagging replica leaves). Buyers retry with the same request id until they get a final
-//! answer; afterwards every winner retries once more, and asks again with a new request id.
-//! Verdict: no request id answered with two reservations, no buyer answered 202 for two
-//! reservations, every 202 an order, the stock sold exactly, Redis equal to PostgreSQL.
-//! Ignored by `make test`: run by `make test-faults`.
+//! (docs/architecture/redis.md#when-redis-forgets), judged from the buyers' side, on both
+//! topologies: a Redis of the test's own (AOF, `appendfsync everysec`) restarted from its
+//! append-only file as it was a moment earlier (what a host crash leaves), and the test Redis
+//! Cluster with the activity's primary killed while its replica had stopped copying, the replica
+//! promoted (what a failover to a lagging replica leaves). Buyers retry with the same request id
+//! until they get a final answer; afterwards every winner retries once more, and asks again with a
+//! new request id. Verdict: no request id answered with two reservations, no buyer answered 202 for
+//! two reservations, every 202 an order, the stock sold exactly, Redis equal to PostgreSQL. Ignored
+//! by `make test`: run by `make test-faults`.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;

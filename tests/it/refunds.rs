@@ -1,6 +1,6 @@
-//! Refund obligations on the real services (docs/ARCHITECTURE.md#refund-obligations): a payment
-//! the provider confirmed that no order could take is owed back, once per payment id, with its
-//! REFUND_REQUIRED event; its id can settle nothing else; the admin route and the CLI mark it
+//! Refund obligations on the real services (docs/architecture/recovery.md#refund-obligations): a
+//! payment the provider confirmed that no order could take is owed back, once per payment id, with
+//! its REFUND_REQUIRED event; its id can settle nothing else; the admin route and the CLI mark it
 //! refunded, audited and idempotent.
 
 use reqwest::StatusCode;

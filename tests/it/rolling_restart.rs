@@ -1,4 +1,4 @@
-//! Restarts are hand-offs (docs/ARCHITECTURE.md#graceful-shutdown): an API told to stop turns
+//! Restarts are hand-offs (docs/architecture/roles.md#graceful-shutdown): an API told to stop turns
 //! not ready and serves on for its drain delay before it closes, so HAProxy in front of two
 //! instances (deploy/haproxy/seckill-api.cfg, as shipped) restarted one after the other during
 //! a sale fails no buyer; the consumer and the scanner restarted mid-sale lose and double no

@@ -1,5 +1,5 @@
 //! A sale through the real binaries (`api`, `consume`, `scan`) while something fails
-//! (docs/ARCHITECTURE.md#failure-cases):
+//! (docs/architecture/invariants.md#failure-cases):
 //! every consumer killed and restarted (runs in `make test`); the broker killed and restarted,
 //! PostgreSQL restarted (these disturb services every other test shares, so they are ignored
 //! by `make test` and run one at a time by `make test-faults`). The consumers are throttled

@@ -1,7 +1,7 @@
-//! The schema is ready for a distributed PostgreSQL (docs/ARCHITECTURE.md#a-distributed-postgresql):
-//! every primary and unique key of the sale's tables carries the distribution column
-//! (`activity_id`), `orders` is partitioned by it, and a payment id still settles one order
-//! across activities.
+//! The schema is ready for a distributed PostgreSQL
+//! (docs/architecture/postgresql.md#a-distributed-postgresql): every primary and unique key of the
+//! sale's tables carries the distribution column (`activity_id`), `orders` is partitioned by it,
+//! and a payment id still settles one order across activities.
 
 use crate::common;
 

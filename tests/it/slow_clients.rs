@@ -1,8 +1,7 @@
-//! Slow and stalling clients cannot hold the API (docs/ARCHITECTURE.md#slow-clients): a client
-//! that stalls mid-body holds a connection until the request timeout, never a reservation
-//! permit; a client that never finishes its request head, or idles on a kept-alive connection,
-//! is closed after the header read timeout. Its own test process: it opens thousands of
-//! sockets.
+//! Slow and stalling clients cannot hold the API (docs/architecture/hot-path.md#slow-clients): a
+//! client that stalls mid-body holds a connection until the request timeout, never a reservation
+//! permit; a client that never finishes its request head, or idles on a kept-alive connection, is
+//! closed after the header read timeout. Its own test process: it opens thousands of sockets.
 
 use crate::common;
 

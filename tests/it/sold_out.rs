@@ -1,6 +1,6 @@
-//! Sold-out answers from memory (docs/ARCHITECTURE.md#sold-out-from-memory), against the real
-//! Redis and broker: once Redis said SOLD_OUT, the API answers it without Redis, except for the
-//! SKU's winners, and a released unit is sold again within a poll.
+//! Sold-out answers from memory (docs/architecture/hot-path.md#sold-out-from-memory), against the
+//! real Redis and broker: once Redis said SOLD_OUT, the API answers it without Redis, except for
+//! the SKU's winners, and a released unit is sold again within a poll.
 
 use crate::common::{eventually, reserve_as as reserve, start_api, TestEnv};
 use reqwest::StatusCode;

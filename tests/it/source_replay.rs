@@ -1,8 +1,8 @@
-//! Replay from the source topic (docs/ARCHITECTURE.md#dead-letters): messages the order-create
-//! group moved past without applying them (its offsets pushed to the end, as an operator's
-//! reset or a restored database leaves them) are found in the topic itself by time window or
-//! business key, read through the replay group, and sent again; the inbox applies each once and
-//! every send is audited under one batch id, naming where the broker stored the message.
+//! Replay from the source topic (docs/architecture/recovery.md#dead-letters): messages the
+//! order-create group moved past without applying them (its offsets pushed to the end, as an
+//! operator's reset or a restored database leaves them) are found in the topic itself by time
+//! window or business key, read through the replay group, and sent again; the inbox applies each
+//! once and every send is audited under one batch id, naming where the broker stored the message.
 
 use cheetah_string::CheetahString;
 use chrono::Utc;

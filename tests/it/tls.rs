@@ -1,5 +1,5 @@
-//! TLS to PostgreSQL and Redis is a config switch (docs/ARCHITECTURE.md#secrets): with it on,
-//! the connection is encrypted and the server's certificate is checked, CA and name.
+//! TLS to PostgreSQL and Redis is a config switch (docs/architecture/security.md#secrets): with it
+//! on, the connection is encrypted and the server's certificate is checked, CA and name.
 
 use std::path::Path;
 use std::time::Duration;

@@ -1,5 +1,5 @@
-//! The trust boundary against hostile callers (docs/ARCHITECTURE.md#security-model): buyers
-//! are who a verified token says, they read only what is theirs, and only the payment
+//! The trust boundary against hostile callers (docs/architecture/security.md#security-model):
+//! buyers are who a verified token says, they read only what is theirs, and only the payment
 //! provider's signed notification pays an order, once, for its amount.
 
 use std::path::Path;

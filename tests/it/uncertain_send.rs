@@ -1,4 +1,4 @@
-//! Uncertain stays uncertain (docs/ARCHITECTURE.md#uncertain-sends): once a send of a
+//! Uncertain stays uncertain (docs/architecture/hot-path.md#uncertain-sends): once a send of a
 //! reservation's message may have been stored, no later refusal by the broker releases the
 //! unit; only PostgreSQL, after the reservation's validity, can prove it free. The send
 //! outcomes are forced with the `mq-send-outcome` failpoint against the real broker, so this is

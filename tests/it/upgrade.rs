@@ -1,7 +1,7 @@
-//! Upgrades across versions (docs/ARCHITECTURE.md#upgrades), against the real broker: the
-//! consumer reads ORDER_CREATE_REQUESTED v1 and v2 side by side, producers switch with
-//! `mq.order_event_schema`, and a v2 message that a consumer of an earlier release quarantined
-//! (it knew v1 only) is replayed, audited, once the consumer reads v2.
+//! Upgrades across versions (docs/architecture/postgresql.md#upgrades), against the real broker:
+//! the consumer reads ORDER_CREATE_REQUESTED v1 and v2 side by side, producers switch with
+//! `mq.order_event_schema`, and a v2 message that a consumer of an earlier release quarantined (it
+//! knew v1 only) is replayed, audited, once the consumer reads v2.
 
 use crate::common;
 

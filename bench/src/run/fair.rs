@@ -1,8 +1,8 @@
-//! Who gets the units of a contested start (docs/ARCHITECTURE.md#a-fair-start): the same mixed
-//! crowd (`seckill-bench crowd`: scripted buyers firing at the start instant and retrying at
-//! full speed, people arriving over the first seconds) against three sales of one SKU: first
-//! come first served, a fair window, and a fair window selling to sale-pass holders whose
-//! registration asked a proof of work.
+//! Who gets the units of a contested start (docs/architecture/hot-path.md#a-fair-start): the same
+//! mixed crowd (`seckill-bench crowd`: scripted buyers firing at the start instant and retrying at
+//! full speed, people arriving over the first seconds) against three sales of one SKU: first come
+//! first served, a fair window, and a fair window selling to sale-pass holders whose registration
+//! asked a proof of work.
 
 use super::procs::wait_ready;
 use super::{Run, API, API_READY, CONSUME_READY, SCAN_READY};

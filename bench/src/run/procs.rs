@@ -22,7 +22,7 @@ pub struct Procs {
     /// Logs, outputs and each scenario's line.
     pub dir: PathBuf,
     /// The nice level of the roles whose work can wait (consume, scan, timeout-cancel), as
-    /// deploy/systemd ships them (docs/ARCHITECTURE.md#scheduling-weights).
+    /// deploy/systemd ships them (docs/architecture/roles.md#scheduling-weights).
     pub waiting_nice: i32,
     /// Variables every process of the run gets (the JWKS the servers verify with, the key the
     /// generators sign with), before the scenario's overrides.

@@ -1,8 +1,8 @@
-//! The brokers' own health (docs/ARCHITECTURE.md#broker-health), read through the admin API
-//! (`getBrokerRuntimeInfo`) from each master serving a topic: how full the commit log's disk
-//! is, whether the store takes writes, how long a synchronous flush has waited, how far the
-//! replicas are behind and how many are in sync. The scanner exports them as gauges labelled
-//! by broker address; the alert rules read them.
+//! The brokers' own health (docs/architecture/observability.md#broker-health), read through the
+//! admin API (`getBrokerRuntimeInfo`) from each master serving a topic: how full the commit log's
+//! disk is, whether the store takes writes, how long a synchronous flush has waited, how far the
+//! replicas are behind and how many are in sync. The scanner exports them as gauges labelled by
+//! broker address; the alert rules read them.
 
 use std::collections::HashMap;
 

@@ -1,4 +1,4 @@
-//! Consumer groups created explicitly (docs/ARCHITECTURE.md#consumer-groups): the shipped
+//! Consumer groups created explicitly (docs/architecture/messages.md#consumer-groups): the shipped
 //! broker config turns auto-creation off (`autoCreateSubscriptionGroup = false`), so a consumer
 //! whose group nobody created (a typo, a stale deployment) is refused by the broker instead of
 //! silently starting a new group; `seckill topics create` creates every group of the pipeline

@@ -1,4 +1,4 @@
-//! Transaction messages (docs/ARCHITECTURE.md#delivering-events) over the client's
+//! Transaction messages (docs/architecture/messages.md#delivering-events) over the client's
 //! `TransactionMQProducer`.
 //!
 //! The client drives a transaction message itself: it sends the half message, calls the

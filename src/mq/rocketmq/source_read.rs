@@ -1,5 +1,5 @@
 //! Reading a time window of a topic as the broker stored it, through a consumer group of its
-//! own (`seckill dlq replay --from-source`, docs/ARCHITECTURE.md#dead-letters): a pull
+//! own (`seckill dlq replay --from-source`, docs/architecture/recovery.md#dead-letters): a pull
 //! consumer that starts each queue at the window's first offset (the broker's index by store
 //! time) and reads up to the window's end or the queue's end, committing nothing, so the live
 //! groups' offsets are never touched.

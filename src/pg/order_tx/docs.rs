@@ -44,7 +44,7 @@ impl DocTimes {
 /// Both events of every created order of a batch; a row already there (the same activity and
 /// event id) is left as it is, as with every outbox insert. The order's own status and version
 /// (`CREATED`, 1) are the event's; the timer is unversioned and first sent `$19`, shortly
-/// before it is due (docs/ARCHITECTURE.md#outbox-relay). Both start as the relay's to send
+/// before it is due (docs/architecture/recovery.md#outbox-relay). Both start as the relay's to send
 /// (`OutboxStart::Pending`'s columns, `$20` and `$21`).
 const INSERT_CREATED_EVENTS: &str = "INSERT INTO event_outbox
        (event_id, activity_id, topic, tag, message_key, aggregate_id, aggregate_version, payload,

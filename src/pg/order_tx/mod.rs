@@ -1,8 +1,8 @@
-//! The order transaction (docs/ARCHITECTURE.md#order-creation): for a batch of ORDER_CREATE_REQUESTED
-//! messages, one PostgreSQL transaction writes the inbox, the reservation decision, the
-//! orders, one conditional final-stock update per SKU, the ledger, the outbox, compensation
-//! tasks for rejections and quarantine rows for poison. It commits or it leaves no trace;
-//! the caller ACKs only after a commit.
+//! The order transaction (docs/architecture/order-creation.md#order-creation): for a batch of
+//! ORDER_CREATE_REQUESTED messages, one PostgreSQL transaction writes the inbox, the reservation
+//! decision, the orders, one conditional final-stock update per SKU, the ledger, the outbox,
+//! compensation tasks for rejections and quarantine rows for poison. It commits or it leaves no
+//! trace; the caller ACKs only after a commit.
 //!
 //! Every per-message guarantee holds inside a batch: a duplicate message or reservation is a
 //! no-op, a buyer gets at most one valid order, stock never goes below zero (partial stock
@@ -203,7 +203,7 @@ pub async fn process_batch(
     run(client, Batch::new(names, items, now, pay_window)).await
 }
 
-/// The fast lane's transaction (docs/ARCHITECTURE.md#the-fast-lane): the steps of
+/// The fast lane's transaction (docs/architecture/roles.md#the-fast-lane): the steps of
 /// [`process_batch`], except that every message it owns is rejected, `EXPIRED` when its
 /// validity has passed, else `EXPIRING`, with its compensation; no order and no stock row is
 /// touched. Duplicates stay duplicates: what an earlier copy came to stands.

@@ -105,7 +105,7 @@ impl<'a> OrderRows<'a> {
 }
 
 /// The stock bucket an order's unit is taken from first: the one its reservation id names
-/// (docs/ARCHITECTURE.md#stock-buckets).
+/// (docs/architecture/redis.md#stock-buckets).
 pub(super) fn home_bucket(e: &OrderCreateRequested) -> i16 {
     crate::domain::ids::reservation_bucket(&e.reservation_id) as i16
 }

@@ -12,7 +12,7 @@ use crate::domain::RejectReason;
 use crate::pg::rows::Returned;
 use crate::pg::{exec_unless_empty, Sql};
 
-/// One stock row: activity, SKU, bucket (docs/ARCHITECTURE.md#stock-buckets).
+/// One stock row: activity, SKU, bucket (docs/architecture/redis.md#stock-buckets).
 type StockKey = (i64, i64, i16);
 
 /// A SKU's orders by their home bucket.
@@ -210,7 +210,7 @@ impl Allocation {
 /// Step 5, locked: per SKU, in key order (no deadlocks between batches), every stock row of
 /// the SKU is locked in bucket order; each order takes its unit from its home bucket first,
 /// then from the other buckets in bucket order (a bucket Redis moved leftovers into may sell
-/// more units than its own row holds: docs/ARCHITECTURE.md#moving-leftovers), granting at
+/// more units than its own row holds: docs/architecture/redis.md#moving-leftovers), granting at
 /// most what is left. Surplus orders are removed and rejected NO_STOCK. The row lock is FOR NO
 /// KEY UPDATE, like the decrement's (the orders' foreign-key checks hold FOR KEY SHARE on
 /// the SKU's row). Returns the created indexes.

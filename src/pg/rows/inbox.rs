@@ -128,7 +128,7 @@ pub struct InboxOutcomes {
 /// from the same position of `$3` and `$4`. Before the inbox has statistics (a fresh schema, a
 /// new deployment) PostgreSQL may read the group's whole index range and filter it; the order
 /// transaction sends it only for its corrections, planned per run
-/// (docs/ARCHITECTURE.md#planning-once).
+/// (docs/architecture/order-creation.md#planning-once).
 const SETTLE_INBOX: &str = "UPDATE consumer_inbox
         SET status = ($3::text[])[array_position($2::text[], message_id)],
             decision = ($4::text[])[array_position($2::text[], message_id)],

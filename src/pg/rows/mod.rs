@@ -133,7 +133,7 @@ impl CompensationRows {
     }
 }
 
-/// How an outbox row starts (docs/ARCHITECTURE.md#delivering-events).
+/// How an outbox row starts (docs/architecture/messages.md#delivering-events).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutboxStart {
     /// Sent by the relay.

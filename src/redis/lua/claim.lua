@@ -1,4 +1,4 @@
--- Scanner claim (docs/ARCHITECTURE.md#pending-index-and-leases): takes up to ARGV[2] due reservations from the pending index and
+-- Scanner claim (docs/architecture/redis.md#pending-index-and-leases): takes up to ARGV[2] due reservations from the pending index and
 -- leases them to one scanner: the score moves to the lease expiry, so no other scanner sees
 -- them until the lease runs out (a crashed scanner's work comes back by itself). A claimed
 -- reservation is marked uncertain: whoever sent it before (the API, or a scanner whose lease

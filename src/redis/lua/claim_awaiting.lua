@@ -1,5 +1,5 @@
 -- Scanner claim of confirmed sends the consumers may never have taken
--- (docs/ARCHITECTURE.md#a-dead-brokers-messages). The awaiting index scores each MQ_SENT
+-- (docs/architecture/messages.md#a-dead-brokers-messages). The awaiting index scores each MQ_SENT
 -- reservation by the time its last copy was sent; this takes up to ARGV[2] sent before
 -- ARGV[1] and leases them to one scanner: the score moves to the cutoff plus ARGV[3], so no
 -- other scanner sees them before the lease runs out (a crashed scanner's claims come back).

@@ -1,5 +1,5 @@
 -- The draw of one SKU in one stock bucket once its fair window closed
--- (docs/ARCHITECTURE.md#a-fair-start): the entrants in ticket order (reserve.lua numbered them
+-- (docs/architecture/hot-path.md#a-fair-start): the entrants in ticket order (reserve.lua numbered them
 -- from the activity's seed), the first `remaining` get their reservation exactly as reserve.lua
 -- makes one (stock taken, the pending indexes, a fresh validity), the others are told DRAW_LOST
 -- and may buy again first come first served. A chunk at a time, from a cursor kept on the SKU,

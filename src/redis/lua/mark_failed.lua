@@ -2,7 +2,7 @@
 -- reservation is released exactly once (guarded by status RESERVED): stock back, the buyer
 -- and the request id may try again. Not when an earlier attempt is uncertain (`uncertain`, set
 -- by an UNKNOWN outcome or a scanner's claim): that copy may be stored and become an order, so
--- the reservation stays MQ_PENDING and only PostgreSQL can settle it (docs/ARCHITECTURE.md#uncertain-sends).
+-- the reservation stays MQ_PENDING and only PostgreSQL can settle it (docs/architecture/hot-path.md#uncertain-sends).
 -- KEYS: 1 reservation, 2 pending index, 3 sku, 4 buyers, 5 requests, 6 pending-since index
 -- ARGV: 1 message_id, 2 reservation_id, 3 error text, 4 now_ms
 local h = redis.call('HMGET', KEYS[1], 'message_id', 'mq_status', 'status', 'user_id', 'req_field',

@@ -1,4 +1,4 @@
--- Buyer-facing projection of an order event (docs/ARCHITECTURE.md#event-ordering): applied only when newer than what the
+-- Buyer-facing projection of an order event (docs/architecture/messages.md#event-ordering): applied only when newer than what the
 -- key holds, so duplicates and stale replays are no-ops whatever order they arrive in.
 -- KEYS: 1 projection key (per reservation)
 -- ARGV: 1 aggregate_version, 2 status, 3 order_id, 4 reservation_id, 5 ttl seconds, 6 now_ms,

@@ -1,5 +1,5 @@
--- Atomic reservation (docs/ARCHITECTURE.md#the-hot-path). All keys share the hash tag of the
--- activity's stock bucket the buyer reserves in (docs/ARCHITECTURE.md#stock-buckets).
+-- Atomic reservation (docs/architecture/hot-path.md#the-hot-path). All keys share the hash tag of the
+-- activity's stock bucket the buyer reserves in (docs/architecture/redis.md#stock-buckets).
 -- KEYS: 1 meta, 2 sku, 3 buyers, 4 requests, 5 pending index (by next retry), 6 pending-since index
 --       (by creation: its head is the oldest unconfirmed reservation), 7 the client address's
 --       rate bucket, 8 the buyer's rate bucket (both within the activity)
@@ -8,11 +8,11 @@
 --       11 traceparent, 12 reservation key ttl seconds, 13 address rate per second,
 --       14 address burst, 15 buyer rate per second, 16 buyer burst (a rate of 0: no limit),
 --       17 the buyer's sales channel ("" when none), 18 19 the highest (epoch, seq) of this
---       shard the caller has seen (docs/ARCHITECTURE.md#when-redis-forgets)
--- KEYS 9: the SKU's draw (docs/ARCHITECTURE.md#a-fair-start): while the activity's fair window
+--       shard the caller has seen (docs/architecture/redis.md#when-redis-forgets)
+-- KEYS 9: the SKU's draw (docs/architecture/hot-path.md#a-fair-start): while the activity's fair window
 --       is open, a request enters it instead of taking stock, answered DRAW with when it closes;
 --       once closed and until draw.lua has drawn every entrant, DRAWING.
--- KEYS 10, ARGV 20: sale passes (docs/ARCHITECTURE.md#sale-passes). KEYS[10] maps each buyer of
+-- KEYS 10, ARGV 20: sale passes (docs/architecture/hot-path.md#sale-passes). KEYS[10] maps each buyer of
 --       the bucket to the SKU their pass holds; ARGV[20] is the id of the pass the caller
 --       verified for this buyer and activity ("" when none). When the activity requires passes,
 --       a request without one is PASS_REQUIRED, and a pass holding a live reservation of
@@ -43,7 +43,7 @@ if epoch < seen_epoch or (epoch == seen_epoch and seq < seen_seq) then
   return out({'LOST', why})
 end
 
--- Abuse limits (docs/ARCHITECTURE.md#abuse-limits): a token bucket per client address and per
+-- Abuse limits (docs/architecture/hot-path.md#abuse-limits): a token bucket per client address and per
 -- buyer, taken before anything else, repeats included. Both are read first and written only
 -- when both have a token, so a refusal takes nothing.
 local function bucket(key, rate, burst)
@@ -150,7 +150,7 @@ if fair_ms > 0 and sku[4] ~= '1' then
 end
 if tonumber(remaining) <= 0 then
   -- A split SKU's bucket counts the buyers it refused: the rebalancer moves leftovers from
-  -- the other buckets to one that refuses (docs/ARCHITECTURE.md#moving-leftovers).
+  -- the other buckets to one that refuses (docs/architecture/redis.md#moving-leftovers).
   if meta[6] and tonumber(meta[6]) > 1 then redis.call('HINCRBY', KEYS[2], 'refused', 1) end
   return out({'SOLD_OUT'})
 end

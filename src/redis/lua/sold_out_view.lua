@@ -1,5 +1,5 @@
 -- What an API instance that answers SOLD_OUT from memory needs of one SKU
--- (docs/ARCHITECTURE.md#sold-out-from-memory): its remaining stock and its `taken` counter (every
+-- (docs/architecture/hot-path.md#sold-out-from-memory): its remaining stock and its `taken` counter (every
 -- reservation ever made, never decremented), and its winners (the buyers holding a
 -- reservation) when `taken` is not the one the caller already knows. One call, so the winners
 -- are exactly those of that `taken`.

@@ -1,4 +1,4 @@
--- Moving leftovers, step 2 (docs/ARCHITECTURE.md#moving-leftovers): credits the units of transfer
+-- Moving leftovers, step 2 (docs/architecture/redis.md#moving-leftovers): credits the units of transfer
 -- ARGV[1] to this bucket, once: a transfer id already credited changes nothing, so a move
 -- resumed after a crash never credits twice.
 -- KEYS: 1 sku, 2 transfers in (the trail)

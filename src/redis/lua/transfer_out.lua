@@ -1,4 +1,4 @@
--- Moving leftovers, step 1 (docs/ARCHITECTURE.md#moving-leftovers): debits up to ARGV[2] units of
+-- Moving leftovers, step 1 (docs/architecture/redis.md#moving-leftovers): debits up to ARGV[2] units of
 -- a SKU from this bucket under transfer id ARGV[1], bound for bucket ARGV[3], and records the
 -- transfer as open until the target has credited it. Idempotent: the same transfer id again
 -- debits nothing and answers what the first call debited.

@@ -1,8 +1,8 @@
-//! The admin listener (`api.admin_listen`, docs/ARCHITECTURE.md#admin-surface): sale status,
-//! pause and resume (per activity or SKU), the requeue of DEAD outbox rows, and the refunds
-//! owed (`admin_refunds`). Every route needs `Authorization: Bearer <api.admin_token>`
-//! (compared in constant time, never logged); every action writes an `admin_audit` row. It
-//! listens apart from the buyers, so a load balancer never exposes it.
+//! The admin listener (`api.admin_listen`, docs/architecture/security.md#admin-surface): sale
+//! status, pause and resume (per activity or SKU), the requeue of DEAD outbox rows, and the refunds
+//! owed (`admin_refunds`). Every route needs `Authorization: Bearer <api.admin_token>` (compared in
+//! constant time, never logged); every action writes an `admin_audit` row. It listens apart from
+//! the buyers, so a load balancer never exposes it.
 
 use axum::body::Body;
 use axum::extract::{Request, State};

@@ -1,4 +1,4 @@
-//! The admin listener's throttle of failed logins (docs/ARCHITECTURE.md#admin-surface).
+//! The admin listener's throttle of failed logins (docs/architecture/security.md#admin-surface).
 //!
 //! The admin token is at least 32 bytes, so guessing it is hopeless; the throttle keeps a
 //! guesser from even trying at speed, and tells the operator someone is:

@@ -1,9 +1,9 @@
-//! The admin listener's refund routes (docs/ARCHITECTURE.md#refund-obligations), for the shop's
-//! refund worker and for operators: `GET /admin/v1/refunds` lists the refunds owed (oldest
-//! first; `?all=true` adds those refunded, `?limit=`), and
-//! `POST /admin/v1/refunds/{payment_id}/refunded` with `{"reference": "<provider refund id>"}`
-//! marks one REFUNDED, audited in the same transaction; repeating it answers the same row with
-//! `"repeat": true`.
+//! The admin listener's refund routes (docs/architecture/recovery.md#refund-obligations), for the
+//! shop's refund worker and for operators: `GET /admin/v1/refunds` lists the refunds owed (oldest
+//! first; `?all=true` adds those refunded, `?limit=`), and `POST
+//! /admin/v1/refunds/{payment_id}/refunded` with `{"reference": "<provider refund id>"}` marks one
+//! REFUNDED, audited in the same transaction; repeating it answers the same row with `"repeat":
+//! true`.
 
 use axum::body::Body;
 use axum::extract::{Query, State};

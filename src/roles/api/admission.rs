@@ -1,11 +1,11 @@
-//! Fail-closed admission (docs/ARCHITECTURE.md#fail-closed-admission): when the pipeline cannot turn reservations into
-//! orders before they expire, taking more only creates work that will be rejected and
-//! compensated. The API checks, every `api.admission_check_ms`, how old each activity's oldest
-//! unconfirmed reservation is (its Redis pending-since index) and how old the order queue's
-//! oldest unconsumed message is (the broker); past `api.fail_closed_share × reservation
-//! validity` it answers new reservations with 503 SALE_PAUSED and a reason, and it resumes by
-//! itself once the age is back under half the bound (hysteresis, so it does not flap). An
-//! activity whose own reservations wait pauses alone; the order queue is shared by every
+//! Fail-closed admission (docs/architecture/hot-path.md#fail-closed-admission): when the pipeline
+//! cannot turn reservations into orders before they expire, taking more only creates work that will
+//! be rejected and compensated. The API checks, every `api.admission_check_ms`, how old each
+//! activity's oldest unconfirmed reservation is (its Redis pending-since index) and how old the
+//! order queue's oldest unconsumed message is (the broker); past `api.fail_closed_share ×
+//! reservation validity` it answers new reservations with 503 SALE_PAUSED and a reason, and it
+//! resumes by itself once the age is back under half the bound (hysteresis, so it does not flap).
+//! An activity whose own reservations wait pauses alone; the order queue is shared by every
 //! activity, so its lag pauses them all.
 //!
 //! An unreadable lag is not a fresh one: after `api.lag_unreadable_probes` failed probes in a

@@ -1,4 +1,4 @@
-//! Holding a request through its activity's draw (docs/ARCHITECTURE.md#a-fair-start): a
+//! Holding a request through its activity's draw (docs/architecture/hot-path.md#a-fair-start): a
 //! request that entered the draw (or came while it was being drawn) waits for the window to
 //! close, helps draw its SKU in its bucket, and then asks again with the same request: it won
 //! (its reservation, to be sent now) or lost (SOLD_OUT). The wait is bounded by what is left of

@@ -88,7 +88,8 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// The activity sells only to buyers holding a sale pass (docs/ARCHITECTURE.md#sale-passes).
+/// The activity sells only to buyers holding a sale pass
+/// (docs/architecture/hot-path.md#sale-passes).
 pub(super) fn pass_required() -> ApiError {
     ApiError::new(
         StatusCode::FORBIDDEN,

@@ -1,4 +1,4 @@
-//! One admission gate (docs/ARCHITECTURE.md#fail-closed-admission): closed or open with a
+//! One admission gate (docs/architecture/hot-path.md#fail-closed-admission): closed or open with a
 //! reason, closing when a measured age passes a bound and opening again under half of it
 //! (hysteresis), and reopening as a ramp: for `ramp` after a pause a share of new reservations
 //! growing from 10 % to all is admitted. Admission holds one for the whole API (the shared

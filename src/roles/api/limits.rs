@@ -1,7 +1,7 @@
-//! Abuse limits on the reservation route (docs/ARCHITECTURE.md#abuse-limits): a token bucket
-//! per client address and one per buyer in each activity, in Redis so every API instance shares
-//! them, taken by the reserve script itself (`src/redis/lua/reserve.lua`) in the same call. An
-//! empty bucket is `429 RATE_LIMITED` with `Retry-After`. This file says who the client is.
+//! Abuse limits on the reservation route (docs/architecture/hot-path.md#abuse-limits): a token
+//! bucket per client address and one per buyer in each activity, in Redis so every API instance
+//! shares them, taken by the reserve script itself (`src/redis/lua/reserve.lua`) in the same call.
+//! An empty bucket is `429 RATE_LIMITED` with `Retry-After`. This file says who the client is.
 
 use std::net::{IpAddr, SocketAddr};
 

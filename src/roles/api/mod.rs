@@ -1,5 +1,5 @@
 //! `seckill api`: the buyers' HTTP API and the hot path
-//! (docs/ARCHITECTURE.md#the-hot-path).
+//! (docs/architecture/hot-path.md#the-hot-path).
 //!
 //! A reservation request mints its ids first, reserves atomically in Redis with one Lua
 //! script, then sends ORDER_CREATE_REQUESTED with a bounded synchronous send and turns the
@@ -78,14 +78,15 @@ pub struct ApiState {
     pub ready: Readiness,
     /// Fail-closed admission, updated by the background checker.
     pub admission: Arc<Admission>,
-    /// SKUs known sold out: answered from memory (docs/ARCHITECTURE.md#sold-out-from-memory).
+    /// SKUs known sold out: answered from memory
+    /// (docs/architecture/hot-path.md#sold-out-from-memory).
     pub sold_out: Arc<SoldOut>,
     /// Where the checker reads the order-create lag (`None`: pending age only).
     pub lag: Option<LagSource>,
     /// Verifies buyer tokens; `None` when `auth.buyers = "body"` (development only).
     pub auth: Option<Arc<BuyerAuth>>,
     /// Confirmed sends recorded in Redis, gathered: one pipelined round trip for every request
-    /// whose broker batch was confirmed together (docs/ARCHITECTURE.md#batched-sends).
+    /// whose broker batch was confirmed together (docs/architecture/hot-path.md#batched-sends).
     pub sent_marks: Arc<SentMarks>,
     /// The transaction producer, when ORDER_PAID is sent as transaction messages
     /// (`events.order_paid = "transaction"`).
@@ -363,7 +364,7 @@ pub async fn serve(
     serve_listeners(listeners, state, shutdown).await
 }
 
-/// Serves until `shutdown` fires, then hands off (docs/ARCHITECTURE.md#graceful-shutdown):
+/// Serves until `shutdown` fires, then hands off (docs/architecture/roles.md#graceful-shutdown):
 /// `/readyz` turns 503 at once while every listener keeps serving for `api.drain_delay_ms`,
 /// so load balancers stop sending here before anything is refused; then the listeners close
 /// and in-flight requests finish. `api.shutdown_grace_secs` bounds the whole of it. A

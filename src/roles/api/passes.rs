@@ -1,4 +1,4 @@
-//! Sale passes at the API (docs/ARCHITECTURE.md#sale-passes): registration
+//! Sale passes at the API (docs/architecture/hot-path.md#sale-passes): registration
 //! (`POST /v1/activities/{id}/passes`), its proof-of-work challenge
 //! (`POST /v1/activities/{id}/passes/challenges`), and the check a reservation's `Sale-Pass`
 //! header gets before the reserve script runs.

@@ -1,5 +1,5 @@
 //! `POST /v1/payments/notifications`: the payment provider confirms a payment
-//! (docs/ARCHITECTURE.md#security-model).
+//! (docs/architecture/security.md#security-model).
 //!
 //! Only the provider can: the raw body must carry a valid `Seckill-Signature` made with one of
 //! `payments.webhook_secrets`, within `payments.tolerance_secs`, checked before the body is
@@ -7,8 +7,9 @@
 //! order, and the same notification again gets the same answer (providers re-send until they
 //! get a 2xx). A payment the order cannot take (cancelled, expired, paid with another payment,
 //! another amount) is owed back: its refund obligation is written in the same transaction
-//! (docs/ARCHITECTURE.md#refund-obligations). A PostgreSQL that hangs gets the provider a 503 within the API's bound, and its
-//! re-send the same answer whether or not the payment committed.
+//! (docs/architecture/recovery.md#refund-obligations). A PostgreSQL that hangs gets the provider a
+//! 503 within the API's bound, and its re-send the same answer whether or not the payment
+//! committed.
 
 use axum::body::Body;
 use axum::extract::State;
@@ -129,7 +130,7 @@ fn delivered(mode: &'static str, outcome: &'static str) {
 }
 
 /// The payment with its ORDER_PAID as a transaction message
-/// (docs/ARCHITECTURE.md#delivering-events): the event is drafted from the order as it is,
+/// (docs/architecture/messages.md#delivering-events): the event is drafted from the order as it is,
 /// stored as a half message, then the payment writes exactly that event (its row TRANSACTION)
 /// before the deadline the half carries, and the half is ended with what the payment came to.
 /// `None`: the payment goes the outbox way (the order is not payable, so it answers why and

@@ -1,5 +1,5 @@
 //! The reservation route: parse → admit → reserve in Redis → send ORDER_CREATE_REQUESTED and
-//! record the send's outcome (docs/ARCHITECTURE.md#the-hot-path).
+//! record the send's outcome (docs/architecture/hot-path.md#the-hot-path).
 
 use std::time::{Duration, Instant};
 
@@ -100,7 +100,7 @@ async fn reserve_inner(
     let req = read_request(s, body).await?;
     let user_id = super::the_buyer(token_buyer, req.user_id)?;
     let pass_id = super::passes::sale_pass(s, headers, activity_id, user_id).await?;
-    // The stock bucket the buyer reserves in (docs/ARCHITECTURE.md#stock-buckets): the
+    // The stock bucket the buyer reserves in (docs/architecture/redis.md#stock-buckets): the
     // activity's count of buckets is read once per process.
     let shard = s
         .redis
@@ -111,7 +111,7 @@ async fn reserve_inner(
             ApiError::unavailable("the reservation store")
         })?;
     // A SKU known sold out (in the buyer's bucket) is answered from memory, unless the buyer
-    // is one of its winners (docs/ARCHITECTURE.md#sold-out-from-memory).
+    // is one of its winners (docs/architecture/hot-path.md#sold-out-from-memory).
     if api.sold_out_poll_ms > 0 && s.sold_out.answers(shard, sku_id, user_id) {
         metrics::counter!("reservation_sold_out_from_memory_total").increment(1);
         return Err(ApiError::from(ReserveResult::SoldOut));
@@ -202,7 +202,7 @@ async fn send_won(
 }
 
 /// Redis answered behind what this process saw it answer: the activity is fenced until its
-/// rebuild (docs/ARCHITECTURE.md#when-redis-forgets). A fence that cannot be recorded is
+/// rebuild (docs/architecture/redis.md#when-redis-forgets). A fence that cannot be recorded is
 /// logged; the shard's own mark, set by the script, still refuses every reservation.
 async fn lost(s: &ApiState, activity_id: i64, signal: &'static str, reason: &str) {
     let by = crate::roles::resync::actor("api");
@@ -441,8 +441,9 @@ async fn record_unknown(s: &ApiState, r: &ReservationRef<'_>, error: &str, sent:
 
 /// The broker refused the message for good: MQ_FAILED and the reservation released once.
 /// `false` when it was not released: a scanner's re-send of the same reservation is in
-/// flight or ended UNKNOWN, so a copy may be stored (docs/ARCHITECTURE.md#uncertain-sends); or
-/// Redis could not be asked, and the reservation stays pending for the scanner.
+/// flight or ended UNKNOWN, so a copy may be stored
+/// (docs/architecture/hot-path.md#uncertain-sends); or Redis could not be asked, and the
+/// reservation stays pending for the scanner.
 async fn record_definite_failure(
     s: &ApiState,
     r: &ReservationRef<'_>,

@@ -1,7 +1,7 @@
-//! Sold-out answers from memory (docs/ARCHITECTURE.md#sold-out-from-memory). Once Redis has
-//! answered SOLD_OUT for a SKU, every later request for it is answered SOLD_OUT by this process
-//! without a Redis call, except a request from one of the SKU's winners: a winner may be
-//! repeating its request (it must get its reservation back) or asking again (Redis answers
+//! Sold-out answers from memory (docs/architecture/hot-path.md#sold-out-from-memory). Once Redis
+//! has answered SOLD_OUT for a SKU, every later request for it is answered SOLD_OUT by this process
+//! without a Redis call, except a request from one of the SKU's winners: a winner may be repeating
+//! its request (it must get its reservation back) or asking again (Redis answers
 //! ALREADY_PURCHASED), so its requests still go to Redis. The winners are loaded once, with the
 //! SKU's `taken` counter, by one script (`sold_out_view.lua`).
 //!
@@ -9,7 +9,7 @@
 //! and `taken`: stock back (a release) clears the flag, so a free unit is refused for at most
 //! one poll; `taken` moved (a unit was released and taken again between two polls) reloads the
 //! winners. Each API instance keeps its own flags; they are per SKU and stock bucket
-//! (docs/ARCHITECTURE.md#stock-buckets: one bucket sells out before another, and a unit moved
+//! (docs/architecture/redis.md#stock-buckets: one bucket sells out before another, and a unit moved
 //! into a bucket is stock back like a release) and the keys share the bucket's hash tag, so it
 //! works the same on Redis Cluster.
 

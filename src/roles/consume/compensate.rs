@@ -59,7 +59,7 @@ impl CompensationHandler {
             if label == "missing" {
                 // The reservation hash is gone: Redis forgot it (its TTL outlives any sale).
                 // Nothing is given back here; the activity is fenced and its rebuild from
-                // PostgreSQL counts this unit (docs/ARCHITECTURE.md#when-redis-forgets).
+                // PostgreSQL counts this unit (docs/architecture/redis.md#when-redis-forgets).
                 warn!(reservation_id = %release.reservation_id, activity_id = release.activity_id,
                       "compensation found no reservation in Redis: the activity's Redis state is rebuilt");
                 if !forgotten.contains(&release.activity_id) {

@@ -1,9 +1,9 @@
-//! Non-core work steps aside while orders are behind (docs/ARCHITECTURE.md#projection): when
-//! the order-create backlog's oldest message is older than `consumer.projection_defer_lag_secs`,
-//! the projection holds each batch it is handed (at most [`MAX_HOLD`]), so its Redis writes and
-//! the client's pulls for it leave the room to order creation; it resumes when the backlog is
-//! back under half the threshold (hysteresis). The role's backlog sampling feeds it every
-//! second; stopping the role releases every held batch at once.
+//! Non-core work steps aside while orders are behind (docs/architecture/recovery.md#projection):
+//! when the order-create backlog's oldest message is older than
+//! `consumer.projection_defer_lag_secs`, the projection holds each batch it is handed (at most
+//! [`MAX_HOLD`]), so its Redis writes and the client's pulls for it leave the room to order
+//! creation; it resumes when the backlog is back under half the threshold (hysteresis). The role's
+//! backlog sampling feeds it every second; stopping the role releases every held batch at once.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;

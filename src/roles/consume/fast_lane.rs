@@ -1,4 +1,4 @@
-//! The fast lane (docs/ARCHITECTURE.md#the-fast-lane): while the order consumer is behind,
+//! The fast lane (docs/architecture/roles.md#the-fast-lane): while the order consumer is behind,
 //! reservations that would expire before their turn are rejected and compensated ahead of the
 //! queue, so valid ones do not age behind doomed ones.
 //!

@@ -1,5 +1,5 @@
 //! `seckill consume`: every consumer group that turns messages into durable effects, in one
-//! process (docs/ARCHITECTURE.md#roles).
+//! process (docs/architecture/roles.md#roles).
 //!
 //! - `order_create`: ORDER_CREATE_REQUESTED → one PostgreSQL transaction per batch;
 //! - `compensate`: RELEASE_RESERVATION → the unit back in Redis, exactly once;

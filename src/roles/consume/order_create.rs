@@ -1,9 +1,9 @@
-//! The order-create handler (docs/ARCHITECTURE.md#order-creation): each batch the broker
-//! hands over becomes one PostgreSQL transaction (see `pg::order_tx`); the batch is ACKed only
-//! after the commit. Transient failures roll back and are redelivered by the broker with
+//! The order-create handler (docs/architecture/order-creation.md#order-creation): each batch the
+//! broker hands over becomes one PostgreSQL transaction (see `pg::order_tx`); the batch is ACKed
+//! only after the commit. Transient failures roll back and are redelivered by the broker with
 //! backoff; after `max_reconsume_times` a message goes to the group's DLQ. At most `budget`
-//! transactions run at once (the worker budget, docs/ARCHITECTURE.md#worker-budget), under
-//! an adaptive limit, split on failure (`roles::batch_tx`).
+//! transactions run at once (the worker budget, docs/architecture/order-creation.md#worker-budget),
+//! under an adaptive limit, split on failure (`roles::batch_tx`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,7 +24,8 @@ use crate::pg::order_tx::{process_batch, Inbound, TxNames};
 use crate::roles::batch_tx::TxSlots;
 
 /// The order-create handler: decode, gather the listener calls' batches into transactions
-/// (docs/ARCHITECTURE.md#gathering-batches-across-queues), decide ACK or redelivery per call.
+/// (docs/architecture/order-creation.md#gathering-batches-across-queues), decide ACK or redelivery
+/// per call.
 pub struct OrderCreateHandler {
     core: Arc<Core>,
     /// Each item comes back with its outcome.
@@ -127,7 +128,7 @@ impl Core {
 /// While pacing holds, how often the gathering looks again at the age of the waiting work.
 const PACE_RECHECK: Duration = Duration::from_millis(20);
 
-/// Order transactions that may run at once (docs/ARCHITECTURE.md#pacing-during-a-burst): the
+/// Order transactions that may run at once (docs/architecture/roles.md#pacing-during-a-burst): the
 /// adaptive limit, or one while the oldest waiting reservation (`oldest`, by Redis's acceptance
 /// time) is younger than `pace`. Work whose age is unknown (poison) is not held.
 fn paced_limit(

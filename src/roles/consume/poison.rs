@@ -1,7 +1,7 @@
 //! What every consumer group does with a body it cannot read, and with a batch that failed:
 //! the body is quarantined with its raw bytes and acknowledged (it would fail every retry);
 //! a batch that failed for any other reason is redelivered by the broker (every step is
-//! idempotent). docs/ARCHITECTURE.md#error-classes.
+//! idempotent). docs/architecture/order-creation.md#error-classes.
 
 use serde::de::DeserializeOwned;
 use tokio_postgres::GenericClient;

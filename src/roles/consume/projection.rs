@@ -3,7 +3,7 @@
 //! in Redis from ORDER_CREATED / ORDER_PAID / ORDER_CANCELED. Each event carries the order's
 //! `aggregate_version` and the Lua script applies it only when newer, so a duplicate or a
 //! stale replay is a no-op and out-of-order arrival converges on the latest state
-//! (docs/ARCHITECTURE.md#event-ordering). A delivered batch is one pipelined round trip.
+//! (docs/architecture/messages.md#event-ordering). A delivered batch is one pipelined round trip.
 
 use chrono::Utc;
 use tracing::debug;

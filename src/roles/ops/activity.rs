@@ -30,18 +30,18 @@ pub struct CreateArgs {
     pub reservation_valid_secs: Option<i32>,
     /// Split each SKU's stock into this many buckets (1-64), each its own Redis hash tag and
     /// its own PostgreSQL stock row, for a SKU hotter than one Redis shard or one row lock
-    /// (docs/ARCHITECTURE.md#stock-buckets). Fixed once the activity exists.
+    /// (docs/architecture/redis.md#stock-buckets). Fixed once the activity exists.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i16).range(1..=64))]
     pub stock_buckets: i16,
-    /// A fair start (docs/ARCHITECTURE.md#a-fair-start): the sale's first this many
+    /// A fair start (docs/architecture/hot-path.md#a-fair-start): the sale's first this many
     /// milliseconds go to a draw among every buyer who asks (each held until it closes),
     /// not to the fastest requests; 0: first come first served. At most what a held request
     /// can wait (`api.request_timeout_ms` less `mq.send_timeout_ms` and 500 ms); fixed once
     /// the sale has started. The draw's seed is made once and kept with the activity.
     #[arg(long)]
     pub fair_window_ms: Option<u32>,
-    /// Sale passes (docs/ARCHITECTURE.md#sale-passes): sell only to buyers who registered for a
-    /// pass (POST /v1/activities/{id}/passes) before the sale, at most this many passes.
+    /// Sale passes (docs/architecture/hot-path.md#sale-passes): sell only to buyers who registered
+    /// for a pass (POST /v1/activities/{id}/passes) before the sale, at most this many passes.
     #[arg(long)]
     pub passes: Option<u32>,
     /// When pass registration opens (RFC 3339); default: when the activity was created.

@@ -1,10 +1,9 @@
-//! Development credentials (docs/ARCHITECTURE.md#security-model): `seckill token mint` signs a
-//! buyer token with the development HS256 secret (or, with `--key`, a private key as a shop's
-//! login does), `seckill token keygen` makes such a key and the JWKS that publishes it,
-//! `seckill payment sign` signs a payment notification the way the provider does. The demo,
-//! the bench and the tests use them; the HS256 path and payment signing refuse when
-//! `env = "PROD"`, where tokens come from the shop's login and notifications from the payment
-//! provider only.
+//! Development credentials (docs/architecture/security.md#security-model): `seckill token mint`
+//! signs a buyer token with the development HS256 secret (or, with `--key`, a private key as a
+//! shop's login does), `seckill token keygen` makes such a key and the JWKS that publishes it,
+//! `seckill payment sign` signs a payment notification the way the provider does. The demo, the
+//! bench and the tests use them; the HS256 path and payment signing refuse when `env = "PROD"`,
+//! where tokens come from the shop's login and notifications from the payment provider only.
 
 use std::time::Duration;
 

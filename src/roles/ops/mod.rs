@@ -1,4 +1,5 @@
-//! Operator tools: one-shot commands, not long-running roles (docs/ARCHITECTURE.md#operator-tools).
+//! Operator tools: one-shot commands, not long-running roles
+//! (docs/architecture/roles.md#operator-tools).
 //!
 //! - `migrate`: the database migrations in `sql/`;
 //! - `topics`: the pipeline's broker topics;

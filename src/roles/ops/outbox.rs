@@ -1,5 +1,5 @@
 //! `seckill outbox requeue`: DEAD outbox rows back to PENDING, with an audit row
-//! (docs/ARCHITECTURE.md#admin-surface). The same as the admin listener's
+//! (docs/architecture/security.md#admin-surface). The same as the admin listener's
 //! `POST /admin/v1/outbox/requeue`, for an operator on the host.
 
 use clap::{Args, Subcommand};

@@ -1,5 +1,5 @@
 //! `seckill reconcile`: a one-shot check for cron or a systemd timer
-//! (docs/ARCHITECTURE.md#reconcile). Within a
+//! (docs/architecture/recovery.md#reconcile). Within a
 //! window and past a grace period it finds orders whose events are missing, expired unpaid
 //! orders never cancelled, reservations that neither became orders nor were released, and
 //! stock that does not add up; it emits each missing event into the outbox with a

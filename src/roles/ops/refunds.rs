@@ -1,4 +1,4 @@
-//! `seckill refunds`: the refunds the shop owes (docs/ARCHITECTURE.md#refund-obligations).
+//! `seckill refunds`: the refunds the shop owes (docs/architecture/recovery.md#refund-obligations).
 //! `list` shows them oldest first; `mark-refunded` records the provider's refund id once the
 //! money went back (audited, idempotent). The same as the admin listener's
 //! `/admin/v1/refunds` routes, for an operator on the host.

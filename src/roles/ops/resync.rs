@@ -1,5 +1,5 @@
 //! `seckill activity resync`: an activity's Redis state rebuilt from PostgreSQL on an
-//! operator's word (docs/ARCHITECTURE.md#when-redis-forgets). `--dry-run` reports what would
+//! operator's word (docs/architecture/redis.md#when-redis-forgets). `--dry-run` reports what would
 //! change and writes nothing; otherwise the activity is fenced (or its open fence joined),
 //! every message sent before the fence is awaited into PostgreSQL, the state is rebuilt and the
 //! fence lifted through the ramp. Every run is audited.

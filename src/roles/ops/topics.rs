@@ -1,8 +1,8 @@
 //! `seckill topics create`: creates the pipeline's topics with their queue counts, and its
 //! consumer groups with their retry and dead-letter settings, on the broker (idempotent). A
 //! consumer started before its topic exists waits ~18 s for its first message, and the shipped
-//! broker config creates no group by itself (docs/ARCHITECTURE.md#consumer-groups), so set-up
-//! creates both explicitly. `seckill topics delete --confirm <env>` removes a scratch
+//! broker config creates no group by itself (docs/architecture/messages.md#consumer-groups), so
+//! set-up creates both explicitly. `seckill topics delete --confirm <env>` removes a scratch
 //! environment's topics and groups.
 
 use tracing::info;

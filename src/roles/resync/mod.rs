@@ -1,4 +1,4 @@
-//! When Redis forgets (docs/ARCHITECTURE.md#when-redis-forgets): a process that sees an
+//! When Redis forgets (docs/architecture/redis.md#when-redis-forgets): a process that sees an
 //! activity's Redis state behind what it answered raises a fence ([`raise`]): every shard of
 //! the activity refuses new reservations (503 SALE_PAUSED) and PostgreSQL records it. The
 //! scanner ([`Resync::pass`]) then waits until every message sent before the fence has been

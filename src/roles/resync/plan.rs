@@ -1,6 +1,6 @@
 //! The rebuild of an activity's Redis state from PostgreSQL, as a plan (pure): from what
 //! PostgreSQL recorded and what each shard still holds, the state every shard gets
-//! (docs/ARCHITECTURE.md#when-redis-forgets), and what changes.
+//! (docs/architecture/redis.md#when-redis-forgets), and what changes.
 //!
 //! Per shard and SKU, the units held are the recorded reservations that still hold theirs (a
 //! valid order; a rejection or cancellation whose release has not run) plus the reservations
@@ -28,7 +28,7 @@ pub struct ActivityFacts {
     /// (sku, total stock)
     pub skus: Vec<(i64, i64)>,
     pub buckets: u16,
-    /// The activity sells only to sale-pass holders (docs/ARCHITECTURE.md#sale-passes).
+    /// The activity sells only to sale-pass holders (docs/architecture/hot-path.md#sale-passes).
     pub passes_required: bool,
 }
 

@@ -1,8 +1,9 @@
-//! The API's watch over the shards it has reserved in (docs/ARCHITECTURE.md#when-redis-forgets):
-//! every `every`, each shard's meta is read against the highest (epoch, seq) this process has
-//! seen, so a loss is found without waiting for a buyer's request, and a shard whose meta is
-//! gone altogether is found at all. A change of the Redis server's run id (a restart, or
-//! another server behind the address) is logged and counted, and checked at once.
+//! The API's watch over the shards it has reserved in
+//! (docs/architecture/redis.md#when-redis-forgets): every `every`, each shard's meta is read
+//! against the highest (epoch, seq) this process has seen, so a loss is found without waiting for a
+//! buyer's request, and a shard whose meta is gone altogether is found at all. A change of the
+//! Redis server's run id (a restart, or another server behind the address) is logged and counted,
+//! and checked at once.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! What the scanner's two watches share (docs/ARCHITECTURE.md#recovery-paths): the stores,
+//! What the scanner's two watches share (docs/architecture/recovery.md#recovery-paths): the stores,
 //! the broker and the settings; a reservation's message rebuilt from its hash; a copy sent
 //! with the same message_id; a reservation settled from PostgreSQL. The re-send of
 //! unconfirmed reservations (`resend`) and the watch of confirmed ones the consumers never

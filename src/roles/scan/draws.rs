@@ -1,9 +1,10 @@
-//! The draws nobody waits for, and every draw's record (docs/ARCHITECTURE.md#a-fair-start):
-//! held requests draw their SKU as soon as its fair window closes; if every one of them went
-//! away (clients gone, API instances killed), the scanner draws it once the longest hold is
-//! over, winners' first sends due at once so the same pass sends them. Once a SKU's draw is
-//! finished (whoever finished it), one scanner records it in the activity's audit trail
-//! (`admin_audit`, action `fair_draw`: seed, entrants, winners, losers, when) and its metrics.
+//! The draws nobody waits for, and every draw's record
+//! (docs/architecture/hot-path.md#a-fair-start): held requests draw their SKU as soon as its fair
+//! window closes; if every one of them went away (clients gone, API instances killed), the scanner
+//! draws it once the longest hold is over, winners' first sends due at once so the same pass sends
+//! them. Once a SKU's draw is finished (whoever finished it), one scanner records it in the
+//! activity's audit trail (`admin_audit`, action `fair_draw`: seed, entrants, winners, losers,
+//! when) and its metrics.
 
 use chrono::Utc;
 use tracing::info;

@@ -64,7 +64,7 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
     );
     if sc.unconsumed_resend_ms > 0 {
         // What a dead broker holds goes out again through the live ones
-        // (docs/ARCHITECTURE.md#a-dead-brokers-messages).
+        // (docs/architecture/messages.md#a-dead-brokers-messages).
         let names = crate::mq::Names::of(&settings);
         scanner = scanner.with_progress(Arc::new(unconsumed::BrokerProgress {
             probe: probe.clone(),
@@ -118,7 +118,7 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
 const BROKER_HEALTH_EVERY: Duration = Duration::from_secs(5);
 
 /// Every [`BROKER_HEALTH_EVERY`], each master's disk, writes, flush and replicas as gauges
-/// (docs/ARCHITECTURE.md#broker-health).
+/// (docs/architecture/observability.md#broker-health).
 fn broker_health_loop(
     settings: &Settings,
     probe: Arc<crate::mq::rocketmq::LagProbe>,
@@ -136,7 +136,7 @@ fn broker_health_loop(
     }
 }
 
-/// The fenced activities' rebuilds (docs/ARCHITECTURE.md#when-redis-forgets), on their own
+/// The fenced activities' rebuilds (docs/architecture/redis.md#when-redis-forgets), on their own
 /// connections.
 async fn resync_loop(
     settings: &Arc<Settings>,
@@ -179,7 +179,8 @@ async fn scan_loop(scanner: Scanner, poll: Duration, stop: CancellationToken) {
 
 /// Relay passes back to back while they fill a batch; otherwise until a NOTIFY or the poll
 /// interval. The outbox gauges are refreshed once a second. While idle, one row that went DEAD
-/// for want of a broker is tried again every `relay_backoff_cap_ms` (docs/ARCHITECTURE.md#outbox-relay).
+/// for want of a broker is tried again every `relay_backoff_cap_ms`
+/// (docs/architecture/recovery.md#outbox-relay).
 async fn relay_loop(relay: Relay, wake: Arc<Notify>, stop: CancellationToken) {
     let mut last_observe = std::time::Instant::now() - Duration::from_secs(10);
     let probe_every = Duration::from_millis(relay.settings.scan.relay_backoff_cap_ms);

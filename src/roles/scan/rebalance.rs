@@ -1,4 +1,4 @@
-//! Moving leftovers between stock buckets (docs/ARCHITECTURE.md#moving-leftovers). A split
+//! Moving leftovers between stock buckets (docs/architecture/redis.md#moving-leftovers). A split
 //! SKU's buyers each reserve in their home bucket only, so one bucket can sell out while
 //! another still holds units nobody mapped to it asks for. Each scanner pass, for every split
 //! SKU: first every open move is finished (a crash between its steps is resumed here, by

@@ -1,6 +1,6 @@
-//! The outbox relay (docs/ARCHITECTURE.md#recovery-paths): claims PENDING outbox rows without
-//! blocking other relays, sends them (delayed ones with their deliver time), marks them SENT
-//! with the broker id, backs off on failure and marks a row DEAD after
+//! The outbox relay (docs/architecture/recovery.md#recovery-paths): claims PENDING outbox rows
+//! without blocking other relays, sends them (delayed ones with their deliver time), marks them
+//! SENT with the broker id, backs off on failure and marks a row DEAD after
 //! `scan.relay_max_attempts` (ERROR log, `outbox_dead_total`). It wakes on the writers' NOTIFY
 //! (`listen`) and polls as a fallback.
 
@@ -30,7 +30,7 @@ pub struct Relay {
     /// requeue after a confirmed send runs only then, not on every pass.
     dead_seen: AtomicBool,
     /// The compensation group's progress: releases it never took are sent again
-    /// (docs/ARCHITECTURE.md#a-dead-brokers-messages); `None`: never.
+    /// (docs/architecture/messages.md#a-dead-brokers-messages); `None`: never.
     release_progress: Option<Progress>,
 }
 
@@ -223,7 +223,8 @@ impl Relay {
         let tx = client.transaction().await?;
         outbox::on_partial_indexes(&tx).await?;
         // Both readings in one round trip (tokio-postgres pipelines concurrent queries on one
-        // connection); the refunds owed ride along (docs/ARCHITECTURE.md#refund-obligations).
+        // connection); the refunds owed ride along
+        // (docs/architecture/recovery.md#refund-obligations).
         let (b, r) = tokio::try_join!(
             outbox::backlog(&*tx, lead),
             crate::pg::refunds::backlog(&*tx)

@@ -1,11 +1,11 @@
-//! The reservation re-send scanner (docs/ARCHITECTURE.md#recovery-paths): leases due
+//! The reservation re-send scanner (docs/architecture/recovery.md#recovery-paths): leases due
 //! reservations from each activity's pending index (Lua, a bounded batch, an owner and a
 //! lease), re-sends ORDER_CREATE_REQUESTED with the **same message_id**, and marks the outcome:
 //! CONFIRMED → MQ_SENT; UNKNOWN → rescheduled with exponential backoff and jitter (stock
 //! kept); DEFINITE_FAILURE → retried while the reservation is valid, then settled from
 //! PostgreSQL, never released on the broker's word alone: an earlier copy may be stored
-//! (docs/ARCHITECTURE.md#uncertain-sends). A dead scanner's leases expire and another scanner
-//! takes the work over.
+//! (docs/architecture/hot-path.md#uncertain-sends). A dead scanner's leases expire and another
+//! scanner takes the work over.
 
 use std::sync::Arc;
 
@@ -37,7 +37,7 @@ pub struct ScanStats {
     pub moves: usize,
     pub moves_resumed: usize,
     /// Confirmed sends checked against the order-create inbox
-    /// (docs/ARCHITECTURE.md#a-dead-brokers-messages).
+    /// (docs/architecture/messages.md#a-dead-brokers-messages).
     pub awaiting: AwaitingStats,
 }
 
@@ -63,7 +63,7 @@ impl Scanner {
     }
 
     /// Watches confirmed sends until the consumers took them, reading the group's progress
-    /// from `progress` (docs/ARCHITECTURE.md#a-dead-brokers-messages).
+    /// from `progress` (docs/architecture/messages.md#a-dead-brokers-messages).
     pub fn with_progress(mut self, progress: Arc<dyn ProgressReader>) -> Self {
         self.progress = Some(Progress::new(progress));
         self

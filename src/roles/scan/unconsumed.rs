@@ -1,4 +1,5 @@
-//! Confirmed sends the consumers never took (docs/ARCHITECTURE.md#a-dead-brokers-messages).
+//! Confirmed sends the consumers never took
+//! (docs/architecture/messages.md#a-dead-brokers-messages).
 //!
 //! A broker that confirmed a message and then died holds it until it comes back: nobody can
 //! read a dead master's queues. Every confirmed ORDER_CREATE_REQUESTED therefore stays in its

@@ -1,7 +1,7 @@
 //! `seckill dlq groups | list | show | replay | discard`: the operator's side of the dead letters that
 //! the intake (in `seckill consume`, `roles::consume::dlq_intake`) recorded in PostgreSQL, and
 //! of the quarantined messages a consumer could never read (`--quarantined`): those can be
-//! replayed once a consumer that reads them runs (docs/ARCHITECTURE.md#upgrades).
+//! replayed once a consumer that reads them runs (docs/architecture/postgresql.md#upgrades).
 
 use std::time::Duration;
 

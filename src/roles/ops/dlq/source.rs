@@ -1,10 +1,10 @@
 //! `seckill dlq replay --from-source`: what a consumer group should have applied, read back from
-//! its source topic (docs/ARCHITECTURE.md#dead-letters). The broker keeps every message for its
-//! retention whatever the group's offsets say, so a window of the topic (narrowed to one
-//! business key if given) is read through the replay group (`Names::replay_group`, its own
-//! offsets: the live group's are never moved) and each message the group's inbox does not hold
-//! is sent again with its own message_id, exactly as a dead letter's replay is: the inbox makes
-//! a message applied twice impossible, the audit names each by where the broker stored it.
+//! its source topic (docs/architecture/recovery.md#dead-letters). The broker keeps every message
+//! for its retention whatever the group's offsets say, so a window of the topic (narrowed to one
+//! business key if given) is read through the replay group (`Names::replay_group`, its own offsets:
+//! the live group's are never moved) and each message the group's inbox does not hold is sent again
+//! with its own message_id, exactly as a dead letter's replay is: the inbox makes a message applied
+//! twice impossible, the audit names each by where the broker stored it.
 
 use std::time::Duration;
 
