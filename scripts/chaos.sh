@@ -24,7 +24,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-source scripts/ready-lib.sh
+source scripts/roles-lib.sh
 export SECKILL_ENV=chaos
 REQUESTS="${CHAOS_REQUESTS:-8000}"
 BUYERS="${CHAOS_BUYERS:-7000}"
@@ -79,37 +79,21 @@ ACTIVITY=$(( $(date +%s) * 10 + 7 ))
 SKU_KEY="seckill-chaos:{a$ACTIVITY}:sku:1"
 
 # Each role's ops port (/readyz, /metrics); the API's buyers listen on 38080.
-declare -A PID=() PORT=([api]=39100 [consume]=39101 [scan]=39102 [timeout-cancel]=39103)
+declare -A PORT=([api]=39100 [consume]=39101 [scan]=39102 [timeout-cancel]=39103)
 declare -a FAULTS=()
 declare -A PHASE_FAULTS=([intake]=0 [backlog]=0 [payment]=0 [cancel]=0)
-start() { # role
-  "$BIN" "$1" >>"$LOG_DIR/$1.log" 2>&1 &
-  PID[$1]=$!
-}
-wait_ready() { # role
-  until_ready "http://127.0.0.1:${PORT[$1]}/readyz" 30 "${PID[$1]}" && return 0
-  log "$1 not ready after 30 s (log $LOG_DIR/$1.log)"
-  return 1
-}
-stop_all() {
-  for r in "${!PID[@]}"; do kill -TERM "${PID[$r]}" 2>/dev/null || true; done
-  for r in "${!PID[@]}"; do
-    for _ in $(seq 1 100); do kill -0 "${PID[$r]}" 2>/dev/null || break; sleep 0.2; done
-    kill -KILL "${PID[$r]}" 2>/dev/null || true
-  done
-}
-cleanup() { stop_all; redis_stop; }
+cleanup() { stop_roles_by_name; redis_stop; }
 trap cleanup EXIT
 ROLES=(api consume scan timeout-cancel)
-for r in "${ROLES[@]}"; do start "$r"; done
-for r in "${ROLES[@]}"; do wait_ready "$r"; done
+for r in "${ROLES[@]}"; do start_role "$r"; done
+for r in "${ROLES[@]}"; do wait_role_ready "$r"; done
 
 # --- faults --------------------------------------------------------------------------------
 kill_role() { # role [seconds down]
   kill -KILL "${PID[$1]}" 2>/dev/null || true
   wait "${PID[$1]}" 2>/dev/null || true
   sleep "${2:-0.5}"
-  start "$1"
+  start_role "$1"
 }
 fault() { # phase target what...
   local phase="$1" target="$2"; shift 2
@@ -181,7 +165,7 @@ while kill -0 "$bench" 2>/dev/null; do
     if ! kill -0 "${PID[$r]}" 2>/dev/null; then
       wait "${PID[$r]}" 2>/dev/null || true
       log "$r found dead; restarting"
-      start "$r"
+      start_role "$r"
     fi
   done
   p="$(phase)"
@@ -199,7 +183,7 @@ bench_status=$?
 [[ -z "$broker_restart" ]] || wait "$broker_restart"
 set -e
 # Every role up again for the final checks; then reconcile (grace: anything older than 5 s).
-for r in "${ROLES[@]}"; do kill -0 "${PID[$r]}" 2>/dev/null || start "$r"; done
+for r in "${ROLES[@]}"; do kill -0 "${PID[$r]}" 2>/dev/null || start_role "$r"; done
 set +e
 "$BIN" reconcile --window-hours 1 --grace-secs 5 --fail-on-drift >"$LOG_DIR/reconcile.out" 2>&1
 reconcile_status=$?

@@ -1,7 +1,7 @@
 # Shared by scripts/demo.sh and scripts/demo-cluster.sh (sourced, not run). Expects BIN (the
 # seckill binary) and RUN_DIR (where the logs go); keeps the started roles' pids in `pids`.
 
-source "$(dirname "${BASH_SOURCE[0]}")/ready-lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/roles-lib.sh"
 
 # setup ARGS...: a one-shot `seckill` command; its log lines go to setup.log, and a failure
 # ends the demo with DEMO FAILED reason=setup_<command>.
@@ -13,11 +13,7 @@ setup() {
 pids=()
 # SIGTERM to every started role, SIGKILL to any still running 30 s later.
 stop_roles() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do
-    for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -KILL "$pid" 2>/dev/null || true
-  done
+  ((${#pids[@]} == 0)) || stop_pids 30 "${pids[@]}"
   pids=()
 }
 

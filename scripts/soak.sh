@@ -15,7 +15,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-source scripts/ready-lib.sh
+source scripts/roles-lib.sh
 export SECKILL_ENV=soak
 DURATION="${SOAK_DURATION_SECS:-600}"
 RATE="${SOAK_RATE:-300}"
@@ -54,25 +54,12 @@ STOCK=$(awk -v r="$RATE" -v d="$DURATION" 'BEGIN { printf "%d", r * d * 1.2 + 10
   --duration-secs $(( DURATION + PAY_WINDOW + 3600 )) >&2
 
 # Each role's ops port (/readyz, /metrics); the API's buyers listen on 27080.
-declare -A PID=() PORT=([api]=27100 [consume]=27101 [scan]=27102 [timeout-cancel]=27103)
+declare -A PORT=([api]=27100 [consume]=27101 [scan]=27102 [timeout-cancel]=27103)
 ROLES=(api consume scan timeout-cancel)
-start() { "$BIN" "$1" >>"$LOG_DIR/$1.log" 2>&1 & PID[$1]=$!; }
-wait_ready() { # role
-  until_ready "http://127.0.0.1:${PORT[$1]}/readyz" 30 "${PID[$1]}" && return 0
-  log "$1 not ready after 30 s (log $LOG_DIR/$1.log)"
-  return 1
-}
-stop_all() {
-  for r in "${!PID[@]}"; do kill -TERM "${PID[$r]}" 2>/dev/null || true; done
-  for r in "${!PID[@]}"; do
-    for _ in $(seq 1 100); do kill -0 "${PID[$r]}" 2>/dev/null || break; sleep 0.2; done
-    kill -KILL "${PID[$r]}" 2>/dev/null || true
-  done
-}
-cleanup() { stop_all; clean_stores; }
+cleanup() { stop_roles_by_name; clean_stores; }
 trap cleanup EXIT
-for r in "${ROLES[@]}"; do start "$r"; done
-for r in "${ROLES[@]}"; do wait_ready "$r"; done
+for r in "${ROLES[@]}"; do start_role "$r"; done
+for r in "${ROLES[@]}"; do wait_role_ready "$r"; done
 # The soak's topics outlive a run: messages an interrupted run left behind are consumed first
 # (their schema is gone: rejected and compensated), so that their age does not pause admission.
 for _ in $(seq 1 300); do
