@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""No circles in src/ (src/lib.rs's tour: nothing imports upward): imports between the top-level modules
-(config, domain, mq, pg, redis, roles, ...) and between sibling files of one module form no
-cycle. Reads `crate::a::b` and `super::x` paths outside #[cfg(test)]; exits 1 naming each cycle.
+"""No circles in src/ or bench/src/ (src/lib.rs's tour: nothing imports upward): imports
+between the top-level modules (config, domain, mq, pg, redis, roles, ...) and between sibling
+files of one module form no cycle, and no child file calls a function of the parent module that
+reaches into it (its steps belong where the parent can show them). Reads `crate::a::b`,
+`super::x` and their brace groups (`super::{a, b::C}`) outside #[cfg(test)]; exits 1 naming each
+cycle.
 
-  scripts/check-cycles.py              check src/
-  scripts/check-cycles.py --self-test  a scratch tree with a cycle fails, one without passes
+  scripts/check-cycles.py              check src/ and bench/src/
+  scripts/check-cycles.py --self-test  scratch trees with each kind of cycle fail, one without passes
 """
 import os
 import re
@@ -24,7 +27,9 @@ def sources(root):
                 p = os.path.join(d, f)
                 s = open(p).read()
                 i = s.find("#[cfg(test)]")
-                yield p, s if i < 0 else s[:i]
+                s = s if i < 0 else s[:i]
+                # Comments name paths without using them (doc links to a parent's item).
+                yield p, re.sub(r"//[^\n]*", "", s)
 
 
 def cycles(graph):
@@ -59,6 +64,55 @@ def cycles(graph):
     return out
 
 
+IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+
+
+def paths(s, head):
+    """Every path after `head` (`crate` or `super`), brace groups expanded: `super::{a, b::C}`
+    gives [a] and [b, C]."""
+    out = []
+
+    def expand(prefix, text):
+        # text starts right after `prefix::`
+        if text.startswith("{"):
+            depth, i, start = 0, 0, 1
+            for i, ch in enumerate(text):
+                if ch == "{":
+                    depth += 1
+                elif ch == "}":
+                    depth -= 1
+                    if depth == 0:
+                        break
+            inner = text[1:i]
+            parts, depth, cur = [], 0, ""
+            for ch in inner:
+                if ch == "," and depth == 0:
+                    parts.append(cur)
+                    cur = ""
+                    continue
+                depth += ch == "{"
+                depth -= ch == "}"
+                cur += ch
+            parts.append(cur)
+            for part in parts:
+                part = part.strip()
+                if part and part != "self":
+                    expand(prefix, part)
+            return
+        m = re.match(rf"({IDENT})(::)?", text)
+        if not m:
+            out.append(prefix)
+            return
+        if m.group(2):
+            expand(prefix + [m.group(1)], text[m.end():])
+        else:
+            out.append(prefix + [m.group(1)])
+
+    for x in re.finditer(rf"\b{head}::", s):
+        expand([], s[x.end():])
+    return [p for p in out if p]
+
+
 def check(root, quiet=False):
     files = {modpath(root, p): s for p, s in sources(root)}
     known = set(files)
@@ -73,17 +127,28 @@ def check(root, quiet=False):
     for m, s in files.items():
         if m in (("lib",), ("main",)):
             continue
-        for x in re.finditer(r"\bcrate((?:::[a-z_][a-z0-9_]*)+)", s):
-            parts = x.group(1).split("::")[1:]
-            if parts[0] != m[0]:
+        for parts in paths(s, "crate"):
+            if parts[0] != m[0] and tuple(parts[:1]) in known:
                 top.setdefault(m[0], set()).add(parts[0])
             t = resolve(parts)
             if t and t != m and t != m[: len(t)] and t[:-1] == m[:-1]:
                 sibling.setdefault(m, set()).add(t)
-        for x in re.finditer(r"\bsuper((?:::[a-z_][a-z0-9_]*)+)", s):
-            t = resolve(list(m[:-1]) + x.group(1).split("::")[1:])
+            if t and t == m[:-1] and len(parts) == len(t) + 1 and re.fullmatch(r"[a-z_][a-z0-9_]*", parts[-1]):
+                if re.search(rf"\b{m[-1]}::", files.get(t, "")):
+                    sibling.setdefault(m, set()).add(t)
+                    sibling.setdefault(t, set()).add(m)
+        for parts in paths(s, "super"):
+            full = list(m[:-1]) + parts
+            t = resolve(full)
             if t and t != m and t != m[: len(t)] and t[:-1] == m[:-1]:
                 sibling.setdefault(m, set()).add(t)
+            # A child calling a function of its parent (`super::write_outcomes`, not a type,
+            # constant or submodule) while the parent reaches into the child: a circle of calls.
+            if t == m[:-1] and len(full) == len(t) + 1 and re.fullmatch(r"[a-z_][a-z0-9_]*", parts[-1]):
+                parent_src = files.get(t, "")
+                if re.search(rf"\b{m[-1]}::", parent_src):
+                    sibling.setdefault(m, set()).add(t)
+                    sibling.setdefault(t, set()).add(m)
     found = cycles(top) + cycles(sibling)
     for c in [] if quiet else found:
         print("check-cycles: a circle of imports: " + " <-> ".join("/".join(x) if isinstance(x, tuple) else x for x in c))
@@ -107,6 +172,31 @@ def self_test():
         open(os.path.join(d, "a", "x.rs"), "w").write("")
         if check(d, quiet=True):
             sys.exit("check-cycles self-test: two top-level modules importing each other passed")
+    with tempfile.TemporaryDirectory() as d:
+        # A circle hidden in brace groups, as bench/src/run had one (ceilings <-> scenarios).
+        os.makedirs(os.path.join(d, "run"))
+        open(os.path.join(d, "main.rs"), "w").write("mod run;")
+        open(os.path.join(d, "run", "mod.rs"), "w").write("mod ceilings; mod scenarios; pub struct Run;")
+        open(os.path.join(d, "run", "ceilings.rs"), "w").write("use super::{Run, scenarios::consume};")
+        open(os.path.join(d, "run", "scenarios.rs"), "w").write("use super::{ceilings, Run};")
+        if check(d, quiet=True):
+            sys.exit("check-cycles self-test: a circle through brace groups passed")
+        open(os.path.join(d, "run", "ceilings.rs"), "w").write("use super::{Run};")
+        if not check(d, quiet=True):
+            sys.exit("check-cycles self-test: brace groups without a circle were refused")
+    with tempfile.TemporaryDirectory() as d:
+        # A child that calls back up into the parent that calls it.
+        os.makedirs(os.path.join(d, "order_tx"))
+        open(os.path.join(d, "lib.rs"), "w").write("mod order_tx;")
+        open(os.path.join(d, "order_tx", "mod.rs"), "w").write(
+            "mod stock; pub struct Batch; fn steps() { stock::take(); } pub fn write_outcomes() {}")
+        open(os.path.join(d, "order_tx", "stock.rs"), "w").write(
+            "use super::Batch; pub fn take() { super::write_outcomes(); }")
+        if check(d, quiet=True):
+            sys.exit("check-cycles self-test: a child calling up into its parent passed")
+        open(os.path.join(d, "order_tx", "stock.rs"), "w").write("use super::Batch; pub fn take() {}")
+        if not check(d, quiet=True):
+            sys.exit("check-cycles self-test: a child using its parent's type was refused")
     print("check-cycles self-test: ok")
 
 
@@ -114,7 +204,11 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--self-test"]:
         self_test()
     else:
-        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
-        if not check(root):
+        repo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+        ok = True
+        for tree in ("src", os.path.join("bench", "src")):
+            ok &= check(os.path.join(repo, tree))
+        if not ok:
             sys.exit(1)
-        print("check-cycles: no circles between top-level modules or sibling files of src/")
+        print("check-cycles: no circles between top-level modules, sibling files or a parent "
+              "and its children, in src/ and bench/src/")

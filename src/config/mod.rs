@@ -27,6 +27,7 @@ pub use api::{
     MIN_ADMIN_TOKEN_BYTES,
 };
 pub use mq::{EventDelivery, EventSettings, MqSettings};
+use stores::is_ident;
 pub use stores::{PgSettings, PgTls, RedisMode, RedisSettings};
 pub use workers::{
     ConsumerSettings, RetentionSettings, ScanSettings, TelemetrySettings, TimeoutSettings,
@@ -57,11 +58,6 @@ impl ConfigError {
             reason: reason.into(),
         }
     }
-}
-
-/// 1-32 characters of A-Z, a-z, 0-9, _ (the environment name, the schema).
-fn is_ident(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 32 && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -3,7 +3,13 @@
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
-use super::{is_ident, ConfigError};
+use super::ConfigError;
+
+/// 1-32 characters of A-Z, a-z, 0-9, _ (the environment name, the schema): what may go into a
+/// schema, topic or group name unquoted.
+pub(super) fn is_ident(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 32 && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -19,12 +19,12 @@ use deadpool_postgres::Client;
 use tokio_postgres::types::ToSql;
 
 use super::errors::TxError;
-use super::exec_unless_empty;
 use super::order_state::StateNames;
 use super::rows::{
     CompensationRows, InboxClaims, InboxOutcomes, JsonDoc, LedgerMove, LedgerRows, OutboxEvent,
     OutboxRows, OutboxStart,
 };
+use super::statements::exec_unless_empty;
 use crate::domain::events::{
     payload, OrderCanceled, OrderRef, ReleaseReservation, TAG_ORDER_CANCELED,
 };

@@ -19,6 +19,7 @@ pub mod replay;
 pub mod retention;
 pub mod rows;
 mod session;
+pub(crate) mod statements;
 
 use std::time::Duration;
 
@@ -151,8 +152,24 @@ pub async fn connect_one(
     session::drive_while(&mut conn, client.batch_execute(&setup))
         .await
         .with_context(|| format!("pg: setting up a session at {}", endpoint(&cfg)))?;
-    session::check_one(&client, &mut conn, settings, &endpoint(&cfg)).await?;
+    let shown = endpoint(&cfg);
+    session::check_one(&client, &mut conn, connect_bare(settings, &shown), &shown).await?;
     Ok((client, conn))
+}
+
+/// A connection with no session set up: the session probe's second client
+/// ([`session::check_pool`]).
+async fn connect_bare(
+    settings: &PgSettings,
+    endpoint: &str,
+) -> anyhow::Result<(
+    tokio_postgres::Client,
+    tokio_postgres::Connection<tokio_postgres::Socket, TlsStream>,
+)> {
+    pg_config(settings)?
+        .connect(connector(settings)?)
+        .await
+        .with_context(|| format!("pg.url: cannot connect to {endpoint}"))
 }
 
 /// How long sent data may stay unacknowledged by PostgreSQL before the connection is dropped
@@ -202,7 +219,7 @@ pub async fn connect_pool_with(
         }))
         .build()
         .context("pg: cannot build the pool")?;
-    session::check_pool(&pool, settings, &shown).await?;
+    session::check_pool(&pool, connect_bare(settings, &shown), &shown).await?;
     Ok(pool)
 }
 
@@ -289,49 +306,4 @@ pub(crate) fn order_ref(
         sku_id: r.get(at + 2),
         user_id: r.get(at + 3),
     }
-}
-
-/// A statement's text, and whether its prepared form is kept for the connection's life.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Sql<'a> {
-    /// Prepared once per connection (its plan reused on a [`PlanCache::Reuse`] connection).
-    Cached(&'a str),
-    /// Sent unnamed with its parameters' types, in one round trip: PostgreSQL plans it with
-    /// its parameters even on a [`PlanCache::Reuse`] connection. For a statement that searches
-    /// a table whose size a cached plan could misjudge (the inbox, reservations and orders of
-    /// a sale that began a minute ago), on paths that are not every batch's.
-    PerRun(&'a str, &'a [tokio_postgres::types::Type]),
-}
-
-impl<'a> From<&'a str> for Sql<'a> {
-    fn from(sql: &'a str) -> Self {
-        Sql::Cached(sql)
-    }
-}
-
-/// Runs one set-based statement of a transaction, unless it has no rows to write: the order
-/// and cancel transactions' building block.
-pub(crate) async fn exec_unless_empty<'a, const N: usize>(
-    tx: &deadpool_postgres::Transaction<'_>,
-    empty: bool,
-    sql: impl Into<Sql<'a>>,
-    params: [&(dyn tokio_postgres::types::ToSql + Sync); N],
-) -> Result<(), tokio_postgres::Error> {
-    if empty {
-        return Ok(());
-    }
-    match sql.into() {
-        Sql::Cached(sql) => {
-            let stmt = tx.prepare_cached(sql).await?;
-            tx.execute(&stmt, &params).await?;
-        }
-        // The unnamed statement: parsed, bound and run in one round trip, and planned for
-        // this run (PostgreSQL plans a statement's first five runs with their parameters).
-        Sql::PerRun(sql, types) => {
-            debug_assert_eq!(types.len(), N, "one type per parameter: {sql}");
-            let typed: Vec<_> = params.iter().copied().zip(types.iter().cloned()).collect();
-            tx.execute_typed(sql, &typed).await?;
-        }
-    }
-    Ok(())
 }

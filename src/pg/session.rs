@@ -20,6 +20,9 @@ use std::task::Poll;
 use anyhow::{anyhow, bail, Context as _};
 
 use super::{PlanCache, TlsStream};
+
+/// A connection's driving half, as this crate opens them.
+type Connection = tokio_postgres::Connection<tokio_postgres::Socket, TlsStream>;
 use crate::config::PgSettings;
 
 /// The statements a connection runs once it opens, before anything else.
@@ -75,10 +78,10 @@ static KEPT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
 
 /// Refuses a pool whose connections do not keep one server session across transactions
 /// ([`probe`] on two of its connections), unless this process checked already; a pool of one
-/// connection borrows a second, short-lived connection for it.
+/// connection borrows a second, short-lived one that `second` opens.
 pub(super) async fn check_pool(
     pool: &deadpool_postgres::Pool,
-    settings: &PgSettings,
+    second: impl std::future::Future<Output = anyhow::Result<(tokio_postgres::Client, Connection)>>,
     endpoint: &str,
 ) -> anyhow::Result<()> {
     let unanswered = || format!("pg.url: PostgreSQL at {endpoint} does not answer");
@@ -91,7 +94,7 @@ pub(super) async fn check_pool(
         let b = pool.get().await.with_context(unanswered)?;
         probe(&a, &b, endpoint).await?;
     } else {
-        let (b, conn) = connect_bare(settings, endpoint).await?;
+        let (b, conn) = second.await?;
         let driver = tokio::spawn(conn);
         let checked = probe(&a, &b, endpoint).await;
         driver.abort();
@@ -102,37 +105,23 @@ pub(super) async fn check_pool(
 }
 
 /// [`check_pool`] for a connection handed out undriven ([`super::connect_one`]), with a second,
-/// short-lived connection.
+/// short-lived one that `second` opens (awaited only while no probe has passed yet).
 pub(super) async fn check_one(
     client: &tokio_postgres::Client,
-    conn: &mut tokio_postgres::Connection<tokio_postgres::Socket, TlsStream>,
-    settings: &PgSettings,
+    conn: &mut Connection,
+    second: impl std::future::Future<Output = anyhow::Result<(tokio_postgres::Client, Connection)>>,
     endpoint: &str,
 ) -> anyhow::Result<()> {
     if KEPT.get().is_some() {
         return Ok(());
     }
-    let (b, b_conn) = connect_bare(settings, endpoint).await?;
+    let (b, b_conn) = second.await?;
     let driver = tokio::spawn(b_conn);
     let checked = drive_while(conn, probe(client, &b, endpoint)).await;
     driver.abort();
     checked?;
     let _ = KEPT.set(());
     Ok(())
-}
-
-/// A connection with no session set up: for the probe's second client only.
-async fn connect_bare(
-    settings: &PgSettings,
-    endpoint: &str,
-) -> anyhow::Result<(
-    tokio_postgres::Client,
-    tokio_postgres::Connection<tokio_postgres::Socket, TlsStream>,
-)> {
-    super::pg_config(settings)?
-        .connect(super::connector(settings)?)
-        .await
-        .with_context(|| format!("pg.url: cannot connect to {endpoint}"))
 }
 
 /// Whether two connections, A and B, each keep one server session across transactions.

@@ -222,7 +222,7 @@ pub async fn api_ceilings(run: &mut Run, keys: &[Provisioned]) -> anyhow::Result
     run.keep("C_ACCEPT", line);
     run.procs.stop("api").await;
     run.procs.set_env(&[]);
-    super::scenarios::consume(run, &[], None).await?;
+    run.procs.restart_consume().await?;
     run.wait_recorded(&[a], taken).await;
     Ok(())
 }
@@ -289,7 +289,7 @@ pub async fn only_ceilings(run: &mut Run, keys: &[Provisioned]) -> anyhow::Resul
     // A backlog left by an earlier run would close admission (its lag past the validity):
     // the consumer takes it first, until the reservations recorded stop growing (3 minutes at
     // most).
-    super::scenarios::consume(run, &[], None).await?;
+    run.procs.restart_consume().await?;
     let sql = "SELECT count(*) FROM {s}.reservations";
     let mut last = -1;
     let mut still = 0;

@@ -112,6 +112,16 @@ impl Procs {
         Ok(())
     }
 
+    /// Restarts `seckill consume` (with the current overrides) and waits for its queues.
+    pub async fn restart_consume(&mut self) -> anyhow::Result<()> {
+        self.stop("consume").await;
+        self.start("consume", &["consume"], None)?;
+        wait_ready(super::CONSUME_READY).await?;
+        // Queue assignment.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        Ok(())
+    }
+
     /// SIGTERM, then SIGKILL if it has not exited within 30 s.
     pub async fn stop(&mut self, name: &str) {
         let Some(mut child) = self.running.remove(name) else {

@@ -8,9 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::procs::{poll_until, wait_ready};
 use super::tables::{like_pgbench_start, reset_order_tables};
-use super::{
-    Run, API, API_READY, BASELINE, BASELINE_READY, CONSUME_METRICS, CONSUME_READY, SCAN_READY,
-};
+use super::{Run, API, API_READY, BASELINE, BASELINE_READY, CONSUME_METRICS, SCAN_READY};
 use crate::lines::quotient;
 use crate::ratios::{median_at, Line};
 use crate::tokens::Provisioned;
@@ -18,18 +16,6 @@ use anyhow::Context;
 
 fn s(v: impl ToString) -> String {
     v.to_string()
-}
-
-/// Restarts the consumer (extra `args` to `seckill consume`) and waits for its queues.
-pub(super) async fn consume(run: &mut Run, args: &[&str], nice: Option<i32>) -> anyhow::Result<()> {
-    run.procs.stop("consume").await;
-    let mut all = vec!["consume"];
-    all.extend_from_slice(args);
-    run.procs.start("consume", &all, nice)?;
-    wait_ready(CONSUME_READY).await?;
-    // Queue assignment.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    Ok(())
 }
 
 /// Starts the API (with the current overrides) and waits until it is ready.
@@ -208,7 +194,7 @@ async fn sale_pair(run: &mut Run) -> anyhow::Result<()> {
     .await?;
     let accepted = front.num("accepted").unwrap_or(0.0) as i64;
     run.keep("SALE_FRONT", front);
-    consume(run, &[], None).await?;
+    run.procs.restart_consume().await?;
     run.wait_recorded(&[a], accepted).await;
     Ok(())
 }
@@ -289,7 +275,7 @@ async fn pg_statements(run: &Run, save: Option<&std::path::Path>) {
 
 /// `make bench-sale`: the sale's three runs alone.
 pub async fn only_sale(run: &mut Run) -> anyhow::Result<()> {
-    consume(run, &[], None).await?;
+    run.procs.restart_consume().await?;
     run.procs.start("scan", &["scan"], None)?;
     wait_ready(SCAN_READY).await?;
     api(run).await?;
@@ -438,7 +424,7 @@ async fn order_consumer(run: &mut Run) -> anyhow::Result<()> {
     let line = backlog(run, "single", stock, z.backlog_single, &[]).await?;
     run.keep("B_SINGLE", line);
     run.procs.set_env(&[]);
-    consume(run, &[], None).await
+    run.procs.restart_consume().await
 }
 
 /// The send path alone (the consumer stopped: the load generator, the API, Redis and the
@@ -482,7 +468,7 @@ async fn send_path(run: &mut Run, keys: &[Provisioned]) -> anyhow::Result<()> {
         let line = accept_run(run, label, false, a, env, &only).await?;
         run.keep(name, line);
     }
-    consume(run, &[], None).await?;
+    run.procs.restart_consume().await?;
     // The next scenarios start once the consumer has turned that backlog into orders.
     let accepted: f64 = ["I_BATCHED", "I_SINGLE", "T_OFF", "T_ON", "T_OFF2", "T_ON2"]
         .iter()

@@ -21,8 +21,8 @@ use crate::domain::events::{
 };
 use crate::domain::order_create::SCHEMA_VERSION;
 use crate::domain::OrderCreateRequested;
-use crate::pg::exec_unless_empty;
 use crate::pg::rows::OutboxStart;
+use crate::pg::statements::exec_unless_empty;
 
 /// A batch's two instants as its documents write them: what `DateTime<Utc>`'s `Serialize`
 /// writes (chrono's RFC 3339, AutoSi fractions, `Z` for UTC), formatted once per batch.

@@ -21,7 +21,7 @@ use deadpool_postgres::Client;
 use tokio_postgres::types::Type;
 
 use super::errors::TxError;
-use super::{exec_unless_empty, Sql};
+use super::statements::{exec_unless_empty, Sql};
 use crate::domain::order_create::PoisonReason;
 use crate::domain::{Decision, OrderCreateRequested, RejectReason};
 
@@ -34,7 +34,7 @@ use super::rows::{
 use rows::{
     home_bucket, inbox_corrections, push_release, OrderRows, RejectionRows, ReservationRows,
 };
-use stock::{group_by_sku, take_stock_locked, take_stock_optimistically};
+use stock::group_by_sku;
 
 /// One message handed to the transaction.
 #[derive(Debug, Clone)]
@@ -253,10 +253,19 @@ async fn steps(
     let (eligible, mut rejected) = record_reservations(tx, b, &owned).await?;
     let inserted = insert_orders(tx, b, &eligible, &mut rejected).await?;
     let per_row = group_by_sku(b, &eligible, &inserted);
-    let created = match take_stock_optimistically(tx, b, &owned, &per_row, &rejected).await? {
-        Some(created) => created,
-        None => take_stock_locked(tx, b, &owned, &per_row, &mut rejected).await?,
-    };
+    // Optimistic: step 6 before step 5's decrements, so the hot row is locked last.
+    if let Some(all) = stock::enough_unlocked(tx, &per_row).await? {
+        write_outcomes(tx, b, &owned, &all, &HashMap::new(), &rejected).await?;
+        if stock::take_and_stamp(tx, &per_row, all.len()).await? {
+            return Ok((all, rejected));
+        }
+    }
+    // Locked: step 5 decides who gets a unit, then step 6 writes it, then step 7.
+    let (created, moved) = stock::take_stock_locked(tx, b, &per_row, &mut rejected).await?;
+    write_outcomes(tx, b, &owned, &created, &moved, &rejected).await?;
+    if !created.is_empty() {
+        stock::stamp_commit(tx, created.len()).await?;
+    }
     Ok((created, rejected))
 }
 

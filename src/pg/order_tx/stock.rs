@@ -1,16 +1,17 @@
 //! Steps 5 and 7 of the order transaction: take each order's unit from its stock row
 //! (optimistically, else under the row lock, falling back to the SKU's other buckets) and
-//! stamp the commit. The hot row is locked as late as possible.
+//! stamp the commit. The hot row is locked as late as possible. `steps()` (the parent) orders
+//! them around step 6 on each path.
 
 use std::collections::{BTreeMap, HashMap};
 
 use tokio_postgres::types::{ToSql, Type};
 
 use super::rows::home_bucket;
-use super::{write_outcomes, Batch, Tx};
+use super::{Batch, Tx};
 use crate::domain::RejectReason;
 use crate::pg::rows::Returned;
-use crate::pg::{exec_unless_empty, Sql};
+use crate::pg::statements::{exec_unless_empty, Sql};
 
 /// One stock row: activity, SKU, bucket (docs/architecture/redis.md#stock-buckets).
 type StockKey = (i64, i64, i16);
@@ -38,19 +39,15 @@ pub(super) fn group_by_sku(
     per_row
 }
 
-/// Step 5, optimistic: when an unlocked read shows enough stock in every stock row of the
-/// batch (each order's home bucket), write every outcome as if all were granted, then
-/// decrement each row conditionally (`remaining_stock >= wanted`, re-checked by PostgreSQL on
-/// the latest row version), in key order. The hot row's lock is what serialises the sale, so
-/// it is taken last and held for the decrement and the commit only; with stock buckets, K
-/// such rows let K transactions of one SKU commit side by side. `None` when it does not apply
-/// or a row fell short meanwhile (rolled back to the savepoint): the locked path decides.
-pub(super) async fn take_stock_optimistically(
+/// Step 5, optimistic, its first half: whether an unlocked read shows enough stock in every
+/// stock row of the batch (each order's home bucket), with a savepoint taken beside the read.
+/// `Some(every order)` when it does: step 6 then writes every outcome as if all were granted,
+/// and [`take_and_stamp`] decrements. The hot row's lock is what serialises the sale, so it is
+/// taken last and held for the decrement and the commit only; with stock buckets, K such rows
+/// let K transactions of one SKU commit side by side. `None`: the locked path decides.
+pub(super) async fn enough_unlocked(
     tx: &Tx<'_>,
-    b: &Batch<'_>,
-    owned: &[usize],
     per_row: &BTreeMap<StockKey, Vec<usize>>,
-    rejected: &[(usize, RejectReason)],
 ) -> Result<Option<Vec<usize>>, tokio_postgres::Error> {
     if per_row.is_empty() {
         return Ok(None);
@@ -81,12 +78,23 @@ pub(super) async fn take_stock_optimistically(
     if !enough {
         return Ok(None);
     }
-    let all: Vec<usize> = per_row.values().flatten().copied().collect();
     // Fault-injection point: another transaction may take the stock between the read above
-    // and the decrement below (tests/isolated/stock_fallback.rs takes it here), so the decrement
+    // and the decrement (tests/isolated/stock_fallback.rs takes it here), so the decrement
     // misses and the savepoint fallback decides.
     fail::fail_point!("order-tx-after-stock-peek");
-    write_outcomes(tx, b, owned, &all, &HashMap::new(), rejected).await?;
+    Ok(Some(per_row.values().flatten().copied().collect()))
+}
+
+/// Step 5, optimistic, its second half, with step 7: decrements each stock row conditionally
+/// (`remaining_stock >= wanted`, re-checked by PostgreSQL on the latest row version), in key
+/// order, and stamps the commit of `orders` orders. Whether every row had its units; if one
+/// fell short meanwhile, everything since the savepoint is rolled back (step 6's rows too) and
+/// the locked path decides.
+pub(super) async fn take_and_stamp(
+    tx: &Tx<'_>,
+    per_row: &BTreeMap<StockKey, Vec<usize>>,
+    orders: usize,
+) -> Result<bool, tokio_postgres::Error> {
     let take = tx
         .prepare_cached(
             "UPDATE stock_buckets SET remaining_stock = remaining_stock - $4, updated_at = now()
@@ -107,21 +115,19 @@ pub(super) async fn take_stock_optimistically(
     let takes = params.iter().map(|p| tx.query_opt(&take, p));
     // The commit stamp follows the decrements in the same round trip; if one misses, the
     // rollback to the savepoint takes the stamp with it and the locked path writes its own.
-    let (takes, stamped) = futures::join!(
-        futures::future::join_all(takes),
-        stamp_commit(tx, all.len())
-    );
+    let (takes, stamped) =
+        futures::join!(futures::future::join_all(takes), stamp_commit(tx, orders));
     let mut granted_all = true;
     for taken in takes {
         granted_all &= taken?.is_some();
     }
     stamped?;
     if granted_all {
-        return Ok(Some(all));
+        return Ok(true);
     }
     metrics::counter!("order_tx_stock_fallback_total").increment(1);
     tx.batch_execute("ROLLBACK TO SAVEPOINT stock").await?;
-    Ok(None)
+    Ok(false)
 }
 
 /// Where the locked path takes each order's unit: its home bucket, else any bucket with
@@ -213,14 +219,14 @@ impl Allocation {
 /// more units than its own row holds: docs/architecture/redis.md#moving-leftovers), granting at
 /// most what is left. Surplus orders are removed and rejected NO_STOCK. The row lock is FOR NO
 /// KEY UPDATE, like the decrement's (the orders' foreign-key checks hold FOR KEY SHARE on
-/// the SKU's row). Returns the created indexes.
+/// the SKU's row). Returns the created indexes, and those whose unit came from another bucket
+/// than their home one.
 pub(super) async fn take_stock_locked(
     tx: &Tx<'_>,
     b: &Batch<'_>,
-    owned: &[usize],
     per_row: &BTreeMap<StockKey, Vec<usize>>,
     rejected: &mut Vec<(usize, RejectReason)>,
-) -> Result<Vec<usize>, tokio_postgres::Error> {
+) -> Result<(Vec<usize>, HashMap<usize, i16>), tokio_postgres::Error> {
     let mut per_sku: BTreeMap<(i64, i64), BucketGroups<'_>> = BTreeMap::new();
     for ((activity_id, sku_id, bucket), idxs) in per_row {
         per_sku
@@ -271,11 +277,7 @@ pub(super) async fn take_stock_locked(
     }
     a.fix_orders(tx, b).await?;
     let Allocation { created, moved, .. } = a;
-    write_outcomes(tx, b, owned, &created, &moved, rejected).await?;
-    if !created.is_empty() {
-        stamp_commit(tx, created.len()).await?;
-    }
-    Ok(created)
+    Ok((created, moved))
 }
 
 /// Step 7, the commit stamp: the transaction's last statement, after the hot row's decrement,

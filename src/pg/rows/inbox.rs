@@ -144,7 +144,7 @@ impl InboxOutcomes {
     }
 
     /// The outcomes, in one statement prepared once per connection (`per_run`: for this run
-    /// only, planned with these ids: [`crate::pg::Sql::PerRun`]).
+    /// only, planned with these ids: [`crate::pg::statements::Sql::PerRun`]).
     pub async fn settle(
         &self,
         tx: &deadpool_postgres::Transaction<'_>,
@@ -159,10 +159,10 @@ impl InboxOutcomes {
             Type::TEXT_ARRAY,
         ];
         let sql = match per_run {
-            true => crate::pg::Sql::PerRun(SETTLE_INBOX, &TYPES),
-            false => crate::pg::Sql::Cached(SETTLE_INBOX),
+            true => crate::pg::statements::Sql::PerRun(SETTLE_INBOX, &TYPES),
+            false => crate::pg::statements::Sql::Cached(SETTLE_INBOX),
         };
-        crate::pg::exec_unless_empty(
+        crate::pg::statements::exec_unless_empty(
             tx,
             self.message_ids.is_empty(),
             sql,

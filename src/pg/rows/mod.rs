@@ -9,7 +9,7 @@ use serde::Serialize;
 use tokio_postgres::types::{IsNull, ToSql, Type};
 use tokio_postgres::GenericClient;
 
-use super::exec_unless_empty;
+use super::statements::exec_unless_empty;
 use crate::domain::events::{compensation_task_id, ReleaseReservation, TAG_RELEASE_RESERVATION};
 
 type Tx<'t> = deadpool_postgres::Transaction<'t>;

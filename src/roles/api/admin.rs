@@ -18,7 +18,8 @@ use tracing::{info, warn};
 use std::time::Instant;
 
 use super::admin_guard::{AdminGuard, Admission, Verdict};
-use super::{admin_actor as actor, json_body, ApiError, ApiState, IdPath};
+use super::request::{admin_actor as actor, json_body, IdPath};
+use super::{ApiError, ApiState};
 use crate::domain::request::parse_path_id;
 use crate::domain::ValidationError;
 use crate::http::PeerAddr;

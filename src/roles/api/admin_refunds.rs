@@ -14,8 +14,8 @@ use serde::Deserialize;
 use serde_json::json;
 use tracing::{info, warn};
 
-use super::{admin_actor as actor, json_body};
-use super::{ApiError, ApiState, IdPath};
+use super::request::{admin_actor as actor, json_body, IdPath};
+use super::{ApiError, ApiState};
 use crate::domain::ValidationError;
 use crate::http::PeerAddr;
 use crate::pg::refunds::{self, Marked};

@@ -16,7 +16,8 @@ use chrono::Utc;
 use tracing::{info, warn};
 
 use super::bodies::{PassChallenge, SalePass};
-use super::{limits, ApiError, ApiState, IdPath};
+use super::request::IdPath;
+use super::{limits, ApiError, ApiState};
 use crate::auth::pass::{self, PASS_HEADER};
 use crate::auth::pow::Pow;
 use crate::config::Settings;
@@ -142,9 +143,9 @@ async fn caller(
 ) -> Result<(i64, i64, PassRequest), ApiError> {
     let activity_id = parse_path_id(activity, "activity_id").map_err(ApiError::invalid)?;
     let token_buyer = s.buyer(headers).await?;
-    let bytes = super::read_body(s, body).await?;
+    let bytes = super::request::read_body(s, body).await?;
     let req = parse_request(&bytes)?;
-    let user_id = super::the_buyer(token_buyer, req.user_id)?;
+    let user_id = super::request::the_buyer(token_buyer, req.user_id)?;
     if s.passes.secrets.is_empty() {
         return Err(unavailable());
     }

@@ -51,7 +51,7 @@ pub(super) async fn notification(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let bytes = super::read_body(&s, body).await?;
+    let bytes = super::request::read_body(&s, body).await?;
     let signature = headers.get(SIGNATURE_HEADER).and_then(|v| v.to_str().ok());
     let payments = &s.settings.payments;
     let now = chrono::Utc::now().timestamp();

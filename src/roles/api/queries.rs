@@ -10,7 +10,8 @@ use super::bodies::{
     ReservationInRedis, ReservationOrdered, ReservationProjected, ReservationRejected,
 };
 use super::error::require_id;
-use super::{ApiError, ApiState, IdPath};
+use super::request::IdPath;
+use super::{ApiError, ApiState};
 use crate::pg::queries;
 
 fn reservation_not_found() -> ApiError {

@@ -12,7 +12,8 @@ use chrono::{TimeZone, Utc};
 use tracing::{debug, info, warn};
 
 use super::bodies::Queued;
-use super::{limits, ApiError, ApiState, IdPath};
+use super::request::IdPath;
+use super::{limits, ApiError, ApiState};
 use crate::domain::ids::{new_traceparent, parse_traceparent};
 use crate::domain::order_create::TAG_CREATE_ORDER;
 use crate::domain::order_create::{ReservationFacts, ReservationRef};
@@ -98,7 +99,7 @@ async fn reserve_inner(
         .unwrap_or_default();
     admit(s, activity_id)?;
     let req = read_request(s, body).await?;
-    let user_id = super::the_buyer(token_buyer, req.user_id)?;
+    let user_id = super::request::the_buyer(token_buyer, req.user_id)?;
     let pass_id = super::passes::sale_pass(s, headers, activity_id, user_id).await?;
     // The stock bucket the buyer reserves in (docs/architecture/redis.md#stock-buckets): the
     // activity's count of buckets is read once per process.
@@ -286,7 +287,7 @@ fn admit(s: &ApiState, activity_id: i64) -> Result<(), ApiError> {
 
 /// The body, bounded by `api.max_body_bytes`, parsed and validated.
 async fn read_request(s: &ApiState, body: Body) -> Result<ReserveRequest, ApiError> {
-    let bytes = super::read_body(s, body).await?;
+    let bytes = super::request::read_body(s, body).await?;
     ReserveRequest::parse(&bytes).map_err(ApiError::invalid)
 }
 

@@ -66,7 +66,7 @@ async fn look(redis: &RedisStore, pg: &deadpool_postgres::Pool, by: &str) -> any
         let Some((signal, detail)) = verdict(*mark, now) else {
             continue;
         };
-        match super::raise(pg, redis, shard.activity_id, signal, &detail, by).await? {
+        match super::fence::raise(pg, redis, shard.activity_id, signal, &detail, by).await? {
             Some(_) => {}
             // Nothing to protect (the sale ended long ago): stop watching it.
             None => redis.marks().forget(shard.activity_id),
@@ -83,7 +83,7 @@ pub async fn watch_marks(
     cluster: bool,
     stop: CancellationToken,
 ) {
-    let by = super::actor("api");
+    let by = super::fence::actor("api");
     let mut last_run_id: Option<String> = None;
     loop {
         if !cluster {
