@@ -20,6 +20,7 @@ mod report;
 mod reserve;
 mod run;
 mod soak;
+mod summary;
 mod timers;
 mod tokens;
 mod verify;

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 pub use crate::lines::{median_at, ratio, sum, Line, Lines};
+use crate::summary::summary;
 
 /// `seckill-bench ratios`.
 #[derive(Debug, clap::Args)]
@@ -304,101 +305,6 @@ pub fn ratios(l: &Lines) -> String {
     })
     .collect::<Vec<_>>()
     .join(" ")
-}
-
-/// The human summary of a whole run (`summary.txt`).
-pub fn summary(l: &Lines) -> String {
-    let mut out = vec![
-        String::new(),
-        "== limits (this machine, this run) ==".to_owned(),
-    ];
-    out.extend(["LIMITS", "BROKER1", "BROKER32"].map(|n| l.get(n).text));
-    out.push("== pipeline ==".to_owned());
-    let pipeline = [
-        "B_BATCH",
-        "B_WIDE",
-        "B_SINGLE",
-        "RELAY",
-        "I_BATCHED",
-        "I_SINGLE",
-        "T_OFF",
-        "T_ON",
-        "T_OFF2",
-        "T_ON2",
-        "A_BATCHED",
-        "A_SINGLE",
-        "SOLDOUT_REDIS",
-        "SOLDOUT",
-        "SALE",
-        "SALE_FRONT",
-        "MANY",
-        "DUPS",
-        "OPEN",
-    ];
-    out.extend(pipeline.map(|n| l.get(n).text));
-    out.push("== ratios ==".to_owned());
-    let f = |n: &str, k: &str| l.get(n).raw(k).to_owned();
-    out.push(format!(
-        "consumer orders/s (batched) {} vs pgbench one order/tx {} and batched {}",
-        f("B_BATCH", "orders_per_s"),
-        f("LIMITS", "pgbench_single_tps"),
-        l.batch_floor().raw("pgbench_batch_orders_per_s")
-    ));
-    out.push(format!(
-        "consumer orders/s, --workers 64: {}; one order per transaction: {}",
-        f("B_WIDE", "orders_per_s"),
-        f("B_SINGLE", "orders_per_s")
-    ));
-    out.push(format!(
-        "outbox relay events/s {} vs the broker's one-message sends/s {}",
-        f("RELAY", "events_per_s"),
-        f("BROKER1", "msgs_per_s")
-    ));
-    for (a, b, what) in [
-        ("A_BATCHED", "A_SINGLE", "whole pipeline running"),
-        ("I_BATCHED", "I_SINGLE", "send path alone, consumer stopped"),
-    ] {
-        out.push(format!(
-            "accepted/s batched {} vs unbatched {} ({what})",
-            f(a, "accepted_per_s"),
-            f(b, "accepted_per_s")
-        ));
-    }
-    out.push(format!(
-        "accepted/s with tokens and rate limits {} and {} vs body user_id, no limits {} and {} (send path alone, alternating)",
-        f("T_ON", "accepted_per_s"),
-        f("T_ON2", "accepted_per_s"),
-        f("T_OFF", "accepted_per_s"),
-        f("T_OFF2", "accepted_per_s")
-    ));
-    out.extend(["BASE_SOLDOUT", "BASE_BUY", "BASE_SALE"].map(|n| l.get(n).text));
-    out.push(format!(
-        "sold-out answers/s {} vs direct PostgreSQL over HTTP {} and pgbench {}, {} clients",
-        f("SOLDOUT", "sold_out_per_s"),
-        f("BASE_SOLDOUT", "sold_out_per_s"),
-        f("LIMITS", "direct_pg_soldout_per_s"),
-        f("LIMITS", "direct_pg_clients")
-    ));
-    out.push(format!(
-        "the sale, answers/s {} (p99 {} ms) vs direct PostgreSQL over HTTP {} (p99 {} ms)",
-        f("SALE", "req_per_s"),
-        f("SALE", "api_p99_ms"),
-        f("BASE_SALE", "req_per_s"),
-        f("BASE_SALE", "api_p99_ms")
-    ));
-    out.push(format!(
-        "accepted/s {} vs direct PostgreSQL purchases over HTTP {} and pgbench {}",
-        f("A_BATCHED", "accepted_per_s"),
-        f("BASE_BUY", "accepted_per_s"),
-        f("LIMITS", "direct_pg_buy_per_s")
-    ));
-    out.push("== the front door's ceilings (wrk: answers/s, generator and server CPU) ==".into());
-    out.extend(
-        CEILINGS
-            .iter()
-            .map(|(n, _)| format!("{n}: {}", l.get(n).text)),
-    );
-    out.join("\n")
 }
 
 /// Prints the summary (whole runs) and the ratios line; `false` when a scenario failed.
