@@ -383,7 +383,11 @@ pub fn run(args: RatiosArgs) -> anyhow::Result<bool> {
             (text, failed == 0)
         }
         None => {
-            let text = format!("{}\nRATIOS {}", summary(&lines), ratios(&lines));
+            let text = format!(
+                "{}\nRATIOS {}",
+                summary(&lines, &CEILINGS.map(|(n, _)| n)),
+                ratios(&lines)
+            );
             (text, violations(&lines) == 0)
         }
     };

@@ -2,19 +2,14 @@
 //! what each figure is compared with, in words, then the front door's ceilings.
 
 use crate::lines::Lines;
-use crate::ratios::CEILINGS;
 
-/// The summary of a whole run.
-pub fn summary(l: &Lines) -> String {
+/// The summary of a whole run; `ceilings` names the front door's ceiling lines, in order.
+pub fn summary(l: &Lines, ceilings: &[&str]) -> String {
     let mut out = scenario_lines(l);
     out.push("== ratios ==".to_owned());
     out.extend(comparisons(l));
     out.push("== the front door's ceilings (wrk: answers/s, generator and server CPU) ==".into());
-    out.extend(
-        CEILINGS
-            .iter()
-            .map(|(n, _)| format!("{n}: {}", l.get(n).text)),
-    );
+    out.extend(ceilings.iter().map(|n| format!("{n}: {}", l.get(n).text)));
     out.join("\n")
 }
 
