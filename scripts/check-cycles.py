@@ -124,31 +124,28 @@ def check(root, quiet=False):
         return None
 
     top, sibling = {}, {}
+
+    def edge(m, full):
+        """The file `m` names the path `full` (from the crate's root)."""
+        t = resolve(full)
+        if t and t != m and t != m[: len(t)] and t[:-1] == m[:-1]:
+            sibling.setdefault(m, set()).add(t)
+        # A child calling a function of its parent (`super::write_outcomes`, not a type,
+        # constant or submodule) while the parent reaches into the child: a circle of calls.
+        if t and t == m[:-1] and len(full) == len(t) + 1 and re.fullmatch(r"[a-z_][a-z0-9_]*", full[-1]):
+            if re.search(rf"\b{m[-1]}::", files.get(t, "")):
+                sibling.setdefault(m, set()).add(t)
+                sibling.setdefault(t, set()).add(m)
+
     for m, s in files.items():
         if m in (("lib",), ("main",)):
             continue
         for parts in paths(s, "crate"):
             if parts[0] != m[0] and tuple(parts[:1]) in known:
                 top.setdefault(m[0], set()).add(parts[0])
-            t = resolve(parts)
-            if t and t != m and t != m[: len(t)] and t[:-1] == m[:-1]:
-                sibling.setdefault(m, set()).add(t)
-            if t and t == m[:-1] and len(parts) == len(t) + 1 and re.fullmatch(r"[a-z_][a-z0-9_]*", parts[-1]):
-                if re.search(rf"\b{m[-1]}::", files.get(t, "")):
-                    sibling.setdefault(m, set()).add(t)
-                    sibling.setdefault(t, set()).add(m)
+            edge(m, parts)
         for parts in paths(s, "super"):
-            full = list(m[:-1]) + parts
-            t = resolve(full)
-            if t and t != m and t != m[: len(t)] and t[:-1] == m[:-1]:
-                sibling.setdefault(m, set()).add(t)
-            # A child calling a function of its parent (`super::write_outcomes`, not a type,
-            # constant or submodule) while the parent reaches into the child: a circle of calls.
-            if t == m[:-1] and len(full) == len(t) + 1 and re.fullmatch(r"[a-z_][a-z0-9_]*", parts[-1]):
-                parent_src = files.get(t, "")
-                if re.search(rf"\b{m[-1]}::", parent_src):
-                    sibling.setdefault(m, set()).add(t)
-                    sibling.setdefault(t, set()).add(m)
+            edge(m, list(m[:-1]) + parts)
     found = cycles(top) + cycles(sibling)
     for c in [] if quiet else found:
         print("check-cycles: a circle of imports: " + " <-> ".join("/".join(x) if isinstance(x, tuple) else x for x in c))

@@ -273,6 +273,10 @@ pub struct Backlog {
     pub in_transaction: i64,
 }
 
+/// The settings of [`on_partial_indexes`], for a caller that runs its own transaction.
+pub const ON_PARTIAL_INDEXES: &str = "SET LOCAL enable_seqscan = off; SET LOCAL jit = off; \
+     SET LOCAL max_parallel_workers_per_gather = 0";
+
 /// Makes the rest of the transaction `tx` read the outbox's partial indexes whatever its
 /// statistics say: no sequential scan, no parallel workers, no JIT. The backlog's counts run
 /// every second; on a table whose statistics were taken while most rows were PENDING (an
@@ -283,11 +287,7 @@ pub struct Backlog {
 pub async fn on_partial_indexes(
     tx: &tokio_postgres::Transaction<'_>,
 ) -> Result<(), tokio_postgres::Error> {
-    tx.batch_execute(
-        "SET LOCAL enable_seqscan = off; SET LOCAL jit = off;
-         SET LOCAL max_parallel_workers_per_gather = 0",
-    )
-    .await
+    tx.batch_execute(ON_PARTIAL_INDEXES).await
 }
 
 /// The outbox's backlog, one subquery per partial index; run it after [`on_partial_indexes`].

@@ -46,17 +46,17 @@ pub async fn take_backlog(pg: &tokio_postgres::Client, schema: &str) -> anyhow::
 /// before the start but committed after it counts while it is PENDING (none in `make bench`:
 /// nothing writes orders when the relay starts).
 fn owed_rows(schema: &str) -> String {
-    format!(
-        "SELECT 1 FROM {schema}.event_outbox o
-          WHERE o.status = 'PENDING' AND o.created_at <= (SELECT t0 FROM relay_start)
-            AND NOT EXISTS (SELECT 1 FROM relay_outside x
-                             WHERE x.activity_id = o.activity_id AND x.event_id = o.event_id)
-         UNION ALL
-         SELECT 1 FROM {schema}.event_outbox o
-          WHERE o.status = 'DEAD' AND o.created_at <= (SELECT t0 FROM relay_start)
-            AND NOT EXISTS (SELECT 1 FROM relay_outside x
-                             WHERE x.activity_id = o.activity_id AND x.event_id = o.event_id)"
-    )
+    ["PENDING", "DEAD"]
+        .map(|status| {
+            format!(
+                "SELECT 1 FROM {schema}.event_outbox o
+                  WHERE o.status = '{status}' AND o.created_at <= (SELECT t0 FROM relay_start)
+                    AND NOT EXISTS (SELECT 1 FROM relay_outside x
+                                     WHERE x.activity_id = o.activity_id
+                                       AND x.event_id = o.event_id)"
+            )
+        })
+        .join(" UNION ALL ")
 }
 
 /// Runs `sql` reading the outbox's partial indexes whatever its statistics say: no
@@ -64,10 +64,10 @@ fn owed_rows(schema: &str) -> String {
 /// cores the relay it times needs: a count that read the whole table (535 ms, 215 of them
 /// compiling it) every 100 ms once kept a core of PostgreSQL busy through the drain.
 async fn on_indexes(pg: &tokio_postgres::Client, sql: &str) -> anyhow::Result<i64> {
-    pg.batch_execute(
-        "BEGIN; SET LOCAL enable_seqscan = off; SET LOCAL jit = off;
-         SET LOCAL max_parallel_workers_per_gather = 0",
-    )
+    pg.batch_execute(&format!(
+        "BEGIN; {}",
+        seckill::pg::outbox::ON_PARTIAL_INDEXES
+    ))
     .await?;
     let n = pg.query_one(sql, &[]).await.map(|r| r.get::<_, i64>(0));
     pg.batch_execute(if n.is_ok() { "COMMIT" } else { "ROLLBACK" })
