@@ -108,6 +108,25 @@ pub const BUSY_TABLES: [&str; 6] = [
     "stock_buckets",
 ];
 
+/// Bound on each statement of a retention pass (a batch DELETE, a VACUUM).
+const PASS_STATEMENT_TIMEOUT_SECS: u64 = 600;
+
+/// One retention pass as the scan role runs it: its statements are not the hot path's (a
+/// batch DELETE on a big table, or a VACUUM, may take longer than `pg.statement_timeout_ms`; it
+/// failed every pass of make soak with the 2 s bound), so the session's bound is raised for the
+/// pass and set back to `statement_timeout_ms` after it. On an error the session may still hold
+/// the long bound: the caller must not give it back to its pool.
+pub async fn pass(
+    client: &impl GenericClient,
+    r: &crate::config::RetentionSettings,
+    statement_timeout_ms: u64,
+) -> Result<Vec<(&'static str, u64)>, tokio_postgres::Error> {
+    crate::pg::set_statement_timeout(client, PASS_STATEMENT_TIMEOUT_SECS).await?;
+    let done = purge_all(client, r).await?;
+    crate::pg::reset_statement_timeout(client, statement_timeout_ms).await?;
+    Ok(done)
+}
+
 /// One pass over every table; returns the rows deleted per table. With `retention.vacuum`,
 /// then `VACUUM (ANALYZE)` of the busy tables, for a database that runs without autovacuum.
 pub async fn purge_all(

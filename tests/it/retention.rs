@@ -5,7 +5,7 @@ use crate::common;
 use std::time::Duration;
 
 use crate::common::TestEnv;
-use seckill::pg::retention::{purge, purge_all, INBOX};
+use seckill::pg::retention::{pass, purge, purge_all, INBOX};
 use seckill::roles::consume::order_create::OrderCreateHandler;
 
 #[tokio::test]
@@ -83,9 +83,22 @@ async fn retention_deletes_only_what_is_past_retention_in_batches() {
         .await,
         1
     );
+    // The pass as the scan role runs it: VACUUM under the pass's long bound (under the 2 s
+    // statement bound it failed on a loaded machine), the session's bound given back after.
     let mut rt = env.settings.retention.clone();
     rt.vacuum = true;
-    purge_all(&**c, &rt).await.unwrap();
+    pass(&**c, &rt, env.settings.pg.statement_timeout_ms)
+        .await
+        .unwrap();
+    let bound: i64 = c
+        .query_one(
+            "SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(bound as u64, env.settings.pg.statement_timeout_ms);
     drop(c);
     env.cleanup().await;
 }

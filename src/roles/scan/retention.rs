@@ -8,9 +8,6 @@ use tracing::{info, warn};
 
 use crate::config::RetentionSettings;
 
-/// Bound on each statement of a retention pass (a batch DELETE, a VACUUM).
-const RETENTION_STATEMENT_TIMEOUT_SECS: u64 = 600;
-
 /// One retention pass every `rt.interval_secs` until `stop`.
 pub(super) async fn run_loop(
     pool: deadpool_postgres::Pool,
@@ -20,17 +17,7 @@ pub(super) async fn run_loop(
 ) {
     while !stop.is_cancelled() {
         if let Ok(client) = pool.get().await {
-            // Its statements are not the hot path's: a batch DELETE on a big table, or a
-            // VACUUM, may take longer than pg.statement_timeout_ms (it failed every pass of
-            // make soak with the 2 s bound). The connection gets its bound back afterwards.
-            let pass = async {
-                crate::pg::set_statement_timeout(&**client, RETENTION_STATEMENT_TIMEOUT_SECS)
-                    .await?;
-                let done = crate::pg::retention::purge_all(&**client, &rt).await;
-                crate::pg::reset_statement_timeout(&**client, statement_timeout_ms).await?;
-                done
-            };
-            match pass.await {
+            match crate::pg::retention::pass(&**client, &rt, statement_timeout_ms).await {
                 Ok(done) => info!(deleted = ?done, "retention pass"),
                 Err(e) => {
                     // The connection may hold the long bound: it leaves the pool.
