@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: image image-test test-upgrade help services-up services-down build demo demo-cluster bench bench-sale bench-orders bench-relay bench-ceilings bench-fair bench-buckets bench-payments bench-payments-small limits test test-faults chaos soak soak-small send-timeouts test-unit fmt clippy lint ci
+.PHONY: image image-test test-upgrade help services-up services-down build demo demo-cluster bench bench-crowd bench-sale bench-orders bench-relay bench-ceilings bench-fair bench-buckets bench-payments bench-payments-small limits test test-faults chaos soak soak-small send-timeouts test-unit fmt clippy lint ci
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -45,6 +45,9 @@ bench-orders: ## Only the order work: pgbench's batch and the consumer on a back
 
 bench-relay: ## Only the outbox relay on the events the order backlogs leave, beside the broker's raw rate; last line RELAY_RATIOS ...
 	BENCH_ONLY=relay scripts/bench.sh
+
+bench-crowd: ## Only the crowd as it arrives: open-loop steps at 0.5x/1x/3x/10x the direct design's capacity, both designs, PostgreSQL on its own core, every stage; last line CROWD_RATIOS ...
+	BENCH_ONLY=crowd scripts/bench.sh
 
 bench-fair: ## Only the mixed crowd: the share of units that reach people first come, drawn, and drawn among sale-pass holders; last line FAIR_RATIOS ...
 	BENCH_ONLY=fair scripts/bench.sh

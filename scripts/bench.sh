@@ -26,6 +26,9 @@
 #   5. the baseline a team would otherwise build (seckill-bench baseline-api: the same route,
 #      one autocommit statement straight to PostgreSQL): sold-out answers, purchases, and the
 #      same sale.
+#   6. the crowd as it arrives (bench/src/run/burst.rs): open-loop arrivals at 0.5x, 1x, 3x and
+#      10x the direct design's capacity on a sale-shaped crowd (10 SKUs by Zipf popularity,
+#      retries, repeat buyers), to both designs, PostgreSQL pinned to a core of its own.
 #
 # The last line is machine-readable:
 #   RATIOS order_vs_pgbench_single=… order_batch1_vs_pgbench_single=… order_vs_pgbench_batch=…
@@ -100,6 +103,8 @@ run_args+=(--seckill "$BIN")
 #                                   in three rounds back to back (the median kept)
 #   relay    (make bench-relay)     the broker's raw rate, the order backlogs as make bench
 #                                   makes them, then the outbox relay on the events they left
+#   crowd    (make bench-crowd)     open-loop arrivals in steps of the direct design's
+#                                   capacity, both designs, PostgreSQL on a core of its own
 if [[ -n "${BENCH_ONLY:-}" ]]; then
   exec_status=0
   "$BENCH" run "${run_args[@]}" --only "$BENCH_ONLY" || exec_status=$?

@@ -77,6 +77,9 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A fleet for a target (peak requests/s, units, SKUs, activities), from the per-core
+    /// costs `make bench` measured (docs/SCALING.md).
+    Plan(crate::plan::Target),
     /// Flash-sale activities.
     Activity {
         #[command(subcommand)]
@@ -194,6 +197,7 @@ pub fn main() -> ExitCode {
                 command: PaymentCommand::Sign(args),
             } => dev_credentials::sign_notification(&settings, &args).map(|_| true),
             Command::Budget { json } => print_budget(&settings, json),
+            Command::Plan(target) => crate::plan::run(&settings, &target),
         }
     })
 }

@@ -52,6 +52,7 @@ pub mod invariants;
 pub mod limiter;
 pub mod mq;
 pub mod pg;
+pub mod plan;
 pub mod redis;
 pub mod roles;
 pub mod shutdown;

@@ -38,6 +38,9 @@ pub enum Part {
     Fair,
     /// The outbox relay on the order backlogs' events, beside the broker (`make bench-relay`).
     Relay,
+    /// The crowd as it arrives: open-loop steps above the direct design's capacity, both
+    /// designs (`make bench-crowd`).
+    Crowd,
 }
 
 /// Scenarios judged by their verdict alone.
@@ -113,6 +116,7 @@ fn ceiling_violations(lines: &Lines) -> u64 {
 pub fn violations(lines: &Lines) -> u64 {
     let mut v = VERDICT_ONLY.iter().filter(|n| !lines.get(n).ok()).count() as u64;
     v += ceiling_violations(lines);
+    v += crate::burst::burst_violations(lines).len() as u64;
     for name in WITH_VIOLATIONS {
         let line = lines.get(name);
         v += line.num("violations").map_or(1, |n| n as u64);
@@ -293,6 +297,7 @@ pub fn ratios(l: &Lines) -> String {
         ),
         ("trust_on_vs_off", ratio(trust_on, trust_off)),
         ("", ceiling_ratios(l)),
+        ("", crate::burst::burst_ratios(l)),
         ("violations", violations(l).to_string()),
     ]
     .iter()
@@ -364,6 +369,7 @@ pub fn run(args: RatiosArgs) -> anyhow::Result<bool> {
             );
             (text, failed == 0)
         }
+        Some(Part::Crowd) => crate::burst::only(&lines),
         Some(Part::Relay) => {
             let relay = lines.get("RELAY");
             let failed = u64::from(!relay.ok())
@@ -392,6 +398,14 @@ pub fn run(args: RatiosArgs) -> anyhow::Result<bool> {
         }
     };
     println!("{text}");
+    if matches!(args.only, None | Some(Part::Crowd)) {
+        // The crowd's figure beside the lines it is drawn from.
+        let svg = args.dir.parent().unwrap_or(&args.dir).join("crowd.svg");
+        match crate::plot::crowd_svg(&lines, &svg) {
+            Ok(()) => eprintln!("[bench] the crowd's figure: {}", svg.display()),
+            Err(e) => eprintln!("[bench] no crowd figure: {e:#}"),
+        }
+    }
     if let Some(file) = &args.summary {
         std::fs::write(file, format!("{text}\n"))?;
     }
@@ -448,6 +462,7 @@ mod tests {
                     .chain(&CEILINGS[12..])
                     .map(|(n, _)| (*n, "WRK OK errors=0 s410=9")),
             )
+            .chain(crate::burst::passing_lines())
             .collect();
         assert_eq!(violations(&lines(&all_ok)), 0);
         let mut some = all_ok.clone();
@@ -464,7 +479,10 @@ mod tests {
         // Nothing ran at all: every scenario counts.
         assert_eq!(
             violations(&lines(&[])),
-            (VERDICT_ONLY.len() + 2 * WITH_VIOLATIONS.len() + CEILINGS.len()) as u64
+            (VERDICT_ONLY.len()
+                + 2 * WITH_VIOLATIONS.len()
+                + CEILINGS.len()
+                + crate::burst::burst_violations(&lines(&[])).len()) as u64
         );
     }
 

@@ -24,7 +24,16 @@ pub struct BenchReport {
     pub already_purchased: usize,
     pub other_errors: BTreeMap<String, usize>,
     pub transport_errors: usize,
+    /// Of `transport_errors`: no answer before the buyer gave up.
+    pub timeouts: usize,
     pub elapsed_secs: f64,
+    /// Requests answered (any HTTP answer) per second of the load.
+    pub answers_per_sec: f64,
+    /// Open loop: the rate the requests were actually sent at (below the planned rate when the
+    /// generator could not keep up).
+    pub sent_per_sec: Option<f64>,
+    /// Accepted reservations not yet orders when the load ended (the backlog).
+    pub backlog_at_end: i64,
     pub requests_per_sec: f64,
     pub accepted_per_sec: f64,
     /// Sold-out answers per second (the sold-out comparisons count these, not every answer).
@@ -60,6 +69,8 @@ pub struct BenchReport {
     pub leaked: i64,
     /// CPU used during the load, per named process: seconds and share of one core.
     pub cpu: Vec<CpuUse>,
+    /// The same from the load's start to the end of the drain (empty for `--load-only`).
+    pub cpu_through_drain: Vec<CpuUse>,
     pub invariants: invariants::Report,
 }
 
@@ -78,9 +89,28 @@ pub fn print_summary(prefix: &str, ok: bool, r: &BenchReport) {
         .cpu
         .iter()
         .map(|c| format!(" cpu_{}_pct={:.0}", c.name, c.core_pct))
+        .chain(
+            r.cpu_through_drain
+                .iter()
+                .map(|c| format!(" cpu_{}_s_total={:.2}", c.name, c.cpu_secs)),
+        )
         .collect();
+    let kinds: Vec<String> = r
+        .other_errors
+        .iter()
+        .map(|(code, n)| format!("{code}:{n}"))
+        .collect();
+    let open_loop = format!(
+        " timeouts={} no_answer={} error_kinds={} answers_per_s={:.0} sent_per_s={:.0} backlog_at_end={}",
+        r.timeouts,
+        r.transport_errors - r.timeouts,
+        if kinds.is_empty() { "none".into() } else { kinds.join(",") },
+        r.answers_per_sec,
+        r.sent_per_sec.unwrap_or(r.requests_per_sec),
+        r.backlog_at_end,
+    );
     println!(
-        "{} {} scenario={} mode={} tokens={} requests={} accepted={} orders={} rejected={} sold_out={} already_purchased={} duplicate_requests={} errors={} req_per_s={:.0} accepted_per_s={:.0} sold_out_per_s={:.0} api_p50_ms={:.2} api_p99_ms={:.2} api_p999_ms={:.2} orders_per_s={:.0} order_p50_ms={:.1} order_p99_ms={:.1} order_p999_ms={:.1} within_3s_pct={:.2} drain_s={:.2} paid={} canceled={} dlq={} unknown={} lost={} doubled={} leaked={} violations={}{}",
+        "{} {} scenario={} mode={} tokens={} requests={} accepted={} orders={} rejected={} sold_out={} already_purchased={} duplicate_requests={} errors={} req_per_s={:.0} accepted_per_s={:.0} sold_out_per_s={:.0} api_p50_ms={:.2} api_p99_ms={:.2} api_p999_ms={:.2} orders_per_s={:.0} order_p50_ms={:.1} order_p99_ms={:.1} order_p999_ms={:.1} within_3s_pct={:.2} drain_s={:.2} paid={} canceled={} dlq={} unknown={} lost={} doubled={} leaked={} violations={}{}{}",
         prefix,
         if ok { "OK" } else { "FAILED" },
         r.scenario,
@@ -114,6 +144,7 @@ pub fn print_summary(prefix: &str, ok: bool, r: &BenchReport) {
         r.doubled,
         r.leaked,
         r.invariants.violations.len(),
+        open_loop,
         cpu,
     );
 }

@@ -284,7 +284,7 @@ pub async fn run(settings: Settings, args: SoakArgs) -> anyhow::Result<bool> {
             match answer {
                 Answer::Accepted { id, .. } => a.accepted.push(id),
                 Answer::Refused(code) => *a.refused.entry(code).or_default() += 1,
-                Answer::Transport => a.transport += 1,
+                Answer::Transport | Answer::Timeout => a.transport += 1,
             }
             drop(slot);
         });

@@ -109,6 +109,43 @@ impl Minter {
     }
 }
 
+/// Writes `Bearer` values for `users` to `path`, one `user_id value` per line: minted once for
+/// generators run one after another on the same buyers (`seckill-bench load --tokens-file`).
+pub fn write_tokens_file(minter: &Minter, users: &[i64], path: &Path) -> anyhow::Result<()> {
+    let tokens = minter.bearer_for(users)?;
+    let mut text = String::with_capacity(tokens.len() * 700);
+    for u in users {
+        text.push_str(&format!("{u} {}\n", tokens[u]));
+    }
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Reads what [`write_tokens_file`] wrote.
+pub fn read_tokens_file(path: &Path) -> anyhow::Result<HashMap<i64, Arc<str>>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let (user, value) = l
+                .split_once(' ')
+                .with_context(|| format!("{}: a line without a token", path.display()))?;
+            Ok((user.parse()?, value.into()))
+        })
+        .collect()
+}
+
+impl Provisioned {
+    /// The arguments a generator signs with this key.
+    pub fn signing_args(&self) -> SigningArgs {
+        SigningArgs {
+            signing_key: self.key_file.display().to_string(),
+            signing_kid: self.kid.clone(),
+            signing_alg: format!("{:?}", self.alg),
+        }
+    }
+}
+
 /// A signing key generated into `dir` for a run, and the JWKS publishing it: what a script
 /// hands the API (`SECKILL__AUTH__JWKS_FILE`) and the generators (`SECKILL_BENCH_SIGNING_*`).
 pub struct Provisioned {

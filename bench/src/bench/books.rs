@@ -25,8 +25,7 @@ pub(super) async fn wait_drained(
     let drain_started = Instant::now();
     let stall = Duration::from_secs(args.drain_timeout_secs);
     let total = accepted.len() as i64;
-    let what = "drain (accepted reservations without a decision in PostgreSQL)";
-    let left = wait_progress(stall, Duration::from_millis(100), what, || async {
+    let left = || async {
         let recorded: i64 = pg
             .query_one(
                 "SELECT count(*) FROM reservations WHERE reservation_id = ANY($1::text[])",
@@ -35,8 +34,10 @@ pub(super) async fn wait_drained(
             .await?
             .get(0);
         Ok((total - recorded).max(0))
-    })
-    .await?;
+    };
+    report.backlog_at_end = left().await?;
+    let what = "drain (accepted reservations without a decision in PostgreSQL)";
+    let left = wait_progress(stall, Duration::from_millis(100), what, left).await?;
     report.drained = left == 0;
     report.drain_secs = drain_started.elapsed().as_secs_f64();
     Ok(())

@@ -46,7 +46,9 @@ pub(super) struct Tally {
     pub(super) sold_out: usize,
     pub(super) already_purchased: usize,
     pub(super) other: BTreeMap<String, usize>,
+    /// Requests without an answer, the timeouts among them.
     pub(super) transport_errors: usize,
+    pub(super) timeouts: usize,
 }
 
 /// What one reservation request came to.
@@ -57,7 +59,11 @@ pub(crate) enum Answer {
     },
     /// An error answer, by its stable code.
     Refused(String),
+    /// No answer: the connection failed or closed.
     Transport,
+    /// No answer before the buyer gave up (`--give-up-ms` from the planned start, or the
+    /// client's own timeout).
+    Timeout,
 }
 
 pub(crate) async fn one_request(client: &reqwest::Client, base: &str, p: &Planned) -> Answer {
@@ -70,6 +76,7 @@ pub(crate) async fn one_request(client: &reqwest::Client, base: &str, p: &Planne
     }
     let resp = req.send().await;
     match resp {
+        Err(e) if e.is_timeout() => Answer::Timeout,
         Err(e) => {
             tracing::warn!(request_id = %p.request_id, error = %e, "reservation request without answer");
             Answer::Transport
@@ -142,36 +149,49 @@ pub(super) async fn closed_loop(
 
 /// Requests start on a fixed schedule (`rate` per second) whatever the answers take; at most
 /// `max_outstanding` are in flight. Latency counts from the planned start, so time spent
-/// waiting for a free slot is part of it (no coordinated omission).
+/// waiting for a free slot is part of it (no coordinated omission), and a buyer gives up
+/// `give_up` after it: a timeout, whether it was waiting for a slot or for the answer. The
+/// histogram holds every request but failed connections; the third value is when the last request was sent
+/// (behind the schedule when the generator could not keep up).
 pub(super) async fn open_loop(
     client: &reqwest::Client,
     bases: &Arc<Vec<String>>,
     plan: &Arc<Vec<Planned>>,
     rate: f64,
-    max_outstanding: usize,
-) -> anyhow::Result<(Histogram<u64>, Vec<(usize, Answer)>)> {
+    (max_outstanding, give_up): (usize, Duration),
+) -> anyhow::Result<(Histogram<u64>, Vec<(usize, Answer)>, Duration)> {
     let slots = Arc::new(Semaphore::new(max_outstanding.max(1)));
     let mut requests = tokio::task::JoinSet::new();
     let start = tokio::time::Instant::now();
     for i in 0..plan.len() {
         let due = start + Duration::from_secs_f64(i as f64 / rate);
         tokio::time::sleep_until(due).await;
-        let slot = Arc::clone(&slots).acquire_owned().await?;
         let (client, base, plan) = (client.clone(), bases[i % bases.len()].clone(), plan.clone());
+        let slots = Arc::clone(&slots);
         requests.spawn(async move {
-            let answer = one_request(&client, &base, &plan[i]).await;
-            drop(slot);
+            let asked = async {
+                let _slot = slots.acquire_owned().await;
+                one_request(&client, &base, &plan[i]).await
+            };
+            let answer = tokio::time::timeout_at(due + give_up, asked)
+                .await
+                .unwrap_or(Answer::Timeout);
             ((due.elapsed().as_micros() as u64).max(1), (i, answer))
         });
     }
+    let sent_by = start.elapsed();
     let mut hist = latency_histogram()?;
     let mut answers = Vec::with_capacity(plan.len());
     while let Some(done) = requests.join_next().await {
         let (us, a) = done?;
-        hist.record(us)?;
+        // A timeout counts at the moment the buyer gave up (a lower bound on its latency); a
+        // failed connection has no latency to speak of.
+        if !matches!(a.1, Answer::Transport) {
+            hist.record(us)?;
+        }
         answers.push(a);
     }
-    Ok((hist, answers))
+    Ok((hist, answers, sent_by))
 }
 
 impl Tally {
@@ -181,6 +201,11 @@ impl Tally {
             match a {
                 Answer::Transport => {
                     t.transport_errors += 1;
+                    t.unknown.push(i);
+                }
+                Answer::Timeout => {
+                    t.transport_errors += 1;
+                    t.timeouts += 1;
                     t.unknown.push(i);
                 }
                 Answer::Accepted { id, duplicate } => {
@@ -231,6 +256,8 @@ pub(super) fn load_report(
         already_purchased: t.already_purchased,
         other_errors: t.other.clone(),
         transport_errors: t.transport_errors,
+        timeouts: t.timeouts,
+        answers_per_sec: (args.requests - t.transport_errors) as f64 / elapsed.as_secs_f64(),
         elapsed_secs: elapsed.as_secs_f64(),
         requests_per_sec: args.requests as f64 / elapsed.as_secs_f64(),
         accepted_per_sec: t.accepted.len() as f64 / elapsed.as_secs_f64(),

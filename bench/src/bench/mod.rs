@@ -46,6 +46,22 @@ pub struct BenchArgs {
     /// Spread the requests uniformly over this many SKUs (`--sku-id` .. `--sku-id + N - 1`).
     #[arg(long, default_value_t = 1)]
     pub skus: i64,
+    /// With `--skus`: the SKUs' popularity falls as 1/rank^s (Zipf; the first SKU the most
+    /// asked for) instead of evenly; 0 is even.
+    #[arg(long, default_value_t = 0.0)]
+    pub sku_zipf: f64,
+    /// Seed of the plan: the same seed and arguments give the same buyers, SKUs and repeats in
+    /// the same order (two designs compared on the same crowd). Without it: a fresh plan.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Buyers' tokens minted beforehand, one `user_id Bearer-value` per line
+    /// (`crate::tokens::write_tokens_file`); buyers missing from it get a token minted here.
+    #[arg(long)]
+    pub tokens_file: Option<std::path::PathBuf>,
+    /// A buyer gives up on an answer this long after the request's planned start (open loop:
+    /// waiting for a free slot counts); counted as a timeout.
+    #[arg(long, default_value_t = 10_000)]
+    pub give_up_ms: u64,
     /// Open loop: send this many requests per second on a fixed schedule, whatever the answers
     /// take (latency counts from each request's planned start, so a stall is not hidden);
     /// `--concurrency` then bounds the requests outstanding. Without it: closed loop.
@@ -128,7 +144,7 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     let run_tag = format!("b{}", ulid::Ulid::new());
     let mut plan = plan(&args, &run_tag);
     let minter = Minter::new(&settings, &args.signing)?;
-    with_tokens(&settings, &minter, &mut plan)?;
+    with_tokens(&settings, &minter, args.tokens_file.as_deref(), &mut plan)?;
     let plan = Arc::new(plan);
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(args.concurrency)
@@ -145,17 +161,31 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
             .collect(),
     );
     anyhow::ensure!(!bases.is_empty(), "--api names no server");
-    let cpu_before = cpu_snapshot(&args.cpu);
+    // The generator's own CPU beside the servers': a saturated generator shows.
+    let mut cpu_targets = args.cpu.clone();
+    cpu_targets.push(crate::cpu::CpuTarget {
+        name: "generator".into(),
+        pids: vec![std::process::id()],
+    });
+    let cpu_before = cpu_snapshot(&cpu_targets);
     let bench_started_at = chrono::Utc::now();
     let started = Instant::now();
-    let (hist, answers) = match args.rate {
-        None => closed_loop(&client, &bases, &plan, args.concurrency).await?,
-        Some(rate) => open_loop(&client, &bases, &plan, rate, args.concurrency).await?,
+    let (hist, answers, sent_by) = match args.rate {
+        None => {
+            let (hist, answers) = closed_loop(&client, &bases, &plan, args.concurrency).await?;
+            (hist, answers, None)
+        }
+        Some(rate) => {
+            let bounds = (args.concurrency, Duration::from_millis(args.give_up_ms));
+            let (hist, answers, sent_by) = open_loop(&client, &bases, &plan, rate, bounds).await?;
+            (hist, answers, Some(sent_by))
+        }
     };
     let elapsed = started.elapsed();
-    let cpu = cpu_use(&args.cpu, &cpu_before, elapsed);
+    let cpu = cpu_use(&cpu_targets, &cpu_before, elapsed);
     let t = Tally::of(answers);
     let mut report = load_report(&args, &t, &hist, elapsed, cpu);
+    report.sent_per_sec = sent_by.map(|d| args.requests as f64 / d.as_secs_f64().max(1e-3));
     if settings.auth.buyers == seckill::config::BuyerIdentity::Token {
         report.tokens = minter.label();
     }
@@ -200,6 +230,8 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
             Err(e) => return Err(e),
         }
     };
+    // Each process's CPU from the load's start to the drain's end: what an order cost them.
+    report.cpu_through_drain = cpu_use(&cpu_targets, &cpu_before, started.elapsed());
     if !args.tolerate_faults {
         report.invariants.violations.extend(strict);
         if report.pay_errors > 0 {

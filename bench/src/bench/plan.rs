@@ -2,38 +2,90 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use rand::Rng;
+use std::path::Path;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 use super::{BenchArgs, Planned};
-use crate::tokens::Minter;
+use crate::tokens::{read_tokens_file, Minter};
 use seckill::config::Settings;
 
 /// Gives every planned request its buyer's token (one token per buyer, as a shop's login
-/// would hand out), signed before the clock starts.
+/// would hand out), taken from `file` or signed before the clock starts.
 pub(super) fn with_tokens(
     settings: &Settings,
     minter: &Minter,
+    file: Option<&Path>,
     plan: &mut [Planned],
 ) -> anyhow::Result<()> {
     if settings.auth.buyers != seckill::config::BuyerIdentity::Token {
         return Ok(());
     }
+    let mut tokens = match file {
+        Some(f) => read_tokens_file(f)?,
+        None => Default::default(),
+    };
     let users: Vec<i64> = plan
         .iter()
         .map(|p| p.user_id)
+        .filter(|u| !tokens.contains_key(u))
         .collect::<HashSet<_>>()
         .into_iter()
         .collect();
-    let tokens = minter.bearer_for(&users)?;
+    tokens.extend(minter.bearer_for(&users)?);
     for p in plan.iter_mut() {
         p.auth = tokens.get(&p.user_id).cloned();
     }
     Ok(())
 }
 
-/// Builds the request plan: fresh buyers, repeat buyers and repeated requests, shuffled in time.
+/// The SKU of each fresh request: even over `--skus`, or by Zipf popularity (`--sku-zipf`).
+struct SkuPicker {
+    first: i64,
+    /// Cumulative weights of the SKUs in rank order (empty: even).
+    cumulative: Vec<f64>,
+    skus: i64,
+}
+
+impl SkuPicker {
+    fn new(args: &BenchArgs) -> Self {
+        let skus = args.skus.max(1);
+        let mut cumulative = Vec::new();
+        if args.sku_zipf > 0.0 {
+            let mut total = 0.0;
+            for rank in 1..=skus {
+                total += 1.0 / (rank as f64).powf(args.sku_zipf);
+                cumulative.push(total);
+            }
+        }
+        SkuPicker {
+            first: args.sku_id,
+            cumulative,
+            skus,
+        }
+    }
+
+    fn pick(&self, rng: &mut impl Rng) -> i64 {
+        match self.cumulative.last() {
+            None => self.first + rng.random_range(0..self.skus),
+            Some(&total) => {
+                let x = rng.random_range(0.0..total);
+                let rank = self.cumulative.partition_point(|&c| c <= x);
+                self.first + rank.min(self.cumulative.len() - 1) as i64
+            }
+        }
+    }
+}
+
+/// Builds the request plan: fresh buyers, repeat buyers and repeated requests, shuffled in time
+/// (the same plan for the same `--seed`).
 pub(super) fn plan(args: &BenchArgs, run_tag: &str) -> Vec<Planned> {
-    let mut rng = rand::rng();
+    let mut rng = match args.seed {
+        Some(seed) => StdRng::seed_from_u64(seed),
+        None => StdRng::from_rng(&mut rand::rng()),
+    };
+    let skus = SkuPicker::new(args);
     let mut out: Vec<Planned> = Vec::with_capacity(args.requests);
     let mut next_user: i64 = 1;
     for i in 0..args.requests {
@@ -53,7 +105,7 @@ pub(super) fn plan(args: &BenchArgs, run_tag: &str) -> Vec<Planned> {
         };
         out.push(Planned {
             user_id,
-            sku_id: args.sku_id + rng.random_range(0..args.skus.max(1)),
+            sku_id: skus.pick(&mut rng),
             request_id: format!("{run_tag}-{i}"),
             auth: None,
         });
@@ -94,6 +146,10 @@ mod tests {
             activity_id: 1,
             sku_id: 1,
             skus: 1,
+            sku_zipf: 0.0,
+            seed: None,
+            tokens_file: None,
+            give_up_ms: 10_000,
             rate: None,
             cpu: Vec::new(),
             scenario: "test".into(),
@@ -150,5 +206,28 @@ mod tests {
         let p = plan(&a, "t");
         let skus: HashSet<i64> = p.iter().map(|x| x.sku_id).collect();
         assert_eq!(skus, HashSet::from([10, 11, 12, 13]));
+    }
+
+    #[test]
+    fn zipf_popularity_falls_with_rank_and_a_seed_repeats_the_plan() {
+        let mut a = args(20_000, 15_000, 0.02, 0.05);
+        a.skus = 10;
+        a.sku_zipf = 1.0;
+        a.seed = Some(7);
+        let p = plan(&a, "t");
+        let count = |sku: i64| p.iter().filter(|x| x.sku_id == sku).count() as f64;
+        // 1/rank: the first SKU is asked for about twice as often as the second, ten times
+        // as often as the tenth (H(10) = 2.93: 34 % of the requests).
+        let (first, second, tenth) = (count(1), count(2), count(10));
+        assert!((0.30..0.38).contains(&(first / 20_000.0)), "{first}");
+        assert!((1.7..2.3).contains(&(first / second)), "{first} / {second}");
+        assert!((7.0..13.0).contains(&(first / tenth)), "{first} / {tenth}");
+        let again = plan(&a, "t");
+        let shape = |p: &[Planned]| -> Vec<(i64, i64)> {
+            p.iter().map(|x| (x.user_id, x.sku_id)).collect()
+        };
+        assert_eq!(shape(&p), shape(&again), "the same seed, the same crowd");
+        a.seed = Some(8);
+        assert_ne!(shape(&p), shape(&plan(&a, "t")));
     }
 }

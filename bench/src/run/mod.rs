@@ -4,8 +4,11 @@
 //! (`bench/limits/limits.sh`) and hands over to this; BENCHMARKS.md says what each scenario
 //! is compared with.
 
+mod burst;
 mod ceilings;
+mod costs;
 mod fair;
+mod pin;
 mod procs;
 mod relay;
 mod scenarios;
@@ -40,7 +43,8 @@ pub struct RunArgs {
     /// SALE_RATIOS), `ceilings` (the front door's ceilings with wrk, `make bench-ceilings`;
     /// CEILING_RATIOS) or `orders` (pgbench's batch and the order consumer on a backlog,
     /// round by round, `make bench-orders`; ORDER_RATIOS) or `fair` (who gets the units of a
-    /// contested start, `make bench-fair`; FAIR_RATIOS).
+    /// contested start, `make bench-fair`; FAIR_RATIOS) or `crowd` (open-loop steps above the
+    /// direct design's capacity, both designs, `make bench-crowd`; CROWD_RATIOS).
     #[arg(long, value_enum)]
     pub only: Option<Part>,
     /// Requests in flight from the load generator.
@@ -66,6 +70,12 @@ pub struct Sizes {
     pub api_requests: usize,
     /// Pairs of pgbench's batch and the consumer's batched drain (the median kept).
     pub order_rounds: usize,
+    /// The crowd's steps: seconds of arrivals each, the requests of the direct design's
+    /// capacity run, and the most requests a step plans (the buyers whose tokens are signed
+    /// beforehand).
+    pub crowd_step_secs: f64,
+    pub crowd_capacity_requests: usize,
+    pub crowd_max_requests: usize,
 }
 
 impl Sizes {
@@ -79,6 +89,9 @@ impl Sizes {
                 backlog_single: 1_000,
                 api_requests: 5_000,
                 order_rounds: 1,
+                crowd_step_secs: 2.0,
+                crowd_capacity_requests: 3_000,
+                crowd_max_requests: 20_000,
             }
         } else {
             Sizes {
@@ -89,6 +102,9 @@ impl Sizes {
                 backlog_single: 5_000,
                 api_requests: 30_000,
                 order_rounds: 3,
+                crowd_step_secs: 4.0,
+                crowd_capacity_requests: 15_000,
+                crowd_max_requests: 120_000,
             }
         }
     }
@@ -204,6 +220,7 @@ pub async fn run(settings: Settings, args: RunArgs) -> anyhow::Result<bool> {
         Some(Part::Orders) => scenarios::only_orders(&mut run).await,
         Some(Part::Fair) => fair::fairness(&mut run).await,
         Some(Part::Relay) => scenarios::only_relay(&mut run).await,
+        Some(Part::Crowd) => burst::crowd(&mut run, &keys).await,
         None => scenarios::whole(&mut run, &keys).await,
     };
     // Whatever happened, nothing started here outlives the run.

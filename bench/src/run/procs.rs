@@ -178,6 +178,13 @@ impl Procs {
         out
     }
 
+    /// An activity id no activity of this run has (the direct server's activities are only
+    /// ids).
+    pub fn fresh_id(&mut self) -> i64 {
+        self.next_activity += 1;
+        self.next_activity
+    }
+
     /// A fresh activity with `skus` SKUs of `stock` units each; its id.
     pub async fn activity(&mut self, stock: i64, skus: usize) -> anyhow::Result<i64> {
         self.activity_with(stock, skus, &[]).await
@@ -191,8 +198,7 @@ impl Procs {
         skus: usize,
         extra: &[String],
     ) -> anyhow::Result<i64> {
-        self.next_activity += 1;
-        let id = self.next_activity;
+        let id = self.fresh_id();
         let mut args = vec![
             "activity".to_owned(),
             "create".to_owned(),

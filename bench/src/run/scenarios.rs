@@ -66,7 +66,7 @@ async fn backlog(
 
 /// Waits (up to 3 minutes) until the relay has published every outbox row due now, so a
 /// scenario's figures carry its own background work, not its predecessors'.
-async fn quiesce(run: &Run) {
+pub(super) async fn quiesce(run: &Run) {
     let sql = "SELECT count(*) FROM {s}.event_outbox \
                WHERE status = 'PENDING' AND next_attempt_at <= now()";
     let started = Instant::now();
@@ -381,7 +381,8 @@ pub async fn whole(run: &mut Run, keys: &[Provisioned]) -> anyhow::Result<()> {
     send_path(run, keys).await?;
     through_the_api(run).await?;
     super::fair::fairness(run).await?;
-    baseline(run, keys).await
+    baseline(run, keys).await?;
+    super::burst::crowd(run, keys).await
 }
 
 /// The broker's raw send rate, one message per call and batched.

@@ -1,0 +1,243 @@
+//! The crowd as it arrives (BENCHMARKS.md, "The crowd as it arrives"): the steps of arrival
+//! rates, each a multiple of the direct-PostgreSQL design's measured capacity, and the
+//! arithmetic of their lines: `bench/src/run/burst.rs` runs them, this says what they came to.
+
+use crate::lines::{quotient, ratio, Lines};
+
+/// One step: its label in the RATIOS keys (`crowd_<label>_…`), its multiple of the direct
+/// design's capacity, and the names its lines are kept under.
+#[derive(Debug, Clone, Copy)]
+pub struct Step {
+    pub label: &'static str,
+    pub factor: f64,
+    pub direct: &'static str,
+    pub seckill: &'static str,
+    pub stages: &'static str,
+}
+
+const fn step(
+    label: &'static str,
+    factor: f64,
+    names: (&'static str, &'static str, &'static str),
+) -> Step {
+    Step {
+        label,
+        factor,
+        direct: names.0,
+        seckill: names.1,
+        stages: names.2,
+    }
+}
+
+/// 0.5x, 1x, 3x and 10x the direct design's capacity.
+pub const STEPS: [Step; 4] = [
+    step(
+        "half",
+        0.5,
+        (
+            "BURST_DIRECT_HALF",
+            "BURST_SECKILL_HALF",
+            "BURST_STAGES_HALF",
+        ),
+    ),
+    step(
+        "1x",
+        1.0,
+        ("BURST_DIRECT_1X", "BURST_SECKILL_1X", "BURST_STAGES_1X"),
+    ),
+    step(
+        "3x",
+        3.0,
+        ("BURST_DIRECT_3X", "BURST_SECKILL_3X", "BURST_STAGES_3X"),
+    ),
+    step(
+        "10x",
+        10.0,
+        ("BURST_DIRECT_10X", "BURST_SECKILL_10X", "BURST_STAGES_10X"),
+    ),
+];
+
+/// The direct design's capacity on the crowd's own traffic (closed loop, every buyer new).
+pub const CAPACITY: &str = "BURST_CAPACITY";
+
+/// `seckill plan`'s drain for the target step against the drain measured
+/// (bench/src/run/costs.rs).
+pub const PLAN: &str = "BURST_PLAN";
+
+/// The step the targets are held to: 3x the direct design's capacity.
+pub const TARGET_STEP: &str = "3x";
+
+/// Errors a design's step line counted: requests without an answer (timeouts included) and
+/// error answers of every kind.
+pub fn errors(lines: &Lines, name: &str) -> Option<f64> {
+    lines.get(name).num("errors")
+}
+
+/// `crowd_<step>_answers_vs_direct_pg`, `crowd_<step>_p99_vs_direct_pg`,
+/// `crowd_<step>_errors_seckill` and `crowd_<step>_errors_direct_pg` for every step, then
+/// the capacity the steps were sized from.
+pub fn burst_ratios(l: &Lines) -> String {
+    let mut out = Vec::new();
+    for s in STEPS {
+        let (seckill, direct) = (l.get(s.seckill), l.get(s.direct));
+        out.push(format!(
+            "crowd_{k}_answers_vs_direct_pg={} crowd_{k}_p99_vs_direct_pg={} crowd_{k}_errors_seckill={} crowd_{k}_errors_direct_pg={}",
+            ratio(seckill.num("answers_per_s"), direct.num("answers_per_s")),
+            ratio(seckill.num("api_p99_ms"), direct.num("api_p99_ms")),
+            seckill.raw("errors"),
+            direct.raw("errors"),
+            k = s.label,
+        ));
+    }
+    out.push(format!(
+        "crowd_direct_capacity_per_s={} plan_drain_predicted_vs_measured={}",
+        l.get(CAPACITY).raw("answers_per_s"),
+        l.get(PLAN).raw("plan_drain_predicted_vs_measured"),
+    ));
+    out.join(" ")
+}
+
+/// What fails the crowd: a step that did not run or whose history check found a request lost
+/// or doubled, and at the target step any error of seckill's or a p99 above a tenth of the
+/// direct design's.
+pub fn burst_violations(l: &Lines) -> Vec<String> {
+    let mut v = Vec::new();
+    if l.get(CAPACITY).num("answers_per_s").is_none() {
+        v.push("the direct design's capacity was not measured".into());
+    }
+    let plan = l.get(PLAN).num("plan_drain_predicted_vs_measured");
+    if plan.is_none_or(|r| !(0.75..=1.25).contains(&r)) {
+        v.push(format!(
+            "the plan's drain is {} of the measured one (target within 25 %)",
+            l.get(PLAN).raw("plan_drain_predicted_vs_measured")
+        ));
+    }
+    for s in STEPS {
+        let seckill = l.get(s.seckill);
+        if !seckill.ok() {
+            v.push(format!(
+                "{}: the pipeline's step failed its checks",
+                s.label
+            ));
+        }
+        if l.get(s.direct).num("answers_per_s").is_none() {
+            v.push(format!("{}: the direct design's step did not run", s.label));
+        }
+        for key in ["lost", "doubled", "violations"] {
+            if seckill.num(key).is_none_or(|n| n > 0.0) {
+                v.push(format!("{}: {key}={}", s.label, seckill.raw(key)));
+            }
+        }
+        if s.label != TARGET_STEP {
+            continue;
+        }
+        if errors(l, s.seckill).is_none_or(|n| n > 0.0) {
+            v.push(format!(
+                "{}: seckill errors={}",
+                s.label,
+                seckill.raw("errors")
+            ));
+        }
+        let p99 = quotient(seckill.num("api_p99_ms"), l.get(s.direct).num("api_p99_ms"));
+        if p99.is_none_or(|q| q > 0.1) {
+            v.push(format!(
+                "{}: seckill's p99 is {} of the direct design's (target 0.1)",
+                s.label,
+                ratio(seckill.num("api_p99_ms"), l.get(s.direct).num("api_p99_ms"))
+            ));
+        }
+    }
+    v
+}
+
+/// `make bench-crowd`'s output: every step's lines, then `CROWD_RATIOS ... violations=N`
+/// (the violations named on the lines before it); true when there are none.
+pub fn only(l: &Lines) -> (String, bool) {
+    let mut text = vec![l.get(CAPACITY).text.clone()];
+    for s in STEPS {
+        for name in [s.direct, s.seckill, s.stages] {
+            text.push(l.get(name).text.clone());
+        }
+    }
+    text.push(l.get(PLAN).text.clone());
+    let v = burst_violations(l);
+    for what in &v {
+        text.push(format!("violation: {what}"));
+    }
+    text.push(format!(
+        "CROWD_RATIOS {} violations={}",
+        burst_ratios(l),
+        v.len()
+    ));
+    (text.join("\n"), v.is_empty())
+}
+
+/// A crowd whose every line passes, for the tests of the verdicts.
+#[cfg(test)]
+pub fn passing_lines() -> Vec<(&'static str, &'static str)> {
+    let mut out = vec![
+        (CAPACITY, "BURST_CAPACITY OK answers_per_s=2000"),
+        (PLAN, "BURST_PLAN OK plan_drain_predicted_vs_measured=1.10"),
+    ];
+    for s in STEPS {
+        out.push((
+            s.direct,
+            "X OK answers_per_s=2000 api_p99_ms=4000 errors=900 lost=0 doubled=0",
+        ));
+        out.push((
+            s.seckill,
+            "X OK answers_per_s=6000 api_p99_ms=20 errors=0 lost=0 doubled=0 violations=0",
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lines::Line;
+
+    fn lines(seckill_3x: &str) -> Lines {
+        let mut m: std::collections::HashMap<String, Line> = passing_lines()
+            .into_iter()
+            .map(|(n, t)| (n.to_owned(), Line::parse(t)))
+            .collect();
+        m.insert(STEPS[2].seckill.to_owned(), Line::parse(seckill_3x));
+        Lines(m)
+    }
+
+    #[test]
+    fn the_target_step_holds_seckill_to_no_errors_and_a_tenth_of_the_direct_p99() {
+        let good = "X OK answers_per_s=6000 api_p99_ms=20 errors=0 lost=0 doubled=0 violations=0";
+        let l = lines(good);
+        assert!(
+            burst_violations(&l).is_empty(),
+            "{:?}",
+            burst_violations(&l)
+        );
+        assert!(burst_ratios(&l).contains("crowd_3x_answers_vs_direct_pg=3.00"));
+        assert!(burst_ratios(&l).contains("crowd_3x_p99_vs_direct_pg=0.01"));
+        // One error, a slow p99, a doubled order: each fails.
+        for bad in [
+            good.replace("errors=0", "errors=1"),
+            good.replace("api_p99_ms=20", "api_p99_ms=500"),
+            good.replace("doubled=0", "doubled=1"),
+            good.replace(" OK ", " FAILED "),
+            good.replace(" violations=0", ""),
+        ] {
+            assert_eq!(burst_violations(&lines(&bad)).len(), 1, "{bad}");
+        }
+        // A plan 30 % off fails; one 20 % off does not.
+        let mut l = lines(good);
+        l.0.insert(
+            PLAN.into(),
+            Line::parse("BURST_PLAN OK plan_drain_predicted_vs_measured=0.70"),
+        );
+        assert_eq!(burst_violations(&l).len(), 1);
+        l.0.insert(
+            PLAN.into(),
+            Line::parse("BURST_PLAN OK plan_drain_predicted_vs_measured=0.80"),
+        );
+        assert!(burst_violations(&l).is_empty());
+    }
+}

@@ -1,0 +1,128 @@
+//! The per-core costs `seckill plan` reads (src/plan.rs), from the crowd's own lines: the
+//! steepest step (10x, the deepest backlog) gives each process's CPU per request, message and
+//! order and PostgreSQL's pace on its one core; the capacity run gives the direct design's.
+//! Then the plan is checked against this machine: fed the 3x step's winners and arrival
+//! time, it predicts that step's drain, compared with the drain measured (`BURST_PLAN`).
+
+use seckill::plan::{plan, Costs, Machine, Target};
+
+use super::Run;
+use crate::burst::{CAPACITY, PLAN, STEPS, TARGET_STEP};
+use crate::lines::Line;
+
+/// The step the costs come from, and the one the plan is checked on.
+const COSTS_STEP: &str = "10x";
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+async fn commit() -> String {
+    match tokio::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .await
+    {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_owned(),
+        _ => "unknown".into(),
+    }
+}
+
+/// CPU µs of `process` per `per` (a field of the line: requests, accepted, orders).
+fn us_per(line: &Line, process: &str, per: &str) -> anyhow::Result<f64> {
+    let secs = line
+        .num(&format!("cpu_{process}_s_total"))
+        .ok_or_else(|| anyhow::anyhow!("no cpu_{process}_s_total on {}", line.text))?;
+    let n = line
+        .num(per)
+        .filter(|n| *n > 0.0)
+        .ok_or_else(|| anyhow::anyhow!("no {per} on {}", line.text))?;
+    Ok(secs * 1e6 / n)
+}
+
+/// The costs from the run's lines, written to `costs.json` in the run directory.
+pub(super) async fn write_costs(run: &mut Run) -> anyhow::Result<Costs> {
+    let step = STEPS
+        .iter()
+        .find(|s| s.label == COSTS_STEP)
+        .expect("a 10x step");
+    let line = run.lines.get(step.seckill).cloned().unwrap_or_default();
+    let capacity = run.lines.get(CAPACITY).cloned().unwrap_or_default();
+    let costs = Costs {
+        machine: Machine {
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+            cpu_model: cpu_model(),
+            measured_at: chrono::Utc::now().to_rfc3339(),
+            commit: commit().await,
+            source: format!(
+                "make bench-crowd, step {COSTS_STEP} (PostgreSQL on one core) and the direct design's capacity run"
+            ),
+        },
+        api_cpu_us_per_request: us_per(&line, "api", "requests")?,
+        redis_cpu_us_per_request: us_per(&line, "redis", "requests")?,
+        broker_cpu_us_per_message: us_per(&line, "broker", "accepted")?,
+        consume_cpu_us_per_order: us_per(&line, "consume", "orders")?,
+        pg_orders_per_s_per_core: line
+            .num("orders_per_s")
+            .ok_or_else(|| anyhow::anyhow!("no orders_per_s on {}", line.text))?,
+        direct_pg_purchases_per_s_per_core: capacity
+            .num("answers_per_s")
+            .ok_or_else(|| anyhow::anyhow!("no capacity line"))?,
+    };
+    let file = run.procs.dir.join("costs.json");
+    std::fs::write(&file, serde_json::to_string_pretty(&costs)?)?;
+    eprintln!("[bench] crowd: costs written to {}", file.display());
+    Ok(costs)
+}
+
+/// The plan's drain for the target step against the drain measured: `BURST_PLAN`.
+pub(super) fn check_plan(run: &mut Run, costs: &Costs) -> Line {
+    let step = STEPS
+        .iter()
+        .find(|s| s.label == TARGET_STEP)
+        .expect("a 3x step");
+    let line = run.lines.get(step.seckill).cloned().unwrap_or_default();
+    let (winners, requests, sent_per_s, measured) = (
+        line.num("accepted").unwrap_or(0.0),
+        line.num("requests").unwrap_or(0.0),
+        line.num("sent_per_s").unwrap_or(0.0),
+        line.num("drain_s"),
+    );
+    // The winners arrived over the whole step: the plan's "peak" is their rate.
+    let arrival_secs = requests / sent_per_s.max(1e-9);
+    let target = Target {
+        peak_rps: winners / arrival_secs.max(1e-9),
+        units: winners as u64,
+        skus: 10,
+        activities: 1,
+        sku_zipf: 1.0,
+        instance_cores: 1,
+        pg_cores: 1,
+        utilization: 1.0,
+        costs: "costs.json".into(),
+        json: false,
+    };
+    let p = plan(costs, &target, &run.settings);
+    let ratio = crate::lines::ratio(Some(p.drain_secs), measured);
+    let text = format!(
+        "{PLAN} {} step={TARGET_STEP} winners={winners:.0} arrival_s={arrival_secs:.2} \
+         pg_orders_per_s={:.0} predicted_drain_s={:.2} measured_drain_s={} \
+         plan_drain_predicted_vs_measured={ratio}",
+        if ratio == "nan" { "FAILED" } else { "OK" },
+        p.pg_orders_per_s,
+        p.drain_secs,
+        line.raw("drain_s"),
+    );
+    let out = Line::parse(&text);
+    eprintln!("[bench] {}", out.text);
+    run.keep(PLAN, out.clone());
+    out
+}
