@@ -28,7 +28,8 @@
 #      same sale.
 #   6. the crowd as it arrives (bench/src/run/burst.rs): open-loop arrivals at 0.5x, 1x, 3x and
 #      10x the direct design's capacity on a sale-shaped crowd (10 SKUs by Zipf popularity,
-#      retries, repeat buyers), to both designs, PostgreSQL pinned to a core of its own.
+#      retries, repeat buyers), to both designs, PostgreSQL held to the same CPU for both
+#      (BENCH_CROWD_PG_CPU cores, default 0.5, a cgroup quota).
 #
 # The last line is machine-readable:
 #   RATIOS order_vs_pgbench_single=… order_batch1_vs_pgbench_single=… order_vs_pgbench_batch=…
@@ -56,6 +57,7 @@ export SECKILL_ENV=bench
 RUN_DIR="${SECKILL_RUN_DIR:-$HOME/.cache/seckill/run}/bench"
 mkdir -p "$RUN_DIR"
 run_args=(--run-dir "$RUN_DIR" --concurrency "${BENCH_CONCURRENCY:-64}"
+  --crowd-pg-cpu "${BENCH_CROWD_PG_CPU:-0.5}"
   --waiting-nice "${BENCH_WAITING_NICE:-10}" --token-alg "${BENCH_TOKEN_ALG:-RS256}")
 if [[ "${BENCH_QUICK:-0}" == 1 ]]; then
   run_args+=(--quick)
@@ -104,7 +106,7 @@ run_args+=(--seckill "$BIN")
 #   relay    (make bench-relay)     the broker's raw rate, the order backlogs as make bench
 #                                   makes them, then the outbox relay on the events they left
 #   crowd    (make bench-crowd)     open-loop arrivals in steps of the direct design's
-#                                   capacity, both designs, PostgreSQL on a core of its own
+#                                   capacity, both designs, PostgreSQL held to the same CPU
 if [[ -n "${BENCH_ONLY:-}" ]]; then
   exec_status=0
   "$BENCH" run "${run_args[@]}" --only "$BENCH_ONLY" || exec_status=$?

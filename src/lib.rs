@@ -26,6 +26,8 @@
 //! - [`pg`] — PostgreSQL: pools and migrations, the order transaction, the order state
 //!   changes, the rows several of them write (`pg::rows`: ledger, compensation, outbox), the
 //!   outbox and the rows of transaction messages, dead letters and their replay, retention.
+//! - [`plan`] — `seckill plan`: a fleet sized for a target from the costs `make bench`
+//!   measured (docs/SCALING.md#sizing-a-fleet).
 //! - [`limiter`] — the adaptive limit on order transactions, under the worker budget.
 //! - [`invariants`] — the six invariants, checked by tests, `seckill-bench` and the demo.
 //! - [`http`] — every HTTP listener (HTTP/1.1 only), with limits against slow and hostile clients.

@@ -69,8 +69,8 @@ pub struct Target {
     #[arg(long, default_value_t = 4)]
     pub instance_cores: u32,
     /// Cores of the PostgreSQL primary.
-    #[arg(long, default_value_t = 16)]
-    pub pg_cores: u32,
+    #[arg(long, default_value_t = 16.0)]
+    pub pg_cores: f64,
     /// Share of a core a process is planned to use at the peak (the rest is headroom).
     #[arg(long, default_value_t = 0.6)]
     pub utilization: f64,
@@ -141,7 +141,7 @@ pub fn plan(costs: &Costs, t: &Target, base: &Settings) -> Plan {
         cores(t.peak_rps, costs.broker_cpu_us_per_message) / per_instance,
         2,
     );
-    let pg_orders_per_s = costs.pg_orders_per_s_per_core * f64::from(t.pg_cores.max(1));
+    let pg_orders_per_s = costs.pg_orders_per_s_per_core * t.pg_cores.max(0.1);
     let consume_instances = at_least(
         cores(pg_orders_per_s, costs.consume_cpu_us_per_order) / per_instance,
         2,
@@ -152,7 +152,7 @@ pub fn plan(costs: &Costs, t: &Target, base: &Settings) -> Plan {
     let mut settings = base.clone();
     let pg = &mut settings.pg;
     // Four order transactions at once per core of the primary (the shipped 8 for 2 cores).
-    pg.safe_concurrency = 4 * t.pg_cores.max(1);
+    pg.safe_concurrency = ((4.0 * t.pg_cores).ceil() as u32).max(1);
     pg.api_instances = api_instances;
     pg.consume_instances_key = Some(consume_instances);
     let timeout_cancel_instances = consume_instances.div_ceil(2);
@@ -278,7 +278,7 @@ mod tests {
             activities: 1,
             sku_zipf: 1.0,
             instance_cores: 4,
-            pg_cores: 16,
+            pg_cores: 16.0,
             utilization: 0.6,
             costs: "unused".into(),
             json: false,

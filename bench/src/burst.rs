@@ -150,10 +150,59 @@ pub fn burst_violations(l: &Lines) -> Vec<String> {
     v
 }
 
+/// The steps as a table (BENCHMARKS.md copies it): per design and step, the arrivals planned
+/// and sent, the answers, the errors (timeouts among them) and the latencies from the planned
+/// start; for the pipeline the backlog left when the arrivals stopped, its drain and the
+/// reservation-to-order p99.9.
+pub fn table(l: &Lines) -> String {
+    let mut out = vec![format!(
+        "{:<5} {:<8} {:>9} {:>8} {:>9} {:>7} {:>8} {:>9} {:>9} {:>9} {:>8} {:>8} {:>11} {:>10}",
+        "step",
+        "design",
+        "planned/s",
+        "sent/s",
+        "answers/s",
+        "errors",
+        "timeouts",
+        "p50 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "gen cpu%",
+        "backlog",
+        "drain s",
+        "order p99.9"
+    )];
+    for s in STEPS {
+        for (design, name) in [("direct", s.direct), ("seckill", s.seckill)] {
+            let x = l.get(name);
+            let pipeline = design == "seckill";
+            let only = |key: &str| if pipeline { x.raw(key) } else { "-" };
+            out.push(format!(
+                "{:<5} {:<8} {:>9} {:>8} {:>9} {:>7} {:>8} {:>9} {:>9} {:>9} {:>8} {:>8} {:>11} {:>10}",
+                s.label,
+                design,
+                x.raw("planned_per_s"),
+                x.raw("sent_per_s"),
+                x.raw("answers_per_s"),
+                x.raw("errors"),
+                x.raw("timeouts"),
+                x.raw("api_p50_ms"),
+                x.raw("api_p99_ms"),
+                x.raw("api_p999_ms"),
+                x.raw("cpu_generator_pct"),
+                only("backlog_at_end"),
+                only("drain_after_arrivals_s"),
+                only("order_p999_ms"),
+            ));
+        }
+    }
+    out.join("\n")
+}
+
 /// `make bench-crowd`'s output: every step's lines, then `CROWD_RATIOS ... violations=N`
 /// (the violations named on the lines before it); true when there are none.
 pub fn only(l: &Lines) -> (String, bool) {
-    let mut text = vec![l.get(CAPACITY).text.clone()];
+    let mut text = vec![table(l), l.get(CAPACITY).text.clone()];
     for s in STEPS {
         for name in [s.direct, s.seckill, s.stages] {
             text.push(l.get(name).text.clone());

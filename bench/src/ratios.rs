@@ -390,8 +390,9 @@ pub fn run(args: RatiosArgs) -> anyhow::Result<bool> {
         }
         None => {
             let text = format!(
-                "{}\nRATIOS {}",
+                "{}\n{}\nRATIOS {}",
                 summary(&lines, &CEILINGS.map(|(n, _)| n)),
+                crate::burst::table(&lines),
                 ratios(&lines)
             );
             (text, violations(&lines) == 0)

@@ -43,7 +43,11 @@ pub struct BenchReport {
     pub api_p999_ms: f64,
     pub api_max_ms: f64,
     pub drained: bool,
+    /// From the end of the load (the last answer) to the last reservation recorded.
     pub drain_secs: f64,
+    /// From the last request's send to the last reservation recorded: the backlog's drain
+    /// after the crowd stopped arriving.
+    pub drain_after_arrivals_secs: f64,
     pub orders: i64,
     pub rejected: i64,
     pub order_latency_p50_ms: f64,
@@ -101,13 +105,15 @@ pub fn print_summary(prefix: &str, ok: bool, r: &BenchReport) {
         .map(|(code, n)| format!("{code}:{n}"))
         .collect();
     let open_loop = format!(
-        " timeouts={} no_answer={} error_kinds={} answers_per_s={:.0} sent_per_s={:.0} backlog_at_end={}",
+        " timeouts={} no_answer={} error_kinds={} answers_per_s={:.0} planned_per_s={} sent_per_s={:.0} backlog_at_end={} drain_after_arrivals_s={:.2}",
         r.timeouts,
         r.transport_errors - r.timeouts,
         if kinds.is_empty() { "none".into() } else { kinds.join(",") },
         r.answers_per_sec,
+        r.target_rate.map_or("-".into(), |x| format!("{x:.0}")),
         r.sent_per_sec.unwrap_or(r.requests_per_sec),
         r.backlog_at_end,
+        r.drain_after_arrivals_secs,
     );
     println!(
         "{} {} scenario={} mode={} tokens={} requests={} accepted={} orders={} rejected={} sold_out={} already_purchased={} duplicate_requests={} errors={} req_per_s={:.0} accepted_per_s={:.0} sold_out_per_s={:.0} api_p50_ms={:.2} api_p99_ms={:.2} api_p999_ms={:.2} orders_per_s={:.0} order_p50_ms={:.1} order_p99_ms={:.1} order_p999_ms={:.1} within_3s_pct={:.2} drain_s={:.2} paid={} canceled={} dlq={} unknown={} lost={} doubled={} leaked={} violations={}{}{}",

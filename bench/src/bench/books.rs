@@ -18,7 +18,7 @@ use seckill::redis::RedisStore;
 /// single new decision recorded, however long the drain takes while it makes progress.
 pub(super) async fn wait_drained(
     pg: &tokio_postgres::Client,
-    accepted: &[String],
+    (accepted, arrivals_ended): (&[String], Instant),
     args: &BenchArgs,
     report: &mut BenchReport,
 ) -> anyhow::Result<()> {
@@ -40,6 +40,7 @@ pub(super) async fn wait_drained(
     let left = wait_progress(stall, Duration::from_millis(100), what, left).await?;
     report.drained = left == 0;
     report.drain_secs = drain_started.elapsed().as_secs_f64();
+    report.drain_after_arrivals_secs = arrivals_ended.elapsed().as_secs_f64();
     Ok(())
 }
 

@@ -182,6 +182,8 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
         }
     };
     let elapsed = started.elapsed();
+    // The last request's send: where the drain after the arrivals counts from.
+    let arrivals_ended = started + sent_by.unwrap_or(elapsed);
     let cpu = cpu_use(&cpu_targets, &cpu_before, elapsed);
     let t = Tally::of(answers);
     let mut report = load_report(&args, &t, &hist, elapsed, cpu);
@@ -219,6 +221,7 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
             tally: &t,
             buyers: &buyers,
             accepted: &accepted,
+            arrivals_ended,
             bench_started_at,
         };
         match step.run(&mut report, &mut paid_done).await {
@@ -261,6 +264,7 @@ struct AfterLoad<'a> {
     tally: &'a Tally,
     buyers: &'a BTreeMap<i64, usize>,
     accepted: &'a [String],
+    arrivals_ended: Instant,
     bench_started_at: chrono::DateTime<chrono::Utc>,
 }
 
@@ -285,7 +289,7 @@ impl AfterLoad<'_> {
             .map(|r| (r.get(0), r.get(1)))
             .collect();
         let strict = strict_violations(self.tally, Some(expected_accepted(self.buyers, &stock)));
-        wait_drained(&pg, self.accepted, self.args, report).await?;
+        wait_drained(&pg, (self.accepted, self.arrivals_ended), self.args, report).await?;
         order_latencies(&pg, self.args, report).await?;
         if self.args.pay_share > 0.0 {
             let last_sku = self.args.sku_id + self.args.skus - 1;

@@ -1,7 +1,8 @@
 //! The crowd as it arrives (BENCHMARKS.md, "The crowd as it arrives"): requests at fixed
 //! arrival rates whatever the answers take, in steps of the direct-PostgreSQL design's
 //! measured capacity (`crate::burst::STEPS`), to that design and to the whole pipeline, with
-//! the same tokens, buyers, request mix and stock, PostgreSQL on a core of its own for both.
+//! the same tokens, buyers, request mix and stock, PostgreSQL held to the same CPU for both
+//! (`super::pg_cpu`: a cgroup quota, half a core unless `--crowd-pg-cpu` says otherwise).
 //!
 //! The traffic is shaped like a sale: many SKUs asked for with a Zipf popularity, repeat
 //! buyers and repeated requests (retries), every buyer with a token signed before the clock
@@ -14,7 +15,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::pin::Pinning;
+use super::pg_cpu::PgCpu;
 use super::procs::wait_ready;
 use super::SCAN_READY;
 use super::{Run, API, API_READY, BASELINE, BASELINE_READY, CONSUME_METRICS, CONSUME_READY};
@@ -39,8 +40,8 @@ fn s(v: impl ToString) -> String {
     v.to_string()
 }
 
-/// The scenario: tokens minted on every core, then PostgreSQL pinned to its core, the
-/// capacity measured and the steps run; every role stopped and the pinning undone at the end.
+/// The scenario: tokens minted on every core, then PostgreSQL held to its CPU, the capacity
+/// measured and the steps run; every role stopped and PostgreSQL released at the end.
 pub(super) async fn crowd(run: &mut Run, keys: &[Provisioned]) -> anyhow::Result<()> {
     run.procs.stop_all().await;
     let z = run.sizes;
@@ -52,15 +53,15 @@ pub(super) async fn crowd(run: &mut Run, keys: &[Provisioned]) -> anyhow::Result
     let minter = Minter::new(&run.settings, &keys[0].signing_args())?;
     let users: Vec<i64> = (1..=z.crowd_max_requests as i64).collect();
     write_tokens_file(&minter, &users, &tokens)?;
-    let pinning = Pinning::apply().await?;
-    let label = pinning
+    let held = PgCpu::hold(run.crowd_pg_cpu).await?;
+    let label = held
         .as_ref()
-        .map_or("postgres_cpus=shared".to_owned(), |p| p.label.clone());
+        .map_or("postgres_cpu=shared".to_owned(), |p| p.label.clone());
     eprintln!("[bench] crowd: {label}");
     let outcome = steps(run, &tokens, &label).await;
     run.procs.stop_all().await;
-    if let Some(p) = pinning {
-        p.undo().await;
+    if let Some(p) = held {
+        p.release().await;
     }
     let _ = std::fs::remove_file(&tokens);
     outcome
@@ -72,7 +73,7 @@ async fn steps(run: &mut Run, tokens: &std::path::Path, pin: &str) -> anyhow::Re
     for ready in [CONSUME_READY, SCAN_READY] {
         wait_ready(ready).await?;
     }
-    let capacity = direct_capacity(run, tokens).await?;
+    let capacity = direct_capacity(run, tokens, pin).await?;
     for (i, step) in STEPS.iter().enumerate() {
         let z = run.sizes;
         let rate = step.factor * capacity;
@@ -133,7 +134,11 @@ async fn restart_direct(run: &mut Run, stock: i64) -> anyhow::Result<i64> {
 
 /// The direct design's capacity on this traffic: a closed loop of every buyer new, stock for
 /// all (each answer a purchase committed), its answers per second.
-async fn direct_capacity(run: &mut Run, tokens: &std::path::Path) -> anyhow::Result<f64> {
+async fn direct_capacity(
+    run: &mut Run,
+    tokens: &std::path::Path,
+    pin: &str,
+) -> anyhow::Result<f64> {
     let n = run.sizes.crowd_capacity_requests;
     let a = restart_direct(run, n as i64).await?;
     super::scenarios::quiesce(run).await;
@@ -148,7 +153,7 @@ async fn direct_capacity(run: &mut Run, tokens: &std::path::Path) -> anyhow::Res
         .num("answers_per_s")
         .filter(|c| *c > 0.0)
         .ok_or_else(|| anyhow::anyhow!("the direct design's capacity: {}", line.text))?;
-    run.keep(CAPACITY, line);
+    run.keep(CAPACITY, with_pin(line, pin));
     run.procs.stop("baseline").await;
     Ok(capacity)
 }
@@ -278,7 +283,7 @@ impl Stages {
         Line::parse(&format!(
             "{} OK step={} send_p50_ms={} send_p95_ms={} send_p99_ms={} order_tx_p99_ms={} \
              pool_wait_consume_p99_ms={} oldest_message_age_s={oldest:.1} wal_bytes_per_order={wal} \
-             consume_orders_per_s={} backlog_at_end={} drain_s={} order_p50_ms={} order_p99_ms={} \
+             consume_orders_per_s={} backlog_at_end={} drain_after_arrivals_s={} order_p50_ms={} order_p99_ms={} \
              order_p999_ms={} violations={} {pin}",
             step.stages,
             step.label,
@@ -289,7 +294,7 @@ impl Stages {
             ms(wait, 0.99),
             load.raw("orders_per_s"),
             load.raw("backlog_at_end"),
-            load.raw("drain_s"),
+            load.raw("drain_after_arrivals_s"),
             load.raw("order_p50_ms"),
             load.raw("order_p99_ms"),
             load.raw("order_p999_ms"),

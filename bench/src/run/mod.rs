@@ -8,7 +8,7 @@ mod burst;
 mod ceilings;
 mod costs;
 mod fair;
-mod pin;
+mod pg_cpu;
 mod procs;
 mod relay;
 mod scenarios;
@@ -53,6 +53,10 @@ pub struct RunArgs {
     /// The nice level of consume and scan (10 as shipped; 0 to compare without weights).
     #[arg(long, default_value_t = 10)]
     pub waiting_nice: i32,
+    /// The crowd's steps: PostgreSQL's CPU, in cores, the same for both designs (a cgroup
+    /// quota; a core of its own where no cgroup can be written).
+    #[arg(long, default_value_t = 0.5)]
+    pub crowd_pg_cpu: f64,
     /// The algorithm the buyers' tokens are signed with (RS256, PS256, ES256, EdDSA), from a
     /// key generated for the run and published in the JWKS every server verifies with.
     #[arg(long, default_value = "RS256")]
@@ -129,6 +133,8 @@ pub struct Run {
     pub lines: BTreeMap<&'static str, Line>,
     /// The run's configuration (`SECKILL_ENV=bench`), for signing the ceilings' tokens.
     pub settings: Settings,
+    /// PostgreSQL's CPU during the crowd's steps, in cores.
+    pub crowd_pg_cpu: f64,
 }
 
 impl Run {
@@ -201,6 +207,7 @@ pub async fn run(settings: Settings, args: RunArgs) -> anyhow::Result<bool> {
         schema: settings.pg.schema.clone(),
         lines: BTreeMap::new(),
         settings: settings.clone(),
+        crowd_pg_cpu: args.crowd_pg_cpu,
     };
     if args.only.is_none() {
         let limits = args
