@@ -29,7 +29,7 @@
 #   6. the crowd as it arrives (bench/src/run/burst.rs): open-loop arrivals at 0.5x, 1x, 3x and
 #      10x the direct design's capacity on a sale-shaped crowd (10 SKUs by Zipf popularity,
 #      retries, repeat buyers), to both designs, PostgreSQL held to the same CPU for both
-#      (BENCH_CROWD_PG_CPU cores, default 0.5, a cgroup quota).
+#      (BENCH_CROWD_PG_CPU cores, default 0.25, a cgroup quota).
 #
 # The last line is machine-readable:
 #   RATIOS order_vs_pgbench_single=… order_batch1_vs_pgbench_single=… order_vs_pgbench_batch=…
@@ -57,7 +57,7 @@ export SECKILL_ENV=bench
 RUN_DIR="${SECKILL_RUN_DIR:-$HOME/.cache/seckill/run}/bench"
 mkdir -p "$RUN_DIR"
 run_args=(--run-dir "$RUN_DIR" --concurrency "${BENCH_CONCURRENCY:-64}"
-  --crowd-pg-cpu "${BENCH_CROWD_PG_CPU:-0.5}"
+  --crowd-pg-cpu "${BENCH_CROWD_PG_CPU:-0.25}"
   --waiting-nice "${BENCH_WAITING_NICE:-10}" --token-alg "${BENCH_TOKEN_ALG:-RS256}")
 if [[ "${BENCH_QUICK:-0}" == 1 ]]; then
   run_args+=(--quick)

@@ -60,6 +60,9 @@ pub const STEPS: [Step; 4] = [
 /// The direct design's capacity on the crowd's own traffic (closed loop, every buyer new).
 pub const CAPACITY: &str = "BURST_CAPACITY";
 
+/// The order consumer alone on a backlog under the same hold: PostgreSQL's pace.
+pub const DRAIN: &str = "BURST_DRAIN";
+
 /// `seckill plan`'s drain for the target step against the drain measured
 /// (bench/src/run/costs.rs).
 pub const PLAN: &str = "BURST_PLAN";
@@ -90,8 +93,9 @@ pub fn burst_ratios(l: &Lines) -> String {
         ));
     }
     out.push(format!(
-        "crowd_direct_capacity_per_s={} plan_drain_predicted_vs_measured={}",
+        "crowd_direct_capacity_per_s={} crowd_drain_orders_per_s={} plan_drain_predicted_vs_measured={}",
         l.get(CAPACITY).raw("answers_per_s"),
+        l.get(DRAIN).raw("orders_per_s"),
         l.get(PLAN).raw("plan_drain_predicted_vs_measured"),
     ));
     out.join(" ")
@@ -104,6 +108,9 @@ pub fn burst_violations(l: &Lines) -> Vec<String> {
     let mut v = Vec::new();
     if l.get(CAPACITY).num("answers_per_s").is_none() {
         v.push("the direct design's capacity was not measured".into());
+    }
+    if !l.get(DRAIN).ok() || l.get(DRAIN).num("violations") != Some(0.0) {
+        v.push(format!("the backlog's drain: {}", l.get(DRAIN).text));
     }
     let plan = l.get(PLAN).num("plan_drain_predicted_vs_measured");
     if plan.is_none_or(|r| !(0.75..=1.25).contains(&r)) {
@@ -202,7 +209,11 @@ pub fn table(l: &Lines) -> String {
 /// `make bench-crowd`'s output: every step's lines, then `CROWD_RATIOS ... violations=N`
 /// (the violations named on the lines before it); true when there are none.
 pub fn only(l: &Lines) -> (String, bool) {
-    let mut text = vec![table(l), l.get(CAPACITY).text.clone()];
+    let mut text = vec![
+        table(l),
+        l.get(CAPACITY).text.clone(),
+        l.get(DRAIN).text.clone(),
+    ];
     for s in STEPS {
         for name in [s.direct, s.seckill, s.stages] {
             text.push(l.get(name).text.clone());
@@ -227,6 +238,7 @@ pub fn passing_lines() -> Vec<(&'static str, &'static str)> {
     let mut out = vec![
         (CAPACITY, "BURST_CAPACITY OK answers_per_s=2000"),
         (PLAN, "BURST_PLAN OK plan_drain_predicted_vs_measured=1.10"),
+        (DRAIN, "BACKLOG_crowd OK orders_per_s=900 violations=0"),
     ];
     for s in STEPS {
         out.push((

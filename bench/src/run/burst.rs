@@ -2,7 +2,7 @@
 //! arrival rates whatever the answers take, in steps of the direct-PostgreSQL design's
 //! measured capacity (`crate::burst::STEPS`), to that design and to the whole pipeline, with
 //! the same tokens, buyers, request mix and stock, PostgreSQL held to the same CPU for both
-//! (`super::pg_cpu`: a cgroup quota, half a core unless `--crowd-pg-cpu` says otherwise).
+//! (`super::pg_cpu`: a cgroup quota, a quarter of a core unless `--crowd-pg-cpu` says otherwise).
 //!
 //! The traffic is shaped like a sale: many SKUs asked for with a Zipf popularity, repeat
 //! buyers and repeated requests (retries), every buyer with a token signed before the clock
@@ -19,7 +19,7 @@ use super::pg_cpu::PgCpu;
 use super::procs::wait_ready;
 use super::SCAN_READY;
 use super::{Run, API, API_READY, BASELINE, BASELINE_READY, CONSUME_METRICS, CONSUME_READY};
-use crate::burst::{Step, CAPACITY, STEPS};
+use crate::burst::{Step, CAPACITY, DRAIN, STEPS};
 use crate::lines::Line;
 use crate::scrape::Scrape;
 use crate::tokens::{write_tokens_file, Minter, Provisioned};
@@ -40,25 +40,18 @@ fn s(v: impl ToString) -> String {
     v.to_string()
 }
 
-/// The scenario: tokens minted on every core, then PostgreSQL held to its CPU, the capacity
-/// measured and the steps run; every role stopped and PostgreSQL released at the end.
+/// The scenario: PostgreSQL held to its CPU; the direct design's capacity and the order
+/// consumer's drain on a backlog measured under that hold; the buyers' tokens signed; the
+/// steps run; every role stopped and PostgreSQL released at the end.
 pub(super) async fn crowd(run: &mut Run, keys: &[Provisioned]) -> anyhow::Result<()> {
     run.procs.stop_all().await;
-    let z = run.sizes;
-    let tokens = run.procs.dir.join("crowd-tokens.txt");
-    eprintln!(
-        "[bench] crowd: signing {} buyers' tokens",
-        z.crowd_max_requests
-    );
-    let minter = Minter::new(&run.settings, &keys[0].signing_args())?;
-    let users: Vec<i64> = (1..=z.crowd_max_requests as i64).collect();
-    write_tokens_file(&minter, &users, &tokens)?;
     let held = PgCpu::hold(run.crowd_pg_cpu).await?;
     let label = held
         .as_ref()
         .map_or("postgres_cpu=shared".to_owned(), |p| p.label.clone());
     eprintln!("[bench] crowd: {label}");
-    let outcome = steps(run, &tokens, &label).await;
+    let tokens = run.procs.dir.join("crowd-tokens.txt");
+    let outcome = steps(run, keys, &tokens, &label).await;
     run.procs.stop_all().await;
     if let Some(p) = held {
         p.release().await;
@@ -67,17 +60,33 @@ pub(super) async fn crowd(run: &mut Run, keys: &[Provisioned]) -> anyhow::Result
     outcome
 }
 
-async fn steps(run: &mut Run, tokens: &std::path::Path, pin: &str) -> anyhow::Result<()> {
+async fn steps(
+    run: &mut Run,
+    keys: &[Provisioned],
+    tokens: &std::path::Path,
+    pin: &str,
+) -> anyhow::Result<()> {
+    let capacity = direct_capacity(run, pin).await?;
+    // PostgreSQL's pace on this hold, with nothing else running: a backlog drained by a fresh
+    // consumer (what `seckill plan` sizes the drain with).
+    let messages = run.sizes.crowd_capacity_requests * 2;
+    let drain = super::scenarios::backlog(run, "crowd", messages as i64, messages, &[]).await?;
+    run.keep(DRAIN, with_pin(drain, pin));
+    let z = run.sizes;
+    let most = ((STEPS[STEPS.len() - 1].factor * capacity * z.crowd_step_secs) as usize)
+        .clamp(1, z.crowd_max_requests);
+    eprintln!("[bench] crowd: signing {most} buyers' tokens");
+    let minter = Minter::new(&run.settings, &keys[0].signing_args())?;
+    let users: Vec<i64> = (1..=most as i64).collect();
+    write_tokens_file(&minter, &users, tokens)?;
     run.procs.start("consume", &["consume"], None)?;
     run.procs.start("scan", &["scan"], None)?;
     for ready in [CONSUME_READY, SCAN_READY] {
         wait_ready(ready).await?;
     }
-    let capacity = direct_capacity(run, tokens, pin).await?;
     for (i, step) in STEPS.iter().enumerate() {
-        let z = run.sizes;
         let rate = step.factor * capacity;
-        let requests = ((rate * z.crowd_step_secs) as usize).clamp(1, z.crowd_max_requests);
+        let requests = ((rate * z.crowd_step_secs) as usize).clamp(1, most);
         let stock = ((requests as i64 / 2 + SKUS - 1) / SKUS).max(1);
         eprintln!(
             "[bench] crowd {}: {rate:.0} requests/s, {requests} requests, {} units over {SKUS} SKUs",
@@ -110,12 +119,14 @@ struct Shape {
 }
 
 /// `seckill-bench load` arguments of the crowd against `api`.
-fn load_args(api: &str, a: i64, requests: usize, tokens: &std::path::Path) -> Vec<String> {
+fn load_args(api: &str, a: i64, requests: usize, tokens: Option<&std::path::Path>) -> Vec<String> {
     let mut args = vec![s("load"), s("--api"), s(api), s("--activity-id"), s(a)];
     args.extend([s("--sku-id"), s(1), s("--skus"), s(SKUS)]);
     args.extend([s("--sku-zipf"), s(ZIPF), s("--requests"), s(requests)]);
     args.extend([s("--buyers"), s(requests)]);
-    args.extend([s("--tokens-file"), tokens.display().to_string()]);
+    if let Some(file) = tokens {
+        args.extend([s("--tokens-file"), file.display().to_string()]);
+    }
     args
 }
 
@@ -134,15 +145,11 @@ async fn restart_direct(run: &mut Run, stock: i64) -> anyhow::Result<i64> {
 
 /// The direct design's capacity on this traffic: a closed loop of every buyer new, stock for
 /// all (each answer a purchase committed), its answers per second.
-async fn direct_capacity(
-    run: &mut Run,
-    tokens: &std::path::Path,
-    pin: &str,
-) -> anyhow::Result<f64> {
+async fn direct_capacity(run: &mut Run, pin: &str) -> anyhow::Result<f64> {
     let n = run.sizes.crowd_capacity_requests;
     let a = restart_direct(run, n as i64).await?;
     super::scenarios::quiesce(run).await;
-    let mut args = load_args(BASELINE, a, n, tokens);
+    let mut args = load_args(BASELINE, a, n, None);
     args.extend([s("--concurrency"), s(run.concurrency), s("--seed"), s(0)]);
     args.extend(["--dup-request-share", "0", "--repeat-buyer-share", "0"].map(s));
     args.extend(["--load-only", "--scenario", "crowd-capacity"].map(s));
@@ -183,7 +190,7 @@ async fn direct_step(
 ) -> anyhow::Result<Line> {
     let a = restart_direct(run, shape.stock).await?;
     super::scenarios::quiesce(run).await;
-    let mut args = load_args(BASELINE, a, shape.requests, tokens);
+    let mut args = load_args(BASELINE, a, shape.requests, Some(tokens));
     args.extend(step_args(shape, shape.step.direct));
     args.extend([s("--load-only"), s("--stock"), s(shape.stock)]);
     args.extend(run.procs.cpu_args().await);
@@ -206,7 +213,7 @@ async fn seckill_step(
     super::scenarios::quiesce(run).await;
     let before = Stages::read(run).await;
     let sampler = LagSampler::start();
-    let mut args = load_args(API, a, shape.requests, tokens);
+    let mut args = load_args(API, a, shape.requests, Some(tokens));
     args.extend(step_args(shape, shape.step.seckill));
     args.extend(run.procs.cpu_args().await);
     let out = format!("crowd-{}-seckill", shape.step.label);

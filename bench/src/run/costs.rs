@@ -1,6 +1,7 @@
 //! The per-core costs `seckill plan` reads (src/plan.rs), from the crowd's own lines: the
-//! steepest step (10x, the deepest backlog) gives each process's CPU per request, message and
-//! order and PostgreSQL's pace on its one core; the capacity run gives the direct design's.
+//! steepest step (10x) gives the front's CPU per request and message (api, Redis, broker); the
+//! backlog drained under the same hold gives PostgreSQL's pace and the consumer's CPU per
+//! order; the capacity run gives the direct design's.
 //! Then the plan is checked against this machine: fed the 3x step's winners and arrival
 //! time, it predicts that step's drain after the arrivals stopped, compared with the one
 //! measured (`BURST_PLAN`).
@@ -8,7 +9,7 @@
 use seckill::plan::{plan, Costs, Machine, Target};
 
 use super::Run;
-use crate::burst::{CAPACITY, PLAN, STEPS, TARGET_STEP};
+use crate::burst::{CAPACITY, DRAIN, PLAN, STEPS, TARGET_STEP};
 use crate::lines::Line;
 
 /// The step the costs come from, and the one the plan is checked on.
@@ -57,8 +58,13 @@ pub(super) async fn write_costs(run: &mut Run) -> anyhow::Result<Costs> {
         .expect("a 10x step");
     let line = run.lines.get(step.seckill).cloned().unwrap_or_default();
     let capacity = run.lines.get(CAPACITY).cloned().unwrap_or_default();
+    let drain = run.lines.get(DRAIN).cloned().unwrap_or_default();
     // PostgreSQL's share of the machine during the steps (a quota, or a whole core).
     let pg_cores = line.num("postgres_cpu").unwrap_or(1.0);
+    let field = |l: &Line, key: &str| {
+        l.num(key)
+            .ok_or_else(|| anyhow::anyhow!("no {key} on {}", l.text))
+    };
     let costs = Costs {
         machine: Machine {
             cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
@@ -66,17 +72,14 @@ pub(super) async fn write_costs(run: &mut Run) -> anyhow::Result<Costs> {
             measured_at: chrono::Utc::now().to_rfc3339(),
             commit: commit().await,
             source: format!(
-                "make bench-crowd, step {COSTS_STEP} (PostgreSQL held to {pg_cores} core) and the direct design's capacity run"
+                "make bench-crowd (PostgreSQL held to {pg_cores} core): step {COSTS_STEP}, the backlog's drain, the direct design's capacity run"
             ),
         },
         api_cpu_us_per_request: us_per(&line, "api", "requests")?,
         redis_cpu_us_per_request: us_per(&line, "redis", "requests")?,
         broker_cpu_us_per_message: us_per(&line, "broker", "accepted")?,
-        consume_cpu_us_per_order: us_per(&line, "consume", "orders")?,
-        pg_orders_per_s_per_core: line
-            .num("orders_per_s")
-            .ok_or_else(|| anyhow::anyhow!("no orders_per_s on {}", line.text))?
-            / pg_cores,
+        consume_cpu_us_per_order: field(&drain, "cpu_us_consume")?,
+        pg_orders_per_s_per_core: field(&drain, "orders_per_s")? / pg_cores,
         direct_pg_purchases_per_s_per_core: capacity
             .num("answers_per_s")
             .ok_or_else(|| anyhow::anyhow!("no capacity line"))?

@@ -26,7 +26,7 @@ async fn api(run: &mut Run) -> anyhow::Result<()> {
 
 /// The order consumer alone on a backlog: filled while no consumer runs, then drained by a
 /// fresh one at nice 0, as pgbench runs (its rate against the database's, like for like).
-async fn backlog(
+pub(super) async fn backlog(
     run: &mut Run,
     label: &str,
     stock: i64,
