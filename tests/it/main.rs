@@ -33,6 +33,7 @@ mod passes;
 mod pgbench_scripts;
 mod pgbouncer;
 mod pipeline;
+mod plan;
 mod rate_limits;
 mod reconcile;
 mod recovery;
