@@ -67,8 +67,11 @@ async fn steps(
     pin: &str,
 ) -> anyhow::Result<()> {
     let capacity = direct_capacity(run, pin).await?;
-    // PostgreSQL's pace on this hold, with nothing else running: a backlog drained by a fresh
-    // consumer (what `seckill plan` sizes the drain with).
+    // PostgreSQL's pace on this hold: a backlog drained by a fresh consumer, the relay
+    // publishing the orders' events beside it as in a sale (what `seckill plan` sizes the
+    // drain with).
+    run.procs.start("scan", &["scan"], None)?;
+    wait_ready(SCAN_READY).await?;
     let messages = run.sizes.crowd_capacity_requests * 2;
     let drain = super::scenarios::backlog(run, "crowd", messages as i64, messages, &[]).await?;
     run.keep(DRAIN, with_pin(drain, pin));
@@ -80,10 +83,7 @@ async fn steps(
     let users: Vec<i64> = (1..=most as i64).collect();
     write_tokens_file(&minter, &users, tokens)?;
     run.procs.start("consume", &["consume"], None)?;
-    run.procs.start("scan", &["scan"], None)?;
-    for ready in [CONSUME_READY, SCAN_READY] {
-        wait_ready(ready).await?;
-    }
+    wait_ready(CONSUME_READY).await?;
     for (i, step) in STEPS.iter().enumerate() {
         let rate = step.factor * capacity;
         let requests = ((rate * z.crowd_step_secs) as usize).clamp(1, most);

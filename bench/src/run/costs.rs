@@ -2,14 +2,14 @@
 //! steepest step (10x) gives the front's CPU per request and message (api, Redis, broker); the
 //! backlog drained under the same hold gives PostgreSQL's pace and the consumer's CPU per
 //! order; the capacity run gives the direct design's.
-//! Then the plan is checked against this machine: fed the 3x step's winners and arrival
-//! time, it predicts that step's drain after the arrivals stopped, compared with the one
-//! measured (`BURST_PLAN`).
+//! Then the plan is checked against this machine: fed the 10x step's winners and arrival
+//! time (the step whose arrivals outrun PostgreSQL), it predicts that step's drain after the
+//! arrivals stopped, compared with the one measured (`BURST_PLAN`).
 
 use seckill::plan::{plan, Costs, Machine, Target};
 
 use super::Run;
-use crate::burst::{CAPACITY, DRAIN, PLAN, STEPS, TARGET_STEP};
+use crate::burst::{CAPACITY, DRAIN, PLAN, PLAN_STEP, STEPS};
 use crate::lines::Line;
 
 /// The step the costs come from, and the one the plan is checked on.
@@ -91,12 +91,12 @@ pub(super) async fn write_costs(run: &mut Run) -> anyhow::Result<Costs> {
     Ok(costs)
 }
 
-/// The plan's drain for the target step against the drain measured: `BURST_PLAN`.
+/// The plan's drain for the steepest step against the drain measured: `BURST_PLAN`.
 pub(super) fn check_plan(run: &mut Run, costs: &Costs) -> Line {
     let step = STEPS
         .iter()
-        .find(|s| s.label == TARGET_STEP)
-        .expect("a 3x step");
+        .find(|s| s.label == PLAN_STEP)
+        .expect("a 10x step");
     let line = run.lines.get(step.seckill).cloned().unwrap_or_default();
     let (winners, requests, sent_per_s, measured) = (
         line.num("accepted").unwrap_or(0.0),
@@ -121,7 +121,7 @@ pub(super) fn check_plan(run: &mut Run, costs: &Costs) -> Line {
     let p = plan(costs, &target, &run.settings);
     let ratio = crate::lines::ratio(Some(p.drain_secs), measured);
     let text = format!(
-        "{PLAN} {} step={TARGET_STEP} winners={winners:.0} arrival_s={arrival_secs:.2} \
+        "{PLAN} {} step={PLAN_STEP} winners={winners:.0} arrival_s={arrival_secs:.2} \
          pg_orders_per_s={:.0} predicted_drain_s={:.2} measured_drain_s={} \
          plan_drain_predicted_vs_measured={ratio}",
         if ratio == "nan" { "FAILED" } else { "OK" },
