@@ -189,12 +189,15 @@ pub fn human(p: &Plan, t: &Target, costs: &Costs) -> String {
          consume           {:>5} instances\n\
          timeout-cancel    {:>5} instances\n\
          postgresql        {} cores, pg.safe_concurrency = {}, {:.0} orders/s\n\
-         connections       {} of pg.max_connections = {} (seckill budget for this fleet)\n\
+         connections       {} of pg.max_connections = {}{}\n\
          \n\
          sold out after    {:>8.1} s (at the peak, every arrival a winner)\n\
          orders done after {:>8.1} s (units / PostgreSQL's pace)\n\
          drain after sold out {:>5.1} s\n\
-         the direct-PostgreSQL design would need {:.0} database cores to commit the peak as it arrives\n",
+         the direct-PostgreSQL design would need {:.0} database cores to commit the peak as it arrives\n\
+         \n\
+         PostgreSQL's pace and the direct design's are scaled linearly from the share of a core\n\
+         they were measured on: an upper bound. Measure on the database you will run.\n",
         t.peak_rps,
         t.units,
         t.activities,
@@ -218,6 +221,11 @@ pub fn human(p: &Plan, t: &Target, costs: &Costs) -> String {
         p.pg_orders_per_s,
         p.connections.total,
         p.connections.max_connections,
+        if p.connections.check().is_ok() {
+            " (seckill budget for this fleet)".to_owned()
+        } else {
+            format!(": over, set pg.max_connections to at least {}", p.connections.total)
+        },
         p.sold_out_secs,
         p.orders_done_secs,
         p.drain_secs,

@@ -230,7 +230,11 @@ pub async fn run(settings: Settings, args: RunArgs) -> anyhow::Result<bool> {
         Some(Part::Fair) => fair::fairness(&mut run).await,
         Some(Part::Relay) => scenarios::only_relay(&mut run).await,
         Some(Part::Crowd) => burst::crowd(&mut run, &keys).await,
-        None => scenarios::whole(&mut run, &keys).await,
+        // The crowd last: it holds PostgreSQL to a share of the machine while it runs.
+        None => match scenarios::whole(&mut run, &keys).await {
+            Ok(()) => burst::crowd(&mut run, &keys).await,
+            Err(e) => Err(e),
+        },
     };
     // Whatever happened, nothing started here outlives the run.
     run.procs.stop_all().await;

@@ -381,8 +381,7 @@ pub async fn whole(run: &mut Run, keys: &[Provisioned]) -> anyhow::Result<()> {
     send_path(run, keys).await?;
     through_the_api(run).await?;
     super::fair::fairness(run).await?;
-    baseline(run, keys).await?;
-    super::burst::crowd(run, keys).await
+    baseline(run, keys).await
 }
 
 /// The broker's raw send rate, one message per call and batched.
