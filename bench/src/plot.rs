@@ -26,7 +26,54 @@ fn points(l: &Lines, name: impl Fn(&crate::burst::Step) -> &'static str) -> Vec<
 const SECKILL: RGBColor = RGBColor(0x1f, 0x77, 0xb4);
 const DIRECT: RGBColor = RGBColor(0xd6, 0x27, 0x28);
 
-/// Draws `path` from the crowd's lines; an error when no step ran.
+type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+/// One panel: a figure of each design's steps against the arrival rate, both axes logarithmic;
+/// `diagonal` draws "answered as they arrive".
+fn panel(
+    area: &Area,
+    (caption, y_desc): (&str, &str),
+    (x, y): ((f64, f64), (f64, f64)),
+    designs: &[(&str, Vec<(f64, f64)>, RGBColor)],
+    diagonal: bool,
+) -> anyhow::Result<()> {
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(64)
+        .build_cartesian_2d((x.0..x.1).log_scale(), (y.0..y.1).log_scale())?;
+    chart
+        .configure_mesh()
+        .x_desc("arrivals/s (open loop)")
+        .y_desc(y_desc)
+        .draw()?;
+    if diagonal {
+        let grey = BLACK.mix(0.3);
+        chart
+            .draw_series(LineSeries::new([(x.0, x.0), (x.1, x.1)], grey))?
+            .label("answered as they arrive")
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], grey));
+    }
+    for (name, xy, color) in designs {
+        let color = *color;
+        chart
+            .draw_series(LineSeries::new(xy.clone(), color.stroke_width(2)))?
+            .label(*name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
+        chart.draw_series(xy.iter().map(|c| Circle::new(*c, 4, color.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
+}
+
+/// Draws `path` from the crowd's lines: answers/s (left) and p99 (right) against arrivals/s;
+/// an error when no step ran.
 pub fn crowd_svg(l: &Lines, path: &Path) -> anyhow::Result<()> {
     let seckill = points(l, |s| s.seckill);
     let direct = points(l, |s| s.direct);
@@ -34,84 +81,45 @@ pub fn crowd_svg(l: &Lines, path: &Path) -> anyhow::Result<()> {
         !seckill.is_empty() && !direct.is_empty(),
         "no crowd step to draw"
     );
-    let all = seckill.iter().chain(&direct);
-    let rate_max = all.clone().map(|p| p.0).fold(1.0, f64::max) * 1.3;
-    let rate_min = all.clone().map(|p| p.0).fold(f64::MAX, f64::min) * 0.7;
-    let answers_max = all.clone().map(|p| p.0.max(p.1)).fold(1.0, f64::max) * 1.1;
-    let p99_max = all.clone().map(|p| p.2).fold(1.0, f64::max) * 2.0;
-    let p99_min = all.map(|p| p.2).fold(f64::MAX, f64::min).max(0.1) * 0.5;
-
+    let all: Vec<&(f64, f64, f64)> = seckill.iter().chain(&direct).collect();
+    let range = |f: fn(&(f64, f64, f64)) -> f64| -> (f64, f64) {
+        let v: Vec<f64> = all.iter().map(|p| f(p)).collect();
+        let min = v.iter().copied().fold(f64::MAX, f64::min).max(0.1);
+        let max = v.iter().copied().fold(0.0, f64::max).max(min * 2.0);
+        (min * 0.7, max * 1.4)
+    };
+    let x = range(|p| p.0);
+    let answers = {
+        let (a, b) = range(|p| p.1);
+        (a.min(x.0), b.max(x.1))
+    };
+    let series = |pick: fn(&(f64, f64, f64)) -> f64| -> Vec<(&str, Vec<(f64, f64)>, RGBColor)> {
+        vec![
+            (
+                "seckill",
+                seckill.iter().map(|p| (p.0, pick(p))).collect(),
+                SECKILL,
+            ),
+            (
+                "direct PostgreSQL",
+                direct.iter().map(|p| (p.0, pick(p))).collect(),
+                DIRECT,
+            ),
+        ]
+    };
     let root = SVGBackend::new(path, (1100, 460)).into_drawing_area();
     root.fill(&WHITE)?;
     let (left, right) = root.split_horizontally(550);
-    let mut chart = ChartBuilder::on(&left)
-        .caption("Answers/s against arrivals/s", ("sans-serif", 18))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(64)
-        .build_cartesian_2d((rate_min..rate_max).log_scale(), 0.0..answers_max)?;
-    chart
-        .configure_mesh()
-        .x_desc("arrivals/s (open loop)")
-        .y_desc("answers/s")
-        .draw()?;
-    // Every request answered as it arrives: the diagonal.
-    chart
-        .draw_series(LineSeries::new(
-            [(rate_min, rate_min), (rate_max, rate_max)],
-            BLACK.mix(0.3),
-        ))?
-        .label("answered as they arrive")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.mix(0.3)));
-    for (name, pts, color) in [
-        ("seckill", &seckill, SECKILL),
-        ("direct PostgreSQL", &direct, DIRECT),
-    ] {
-        let xy: Vec<(f64, f64)> = pts.iter().map(|p| (p.0, p.1)).collect();
-        chart
-            .draw_series(LineSeries::new(xy.clone(), color.stroke_width(2)))?
-            .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
-        chart.draw_series(xy.into_iter().map(|c| Circle::new(c, 4, color.filled())))?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()?;
-
-    let mut chart = ChartBuilder::on(&right)
-        .caption("p99 from planned start (ms)", ("sans-serif", 18))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(64)
-        .build_cartesian_2d(
-            (rate_min..rate_max).log_scale(),
-            (p99_min..p99_max).log_scale(),
-        )?;
-    chart
-        .configure_mesh()
-        .x_desc("arrivals/s (open loop)")
-        .y_desc("p99 ms (timeouts at 10 s)")
-        .draw()?;
-    for (name, pts, color) in [
-        ("seckill", &seckill, SECKILL),
-        ("direct PostgreSQL", &direct, DIRECT),
-    ] {
-        let xy: Vec<(f64, f64)> = pts.iter().map(|p| (p.0, p.2)).collect();
-        chart
-            .draw_series(LineSeries::new(xy.clone(), color.stroke_width(2)))?
-            .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
-        chart.draw_series(xy.into_iter().map(|c| Circle::new(c, 4, color.filled())))?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()?;
+    let captions = ("Answers/s against arrivals/s", "answers/s");
+    panel(&left, captions, (x, answers), &series(|p| p.1), true)?;
+    let captions = ("p99 from planned start (ms)", "p99 ms (timeouts at 10 s)");
+    panel(
+        &right,
+        captions,
+        (x, range(|p| p.2)),
+        &series(|p| p.2),
+        false,
+    )?;
     root.present()?;
     Ok(())
 }
