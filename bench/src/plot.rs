@@ -28,13 +28,16 @@ const DIRECT: RGBColor = RGBColor(0xd6, 0x27, 0x28);
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 
+/// A design's points on one panel: its name, `(arrivals/s, figure)` per step, its colour.
+type Series<'a> = (&'a str, Vec<(f64, f64)>, RGBColor);
+
 /// One panel: a figure of each design's steps against the arrival rate, both axes logarithmic;
 /// `diagonal` draws "answered as they arrive".
 fn panel(
     area: &Area,
     (caption, y_desc): (&str, &str),
     (x, y): ((f64, f64), (f64, f64)),
-    designs: &[(&str, Vec<(f64, f64)>, RGBColor)],
+    designs: &[Series],
     diagonal: bool,
 ) -> anyhow::Result<()> {
     let mut chart = ChartBuilder::on(area)
@@ -93,7 +96,7 @@ pub fn crowd_svg(l: &Lines, path: &Path) -> anyhow::Result<()> {
         let (a, b) = range(|p| p.1);
         (a.min(x.0), b.max(x.1))
     };
-    let series = |pick: fn(&(f64, f64, f64)) -> f64| -> Vec<(&str, Vec<(f64, f64)>, RGBColor)> {
+    let series = |pick: fn(&(f64, f64, f64)) -> f64| -> Vec<Series> {
         vec![
             (
                 "seckill",
