@@ -78,8 +78,21 @@ redis_clean() {
   redis-cli -h 127.0.0.1 -p 6379 --scan --pattern 'seckill-bench:*' |
     xargs -r -n 5000 redis-cli -h 127.0.0.1 -p 6379 unlink >/dev/null
 }
+# The crowd holds PostgreSQL in a CPU-quota cgroup while it runs (bench/src/run/pg_cpu.rs) and
+# lets it go at the end; a run killed before that would leave the database throttled for
+# whatever runs next, so every run lets go of such a leftover first and last.
+pg_cpu_release() {
+  local dir root
+  for root in /sys/fs/cgroup/cpu /sys/fs/cgroup; do
+    dir="$root/seckill-bench-postgres"
+    [[ -d "$dir" ]] || continue
+    while read -r pid; do echo "$pid" >"$root/cgroup.procs" 2>/dev/null || true; done <"$dir/cgroup.procs"
+    rmdir "$dir" 2>/dev/null || true
+  done
+}
+pg_cpu_release
 redis_clean
-trap redis_clean EXIT
+trap 'redis_clean; pg_cpu_release' EXIT
 log "building (release)"
 cargo build --release --quiet -p seckill -p seckill-bench
 BIN="$root/target/release/seckill"
