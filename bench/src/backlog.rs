@@ -31,8 +31,14 @@ use seckill::redis::{RedisStore, ReserveArgs, ReserveResult};
 pub struct BacklogArgs {
     #[arg(long)]
     pub activity_id: i64,
+    /// The SKU, or with `--skus N` the first of N consecutive SKU ids.
     #[arg(long, default_value_t = 1)]
     pub sku_id: i64,
+    /// Spread the reservations over this many SKUs in turn (`--sku-id` ..
+    /// `--sku-id + N - 1`): a backlog whose batches update several stock rows, as a sale of
+    /// many SKUs leaves.
+    #[arg(long, default_value_t = 1)]
+    pub skus: i64,
     /// Reservations (one unit each) to turn into orders.
     #[arg(long, default_value_t = 20_000)]
     pub messages: usize,
@@ -125,7 +131,7 @@ async fn reserve_all(
                             reservation_id: &ids.reservation_id,
                             order_id: &ids.order_id,
                             activity_id: args.activity_id,
-                            sku_id: args.sku_id,
+                            sku_id: args.sku_id + i as i64 % args.skus.max(1),
                             user_id: user,
                         },
                         now_ms,
@@ -253,11 +259,13 @@ async fn drain(
     let cpu_before = cpu_snapshot(&args.cpu);
     let deadline = started + Duration::from_secs(args.drain_timeout_secs);
     let want = args.messages as i64;
+    let last_sku = args.sku_id + args.skus.max(1) - 1;
     let drained = loop {
         let n: i64 = pg
             .query_one(
-                "SELECT count(*) FROM reservations WHERE activity_id = $1 AND sku_id = $2",
-                &[&args.activity_id, &args.sku_id],
+                "SELECT count(*) FROM reservations
+                 WHERE activity_id = $1 AND sku_id BETWEEN $2 AND $3",
+                &[&args.activity_id, &args.sku_id, &last_sku],
             )
             .await?
             .get(0);
@@ -277,17 +285,17 @@ async fn drain(
     if let Some(pg_cpu) = cpu.iter_mut().find(|c| c.name == "postgres") {
         pg_cpu.cpu_secs = (pg_cpu.cpu_secs - polling).max(0.0);
     }
-    let r = crate::bench::order_rate(&pg, args.activity_id, args.sku_id, args.sku_id).await?;
+    let r = crate::bench::order_rate(&pg, &[args.activity_id], args.sku_id, last_sku).await?;
     let (orders, span, orders_per_sec) = (r.orders, r.span_secs, r.rate);
-    let mut report = invariants::check(
-        &**pg,
-        redis,
-        &seckill::mq::Names::of(settings).order_create_group,
-        args.activity_id,
-        args.sku_id,
-    )
-    .await
-    .context("invariant check")?;
+    let group = seckill::mq::Names::of(settings).order_create_group;
+    let mut report = invariants::Report::default();
+    for sku in args.sku_id..=last_sku {
+        let r = invariants::check(&**pg, redis, &group, args.activity_id, sku)
+            .await
+            .context("invariant check")?;
+        report.figures.add(&r.figures);
+        report.violations.extend(r.violations);
+    }
     if !drained {
         report
             .violations

@@ -4,6 +4,12 @@
 
 use crate::lines::{quotient, ratio, Lines};
 
+/// The crowd's shape: activities on sale at once in each step (the crowd shared evenly between
+/// them), SKUs of each, and how fast their popularity falls (1/rank).
+pub const ACTIVITIES: i64 = 3;
+pub const SKUS: i64 = 10;
+pub const ZIPF: f64 = 1.0;
+
 /// One step: its label in the RATIOS keys (`crowd_<label>_…`), its multiple of the direct
 /// design's capacity, and the names its lines are kept under.
 #[derive(Debug, Clone, Copy)]

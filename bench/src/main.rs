@@ -14,6 +14,7 @@ mod burst;
 mod cpu;
 mod crowd;
 mod intake;
+mod judged;
 mod lines;
 mod payments;
 mod plot;

@@ -40,15 +40,27 @@ fn panel(
     designs: &[Series],
     diagonal: bool,
 ) -> anyhow::Result<()> {
+    // The x axis is labelled at the steps' own arrival rates: a log scale's powers of ten
+    // would leave the lower steps unlabelled.
+    let mut steps: Vec<f64> = designs
+        .iter()
+        .flat_map(|d| d.1.iter().map(|p| p.0))
+        .collect();
+    steps.sort_by(f64::total_cmp);
+    steps.dedup_by(|a, b| (*a - *b).abs() < 0.5);
     let mut chart = ChartBuilder::on(area)
         .caption(caption, ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(64)
-        .build_cartesian_2d((x.0..x.1).log_scale(), (y.0..y.1).log_scale())?;
+        .build_cartesian_2d(
+            (x.0..x.1).log_scale().with_key_points(steps),
+            (y.0..y.1).log_scale(),
+        )?;
     chart
         .configure_mesh()
         .x_desc("arrivals/s (open loop)")
+        .x_label_formatter(&|v| format!("{v:.0}"))
         .y_desc(y_desc)
         .draw()?;
     if diagonal {

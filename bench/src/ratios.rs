@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 
+use crate::judged::{Judged, SCENARIOS};
 pub use crate::lines::{median_at, ratio, sum, Line, Lines};
 use crate::summary::summary;
 
@@ -43,41 +44,6 @@ pub enum Part {
     Crowd,
 }
 
-/// Scenarios judged by their verdict alone.
-const VERDICT_ONLY: [&str; 14] = [
-    "RELAY",
-    "I_BATCHED",
-    "I_SINGLE",
-    "T_OFF",
-    "T_ON",
-    "T_OFF2",
-    "T_ON2",
-    "SALE_FRONT",
-    "BASE_SOLDOUT",
-    "BASE_BUY",
-    "BASE_SALE",
-    "CROWD_FCFS",
-    "CROWD_DRAW",
-    "CROWD_PASSES",
-];
-
-/// Scenarios through the pipeline: their verdict, and the invariant violations they counted
-/// (a line without the count counts as one).
-const WITH_VIOLATIONS: [&str; 12] = [
-    "B_BATCH",
-    "ORDER_ROUNDS",
-    "B_WIDE",
-    "B_SINGLE",
-    "A_BATCHED",
-    "A_SINGLE",
-    "SOLDOUT_REDIS",
-    "SOLDOUT",
-    "SALE",
-    "MANY",
-    "DUPS",
-    "OPEN",
-];
-
 /// The front door's ceilings (`wrk`, bench/src/run/ceilings.rs) and the only answers each may
 /// get: a sold-out SKU answers 410 and nothing else (a 401 would be a token refused), the
 /// accepted path 202, or 409 once the buyers' tokens come round again.
@@ -114,13 +80,14 @@ fn ceiling_violations(lines: &Lines) -> u64 {
 
 /// How many scenarios failed, counting each pipeline scenario's own violations too.
 pub fn violations(lines: &Lines) -> u64 {
-    let mut v = VERDICT_ONLY.iter().filter(|n| !lines.get(n).ok()).count() as u64;
-    v += ceiling_violations(lines);
+    let mut v = ceiling_violations(lines);
     v += crate::burst::burst_violations(lines).len() as u64;
-    for name in WITH_VIOLATIONS {
+    for (name, judged, _) in SCENARIOS {
         let line = lines.get(name);
-        v += line.num("violations").map_or(1, |n| n as u64);
         v += u64::from(!line.ok());
+        if judged == Judged::Violations {
+            v += line.num("violations").map_or(1, |n| n as u64);
+        }
     }
     v
 }
@@ -449,10 +416,12 @@ mod tests {
 
     #[test]
     fn every_missing_or_failed_scenario_is_a_violation() {
-        let all_ok: Vec<(&str, &str)> = VERDICT_ONLY
+        let all_ok: Vec<(&str, &str)> = SCENARIOS
             .iter()
-            .map(|n| (*n, "X OK"))
-            .chain(WITH_VIOLATIONS.iter().map(|n| (*n, "X OK violations=0")))
+            .map(|(n, judged, _)| match judged {
+                Judged::Verdict => (*n, "X OK"),
+                Judged::Violations => (*n, "X OK violations=0"),
+            })
             .chain([
                 ("C_HEALTHZ", "WRK OK errors=0 s200=5"),
                 ("C_ACCEPT", "WRK OK errors=0 s202=5 s409=2"),
@@ -467,21 +436,24 @@ mod tests {
             .collect();
         assert_eq!(violations(&lines(&all_ok)), 0);
         let mut some = all_ok.clone();
-        some[0].1 = "X FAILED"; // a verdict-only scenario failed
-        some[VERDICT_ONLY.len()].1 = "X OK violations=3"; // three broken invariants
-        some[VERDICT_ONLY.len() + 1].1 = "X OK"; // no count: one
+        let at = |name: &str| all_ok.iter().position(|(n, _)| *n == name).unwrap();
+        some[at("RELAY")].1 = "X FAILED"; // a verdict-only scenario failed
+        some[at("B_BATCH")].1 = "X OK violations=3"; // three broken invariants
+        some[at("SALE")].1 = "X OK"; // no count: one
         assert_eq!(violations(&lines(&some)), 1 + 3 + 1);
         // A sold-out ceiling that got a 401 (a token refused), one that lost a connection.
         let mut refused = all_ok.clone();
-        let at = |name: &str| all_ok.iter().position(|(n, _)| *n == name).unwrap();
         refused[at("C_SOLDOUT_RS256")].1 = "WRK OK errors=0 s410=9 s401=1";
         refused[at("C_SOLDOUT_EDDSA")].1 = "WRK OK errors=1 s410=9";
         assert_eq!(violations(&lines(&refused)), 2);
         // Nothing ran at all: every scenario counts.
         assert_eq!(
             violations(&lines(&[])),
-            (VERDICT_ONLY.len()
-                + 2 * WITH_VIOLATIONS.len()
+            (SCENARIOS.len()
+                + SCENARIOS
+                    .iter()
+                    .filter(|s| s.1 == Judged::Violations)
+                    .count()
                 + CEILINGS.len()
                 + crate::burst::burst_violations(&lines(&[])).len()) as u64
         );

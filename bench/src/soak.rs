@@ -265,17 +265,14 @@ pub async fn run(settings: Settings, args: SoakArgs) -> anyhow::Result<bool> {
         let user_id = first_user + i as i64;
         let token = minter.mint(user_id)?;
         let p = Planned {
+            activity_id: args.activity_id,
             user_id,
             sku_id: args.sku_id,
             request_id: format!("{run_tag}-{i}"),
             auth: Some(format!("Bearer {token}").into()),
         };
-        let (client, base, answers, hist) = (
-            client.clone(),
-            format!("{base}/v1/activities/{}/skus", args.activity_id),
-            answers.clone(),
-            hist.clone(),
-        );
+        let (client, base, answers, hist) =
+            (client.clone(), base.clone(), answers.clone(), hist.clone());
         tokio::spawn(async move {
             let answer = one_request(&client, &base, &p).await;
             let us = (due.elapsed().as_micros() as u64).max(1);

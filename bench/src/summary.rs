@@ -21,28 +21,8 @@ fn scenario_lines(l: &Lines) -> Vec<String> {
     ];
     out.extend(["LIMITS", "BROKER1", "BROKER32"].map(|n| l.get(n).text));
     out.push("== pipeline ==".to_owned());
-    let pipeline = [
-        "B_BATCH",
-        "B_WIDE",
-        "B_SINGLE",
-        "RELAY",
-        "I_BATCHED",
-        "I_SINGLE",
-        "T_OFF",
-        "T_ON",
-        "T_OFF2",
-        "T_ON2",
-        "A_BATCHED",
-        "A_SINGLE",
-        "SOLDOUT_REDIS",
-        "SOLDOUT",
-        "SALE",
-        "SALE_FRONT",
-        "MANY",
-        "DUPS",
-        "OPEN",
-    ];
-    out.extend(pipeline.map(|n| l.get(n).text));
+    let pipeline = crate::judged::SCENARIOS.iter().filter(|s| s.2);
+    out.extend(pipeline.map(|(n, _, _)| l.get(n).text));
     out
 }
 

@@ -58,11 +58,11 @@ pub(super) async fn order_latencies(
             "SELECT (extract(epoch FROM (coalesce(c.committed_at, o.created_at) - o.reserved_at))
                      * 1000000)::int8
              FROM orders o LEFT JOIN order_commits c USING (xact_id)
-             WHERE o.activity_id = $1 AND o.sku_id BETWEEN $2 AND $3",
+             WHERE o.activity_id = ANY($1::int8[]) AND o.sku_id BETWEEN $2 AND $3",
             &[&args.activity_id, &args.sku_id, &last_sku],
         )
         .await?;
-    report.orders_per_sec = order_rate(pg, args.activity_id, args.sku_id, last_sku)
+    report.orders_per_sec = order_rate(pg, &args.activity_id, args.sku_id, last_sku)
         .await?
         .rate;
     let mut within = 0usize;
@@ -227,8 +227,8 @@ pub(super) async fn check_history(
     h.lost = unrecorded_202.len() + held.len();
     h.doubled = pg
         .query_one(
-            "SELECT count(*) - count(DISTINCT (sku_id, user_id)) FROM orders
-             WHERE activity_id = $1 AND status <> 'CANCELED'",
+            "SELECT count(*) - count(DISTINCT (activity_id, sku_id, user_id)) FROM orders
+             WHERE activity_id = ANY($1::int8[]) AND status <> 'CANCELED'",
             &[&args.activity_id],
         )
         .await?
@@ -261,7 +261,7 @@ async fn unknown_outcomes(
     let recorded: std::collections::HashMap<String, String> = pg
         .query(
             "SELECT request_id, reservation_id FROM reservations
-             WHERE activity_id = $1 AND request_id = ANY($2::text[])",
+             WHERE activity_id = ANY($1::int8[]) AND request_id = ANY($2::text[])",
             &[&args.activity_id, &unknown_req],
         )
         .await?
@@ -276,10 +276,10 @@ async fn unknown_outcomes(
             continue;
         }
         let rid = redis
-            .request_reservation(args.activity_id, p.user_id, &p.request_id)
+            .request_reservation(p.activity_id, p.user_id, &p.request_id)
             .await?;
         if let Some(rid) = rid {
-            let fields = redis.reservation(args.activity_id, &rid).await?;
+            let fields = redis.reservation(p.activity_id, &rid).await?;
             if fields.get("status").map(String::as_str) == Some("RESERVED") {
                 held.push(rid);
             }
@@ -354,29 +354,32 @@ fn sale_books(figures: &invariants::SkuFigures, h: &mut History) {
     }
 }
 
-/// The invariants of every SKU of the run, as one report.
+/// The invariants of every SKU of every activity of the run, as one report.
 pub(super) async fn check_skus(
     pg: &tokio_postgres::Client,
     redis: &RedisStore,
     group: &str,
     args: &BenchArgs,
 ) -> anyhow::Result<invariants::Report> {
-    let mut all = invariants::Report::default();
-    for sku in args.sku_id..args.sku_id + args.skus {
-        let r = invariants::check(pg, redis, group, args.activity_id, sku)
-            .await
-            .context("invariant check")?;
-        if sku == args.sku_id {
-            all = r;
-        } else {
-            all.figures.add(&r.figures);
-            all.violations.extend(r.violations);
+    let mut all: Option<invariants::Report> = None;
+    for &activity in &args.activity_id {
+        for sku in args.sku_id..args.sku_id + args.skus {
+            let r = invariants::check(pg, redis, group, activity, sku)
+                .await
+                .context("invariant check")?;
+            match all.as_mut() {
+                None => all = Some(r),
+                Some(all) => {
+                    all.figures.add(&r.figures);
+                    all.violations.extend(r.violations);
+                }
+            }
         }
     }
-    Ok(all)
+    Ok(all.unwrap_or_default())
 }
 
-/// Orders of some SKUs of an activity, and how fast they were created.
+/// Orders of some SKUs of some activities, and how fast they were created.
 pub struct OrderRate {
     pub orders: i64,
     /// Seconds from the first to the last order's commit (`order_commits.committed_at`).
@@ -389,7 +392,7 @@ pub struct OrderRate {
 /// written before migration V6 has no commit stamp: its `created_at` stands in).
 pub async fn order_rate(
     pg: &tokio_postgres::Client,
-    activity_id: i64,
+    activities: &[i64],
     first_sku: i64,
     last_sku: i64,
 ) -> anyhow::Result<OrderRate> {
@@ -398,8 +401,9 @@ pub async fn order_rate(
             "SELECT count(*), coalesce(extract(epoch FROM max(t) - min(t)), 0)::float8
              FROM (SELECT coalesce(c.committed_at, o.created_at) AS t
                    FROM orders o LEFT JOIN order_commits c USING (xact_id)
-                   WHERE o.activity_id = $1 AND o.sku_id BETWEEN $2 AND $3) AS committed",
-            &[&activity_id, &first_sku, &last_sku],
+                   WHERE o.activity_id = ANY($1::int8[]) AND o.sku_id BETWEEN $2 AND $3)
+                   AS committed",
+            &[&activities, &first_sku, &last_sku],
         )
         .await?;
     let (orders, span_secs): (i64, f64) = (row.get(0), row.get(1));

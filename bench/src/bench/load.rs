@@ -66,11 +66,14 @@ pub(crate) enum Answer {
     Timeout,
 }
 
+/// One reservation request of `p` to the API at `base` (its root URL).
 pub(crate) async fn one_request(client: &reqwest::Client, base: &str, p: &Planned) -> Answer {
     let body = serde_json::json!({"user_id": p.user_id, "request_id": p.request_id, "quantity": 1});
-    let mut req = client
-        .post(format!("{base}/{}/reservations", p.sku_id))
-        .json(&body);
+    let url = format!(
+        "{base}/v1/activities/{}/skus/{}/reservations",
+        p.activity_id, p.sku_id
+    );
+    let mut req = client.post(url).json(&body);
     if let Some(auth) = &p.auth {
         req = req.header("authorization", &**auth);
     }
@@ -294,6 +297,7 @@ mod tests {
         let plan: Vec<Planned> = [(1, 1), (2, 1), (2, 1), (3, 2), (4, 2), (5, 2)]
             .iter()
             .map(|&(user_id, sku_id)| Planned {
+                activity_id: 1,
                 user_id,
                 sku_id,
                 request_id: format!("r{user_id}"),
@@ -301,9 +305,9 @@ mod tests {
             })
             .collect();
         let buyers = buyers_per_sku(&plan);
-        assert_eq!(buyers, BTreeMap::from([(1, 2), (2, 3)]));
+        assert_eq!(buyers, BTreeMap::from([((1, 1), 2), ((1, 2), 3)]));
         // SKU 1: 2 buyers, 5 units -> 2; SKU 2: 3 buyers, 1 unit -> 1.
-        let stock = BTreeMap::from([(1, 5), (2, 1)]);
+        let stock = BTreeMap::from([((1, 1), 5), ((1, 2), 1)]);
         assert_eq!(expected_accepted(&buyers, &stock), 3);
         assert!(strict_violations(&tally(3, &[], 0), Some(3)).is_empty());
         // One short (an answer lost, a buyer turned away) or one too many: both fail.

@@ -38,8 +38,10 @@ pub struct BenchArgs {
     /// the payments) in turn.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     pub api: String,
-    #[arg(long)]
-    pub activity_id: i64,
+    /// The activity, or several (comma-separated or repeated: a sale of several drops at
+    /// once, each with the same SKU ids); each fresh request picks one of them evenly.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub activity_id: Vec<i64>,
     /// The SKU, or with `--skus N` the first of N consecutive SKU ids.
     #[arg(long)]
     pub sku_id: i64,
@@ -125,6 +127,7 @@ pub struct BenchArgs {
 /// One request of the plan.
 #[derive(Debug, Clone)]
 pub(crate) struct Planned {
+    pub(crate) activity_id: i64,
     pub(crate) user_id: i64,
     pub(crate) sku_id: i64,
     pub(crate) request_id: String,
@@ -138,6 +141,10 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     anyhow::ensure!(args.concurrency > 0, "--concurrency must be at least 1");
     anyhow::ensure!(args.requests > 0, "--requests must be at least 1");
     anyhow::ensure!(args.skus > 0, "--skus must be at least 1");
+    anyhow::ensure!(
+        !args.activity_id.is_empty(),
+        "--activity-id names no activity"
+    );
     if let Some(rate) = args.rate {
         anyhow::ensure!(rate > 0.0, "--rate must be positive");
     }
@@ -154,12 +161,7 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
         .pool_idle_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(10))
         .build()?;
-    let bases: Arc<Vec<String>> = Arc::new(
-        api_bases(&args.api)
-            .iter()
-            .map(|api| format!("{api}/v1/activities/{}/skus", args.activity_id))
-            .collect(),
-    );
+    let bases: Arc<Vec<String>> = Arc::new(api_bases(&args.api));
     anyhow::ensure!(!bases.is_empty(), "--api names no server");
     // The generator's own CPU beside the servers': a saturated generator shows.
     let mut cpu_targets = args.cpu.clone();
@@ -193,8 +195,8 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     }
     let buyers = buyers_per_sku(&plan);
     if args.load_only {
-        let stock: BTreeMap<i64, i64> = match args.stock {
-            Some(n) => buyers.keys().map(|&sku| (sku, n)).collect(),
+        let stock: BTreeMap<(i64, i64), i64> = match args.stock {
+            Some(n) => buyers.keys().map(|&key| (key, n)).collect(),
             None => BTreeMap::new(),
         };
         let expected = args.stock.map(|_| expected_accepted(&buyers, &stock));
@@ -262,7 +264,7 @@ struct AfterLoad<'a> {
     client: &'a reqwest::Client,
     plan: &'a [Planned],
     tally: &'a Tally,
-    buyers: &'a BTreeMap<i64, usize>,
+    buyers: &'a BTreeMap<(i64, i64), usize>,
     accepted: &'a [String],
     arrivals_ended: Instant,
     bench_started_at: chrono::DateTime<chrono::Utc>,
@@ -279,14 +281,15 @@ impl AfterLoad<'_> {
         let pg = pool.get().await?;
         // The checks read whole tables; they are not bound by the hot path's statement timeout.
         pg.batch_execute("SET statement_timeout = '120s'").await?;
-        let stock: BTreeMap<i64, i64> = pg
+        let stock: BTreeMap<(i64, i64), i64> = pg
             .query(
-                "SELECT sku_id, total_stock::int8 FROM activity_skus WHERE activity_id = $1",
+                "SELECT activity_id, sku_id, total_stock::int8 FROM activity_skus
+                 WHERE activity_id = ANY($1::int8[])",
                 &[&self.args.activity_id],
             )
             .await?
             .iter()
-            .map(|r| (r.get(0), r.get(1)))
+            .map(|r| ((r.get(0), r.get(1)), r.get(2)))
             .collect();
         let strict = strict_violations(self.tally, Some(expected_accepted(self.buyers, &stock)));
         wait_drained(&pg, (self.accepted, self.arrivals_ended), self.args, report).await?;

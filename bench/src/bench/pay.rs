@@ -24,7 +24,8 @@ pub(super) async fn pay_orders(
     let orders: Vec<(String, i64)> = pg
         .query(
             "SELECT order_id, amount_cents FROM orders
-             WHERE activity_id = $1 AND sku_id BETWEEN $2 AND $3 AND status = 'CREATED'
+             WHERE activity_id = ANY($1::int8[]) AND sku_id BETWEEN $2 AND $3
+               AND status = 'CREATED'
              ORDER BY created_at DESC",
             &[&args.activity_id, &args.sku_id, &last_sku],
         )
@@ -126,11 +127,11 @@ pub(super) async fn wait_settled(
     loop {
         let row = pg
             .query_one(
-                "SELECT (SELECT count(*) FROM orders WHERE activity_id = $1
+                "SELECT (SELECT count(*) FROM orders WHERE activity_id = ANY($1::int8[])
                            AND sku_id BETWEEN $2 AND $3 AND status IN ('CREATED', 'PAYING')),
-                        (SELECT count(*) FROM compensation_tasks WHERE activity_id = $1
+                        (SELECT count(*) FROM compensation_tasks WHERE activity_id = ANY($1::int8[])
                            AND sku_id BETWEEN $2 AND $3 AND status = 'PENDING'),
-                        (SELECT count(*) FROM orders WHERE activity_id = $1
+                        (SELECT count(*) FROM orders WHERE activity_id = ANY($1::int8[])
                            AND sku_id BETWEEN $2 AND $3 AND status = 'CANCELED')",
                 &[&args.activity_id, &args.sku_id, &last_sku],
             )

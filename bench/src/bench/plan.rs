@@ -86,6 +86,7 @@ pub(super) fn plan(args: &BenchArgs, run_tag: &str) -> Vec<Planned> {
         None => StdRng::from_rng(&mut rand::rng()),
     };
     let skus = SkuPicker::new(args);
+    let activities = &args.activity_id;
     let mut out: Vec<Planned> = Vec::with_capacity(args.requests);
     let mut next_user: i64 = 1;
     for i in 0..args.requests {
@@ -103,7 +104,13 @@ pub(super) fn plan(args: &BenchArgs, run_tag: &str) -> Vec<Planned> {
             next_user += 1;
             next_user - 1
         };
+        // One activity draws nothing: a plan of one activity stays what it was.
+        let activity_id = match activities.len() {
+            0 | 1 => activities.first().copied().unwrap_or(1),
+            n => activities[rng.random_range(0..n)],
+        };
         out.push(Planned {
+            activity_id,
             user_id,
             sku_id: skus.pick(&mut rng),
             request_id: format!("{run_tag}-{i}"),
@@ -113,11 +120,15 @@ pub(super) fn plan(args: &BenchArgs, run_tag: &str) -> Vec<Planned> {
     out
 }
 
-/// Distinct buyers asking for each SKU of the plan (one reservation per buyer per SKU).
-pub(super) fn buyers_per_sku(plan: &[Planned]) -> BTreeMap<i64, usize> {
-    let mut pairs: BTreeMap<i64, HashSet<i64>> = BTreeMap::new();
+/// Distinct buyers asking for each (activity, SKU) of the plan (one reservation per buyer
+/// per SKU).
+pub(super) fn buyers_per_sku(plan: &[Planned]) -> BTreeMap<(i64, i64), usize> {
+    let mut pairs: BTreeMap<(i64, i64), HashSet<i64>> = BTreeMap::new();
     for p in plan {
-        pairs.entry(p.sku_id).or_default().insert(p.user_id);
+        pairs
+            .entry((p.activity_id, p.sku_id))
+            .or_default()
+            .insert(p.user_id);
     }
     pairs
         .into_iter()
@@ -125,10 +136,11 @@ pub(super) fn buyers_per_sku(plan: &[Planned]) -> BTreeMap<i64, usize> {
         .collect()
 }
 
-/// What a sale without faults must accept: min(stock, distinct buyers) for every SKU.
+/// What a sale without faults must accept: min(stock, distinct buyers) for every (activity,
+/// SKU).
 pub(super) fn expected_accepted(
-    buyers: &BTreeMap<i64, usize>,
-    stock: &BTreeMap<i64, i64>,
+    buyers: &BTreeMap<(i64, i64), usize>,
+    stock: &BTreeMap<(i64, i64), i64>,
 ) -> usize {
     buyers
         .iter()
@@ -143,7 +155,7 @@ mod tests {
     fn args(requests: usize, buyers: usize, dup: f64, repeat: f64) -> BenchArgs {
         BenchArgs {
             api: String::new(),
-            activity_id: 1,
+            activity_id: vec![1],
             sku_id: 1,
             skus: 1,
             sku_zipf: 0.0,
@@ -229,5 +241,30 @@ mod tests {
         assert_eq!(shape(&p), shape(&again), "the same seed, the same crowd");
         a.seed = Some(8);
         assert_ne!(shape(&p), shape(&plan(&a, "t")));
+    }
+
+    #[test]
+    fn several_activities_share_the_crowd_evenly_with_the_same_popularity_inside() {
+        let mut a = args(30_000, 30_000, 0.0, 0.0);
+        a.activity_id = vec![7, 8, 9];
+        a.skus = 10;
+        a.sku_zipf = 1.0;
+        a.seed = Some(3);
+        let p = plan(&a, "t");
+        for activity in [7, 8, 9] {
+            let share = p.iter().filter(|x| x.activity_id == activity).count() as f64 / 30_000.0;
+            assert!((0.30..0.37).contains(&share), "{activity}: {share}");
+            let first = p
+                .iter()
+                .filter(|x| x.activity_id == activity && x.sku_id == 1)
+                .count() as f64;
+            let tenth = p
+                .iter()
+                .filter(|x| x.activity_id == activity && x.sku_id == 10)
+                .count() as f64;
+            assert!((7.0..13.0).contains(&(first / tenth)), "{first} / {tenth}");
+        }
+        // Each (activity, SKU) is its own stock: buyers are counted per pair.
+        assert_eq!(buyers_per_sku(&p).len(), 30);
     }
 }

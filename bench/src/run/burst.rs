@@ -19,15 +19,12 @@ use super::pg_cpu::PgCpu;
 use super::procs::wait_ready;
 use super::SCAN_READY;
 use super::{Run, API, API_READY, BASELINE, BASELINE_READY, CONSUME_METRICS, CONSUME_READY};
-use crate::burst::{Step, CAPACITY, DRAIN, STEPS};
+use crate::burst::{Step, ACTIVITIES, CAPACITY, DRAIN, SKUS, STEPS, ZIPF};
 use crate::lines::Line;
 use crate::scrape::Scrape;
 use crate::tokens::{write_tokens_file, Minter, Provisioned};
 
 const API_METRICS: &str = "http://127.0.0.1:29100/metrics";
-/// SKUs of each step's activity, and how fast their popularity falls (1/rank).
-const SKUS: i64 = 10;
-const ZIPF: f64 = 1.0;
 /// Requests in flight at most from the generator; past it a request waits for a slot, its
 /// latency counted from its planned start all the same.
 const OUTSTANDING: usize = 2048;
@@ -72,8 +69,11 @@ async fn steps(
     // drain with).
     run.procs.start("scan", &["scan"], None)?;
     wait_ready(SCAN_READY).await?;
+    // Its batches touch as many stock rows as the steps' do: the backlog spread over as many
+    // SKUs as the steps' activities hold.
     let messages = run.sizes.crowd_capacity_requests * 2;
-    let drain = super::scenarios::backlog(run, "crowd", messages as i64, messages, &[]).await?;
+    let shape = (messages as i64, (SKUS * ACTIVITIES) as usize);
+    let drain = super::scenarios::backlog_over(run, "crowd", shape, messages, &[]).await?;
     run.keep(DRAIN, with_pin(drain, pin));
     let z = run.sizes;
     let most = ((STEPS[STEPS.len() - 1].factor * capacity * z.crowd_step_secs) as usize)
@@ -87,11 +87,13 @@ async fn steps(
     for (i, step) in STEPS.iter().enumerate() {
         let rate = step.factor * capacity;
         let requests = ((rate * z.crowd_step_secs) as usize).clamp(1, most);
-        let stock = ((requests as i64 / 2 + SKUS - 1) / SKUS).max(1);
+        let pairs = SKUS * ACTIVITIES;
+        let stock = ((requests as i64 / 2 + pairs - 1) / pairs).max(1);
         eprintln!(
-            "[bench] crowd {}: {rate:.0} requests/s, {requests} requests, {} units over {SKUS} SKUs",
+            "[bench] crowd {}: {rate:.0} requests/s, {requests} requests, {} units over \
+             {ACTIVITIES} activities of {SKUS} SKUs",
             step.label,
-            stock * SKUS
+            stock * pairs
         );
         let shape = Shape {
             step: *step,
@@ -119,8 +121,20 @@ struct Shape {
 }
 
 /// `seckill-bench load` arguments of the crowd against `api`.
-fn load_args(api: &str, a: i64, requests: usize, tokens: Option<&std::path::Path>) -> Vec<String> {
-    let mut args = vec![s("load"), s("--api"), s(api), s("--activity-id"), s(a)];
+fn load_args(
+    api: &str,
+    activities: &[i64],
+    requests: usize,
+    tokens: Option<&std::path::Path>,
+) -> Vec<String> {
+    let ids: Vec<String> = activities.iter().map(s).collect();
+    let mut args = vec![
+        s("load"),
+        s("--api"),
+        s(api),
+        s("--activity-id"),
+        ids.join(","),
+    ];
     args.extend([s("--sku-id"), s(1), s("--skus"), s(SKUS)]);
     args.extend([s("--sku-zipf"), s(ZIPF), s("--requests"), s(requests)]);
     args.extend([s("--buyers"), s(requests)]);
@@ -130,26 +144,28 @@ fn load_args(api: &str, a: i64, requests: usize, tokens: Option<&std::path::Path
     args
 }
 
-/// The direct server with `stock` units of each SKU of a fresh activity id.
-async fn restart_direct(run: &mut Run, stock: i64) -> anyhow::Result<i64> {
+/// The direct server with `stock` units of each SKU of `activities` fresh activity ids.
+async fn restart_direct(run: &mut Run, activities: i64, stock: i64) -> anyhow::Result<Vec<i64>> {
     run.procs.stop("baseline").await;
-    let a = run.procs.fresh_id();
+    let ids: Vec<i64> = (0..activities).map(|_| run.procs.fresh_id()).collect();
     let mut args = vec![s("--pool"), s(16)];
-    for sku in 1..=SKUS {
-        args.extend([s("--stock"), format!("{a}:{sku}:{stock}")]);
+    for a in &ids {
+        for sku in 1..=SKUS {
+            args.extend([s("--stock"), format!("{a}:{sku}:{stock}")]);
+        }
     }
     run.procs.start_baseline(&args)?;
     wait_ready(BASELINE_READY).await?;
-    Ok(a)
+    Ok(ids)
 }
 
 /// The direct design's capacity on this traffic: a closed loop of every buyer new, stock for
 /// all (each answer a purchase committed), its answers per second.
 async fn direct_capacity(run: &mut Run, pin: &str) -> anyhow::Result<f64> {
     let n = run.sizes.crowd_capacity_requests;
-    let a = restart_direct(run, n as i64).await?;
+    let a = restart_direct(run, ACTIVITIES, n as i64).await?;
     super::scenarios::quiesce(run).await;
-    let mut args = load_args(BASELINE, a, n, None);
+    let mut args = load_args(BASELINE, &a, n, None);
     args.extend([s("--concurrency"), s(run.concurrency), s("--seed"), s(0)]);
     args.extend(["--dup-request-share", "0", "--repeat-buyer-share", "0"].map(s));
     args.extend(["--load-only", "--scenario", "crowd-capacity"].map(s));
@@ -188,9 +204,9 @@ async fn direct_step(
     tokens: &std::path::Path,
     pin: &str,
 ) -> anyhow::Result<Line> {
-    let a = restart_direct(run, shape.stock).await?;
+    let a = restart_direct(run, ACTIVITIES, shape.stock).await?;
     super::scenarios::quiesce(run).await;
-    let mut args = load_args(BASELINE, a, shape.requests, Some(tokens));
+    let mut args = load_args(BASELINE, &a, shape.requests, Some(tokens));
     args.extend(step_args(shape, shape.step.direct));
     args.extend([s("--load-only"), s("--stock"), s(shape.stock)]);
     args.extend(run.procs.cpu_args().await);
@@ -206,14 +222,17 @@ async fn seckill_step(
     tokens: &std::path::Path,
     pin: &str,
 ) -> anyhow::Result<()> {
-    let a = run.procs.activity(shape.stock, SKUS as usize).await?;
+    let mut a = Vec::new();
+    for _ in 0..ACTIVITIES {
+        a.push(run.procs.activity(shape.stock, SKUS as usize).await?);
+    }
     run.procs.stop("api").await;
     run.procs.start("api", &["api"], None)?;
     wait_ready(API_READY).await?;
     super::scenarios::quiesce(run).await;
     let before = Stages::read(run).await;
     let sampler = LagSampler::start();
-    let mut args = load_args(API, a, shape.requests, Some(tokens));
+    let mut args = load_args(API, &a, shape.requests, Some(tokens));
     args.extend(step_args(shape, shape.step.seckill));
     args.extend(run.procs.cpu_args().await);
     let out = format!("crowd-{}-seckill", shape.step.label);

@@ -9,7 +9,7 @@
 use seckill::plan::{plan, Costs, Machine, Target};
 
 use super::Run;
-use crate::burst::{CAPACITY, DRAIN, PLAN, PLAN_STEP, STEPS};
+use crate::burst::{ACTIVITIES, CAPACITY, DRAIN, PLAN, PLAN_STEP, SKUS, STEPS, ZIPF};
 use crate::lines::Line;
 
 /// The step the costs come from, and the one the plan is checked on.
@@ -109,9 +109,9 @@ pub(super) fn check_plan(run: &mut Run, costs: &Costs) -> Line {
     let target = Target {
         peak_rps: winners / arrival_secs.max(1e-9),
         units: winners as u64,
-        skus: 10,
-        activities: 1,
-        sku_zipf: 1.0,
+        skus: SKUS as u32,
+        activities: ACTIVITIES as u32,
+        sku_zipf: ZIPF,
         instance_cores: 1,
         pg_cores: line.num("postgres_cpu").unwrap_or(1.0),
         utilization: 1.0,

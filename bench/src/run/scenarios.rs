@@ -33,13 +33,26 @@ pub(super) async fn backlog(
     messages: usize,
     consume_args: &[&str],
 ) -> anyhow::Result<Line> {
-    let a = run.procs.activity(stock, 1).await?;
+    backlog_over(run, label, (stock, 1), messages, consume_args).await
+}
+
+/// [`backlog`] spread over `skus` SKUs of `stock` units each, in turn.
+pub(super) async fn backlog_over(
+    run: &mut Run,
+    label: &str,
+    (stock, skus): (i64, usize),
+    messages: usize,
+    consume_args: &[&str],
+) -> anyhow::Result<Line> {
+    let a = run.procs.activity(stock, skus).await?;
     run.procs.stop("consume").await;
     let base = |mode: &str| {
         vec![
             s("backlog"),
             s("--activity-id"),
             s(a),
+            s("--skus"),
+            s(skus),
             s("--messages"),
             s(messages),
             s(mode),
