@@ -300,6 +300,12 @@ pub struct PaymentSettings {
     pub webhook_secrets: Vec<SecretString>,
     /// How far a notification's signed timestamp may be from now, either way.
     pub tolerance_secs: u64,
+    /// A payment is answered 2xx only once its commit is on a synchronous standby; while the
+    /// primary has none (`synchronous_standby_names` empty) notifications are refused 503
+    /// `PAYMENT_NOT_DURABLE` and the provider sends them again
+    /// (docs/architecture/postgresql.md#failover). Off: a single server's commit suffices.
+    #[serde(default)]
+    pub require_sync_standby: bool,
 }
 
 impl PaymentSettings {

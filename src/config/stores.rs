@@ -58,11 +58,35 @@ pub struct PgSettings {
     pub api_pool_size: usize,
     /// How long a worker waits for a pooled connection before the attempt counts as transient.
     pub pool_wait_timeout_ms: u64,
+    /// How often each role reads which server is the primary and on which timeline: a change
+    /// is a failover seen (docs/architecture/postgresql.md#failover).
+    #[serde(default = "default_primary_check_ms")]
+    pub primary_check_ms: u64,
     /// TLS to PostgreSQL: `off`, or `verify` (encrypted; the server's certificate checked
     /// against `pg.ca_file`, or the system's roots when empty, and its name against the host).
     pub tls: PgTls,
     /// PEM file of the CA(s) that sign the server's certificate (`verify` only).
     pub ca_file: String,
+}
+
+fn default_primary_check_ms() -> u64 {
+    1000
+}
+
+/// Several hosts in `pg.url` are a primary and its standbys: every connection must open on the
+/// one that accepts writes, which only `target_session_attrs=read-write` asks for (without it
+/// the first host that answers is taken, a standby or a demoted primary included).
+fn check_hosts(url: &tokio_postgres::Config) -> Result<(), ConfigError> {
+    use tokio_postgres::config::TargetSessionAttrs;
+    let hosts = url.get_hosts().len();
+    if hosts > 1 && url.get_target_session_attrs() != TargetSessionAttrs::ReadWrite {
+        return Err(ConfigError::invalid(
+            "pg.url",
+            "names several hosts: add target_session_attrs=read-write so every connection \
+             opens on the primary (docs/architecture/postgresql.md#failover)",
+        ));
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -156,17 +180,13 @@ impl PgSettings {
         if self.url.expose_secret().trim().is_empty() {
             return Err(invalid("pg.url", "must not be empty"));
         }
-        if self
-            .url
-            .expose_secret()
-            .parse::<tokio_postgres::Config>()
-            .is_err()
-        {
+        let Ok(url) = self.url.expose_secret().parse::<tokio_postgres::Config>() else {
             return Err(invalid(
                 "pg.url",
                 "is not a valid PostgreSQL connection string",
             ));
-        }
+        };
+        check_hosts(&url)?;
         if !is_ident(&self.schema) || self.schema.starts_with(|c: char| c.is_ascii_digit()) {
             return Err(invalid("pg.schema", "must be a plain identifier"));
         }
@@ -208,6 +228,9 @@ impl PgSettings {
         }
         if self.pool_wait_timeout_ms == 0 {
             return Err(invalid("pg.pool_wait_timeout_ms", "must be positive"));
+        }
+        if !(100..=60_000).contains(&self.primary_check_ms) {
+            return Err(invalid("pg.primary_check_ms", "must be in 100..=60000"));
         }
         if !self.ca_file.is_empty() {
             if self.tls != PgTls::Verify {
@@ -266,5 +289,42 @@ impl RedisSettings {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pg(url: &str) -> PgSettings {
+        PgSettings {
+            url: url.to_owned().into(),
+            ..super::super::tests::test_settings().pg
+        }
+    }
+
+    #[test]
+    fn several_hosts_need_read_write_sessions_one_host_does_not() {
+        assert!(pg("host=127.0.0.1 port=5432 user=postgres")
+            .validate()
+            .is_ok());
+        let two = "host=127.0.0.1,127.0.0.1 port=5441,5442 user=postgres dbname=seckill";
+        match pg(two).validate() {
+            Err(ConfigError::Invalid { key, reason }) => {
+                assert_eq!(key, "pg.url");
+                assert!(
+                    reason.contains("target_session_attrs=read-write"),
+                    "{reason}"
+                );
+            }
+            other => panic!("two hosts without read-write sessions: {other:?}"),
+        }
+        let any = format!("{two} target_session_attrs=any");
+        assert!(pg(&any).validate().is_err());
+        let rw = format!("{two} target_session_attrs=read-write");
+        assert!(pg(&rw).validate().is_ok());
+        let uri = "postgresql://postgres@127.0.0.1:5441,127.0.0.1:5442/seckill\
+                   ?target_session_attrs=read-write";
+        assert!(pg(uri).validate().is_ok());
     }
 }

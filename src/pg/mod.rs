@@ -11,6 +11,7 @@ pub mod order_state;
 pub mod order_tx;
 pub mod outbox;
 pub mod passes;
+pub mod primary;
 pub mod quarantine;
 pub mod queries;
 pub mod reconcile;

@@ -41,6 +41,20 @@ impl RoleRuntime {
         })
     }
 
+    /// Watches which PostgreSQL server `pool` writes to, until the role stops
+    /// (docs/architecture/postgresql.md#failover).
+    pub fn watch_primary(
+        &self,
+        pool: &deadpool_postgres::Pool,
+        pg: &crate::config::PgSettings,
+    ) -> crate::pg::primary::Failovers {
+        crate::pg::primary::spawn(
+            pool.clone(),
+            std::time::Duration::from_millis(pg.primary_check_ms),
+            self.shutdown.clone(),
+        )
+    }
+
     /// The role takes work: ready from now on.
     pub fn serving(&self) {
         self.ready.set(true);

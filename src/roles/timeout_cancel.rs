@@ -377,6 +377,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let budget = crate::config::budget::cancel_budget(&settings.pg);
     let pool = crate::pg::connect_pool(&settings.pg, budget + 1).await?;
     let mut handler = TimeoutCancelHandler::new(pool.clone(), &settings, budget);
+    let watch_pool = pool.clone();
     if settings.events.order_canceled() == EventDelivery::Transaction {
         // Every batch in flight may hold a half per message (a batch takes its halves'
         // slots together, so batches never wait on each other).
@@ -392,6 +393,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         settings.timeout.metrics_listen,
     )
     .await?;
+    role.watch_primary(&watch_pool, &settings.pg);
     // `budget` batches handed over at once, each up to `consumer.batch_size` messages.
     let consumer = crate::mq::start_consumer(
         &settings,

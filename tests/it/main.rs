@@ -17,6 +17,7 @@ mod config;
 mod connection_budget;
 mod delivery;
 mod dlq;
+mod failover_sweep;
 #[cfg(feature = "failpoints")]
 mod fair_start;
 mod fast_lane;
@@ -30,6 +31,7 @@ mod order_plans;
 mod order_tx;
 mod outbox_timers;
 mod passes;
+mod pg_failover;
 mod pgbench_scripts;
 mod pgbouncer;
 mod pipeline;

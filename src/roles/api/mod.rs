@@ -479,6 +479,9 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         topic = %state.names.order_create_topic, "api listening"
     );
     let shutdown = CancellationToken::new();
+    // Which server the pool writes to; a failover seen is counted and logged.
+    let every = Duration::from_millis(settings.pg.primary_check_ms);
+    crate::pg::primary::spawn(state.pg.clone(), every, shutdown.clone());
     let trigger = shutdown.clone();
     tokio::spawn(async move {
         crate::shutdown::shutdown_signal().await;

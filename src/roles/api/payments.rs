@@ -109,6 +109,9 @@ async fn settle(
         warn!(order_id = %n.order_id, payment_id = %n.payment_id, error = %e, "payment transaction failed");
         ApiError::unavailable("the order store")
     };
+    if s.settings.payments.require_sync_standby {
+        require_sync_standby(client, n).await?;
+    }
     if let Some(tx) = &s.transactions {
         let settled = settle_in_transaction(s, tx.as_ref(), client, &p, &names).await;
         if let Some(outcome) = settled.map_err(unavailable)? {
@@ -120,6 +123,42 @@ async fn settle(
         delivered("outbox", "outbox");
     }
     Ok(outcome)
+}
+
+/// With `payments.require_sync_standby`: a payment goes ahead only while the primary commits
+/// on a synchronous standby (`synchronous_standby_names` set: the commit then waits for the
+/// standby's flush, so a failover to it keeps the payment). Otherwise 503
+/// `PAYMENT_NOT_DURABLE`: the provider keeps the notification and sends it again. If the standby
+/// drops out between this check and the commit, the failover manager stops waiting for it and
+/// also stops treating it as promotable until it has caught up
+/// (docs/architecture/postgresql.md#failover).
+async fn require_sync_standby(
+    client: &deadpool_postgres::Object,
+    n: &Notification,
+) -> Result<(), ApiError> {
+    let sync: bool = client
+        .query_one(
+            "SELECT current_setting('synchronous_standby_names') <> ''",
+            &[],
+        )
+        .await
+        .map_err(|e| {
+            warn!(order_id = %n.order_id, error = %e, "could not read synchronous_standby_names");
+            ApiError::unavailable("the order store")
+        })?
+        .get(0);
+    if sync {
+        return Ok(());
+    }
+    metrics::counter!("order_pay_total", "result" => "not_durable").increment(1);
+    warn!(order_id = %n.order_id, payment_id = %n.payment_id,
+        "payment refused: the primary has no synchronous standby (payments.require_sync_standby)");
+    Err(ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "PAYMENT_NOT_DURABLE",
+        "the order store has no synchronous standby: the payment would not survive a failover; send it again",
+    )
+    .retry_after(5))
 }
 
 /// `event_delivery_total{family, mode, outcome}`: how each ORDER_PAID left.

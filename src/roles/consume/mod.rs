@@ -58,6 +58,8 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     let dlq_pool =
         crate::pg::connect_pool(&settings.pg, crate::config::budget::pools::DLQ_INTAKE).await?;
     let intakes = dlq_intake::start_intakes(&settings, dlq_pool.clone()).await?;
+    // Which server the pools write to; a failover seen is counted and logged.
+    role.watch_primary(&dlq_pool, &settings.pg);
     role.watchdog.spawn(
         "dlq_gauges",
         dlq_intake::run_gauges(dlq_pool, role.shutdown.clone()),

@@ -31,6 +31,7 @@ use tracing::{info, warn};
 
 use crate::config::budget::pools;
 use crate::config::Settings;
+use crate::pg::primary::Failovers;
 use crate::redis::RedisStore;
 use crate::roles::runtime::RoleRuntime;
 
@@ -53,6 +54,7 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
     let listener = watchdog.spawn("outbox_listen", listen);
     // The scanner's own connection: it settles refused, uncertain reservations (rare).
     let settle_pool = crate::pg::connect_pool(&settings.pg, pools::SCAN_SCANNER).await?;
+    let settle_watch = settle_pool.clone();
     let redis_for_resync = redis.clone();
     let mut scanner = Scanner::new(redis, settle_pool, publisher.clone(), settings.clone());
     let mut relay = Relay::new(pool, publisher, settings.clone());
@@ -82,7 +84,9 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
     let health = broker_health_loop(&settings, probe, shutdown.clone());
     let health_loop = watchdog.spawn("broker_health", health);
     let poll = Duration::from_millis(sc.scanner_poll_ms);
-    let scan_loop = watchdog.spawn("resend", scan_loop(scanner, poll, shutdown.clone()));
+    let failovers = role.watch_primary(&settle_watch, &settings.pg);
+    let scanning = scan_loop(scanner, failovers, poll, shutdown.clone());
+    let scan_loop = watchdog.spawn("resend", scanning);
     let relay_loop = watchdog.spawn("relay", relay_loop(relay, wake, shutdown.clone()));
     let retention_pool = crate::pg::connect_pool(&settings.pg, pools::SCAN_RETENTION).await?;
     let retention = retention::run_loop(
@@ -157,7 +161,12 @@ async fn resync_loop(
 }
 
 /// Scanner passes back to back while they find work, every `poll` otherwise.
-async fn scan_loop(scanner: Scanner, poll: Duration, stop: CancellationToken) {
+async fn scan_loop(
+    scanner: Scanner,
+    mut failovers: Failovers,
+    poll: Duration,
+    stop: CancellationToken,
+) {
     while !stop.is_cancelled() {
         // Fault-injection point: a loop that dies (`scan-resend-loop=panic`).
         fail::fail_point!("scan-resend-loop");
@@ -172,8 +181,28 @@ async fn scan_loop(scanner: Scanner, poll: Duration, stop: CancellationToken) {
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = tokio::time::sleep(poll) => {}
+                Some(seen) = failovers.changed() => after_failover(&scanner, seen).await,
             }
         }
+    }
+}
+
+/// The sweep after a failover the role saw (the `seen`th), logged with what it did.
+async fn after_failover(scanner: &Scanner, seen: u64) {
+    match scanner.after_failover().await {
+        Ok(s) => info!(
+            failovers_seen = seen,
+            consumed = s.consumed,
+            resent = s.resent,
+            settled = s.settled,
+            lost = s.lost,
+            "PostgreSQL failover: every watched send checked against the new primary's inbox"
+        ),
+        Err(e) => warn!(
+            failovers_seen = seen,
+            error = %e,
+            "PostgreSQL failover sweep failed; the regular passes go on"
+        ),
     }
 }
 

@@ -74,6 +74,34 @@ impl Scanner {
         self.progress.as_ref()?.taken_until_ms().await
     }
 
+    /// After a PostgreSQL failover (docs/architecture/recovery.md#after-a-postgresql-failover):
+    /// every confirmed send still watched, whatever its age, is checked against the inbox the
+    /// new primary holds, and those missing are sent again at once (or settled, past their
+    /// validity and grace), instead of waiting for `scan.unconsumed_resend_ms` behind the
+    /// group's progress. Commits the old primary acknowledged but never shipped are exactly
+    /// such sends.
+    pub async fn after_failover(&self) -> anyhow::Result<AwaitingStats> {
+        let cutoff = chrono::Utc::now().timestamp_millis();
+        let mut stats = AwaitingStats::default();
+        for activity_id in self.copies.redis.activities().await? {
+            for shard in self.copies.redis.shards(activity_id).await? {
+                // Each round takes up to a batch below the cutoff and removes it or scores it
+                // past the cutoff; a round that moves nothing (claims whose lease must run out
+                // first) ends the shard's sweep: the regular passes finish it.
+                loop {
+                    let before = stats;
+                    self.copies
+                        .check_awaiting_before(shard, cutoff, &mut stats)
+                        .await?;
+                    if stats == before {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(stats)
+    }
+
     /// One pass over every activity: claim what is due, re-send, record the outcome.
     pub async fn scan_once(&self) -> anyhow::Result<ScanStats> {
         let mut stats = ScanStats::default();

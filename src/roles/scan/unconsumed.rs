@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use futures::StreamExt;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::mq::rocketmq::LagProbe;
 use crate::redis::reservation::ReservationHash;
@@ -94,6 +94,9 @@ pub struct AwaitingStats {
     pub resent: usize,
     /// Not taken before the reservation's validity and grace: settled from PostgreSQL.
     pub settled: usize,
+    /// Of those settled, the ones PostgreSQL had no order for: a buyer answered 202 who gets
+    /// none (alerted: docs/architecture/recovery.md#after-a-postgresql-failover).
+    pub lost: usize,
 }
 
 impl AwaitingStats {
@@ -107,9 +110,11 @@ impl AwaitingStats {
             metrics::counter!("reservation_awaiting_checked_total", "verdict" => verdict)
                 .increment(n as u64);
         }
+        metrics::counter!("reservation_lost_past_horizon_total").increment(pass.lost as u64);
         self.consumed += pass.consumed;
         self.resent += pass.resent;
         self.settled += pass.settled;
+        self.lost += pass.lost;
     }
 }
 
@@ -152,6 +157,19 @@ impl Copies {
         let sc = &self.settings.scan;
         let now_ms = Utc::now().timestamp_millis();
         let cutoff = cutoff_ms(now_ms, sc.unconsumed_resend_ms, taken_until_ms);
+        self.check_awaiting_before(shard, cutoff, stats).await
+    }
+
+    /// Checks one shard's confirmed sends whose last copy went out before `cutoff` (epoch ms),
+    /// up to `scan.scanner_batch` of them; returns how many the index still watches.
+    pub(super) async fn check_awaiting_before(
+        &self,
+        shard: Shard,
+        cutoff: i64,
+        stats: &mut AwaitingStats,
+    ) -> anyhow::Result<u64> {
+        let sc = &self.settings.scan;
+        let now_ms = Utc::now().timestamp_millis();
         let (remaining, claims) = self
             .redis
             .claim_awaiting(shard, cutoff, sc.scanner_batch, sc.scanner_lease_ms)
@@ -193,8 +211,9 @@ impl Copies {
                     to_resend.push((r, event));
                 }
                 Verdict::Settle => {
-                    if self.settle_expired(shard, &r, fields, now_ms).await {
+                    if let Some(lost) = self.settle_expired(shard, &r, fields, now_ms).await {
                         pass.settled += 1;
+                        pass.lost += usize::from(lost);
                         done.push(r.reservation_id);
                     }
                 }
@@ -216,32 +235,42 @@ impl Copies {
     }
 
     /// Settles a confirmed send that no consumer took before its reservation expired, from
-    /// PostgreSQL; false when it could not be (the lease runs out and a later pass tries again).
+    /// PostgreSQL: `Some(true)` when PostgreSQL had no order for it (the buyer, told 202, gets
+    /// none: reported by name and counted in `reservation_lost_past_horizon_total`, never
+    /// settled silently), `Some(false)` when it had one; `None` when it could not be settled
+    /// (the lease runs out and a later pass tries again).
     async fn settle_expired(
         &self,
         shard: Shard,
         r: &ReservationHash,
         fields: &HashMap<String, String>,
         now_ms: i64,
-    ) -> bool {
-        let Some(event) = event_from_reservation(fields, self.settings.mq.order_event_schema)
-        else {
-            return false;
-        };
+    ) -> Option<bool> {
+        let event = event_from_reservation(fields, self.settings.mq.order_event_schema)?;
         match self
             .settle(shard.activity_id, &r.reservation_id, &event, now_ms)
             .await
         {
+            Ok("fenced") => {
+                error!(activity_id = shard.activity_id, sku_id = event.sku_id,
+                       user_id = event.user_id, reservation_id = %r.reservation_id,
+                       order_id = %r.order_id, request_id = %r.request_id,
+                       valid_until = %r.valid_until,
+                       "a reservation answered 202 never became an order before its validity and grace \
+                        (its message or its commit was lost: a dead broker, a PostgreSQL failover); \
+                        withdrawn, the buyer gets no order");
+                Some(true)
+            }
             Ok(outcome) => {
                 warn!(reservation_id = %r.reservation_id, message_id = %r.message_id,
                       order_id = %r.order_id, request_id = %r.request_id, verdict = outcome,
                       "a confirmed send never reached the consumers before the reservation expired; settled from PostgreSQL");
-                true
+                Some(false)
             }
             Err(e) => {
                 warn!(reservation_id = %r.reservation_id, error = %e,
                       "could not settle an unconsumed reservation; retried later");
-                false
+                None
             }
         }
     }

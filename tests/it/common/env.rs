@@ -38,7 +38,16 @@ impl TestEnv {
         Self::new(false).await
     }
 
+    /// [`TestEnv::with_topics`] on another PostgreSQL (`url`: a failover pair's hosts).
+    pub async fn with_topics_on(url: &str) -> Self {
+        Self::build(true, Some(url)).await
+    }
+
     async fn new(with_topics: bool) -> Self {
+        Self::build(with_topics, None).await
+    }
+
+    async fn build(with_topics: bool, pg_url: Option<&str>) -> Self {
         seckill::telemetry::init_logs(&seckill::config::TelemetrySettings {
             log_level: "warn,rocketmq_client_rust=error,rocketmq_runtime=error".into(),
             json: false,
@@ -52,6 +61,9 @@ impl TestEnv {
         settings.redis.key_prefix = format!("t-{id}");
         settings.api.listen = "127.0.0.1:0".parse().unwrap();
         settings.consumer.metrics_listen = "127.0.0.1:0".parse().unwrap();
+        if let Some(url) = pg_url {
+            settings.pg.url = url.to_owned().into();
+        }
         settings.validate().expect("test settings are valid");
         seckill::pg::migrate(&settings.pg)
             .await

@@ -126,6 +126,10 @@ pub fn command(env: &TestEnv, args: &[&str]) -> std::process::Command {
         .env("SECKILL_ENV", "test")
         .env("SECKILL__ENV", &env.settings.env)
         .env("SECKILL__PG__SCHEMA", &env.settings.pg.schema)
+        .env(
+            "SECKILL__PG__URL",
+            secrecy::ExposeSecret::expose_secret(&env.settings.pg.url),
+        )
         .env("SECKILL__REDIS__KEY_PREFIX", &env.settings.redis.key_prefix)
         .env("SECKILL__REDIS__MODE", redis_mode(&env.settings))
         .env(

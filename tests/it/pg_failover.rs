@@ -1,0 +1,440 @@
+//! PostgreSQL failing over mid-sale (docs/architecture/postgresql.md#failover), on a
+//! pg_auto_failover pair of its own (`scripts/pg-ha.sh`: a monitor and two nodes on loopback
+//! ports; the shared PostgreSQL is not touched). The roles get both hosts with
+//! `target_session_attrs=read-write`; buyers buy and a payment provider pays every order it
+//! sees while the primary is SIGKILLed and the manager promotes the standby. Judged from the
+//! buyers' and the provider's own records and the books: `make test-faults`, one at a time.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+
+use crate::common::{self, eventually, free_port, metric, spawn, wait_ready, Proc, TestEnv};
+use crate::sale_faults::buy;
+
+const STOCK: i32 = 240;
+const BUYERS: i64 = 720;
+/// A consumer slower than the buyers: an order backlog when the primary dies.
+const THROTTLED: &str = "consume-inside-transaction=sleep(100)";
+
+/// `scripts/pg-ha.sh ARGS`: its standard output; the test fails when it does.
+fn pg_ha(args: &[&str]) -> String {
+    let out = std::process::Command::new("bash")
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/pg-ha.sh"))
+        .args(args)
+        .output()
+        .expect("scripts/pg-ha.sh runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "pg-ha.sh {args:?}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprint!("{stdout}");
+    stdout
+}
+
+/// The `key=value` of the script's last `PG_HA` line.
+fn field(out: &str, key: &str) -> String {
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("PG_HA"))
+        .unwrap_or("");
+    let start = line
+        .find(&format!("{key}="))
+        .unwrap_or_else(|| panic!("no {key}= in {line}"));
+    let rest = &line[start + key.len() + 1..];
+    match rest.strip_prefix('\'') {
+        Some(quoted) => quoted.split('\'').next().unwrap_or("").to_owned(),
+        None => rest.split_whitespace().next().unwrap_or("").to_owned(),
+    }
+}
+
+/// The pair up, in `mode` (sync or async), and its client URL.
+fn pair_up(mode: &str) -> String {
+    let url = field(&pg_ha(&["up"]), "url");
+    pg_ha(&["mode", mode]);
+    url
+}
+
+/// The roles against the pair: the API (payments only with a synchronous standby), the
+/// scanner, a throttled consumer; each reads the primary every 200 ms.
+struct Roles {
+    api: Proc,
+    api_port: u16,
+    api_ops: u16,
+    scan: Proc,
+    scan_port: u16,
+    consume: Proc,
+}
+
+async fn start_roles(env: &TestEnv) -> Roles {
+    let (api_port, api_ops, scan_port, consume_port) =
+        (free_port(), free_port(), free_port(), free_port());
+    let check = ("SECKILL__PG__PRIMARY_CHECK_MS", "200".to_string());
+    let api = spawn(
+        env,
+        &["api"],
+        "",
+        &[
+            ("SECKILL__API__LISTEN", format!("127.0.0.1:{api_port}")),
+            (
+                "SECKILL__API__METRICS_LISTEN",
+                format!("127.0.0.1:{api_ops}"),
+            ),
+            ("SECKILL__PAYMENTS__REQUIRE_SYNC_STANDBY", "true".into()),
+            check.clone(),
+        ],
+    );
+    let scan = spawn(
+        env,
+        &["scan"],
+        "",
+        &[
+            (
+                "SECKILL__SCAN__METRICS_LISTEN",
+                format!("127.0.0.1:{scan_port}"),
+            ),
+            ("SECKILL__SCAN__UNCONSUMED_RESEND_MS", "3000".into()),
+            check.clone(),
+        ],
+    );
+    let consume = spawn(
+        env,
+        &["consume", "--workers", "2"],
+        THROTTLED,
+        &[
+            (
+                "SECKILL__CONSUMER__METRICS_LISTEN",
+                format!("127.0.0.1:{consume_port}"),
+            ),
+            ("SECKILL__CONSUMER__BATCH_SIZE", "4".into()),
+            check,
+        ],
+    );
+    for port in [api_ops, scan_port, consume_port] {
+        wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
+    }
+    Roles {
+        api,
+        api_port,
+        api_ops,
+        scan,
+        scan_port,
+        consume,
+    }
+}
+
+/// A read on whichever node is primary now; `None` while none answers (mid-failover).
+async fn try_count(env: &TestEnv, sql: &str) -> Option<i64> {
+    let pool = seckill::pg::connect_pool(&env.settings.pg, 1).await.ok()?;
+    let client = pool.get().await.ok()?;
+    client.query_one(sql, &[]).await.ok().map(|r| r.get(0))
+}
+
+/// The payment provider: pays every CREATED order it sees, once the notification is answered
+/// (a 5xx or no answer is sent again later, as providers do); keeps what each answer was.
+#[derive(Default)]
+struct Provider {
+    /// Orders whose notification was answered 2xx with status PAID.
+    paid_2xx: Mutex<BTreeSet<String>>,
+    /// Every answer, by status and code.
+    answers: Mutex<BTreeMap<String, usize>>,
+    stop: AtomicBool,
+}
+
+impl Provider {
+    async fn run(self: Arc<Self>, env: Arc<TestEnv>, api_port: u16) {
+        let base = format!("http://127.0.0.1:{api_port}");
+        while !self.stop.load(Ordering::SeqCst) {
+            for (order_id, cents) in created_orders(&env).await {
+                let (status, body) =
+                    common::notify_payment(&base, &order_id, &format!("pay-{order_id}"), cents)
+                        .await;
+                let code = body["error"]["code"].as_str().unwrap_or_default();
+                let key = format!("{} {code}", status.as_u16());
+                *self.answers.lock().unwrap().entry(key).or_default() += 1;
+                if status.is_success() && body["status"] == "PAID" {
+                    self.paid_2xx.lock().unwrap().insert(order_id);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// CREATED orders (id, amount), as the primary of the moment has them.
+async fn created_orders(env: &TestEnv) -> Vec<(String, i64)> {
+    let Ok(pool) = seckill::pg::connect_pool(&env.settings.pg, 1).await else {
+        return Vec::new();
+    };
+    let Ok(client) = pool.get().await else {
+        return Vec::new();
+    };
+    client
+        .query(
+            "SELECT order_id, amount_cents FROM orders WHERE status = 'CREATED' LIMIT 64",
+            &[],
+        )
+        .await
+        .map(|rows| rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        .unwrap_or_default()
+}
+
+/// Buyers 1..=BUYERS, 8 at a time; returns how many got a 202, once they are all answered.
+fn buyers(api_port: u16, activity: i64) -> (tokio::task::JoinHandle<()>, Arc<AtomicUsize>) {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{api_port}/v1/activities/{activity}/skus/1/reservations");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let answers = Arc::new(Mutex::new(BTreeMap::<String, usize>::new()));
+    let counted = accepted.clone();
+    let load = tokio::spawn(async move {
+        futures::stream::iter(1..=BUYERS)
+            .for_each_concurrent(8, |user| {
+                let (client, url, accepted, answers) = (
+                    client.clone(),
+                    url.clone(),
+                    counted.clone(),
+                    answers.clone(),
+                );
+                async move {
+                    if buy(&client, &url, user, &answers).await {
+                        accepted.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokio::time::sleep(Duration::from_millis(60)).await;
+                }
+            })
+            .await;
+        eprintln!("buyers' answers: {:?}", answers.lock().unwrap());
+    });
+    (load, accepted)
+}
+
+/// Waits until the sale is under way: a quarter of the stock taken, orders behind the
+/// acceptances (a backlog), and at least `paid` payments answered 2xx.
+async fn mid_sale(env: &TestEnv, accepted: &AtomicUsize, provider: &Provider, paid: usize) {
+    eventually(
+        90,
+        "a quarter sold, an order backlog, payments made",
+        || async {
+            let a = accepted.load(Ordering::SeqCst) as i64;
+            let orders = try_count(env, "SELECT count(*) FROM orders")
+                .await
+                .unwrap_or(0);
+            a >= i64::from(STOCK) / 4
+                && orders > 0
+                && orders < a
+                && provider.paid_2xx.lock().unwrap().len() >= paid
+        },
+    )
+    .await;
+}
+
+/// The first order committed after `killed_at`, on whichever primary; seconds after it.
+async fn first_order_after(env: &TestEnv, killed_at: DateTime<Utc>) -> f64 {
+    let first = Arc::new(Mutex::new(None));
+    eventually(120, "an order created on the new primary", || async {
+        let Ok(pool) = seckill::pg::connect_pool(&env.settings.pg, 1).await else {
+            return false;
+        };
+        let Ok(client) = pool.get().await else {
+            return false;
+        };
+        let row = client
+            .query_one(
+                "SELECT min(created_at) FROM orders WHERE created_at > $1",
+                &[&killed_at],
+            )
+            .await;
+        let at: Option<DateTime<Utc>> = row.ok().and_then(|r| r.get(0));
+        *first.lock().unwrap() = at;
+        at.is_some()
+    })
+    .await;
+    let at = first.lock().unwrap().expect("an order after the kill");
+    (at - killed_at).num_milliseconds() as f64 / 1000.0
+}
+
+/// Every payment answered 2xx is PAID on the new primary: how many are not.
+async fn paid_2xx_not_paid(env: &TestEnv, provider: &Provider) -> Vec<String> {
+    let ids: Vec<String> = provider.paid_2xx.lock().unwrap().iter().cloned().collect();
+    let pool = env.pool(1).await;
+    let client = pool.get().await.unwrap();
+    let paid: BTreeSet<String> = client
+        .query(
+            "SELECT order_id FROM orders WHERE order_id = ANY($1) AND status = 'PAID'",
+            &[&ids],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    ids.into_iter().filter(|id| !paid.contains(id)).collect()
+}
+
+async fn stop(mut roles: Roles, env: TestEnv) {
+    let _ = roles.api.terminate(20).await;
+    let _ = roles.scan.terminate(20).await;
+    let _ = roles.consume.terminate(40).await;
+    env.cleanup().await;
+    pg_ha(&["down"]);
+}
+
+#[tokio::test]
+#[ignore = "runs a PostgreSQL pair of its own and kills its primary: run by `make test-faults`"]
+async fn the_primary_killed_with_a_synchronous_standby_loses_no_order_and_no_paid_payment() {
+    let url = pair_up("sync");
+    let env = Arc::new(TestEnv::with_topics_on(&url).await);
+    env.activity(991, 1, STOCK).await;
+    let roles = start_roles(&env).await;
+    let provider = Arc::new(Provider::default());
+    let paying = tokio::spawn(provider.clone().run(env.clone(), roles.api_port));
+    let (load, accepted) = buyers(roles.api_port, 991);
+    mid_sale(&env, &accepted, &provider, 10).await;
+    let before = pg_ha(&["status"]);
+    let old = field(&before, "primary");
+    let killed_at = Utc::now();
+    let paid_before = provider.paid_2xx.lock().unwrap().len();
+    pg_ha(&["kill-primary"]);
+    let promoted = Instant::now();
+    pg_ha(&["wait-promoted", &old, "90"]);
+    eprintln!(
+        "promoted {:.1} s after the kill",
+        promoted.elapsed().as_secs_f64()
+    );
+    let first = first_order_after(&env, killed_at).await;
+    load.await.unwrap();
+    assert!(accepted.load(Ordering::SeqCst) >= STOCK as usize);
+    let report = common::sold_out_converged(&env, STOCK, 991).await;
+    assert!(report.ok(), "{:?}", report.violations);
+    // Every created order paid once the provider saw it; then no payment answered 2xx is
+    // missing from the new primary.
+    eventually(60, "every order paid", || async {
+        try_count(&env, "SELECT count(*) FROM orders WHERE status = 'CREATED'").await == Some(0)
+    })
+    .await;
+    provider.stop.store(true, Ordering::SeqCst);
+    paying.await.unwrap();
+    let missing = paid_2xx_not_paid(&env, &provider).await;
+    let paid_2xx = provider.paid_2xx.lock().unwrap().len();
+    eprintln!("payments: {:?}", provider.answers.lock().unwrap());
+    // The roles knew: each saw another primary.
+    let (api_seen, scan_seen) = (
+        metric(roles.api_ops, "pg_failovers_seen_total", "").await,
+        metric(roles.scan_port, "pg_failovers_seen_total", "").await,
+    );
+    pg_ha(&["rejoin", &old]);
+    let after = pg_ha(&["status"]);
+    eprintln!(
+        "PG_FAILOVER sync: first order on the new primary {first:.2} s after the kill; \
+         {paid_before} payments 2xx before it, {paid_2xx} in all, {} not PAID; \
+         failovers seen api={api_seen} scan={scan_seen}; old primary {old} now standby={}",
+        missing.len(),
+        field(&after, "standby"),
+    );
+    assert!(missing.is_empty(), "answered 2xx but not PAID: {missing:?}");
+    assert!(
+        api_seen >= 1.0 && scan_seen >= 1.0,
+        "the roles saw no failover"
+    );
+    assert_eq!(
+        field(&after, "standby"),
+        old,
+        "the old primary rejoined as the standby"
+    );
+    stop(
+        roles,
+        Arc::into_inner(env).expect("the provider has stopped"),
+    )
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "runs a PostgreSQL pair of its own and kills its primary: run by `make test-faults`"]
+async fn the_primary_killed_with_a_lagging_asynchronous_standby_loses_no_order_and_answers_no_payment_it_may_lose(
+) {
+    let url = pair_up("async");
+    let env = Arc::new(TestEnv::with_topics_on(&url).await);
+    env.activity(992, 1, STOCK).await;
+    let roles = start_roles(&env).await;
+    let provider = Arc::new(Provider::default());
+    let paying = tokio::spawn(provider.clone().run(env.clone(), roles.api_port));
+    let (load, accepted) = buyers(roles.api_port, 992);
+    mid_sale(&env, &accepted, &provider, 0).await;
+    let old = field(&pg_ha(&["status"]), "primary");
+    // The standby stops receiving WAL; the primary commits on for two seconds.
+    pg_ha(&["pause-standby"]);
+    let at_pause = try_count(&env, "SELECT count(*) FROM orders")
+        .await
+        .unwrap_or(0);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let at_kill = try_count(&env, "SELECT count(*) FROM orders")
+        .await
+        .unwrap_or(0);
+    let killed_at = Utc::now();
+    // The kill also lets the stopped receiver go (without reading more): a receiver left
+    // stopped would hold the promotion.
+    pg_ha(&["kill-primary"]);
+    pg_ha(&["wait-promoted", &old, "90"]);
+    let on_new = try_count(&env, "SELECT count(*) FROM orders")
+        .await
+        .unwrap_or(0);
+    let first = first_order_after(&env, killed_at).await;
+    load.await.unwrap();
+    let report = common::sold_out_converged(&env, STOCK, 992).await;
+    assert!(report.ok(), "{:?}", report.violations);
+    provider.stop.store(true, Ordering::SeqCst);
+    paying.await.unwrap();
+    let missing = paid_2xx_not_paid(&env, &provider).await;
+    let paid_2xx = provider.paid_2xx.lock().unwrap().len();
+    let answers = provider.answers.lock().unwrap().clone();
+    let (scan_seen, resent) = (
+        metric(roles.scan_port, "pg_failovers_seen_total", "").await,
+        metric(
+            roles.scan_port,
+            "reservation_awaiting_checked_total",
+            r#"verdict="resent""#,
+        )
+        .await,
+    );
+    eprintln!(
+        "PG_FAILOVER async: orders {at_pause} at the pause, {at_kill} at the kill, {on_new} on \
+         the new primary: it lacked {} orders' transactions; scan saw {scan_seen} failover(s) and \
+         sent {resent} watched reservations again; first order {first:.2} s after the kill; \
+         payments answered 2xx {paid_2xx}, not PAID {}; answers {answers:?}",
+        (at_kill - on_new).max(0),
+        missing.len(),
+    );
+    // It bit: the new primary lacked orders the old one had committed.
+    assert!(
+        on_new < at_kill,
+        "the standby lacked nothing: the fault bit nothing"
+    );
+    assert!(scan_seen >= 1.0, "the scanner saw no failover");
+    // Without a synchronous standby no payment was answered 2xx: the provider was told to
+    // send them again, so none could be lost.
+    assert!(missing.is_empty(), "answered 2xx but not PAID: {missing:?}");
+    assert_eq!(
+        paid_2xx, 0,
+        "a payment answered 2xx without a synchronous standby"
+    );
+    assert!(
+        answers.keys().any(|k| k == "503 PAYMENT_NOT_DURABLE"),
+        "payments were refused as not durable: {answers:?}"
+    );
+    pg_ha(&["rejoin", &old]);
+    stop(
+        roles,
+        Arc::into_inner(env).expect("the provider has stopped"),
+    )
+    .await;
+}
