@@ -316,9 +316,10 @@ async fn the_primary_killed_with_a_synchronous_standby_loses_no_order_and_no_pai
     assert!(accepted.load(Ordering::SeqCst) >= STOCK as usize);
     let report = common::sold_out_converged(&env, STOCK, 991).await;
     assert!(report.ok(), "{:?}", report.violations);
-    // Every created order paid once the provider saw it; then no payment answered 2xx is
-    // missing from the new primary.
-    eventually(60, "every order paid", || async {
+    // The new primary has no synchronous standby until the old one rejoins: payments are
+    // refused meanwhile (503 PAYMENT_NOT_DURABLE, sent again), then every order is paid.
+    pg_ha(&["rejoin", &old]);
+    eventually(90, "every order paid", || async {
         try_count(&env, "SELECT count(*) FROM orders WHERE status = 'CREATED'").await == Some(0)
     })
     .await;
@@ -326,18 +327,18 @@ async fn the_primary_killed_with_a_synchronous_standby_loses_no_order_and_no_pai
     paying.await.unwrap();
     let missing = paid_2xx_not_paid(&env, &provider).await;
     let paid_2xx = provider.paid_2xx.lock().unwrap().len();
-    eprintln!("payments: {:?}", provider.answers.lock().unwrap());
+    let answers = provider.answers.lock().unwrap().clone();
     // The roles knew: each saw another primary.
     let (api_seen, scan_seen) = (
         metric(roles.api_ops, "pg_failovers_seen_total", "").await,
         metric(roles.scan_port, "pg_failovers_seen_total", "").await,
     );
-    pg_ha(&["rejoin", &old]);
     let after = pg_ha(&["status"]);
     eprintln!(
         "PG_FAILOVER sync: first order on the new primary {first:.2} s after the kill; \
          {paid_before} payments 2xx before it, {paid_2xx} in all, {} not PAID; \
-         failovers seen api={api_seen} scan={scan_seen}; old primary {old} now standby={}",
+         failovers seen api={api_seen} scan={scan_seen}; old primary {old} now standby={}; \
+         answers {answers:?}",
         missing.len(),
         field(&after, "standby"),
     );
