@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: image image-test test-upgrade help services-up services-down build demo demo-cluster bench bench-crowd bench-sale bench-orders bench-relay bench-ceilings bench-fair bench-buckets bench-payments bench-payments-small limits test test-faults chaos soak soak-small send-timeouts test-unit fmt clippy lint ci
+.PHONY: image image-test test-upgrade help services-up services-down build demo demo-cluster bench bench-crowd bench-sale bench-orders bench-relay bench-ceilings bench-fair bench-sync bench-buckets bench-payments bench-payments-small limits test test-faults chaos soak soak-small send-timeouts test-unit fmt clippy lint ci
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -48,6 +48,9 @@ bench-relay: ## Only the outbox relay on the events the order backlogs leave, be
 
 bench-crowd: ## Only the crowd as it arrives: open-loop steps at 0.5x/1x/3x/10x the direct design's capacity, both designs, PostgreSQL on its own core, every stage; last line CROWD_RATIOS ...
 	BENCH_ONLY=crowd scripts/bench.sh
+
+bench-sync: ## The price of a synchronous standby: pgbench's batch of the order transaction on a pg_auto_failover pair, standby in the commit quorum and out of it, alternating; last line SYNC_RATIOS ...
+	scripts/bench-sync.sh
 
 bench-fair: ## Only the mixed crowd: the share of units that reach people first come, drawn, and drawn among sale-pass holders; last line FAIR_RATIOS ...
 	BENCH_ONLY=fair scripts/bench.sh

@@ -24,6 +24,7 @@
 #      LIMITS_PG_HOST   PostgreSQL's host for pgbench and psql (default 127.0.0.1); a
 #                       directory means its Unix socket, e.g. /var/run/postgresql (pair it
 #                       with SECKILL__PG__URL="host=/var/run/postgresql ..." for the roles)
+#      LIMITS_PG_PORT   its port (default 5432; scripts/bench-sync.sh points it at a pair)
 # Usage: bench/limits/limits.sh [--json | --batch-size]
 # Progress goes to stderr; the LAST line on stdout is the result, either
 #   LIMITS pgbench_single_tps=<f> pgbench_single_clients=<n> pgbench_batch_orders_per_s=<f>
@@ -72,7 +73,8 @@ TRACEPARENT=00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01
 export PGAPPNAME=seckill-limits PGCONNECT_TIMEOUT=5
 
 PG_HOST="${LIMITS_PG_HOST:-127.0.0.1}"   # a directory: the Unix socket in it
-PG_CONN=(-h "$PG_HOST" -p 5432 -U postgres)
+PG_PORT="${LIMITS_PG_PORT:-5432}"
+PG_CONN=(-h "$PG_HOST" -p "$PG_PORT" -U postgres)
 PSQL=(psql -X -q -v ON_ERROR_STOP=1 "${PG_CONN[@]}" -d postgres)
 REDIS=(redis-cli -h 127.0.0.1 -p 6379)
 
@@ -114,7 +116,7 @@ pgbench_major="$(pgbench --version | sed -n 's/^pgbench (PostgreSQL) \([0-9]*\).
   || die "pgbench >= 14 is needed (\\aset, \\startpipeline, permute()); found: $(pgbench --version)"
 
 "${PSQL[@]}" -Atc 'SELECT 1' >/dev/null 2>&1 \
-  || die "PostgreSQL does not answer on $PG_HOST:5432 as postgres (scripts/services-up.sh starts it)"
+  || die "PostgreSQL does not answer on $PG_HOST:$PG_PORT as postgres (scripts/services-up.sh starts it)"
 [[ "$("${REDIS[@]}" ping 2>/dev/null)" == PONG ]] \
   || die "Redis does not answer on 127.0.0.1:6379 (scripts/services-up.sh starts it)"
 
