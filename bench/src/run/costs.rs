@@ -1,5 +1,6 @@
 //! The per-core costs `seckill plan` reads (src/plan.rs), from the crowd's own lines: the
-//! steepest step (10x) gives the front's CPU per request and message (api, Redis, broker); the
+//! steepest step (10x) gives the front's CPU per request while the requests arrived (api,
+//! Redis) and the broker's per message through the drain; the
 //! backlog drained under the same hold gives PostgreSQL's pace and the consumer's CPU per
 //! order; the capacity run gives the direct design's.
 //! Then the plan is checked against this machine: fed the 10x step's winners and arrival
@@ -38,7 +39,31 @@ async fn commit() -> String {
     }
 }
 
-/// CPU µs of `process` per `per` (a field of the line: requests, accepted, orders).
+/// CPU µs of `process` per `per` while the requests arrived (its share of the load's
+/// seconds): what answering them cost it. The front's processes go on with other work
+/// through the drain (Redis takes the consumer's write-backs, the API its probes), which is
+/// not the requests'.
+fn us_per_during_load(line: &Line, process: &str, per: &str) -> anyhow::Result<f64> {
+    let missing = |key: &str| anyhow::anyhow!("no {key} on {}", line.text);
+    let pct = line
+        .num(&format!("cpu_{process}_pct"))
+        .ok_or_else(|| missing(&format!("cpu_{process}_pct")))?;
+    let (requests, rate) = (
+        line.num("requests").ok_or_else(|| missing("requests"))?,
+        line.num("req_per_s")
+            .filter(|r| *r > 0.0)
+            .ok_or_else(|| missing("req_per_s"))?,
+    );
+    let n = line
+        .num(per)
+        .filter(|n| *n > 0.0)
+        .ok_or_else(|| missing(per))?;
+    Ok(pct / 100.0 * (requests / rate) * 1e6 / n)
+}
+
+/// CPU µs of `process` per `per` (a field of the line: requests, accepted, orders) from the
+/// load's start to the drain's end: a message's whole life on the broker, stored, delivered,
+/// and the events of its order.
 fn us_per(line: &Line, process: &str, per: &str) -> anyhow::Result<f64> {
     let secs = line
         .num(&format!("cpu_{process}_s_total"))
@@ -75,8 +100,8 @@ pub(super) async fn write_costs(run: &mut Run) -> anyhow::Result<Costs> {
                 "make bench-crowd (PostgreSQL held to {pg_cores} core): step {COSTS_STEP}, the backlog's drain, the direct design's capacity run"
             ),
         },
-        api_cpu_us_per_request: us_per(&line, "api", "requests")?,
-        redis_cpu_us_per_request: us_per(&line, "redis", "requests")?,
+        api_cpu_us_per_request: us_per_during_load(&line, "api", "requests")?,
+        redis_cpu_us_per_request: us_per_during_load(&line, "redis", "requests")?,
         broker_cpu_us_per_message: us_per(&line, "broker", "accepted")?,
         consume_cpu_us_per_order: field(&drain, "cpu_us_consume")?,
         pg_orders_per_s_per_core: field(&drain, "orders_per_s")? / pg_cores,
