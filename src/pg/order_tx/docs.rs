@@ -7,7 +7,7 @@
 //! JSON per order to build, bind, send and have PostgreSQL parse again (BENCHMARKS.md, "The
 //! order work's price", cut 12); now an order binds its ids, its buyer and its traceparent,
 //! and the batch its two timestamps, formatted once. The field names live in the statement
-//! below; the test `order_tx::created_orders_events_are_the_event_structs_own_documents`
+//! below; the test `order_tx::outcomes::created_orders_events_are_the_event_structs_own_documents`
 //! (tests/it) holds each document to `events::OrderCreated` and `events::CancelOrderIfUnpaid`
 //! as serde writes them, so the event contract keeps one definition.
 
