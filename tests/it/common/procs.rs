@@ -80,9 +80,9 @@ pub fn spawn(env: &TestEnv, args: &[&str], failpoints: &str, extra: &[(&str, Str
     ));
     let file = std::fs::File::create(&log).expect("a log file for the role");
     let mut cmd = command(env, args);
-    cmd.env("FAILPOINTS", failpoints)
-        .stdout(std::process::Stdio::null())
-        .stderr(file);
+    // A role logs to stdout: both streams go to the file a failing test keeps.
+    let out = file.try_clone().expect("the log file, twice");
+    cmd.env("FAILPOINTS", failpoints).stdout(out).stderr(file);
     for (k, v) in extra {
         cmd.env(k, v);
     }
