@@ -151,8 +151,28 @@ async fn require_sync_standby(
         return Ok(());
     }
     metrics::counter!("order_pay_total", "result" => "not_durable").increment(1);
-    warn!(order_id = %n.order_id, payment_id = %n.payment_id,
-        "payment refused: the primary has no synchronous standby (payments.require_sync_standby)");
+    // Every notification is refused while the standby is away: one warning in ten seconds
+    // says so (the counter has them all), the rest are debug.
+    static LAST_WARNED_S: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+    let now_s = chrono::Utc::now().timestamp();
+    let last = LAST_WARNED_S.load(std::sync::atomic::Ordering::Relaxed);
+    if now_s - last >= 10
+        && LAST_WARNED_S
+            .compare_exchange(
+                last,
+                now_s,
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+            )
+            .is_ok()
+    {
+        warn!(order_id = %n.order_id, payment_id = %n.payment_id,
+            "payments refused: the primary has no synchronous standby (payments.require_sync_standby; \
+             order_pay_total{{result=\"not_durable\"}} counts them)");
+    } else {
+        tracing::debug!(order_id = %n.order_id, payment_id = %n.payment_id,
+            "payment refused: no synchronous standby");
+    }
     Err(ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "PAYMENT_NOT_DURABLE",
