@@ -32,6 +32,10 @@ use crate::wait::wait_progress;
 use seckill::config::Settings;
 use seckill::redis::RedisStore;
 
+mod sample;
+
+use sample::{sample, slope, Sample};
+
 #[derive(Debug, Clone, Args)]
 pub struct SoakArgs {
     /// Base URL of a running `seckill api`.
@@ -81,13 +85,6 @@ struct Answers {
     accepted: Vec<String>,
     refused: BTreeMap<String, usize>,
     transport: usize,
-}
-
-/// One sample: time since the start, and what was read.
-struct Sample {
-    t: f64,
-    /// Anonymous memory (RssAnon) of each `--proc`, MiB; `None` once the process is gone.
-    anon_mib: Vec<Option<f64>>,
 }
 
 pub async fn run(settings: Settings, args: SoakArgs) -> anyhow::Result<bool> {
@@ -447,164 +444,4 @@ pub async fn run(settings: Settings, args: SoakArgs) -> anyhow::Result<bool> {
         violations.len(),
     );
     Ok(ok)
-}
-
-/// Least-squares slope of `(x, y)` points; `None` with fewer than three.
-fn slope(points: &[(f64, f64)]) -> Option<f64> {
-    if points.len() < 3 {
-        return None;
-    }
-    let n = points.len() as f64;
-    let (sx, sy) = points
-        .iter()
-        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
-    let (mx, my) = (sx / n, sy / n);
-    let (num, den) = points.iter().fold((0.0, 0.0), |(a, b), (x, y)| {
-        (a + (x - mx) * (y - my), b + (x - mx) * (x - mx))
-    });
-    (den > 0.0).then(|| num / den)
-}
-
-/// A process's resident memory from /proc/<pid>/status: (VmRSS, RssAnon) in MiB.
-fn rss_mib(pid: u32) -> Option<(f64, f64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib = |key: &str| -> Option<f64> {
-        status
-            .lines()
-            .find(|l| l.starts_with(key))?
-            .split_whitespace()
-            .nth(1)?
-            .parse::<f64>()
-            .ok()
-    };
-    Some((kib("VmRSS:")? / 1024.0, kib("RssAnon:")? / 1024.0))
-}
-
-/// The tables whose size and rows every sample shows.
-const SAMPLED_TABLES: [&str; 7] = [
-    "compensation_tasks",
-    "consumer_inbox",
-    "event_outbox",
-    "order_commits",
-    "orders",
-    "reservations",
-    "stock_ledger",
-];
-
-/// One sample line, and the anonymous memory of each process.
-#[allow(clippy::too_many_arguments)]
-async fn sample(
-    pool: &deadpool_postgres::Pool,
-    redis: &RedisStore,
-    lag: &seckill::mq::rocketmq::LagProbe,
-    groups: &[(&str, String, String)],
-    procs: &[CpuTarget],
-    activity_id: i64,
-    since: chrono::DateTime<chrono::Utc>,
-    now: chrono::DateTime<chrono::Utc>,
-) -> anyhow::Result<(String, Vec<Option<f64>>)> {
-    let mut parts: Vec<String> = Vec::new();
-    let pg = pool.get().await?;
-    let row = pg
-        .query_one(
-            "SELECT (SELECT count(*) FROM order_commits c JOIN orders o USING (xact_id)
-                      WHERE c.committed_at > $2 AND c.committed_at <= $3 AND o.activity_id = $1),
-                    (SELECT coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY
-                              extract(epoch FROM c.committed_at - o.reserved_at)), 0)::float8
-                       FROM order_commits c JOIN orders o USING (xact_id)
-                      WHERE c.committed_at > $2 AND c.committed_at <= $3 AND o.activity_id = $1),
-                    (SELECT count(*) FROM orders
-                      WHERE activity_id = $1 AND canceled_at > $2 AND canceled_at <= $3),
-                    (SELECT coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY
-                              extract(epoch FROM canceled_at - expires_at)), 0)::float8
-                       FROM orders
-                      WHERE activity_id = $1 AND canceled_at > $2 AND canceled_at <= $3),
-                    (SELECT count(*) FROM orders
-                      WHERE status IN ('CREATED', 'PAYING') AND expires_at < now())",
-            &[&activity_id, &since, &now],
-        )
-        .await?;
-    let window = (now - since).num_milliseconds().max(1) as f64 / 1000.0;
-    parts.push(format!(
-        "created_per_s={:.0} order_age_p99_ms={:.0} canceled_per_s={:.0} cancel_age_p99_s={:.2} overdue={}",
-        row.get::<_, i64>(0) as f64 / window,
-        row.get::<_, f64>(1) * 1000.0,
-        row.get::<_, i64>(2) as f64 / window,
-        row.get::<_, f64>(3),
-        row.get::<_, i64>(4),
-    ));
-    // Size on disk, and the exact row count (not the planner's estimate, which only a VACUUM
-    // or ANALYZE refreshes).
-    let mut tables = Vec::new();
-    for table in SAMPLED_TABLES {
-        let row = pg
-            .query_one(
-                &format!(
-                    "SELECT pg_total_relation_size('{table}')::float8 / 1048576, count(*)
-                     FROM {table}"
-                ),
-                &[],
-            )
-            .await?;
-        tables.push(format!(
-            "{table}:{:.1}/{}",
-            row.get::<_, f64>(0),
-            row.get::<_, i64>(1)
-        ));
-    }
-    parts.push(format!("pg_mib_rows={}", tables.join(",")));
-    let mut conn = redis.pool.get().await?;
-    let info: String = deadpool_redis::redis::cmd("INFO")
-        .arg("memory")
-        .query_async(&mut *conn)
-        .await?;
-    let used = info
-        .lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap_or(0.0);
-    parts.push(format!("redis_mib={:.1}", used / 1_048_576.0));
-    let mut lags = Vec::new();
-    for (name, group, topic) in groups {
-        lags.push(match lag.lag(group, topic).await {
-            Ok(l) => format!(
-                "{name}:{}/{:.1}s",
-                l.messages,
-                l.oldest_unconsumed_age_ms.unwrap_or(0) as f64 / 1000.0
-            ),
-            Err(_) => format!("{name}:?"),
-        });
-    }
-    parts.push(format!("lag={}", lags.join(",")));
-    let mut anon = Vec::new();
-    let mut rss = Vec::new();
-    for p in procs {
-        let read: Vec<(f64, f64)> = p.pids.iter().filter_map(|&pid| rss_mib(pid)).collect();
-        if read.is_empty() {
-            anon.push(None);
-            rss.push(format!("{}:gone", p.name));
-        } else {
-            let (v, a) = read
-                .iter()
-                .fold((0.0, 0.0), |(v, a), (rv, ra)| (v + rv, a + ra));
-            anon.push(Some(a));
-            rss.push(format!("{}:{v:.0}/{a:.0}", p.name));
-        }
-    }
-    parts.push(format!("rss_anon_mib={}", rss.join(",")));
-    Ok((parts.join(" "), anon))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slope_of_a_line_and_of_too_few_points() {
-        let line: Vec<(f64, f64)> = (0..10).map(|x| (x as f64, 3.0 * x as f64 + 1.0)).collect();
-        assert!((slope(&line).unwrap() - 3.0).abs() < 1e-9);
-        let flat: Vec<(f64, f64)> = (0..10).map(|x| (x as f64, 7.0)).collect();
-        assert_eq!(slope(&flat), Some(0.0));
-        assert_eq!(slope(&line[..2]), None);
-    }
 }
