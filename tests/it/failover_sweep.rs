@@ -8,18 +8,9 @@ use std::sync::Arc;
 use chrono::Utc;
 
 use crate::common::{eventually, reserve_only, TestEnv};
+use crate::recovery::Progress;
 use seckill::roles::consume::order_create::OrderCreateHandler;
 use seckill::roles::scan::Scanner;
-
-/// The group's progress, as the brokers would report it.
-struct Progress(Option<i64>);
-
-#[async_trait::async_trait]
-impl seckill::roles::scan::unconsumed::ProgressReader for Progress {
-    async fn taken_until_ms(&self) -> Option<i64> {
-        self.0
-    }
-}
 
 fn scanner(
     env: &TestEnv,
@@ -72,35 +63,12 @@ async fn after_a_failover_every_watched_send_is_checked_at_once_whatever_its_age
     let consumer = seckill::mq::start_order_create_consumer(&env.settings, handler, 2)
         .await
         .unwrap();
-    let topic = env.names().order_create_topic;
     // Two reservations the broker confirmed a moment ago. The first became an order; the
     // second's order was committed by a primary that died before shipping it (here: its
     // message never reached the consumers at all, which looks the same from the scanner).
     let now = Utc::now().timestamp_millis();
-    let (taken, lost) = (
-        reserve_only(&redis, 31, 1, 60_000).await,
-        reserve_only(&redis, 31, 2, 60_000).await,
-    );
-    for ids in [&taken, &lost] {
-        let verdict = redis
-            .mark_sent(31, &ids.reservation_id, &ids.message_id, "b-1", now)
-            .await
-            .unwrap();
-        assert_eq!(verdict, "OK");
-    }
-    let fields = redis.reservation(31, &taken.reservation_id).await.unwrap();
-    let event = seckill::roles::scan::event_from_reservation(&fields, 1).unwrap();
-    let out = publisher
-        .send(seckill::mq::order_create_message(&topic, &event), 3_000)
-        .await;
-    assert!(
-        matches!(out, seckill::mq::SendOutcome::Confirmed { .. }),
-        "{out:?}"
-    );
-    eventually(30, "the first order", || async {
-        env.count("SELECT count(*) FROM orders").await == 1
-    })
-    .await;
+    let (_, lost) =
+        crate::recovery::one_taken_one_stranded(&env, &redis, &publisher, 31, now).await;
     let scanner = scanner(&env, &redis, env.pool(1).await, publisher.clone());
     // A regular pass: nothing is due yet.
     assert_eq!(

@@ -220,34 +220,10 @@ async fn a_confirmed_send_the_consumers_never_took_is_sent_again_with_the_same_m
     let consumer = seckill::mq::start_order_create_consumer(&env.settings, handler, 2)
         .await
         .unwrap();
-    let topic = env.names().order_create_topic;
     // Two reservations the broker confirmed 20 s ago; only the first copy reached the
     // consumers (the second one's broker died holding it: it was never sent here at all).
     let sent_at = Utc::now().timestamp_millis() - 20_000;
-    let (taken, stranded) = (
-        reserve_only(&redis, 11, 1, 60_000).await,
-        reserve_only(&redis, 11, 2, 60_000).await,
-    );
-    for ids in [&taken, &stranded] {
-        let verdict = redis
-            .mark_sent(11, &ids.reservation_id, &ids.message_id, "b-1", sent_at)
-            .await
-            .unwrap();
-        assert_eq!(verdict, "OK");
-    }
-    let fields = redis.reservation(11, &taken.reservation_id).await.unwrap();
-    let event = seckill::roles::scan::event_from_reservation(&fields, 1).unwrap();
-    let out = publisher
-        .send(seckill::mq::order_create_message(&topic, &event), 3_000)
-        .await;
-    assert!(
-        matches!(out, seckill::mq::SendOutcome::Confirmed { .. }),
-        "{out:?}"
-    );
-    eventually(30, "the first order", || async {
-        env.count("SELECT count(*) FROM orders").await == 1
-    })
-    .await;
+    let (_, stranded) = super::one_taken_one_stranded(&env, &redis, &publisher, 11, sent_at).await;
     let scanner_with = |progress: Option<i64>| {
         let (redis, publisher, settings) = (redis.clone(), publisher.clone(), settings.clone());
         let env = &env;
