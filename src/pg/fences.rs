@@ -1,6 +1,6 @@
 //! The fences of activities whose Redis state cannot be trusted (`redis_fences`,
 //! docs/architecture/redis.md#when-redis-forgets), and what a rebuild reads of an activity: every
-//! reservation PostgreSQL recorded, and a fingerprint that changes with any of them.
+//! reservation PostgreSQL recorded.
 
 use chrono::{DateTime, Utc};
 use tokio_postgres::{Error, GenericClient};
@@ -148,7 +148,11 @@ pub struct Recorded {
     /// A valid order, or a rejection or cancellation whose compensation has not released the
     /// unit in Redis yet.
     pub holds: bool,
-    /// Why it does not hold: the rejection's reason, the order's cancel reason.
+    /// Holds only until its compensation runs (a rejection or a cancellation): the release
+    /// may have run in Redis before PostgreSQL marked the compensation done.
+    pub release_pending: bool,
+    /// Why it does not hold (or will not, once released): the rejection's reason, the order's
+    /// cancel reason.
     pub released_reason: Option<String>,
 }
 
@@ -162,8 +166,8 @@ pub async fn recorded(
             "SELECT r.reservation_id, r.message_id, r.request_id, r.order_id, r.sku_id, r.user_id,
                     (extract(epoch FROM r.reserved_at) * 1000)::int8,
                     (extract(epoch FROM r.valid_until) * 1000)::int8,
-                    (r.status = 'ORDERED' AND o.status IS DISTINCT FROM 'CANCELED')
-                      OR t.status = 'PENDING',
+                    r.status = 'ORDERED' AND o.status IS DISTINCT FROM 'CANCELED',
+                    t.status = 'PENDING',
                     coalesce(r.reject_reason, o.cancel_reason, o.status)
              FROM reservations r
              LEFT JOIN orders o ON o.reservation_id = r.reservation_id
@@ -175,7 +179,10 @@ pub async fn recorded(
     Ok(rows
         .iter()
         .map(|r| {
-            let holds: bool = r.get(8);
+            let by_order: bool = r.get(8);
+            let pending = r.get::<_, Option<bool>>(9).unwrap_or(false);
+            let release_pending = !by_order && pending;
+            let holds = by_order || pending;
             Recorded {
                 reservation_id: r.get(0),
                 message_id: r.get(1),
@@ -186,24 +193,9 @@ pub async fn recorded(
                 reserved_at_ms: r.get(6),
                 valid_until_ms: r.get(7),
                 holds,
-                released_reason: if holds { None } else { r.get(9) },
+                release_pending,
+                released_reason: if by_order { None } else { r.get(10) },
             }
         })
         .collect())
-}
-
-/// Changes with every reservation recorded, every order state change and every compensation
-/// done for the activity: a rebuild whose fingerprint moved while it wrote runs again.
-pub async fn fingerprint(client: &impl GenericClient, activity_id: i64) -> Result<String, Error> {
-    let r = client
-        .query_one(
-            "SELECT (SELECT count(*) FROM reservations WHERE activity_id = $1),
-                    (SELECT coalesce(sum(version), 0)::int8 FROM orders WHERE activity_id = $1),
-                    (SELECT count(*) FROM compensation_tasks
-                     WHERE activity_id = $1 AND status = 'PENDING')",
-            &[&activity_id],
-        )
-        .await?;
-    let (a, b, c): (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
-    Ok(format!("{a}/{b}/{c}"))
 }

@@ -141,6 +141,7 @@ impl RedisStore {
             .key(k.sku(from, sku_id))
             .key(k.transfers_out(from, sku_id))
             .key(k.transfers_open(from, sku_id))
+            .key(k.rebuilding(from))
             .arg(transfer_id)
             .arg(want)
             .arg(to)
@@ -165,12 +166,20 @@ impl RedisStore {
             .transfer_in
             .key(k.sku(to, sku_id))
             .key(k.transfers_in(to, sku_id))
+            .key(k.rebuilding(to))
             .arg(&t.transfer_id)
             .arg(t.units)
             .arg(t.from)
             .arg(now_ms)
             .invoke_async(&mut *conn)
             .await?;
+        if credited < 0 {
+            // Left open: the next pass credits it, after the rebuild.
+            return Err(StoreError::Held(format!(
+                "transfer {} to bucket {}",
+                t.transfer_id, t.to
+            )));
+        }
         Ok(credited == 1)
     }
 

@@ -23,6 +23,10 @@ pub enum StoreError {
     /// An answer this build does not understand (a script's unknown code, a wrong type).
     #[error("unexpected answer from redis: {0}")]
     Unexpected(String),
+    /// A rebuild of the shard from PostgreSQL held its stock longer than the caller waits
+    /// (docs/architecture/redis.md#when-redis-forgets): nothing changed, ask again later.
+    #[error("a rebuild holds the shard: {0}")]
+    Held(String),
 }
 
 impl StoreError {
@@ -34,6 +38,7 @@ impl StoreError {
             StoreError::Redirect(_) => "redirect",
             StoreError::Refused(_) => "refused",
             StoreError::Unexpected(_) => "unexpected",
+            StoreError::Held(_) => "held",
         }
     }
 

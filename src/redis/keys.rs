@@ -102,6 +102,11 @@ impl Keys {
     pub fn meta(&self, shard: impl Into<Shard>) -> String {
         format!("{}:meta", self.tag(shard))
     }
+    /// Present (with a lease's TTL) while a rebuild reads and writes the shard: the scripts
+    /// that move its stock answer `HELD` (docs/architecture/redis.md#when-redis-forgets).
+    pub fn rebuilding(&self, shard: impl Into<Shard>) -> String {
+        format!("{}:rebuilding", self.tag(shard))
+    }
     pub fn sku(&self, shard: impl Into<Shard>, sku_id: i64) -> String {
         format!("{}:sku:{}", self.tag(shard), sku_id)
     }

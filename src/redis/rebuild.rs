@@ -2,7 +2,9 @@
 //! holds now ([`ShardSnapshot`]), and writing a shard's rebuilt state ([`RebuildShard`]) with
 //! absolute values, so a rebuild run twice leaves the same state.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use std::time::Duration;
 
 use deadpool_redis::redis::{self, AsyncCommands};
 
@@ -41,6 +43,8 @@ pub struct ShardSnapshot {
     pub requests: HashMap<String, String>,
     /// Reservation hashes still holding a unit.
     pub reserved: Vec<Survivor>,
+    /// Reservation hashes whose unit was given back (status RELEASED).
+    pub released: HashSet<String>,
     /// Every reservation hash present, whatever its status.
     pub present: usize,
 }
@@ -85,6 +89,32 @@ pub struct RebuildShard {
 const CHUNK: usize = 500;
 
 impl RedisStore {
+    /// Holds the scripts that move the shards' stock (a compensation's release, a leftover
+    /// move) for at most `lease`: they answer `HELD` until [`RedisStore::write_shard`] writes
+    /// the shard, or the lease runs out (a rebuild that died holds nothing for long).
+    pub async fn hold_stock(&self, shards: &[Shard], lease: Duration) -> Result<(), StoreError> {
+        let mut conn = self.pool.get().await?;
+        for &s in shards {
+            let () = redis::cmd("SET")
+                .arg(self.keys.rebuilding(s))
+                .arg("1")
+                .arg("PX")
+                .arg(lease.as_millis() as u64)
+                .query_async(&mut *conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Lets the shards' stock move again (a rebuild that gave up before writing).
+    pub async fn unhold_stock(&self, shards: &[Shard]) -> Result<(), StoreError> {
+        let mut conn = self.pool.get().await?;
+        for &s in shards {
+            let () = conn.del(self.keys.rebuilding(s)).await?;
+        }
+        Ok(())
+    }
+
     /// What one shard holds now for the activity's `skus`: its meta, stock hashes, buyers and
     /// request index in one pipeline, then its reservation hashes.
     pub async fn snapshot_shard(
@@ -138,6 +168,10 @@ impl RedisStore {
         let fields = ["status", "sku_id", "user_id", "req_field"];
         for (id, mut f) in self.reservation_fields(shard, &fields).await? {
             out.present += 1;
+            if f[0].as_deref() == Some("RELEASED") {
+                out.released.insert(id);
+                continue;
+            }
             if f[0].as_deref() != Some("RESERVED") {
                 continue;
             }
@@ -151,8 +185,8 @@ impl RedisStore {
         Ok(out)
     }
 
-    /// Writes a shard's rebuilt state with absolute values (the shard stays fenced: the caller
-    /// lifts the fence once every shard is written).
+    /// Writes a shard's rebuilt state with absolute values, then lets its stock move again (the
+    /// shard stays fenced: the caller lifts the fence once every shard is written).
     pub async fn write_shard(&self, r: &RebuildShard) -> Result<(), StoreError> {
         let k = &self.keys;
         let s = r.shard;
@@ -212,6 +246,7 @@ impl RedisStore {
                 pipe.cmd("ZREM").arg(index).arg(ids).ignore();
             }
         }
+        pipe.del(k.rebuilding(s)).ignore();
         let mut conn = self.pool.get().await?;
         let () = pipe.query_async(&mut *conn).await?;
         if s.bucket == 0 {

@@ -6,6 +6,10 @@ use deadpool_redis::redis;
 
 use super::{RedisStore, Shard, StoreError};
 
+/// How often a release a rebuild holds is asked again, and for how long at most.
+const HELD_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
+const HELD_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// One reservation to give back (the compensation path).
 #[derive(Debug, Clone, Copy)]
 pub struct Release<'a> {
@@ -188,22 +192,63 @@ impl RedisStore {
 
     /// Compensation: releases each reservation once, in one round trip (the release script
     /// pipelined). Returns `RELEASED`, `ALREADY_RELEASED` or `MISSING` per item, in order.
+    /// Items whose shard a rebuild holds are asked again every [`HELD_RETRY`] for at most
+    /// [`HELD_WAIT`] (a rebuild holds a shard for the instant it reads and writes it), then
+    /// [`StoreError::Held`]: nothing of theirs moved.
     pub async fn release_many(
         &self,
         items: &[Release<'_>],
         now_ms: i64,
     ) -> Result<Vec<String>, StoreError> {
-        let k = &self.keys;
-        let script = &self.scripts.release;
-        // The unit goes back to the bucket the reservation took it from.
         let mut shards = Vec::with_capacity(items.len());
         for r in items {
+            // The unit goes back to the bucket the reservation took it from.
             shards.push(self.shard_of(r.activity_id, r.reservation_id).await?);
         }
-        let calls: Vec<(u16, redis::ScriptInvocation<'_>)> = items
+        let mut answers: Vec<String> = vec![String::new(); items.len()];
+        let mut left: Vec<usize> = (0..items.len()).collect();
+        let waited = std::time::Instant::now();
+        loop {
+            let got = self.release_once(items, &shards, &left, now_ms).await?;
+            let mut held = Vec::new();
+            for (i, answer) in left.iter().zip(got) {
+                if answer == "HELD" {
+                    held.push(*i);
+                } else {
+                    answers[*i] = answer;
+                }
+            }
+            if held.is_empty() {
+                return Ok(answers);
+            }
+            metrics::counter!("redis_release_held_total").increment(held.len() as u64);
+            if waited.elapsed() >= HELD_WAIT {
+                let r = &items[held[0]];
+                return Err(StoreError::Held(format!(
+                    "activity {}: {} release(s) waited {HELD_WAIT:?}",
+                    r.activity_id,
+                    held.len()
+                )));
+            }
+            tokio::time::sleep(HELD_RETRY).await;
+            left = held;
+        }
+    }
+
+    /// One pipelined round of the release script over `items[i]` for each `i` in `which`.
+    async fn release_once(
+        &self,
+        items: &[Release<'_>],
+        shards: &[Shard],
+        which: &[usize],
+        now_ms: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        let k = &self.keys;
+        let script = &self.scripts.release;
+        let calls: Vec<(u16, redis::ScriptInvocation<'_>)> = which
             .iter()
-            .zip(&shards)
-            .map(|(r, &shard)| {
+            .map(|&i| {
+                let (r, shard) = (&items[i], shards[i]);
                 let mut call = script.prepare_invoke();
                 call.key(k.reservation(shard, r.reservation_id))
                     .key(k.sku(shard, r.sku_id))
@@ -211,6 +256,7 @@ impl RedisStore {
                     .key(k.requests(shard))
                     .key(k.pending(shard))
                     .key(k.pending_since(shard))
+                    .key(k.rebuilding(shard))
                     .arg(r.reservation_id)
                     .arg(r.reason)
                     .arg(now_ms);

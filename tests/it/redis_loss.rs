@@ -377,3 +377,56 @@ async fn a_compensation_for_a_forgotten_reservation_warns_and_fences_once() {
     );
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_rebuild_holds_what_moves_stock_until_it_writes_the_shard() {
+    const ACTIVITY: i64 = 1391;
+    let env = TestEnv::without_topics().await;
+    env.activity(ACTIVITY, 1, 5).await;
+    let redis = env.redis().await;
+    let ids = common::reserve_only(&redis, ACTIVITY, 7, 60_000).await;
+    let remaining = || async {
+        let mut c = redis.pool.get().await.unwrap();
+        let n: i64 = c
+            .hget(redis.keys.sku(ACTIVITY, 1), "remaining")
+            .await
+            .unwrap();
+        n
+    };
+    assert_eq!(remaining().await, 4);
+    let release = [seckill::redis::Release {
+        activity_id: ACTIVITY,
+        sku_id: 1,
+        reservation_id: &ids.reservation_id,
+        reason: "TIMEOUT",
+    }];
+    let shards = redis.shards(ACTIVITY).await.unwrap();
+
+    // Held: the release waits, then says so, and moves nothing.
+    redis
+        .hold_stock(&shards, std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    let held = redis.release_many(&release, 0).await;
+    assert!(
+        matches!(held, Err(seckill::redis::StoreError::Held(_))),
+        "{held:?}"
+    );
+    assert_eq!(remaining().await, 4, "nothing given back while held");
+
+    // The rebuild writes the shard: the hold is gone with it, and the release gives the unit
+    // back once.
+    let resync = seckill::roles::resync::Resync {
+        settings: std::sync::Arc::new(env.settings.clone()),
+        pg: env.pool(2).await,
+        redis: redis.clone(),
+        probe: None,
+        by: "test".into(),
+    };
+    let rebuilt = resync.rebuild(ACTIVITY, true).await.unwrap();
+    assert_eq!(rebuilt.attempts, 1);
+    let again = redis.release_many(&release, 0).await.unwrap();
+    assert_eq!(again, vec!["RELEASED".to_string()]);
+    assert_eq!(remaining().await, 5);
+    env.cleanup().await;
+}

@@ -1,7 +1,10 @@
 -- Compensation: gives a reservation's unit back exactly once (RESERVED -> RELEASED). A
 -- repeat is a no-op, so a redelivered compensation message can never release twice.
--- KEYS: 1 reservation, 2 sku, 3 buyers, 4 requests, 5 pending index, 6 pending-since index
+-- While a rebuild holds the shard (KEYS[7] present) nothing moves: 'HELD', asked again later.
+-- KEYS: 1 reservation, 2 sku, 3 buyers, 4 requests, 5 pending index, 6 pending-since index,
+--       7 the shard's rebuild hold
 -- ARGV: 1 reservation_id, 2 reason, 3 now_ms
+if redis.call('EXISTS', KEYS[7]) == 1 then return 'HELD' end
 local h = redis.call('HMGET', KEYS[1], 'status', 'user_id', 'req_field')
 if not h[1] then return 'MISSING' end
 if h[1] ~= 'RESERVED' then return 'ALREADY_RELEASED' end

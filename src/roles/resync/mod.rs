@@ -34,14 +34,20 @@ pub struct Rebuilt {
     /// Whether the rebuild changes (or changed) any count: a healthy activity's does not.
     pub changes: bool,
     pub diff: Diff,
-    /// Passes needed: PostgreSQL changed under the first ones.
+    /// Passes needed: a pass that read for longer than its hold allows starts over.
     pub attempts: u32,
     pub rebuild_secs: f64,
     pub written: bool,
 }
 
-/// How many times a rebuild starts over when PostgreSQL changed while it wrote.
-const REBUILD_ATTEMPTS: u32 = 5;
+/// How many times a rebuild starts over when it read for longer than its hold allows.
+const REBUILD_ATTEMPTS: u32 = 3;
+
+/// How long a rebuild holds the scripts that move the activity's stock (a compensation's
+/// release, a leftover move): they wait while it reads and writes. A rebuild that read for
+/// longer than the hold less [`HOLD_MARGIN`] does not write, and starts over.
+const STOCK_HOLD: Duration = Duration::from_secs(10);
+const HOLD_MARGIN: Duration = Duration::from_secs(3);
 
 /// The rebuild: PostgreSQL's reservations and each shard's state read, the plan written
 /// (`write`) or only reported.
@@ -56,53 +62,87 @@ pub struct Resync {
 }
 
 impl Resync {
-    /// The rebuilt state of the activity, written when `write`. Starts over (bounded) when
-    /// PostgreSQL's books of the activity changed while it read and wrote.
+    /// The rebuilt state of the activity, written when `write`.
+    ///
+    /// Orders, payments and cancellations go on committing while it runs (only reservations
+    /// are fenced). What changes a shard's stock besides a reservation runs through a script
+    /// that a rebuild can hold: before reading, the shards are held ([`RedisStore::hold_stock`]),
+    /// so no release lands between the read and the write, and each shard's write lets them
+    /// go. A cancellation committed in PostgreSQL meanwhile is written as holding its unit, and
+    /// its release, held until then, gives the unit back once. Nothing PostgreSQL commits can
+    /// make the plan stale, so the rebuild does not start over for it.
     pub async fn rebuild(&self, activity_id: i64, write: bool) -> anyhow::Result<Rebuilt> {
         let started = Instant::now();
         let client = self.pg.get().await?;
+        let facts = activity_facts(&**client, activity_id)
+            .await?
+            .with_context(|| format!("activity {activity_id} is not in PostgreSQL"))?;
+        let shards = facts.shards();
         for attempt in 1..=REBUILD_ATTEMPTS {
-            let before = fences::fingerprint(&**client, activity_id).await?;
-            let facts = activity_facts(&**client, activity_id)
-                .await?
-                .with_context(|| format!("activity {activity_id} is not in PostgreSQL"))?;
-            let skus: Vec<i64> = facts.skus.iter().map(|(s, _)| *s).collect();
-            // Redis first: a reservation recorded between the two reads is then counted once,
-            // as PostgreSQL's.
-            let mut snapshots = Vec::new();
-            for shard in facts.shards() {
-                snapshots.push(self.redis.snapshot_shard(shard, &skus).await?);
-            }
-            let recorded = fences::recorded(&**client, activity_id).await?;
-            let now_ms = Utc::now().timestamp_millis();
-            let plan = plan::plan(&facts, &recorded, &snapshots, now_ms);
             if write {
-                for shard in &plan.shards {
-                    self.redis.write_shard(shard).await?;
+                self.redis.hold_stock(&shards, STOCK_HOLD).await?;
+            }
+            let pass = self.rebuild_once(&**client, &facts, write).await;
+            if write && !matches!(pass, Ok(Some(_))) {
+                // Gave up before writing every shard: the stock moves again at once.
+                if let Err(e) = self.redis.unhold_stock(&shards).await {
+                    warn!(activity_id, error = %e, "rebuild hold left to its lease");
                 }
             }
-            let after = fences::fingerprint(&**client, activity_id).await?;
-            if !write || before == after {
-                for w in &plan.diff.warnings {
-                    warn!(activity_id, warning = %w, "rebuild");
-                }
-                return Ok(Rebuilt {
-                    activity_id,
-                    changes: plan.diff.changes_anything(),
-                    diff: plan.diff,
-                    attempts: attempt,
-                    rebuild_secs: started.elapsed().as_secs_f64(),
-                    written: write,
-                });
+            let Some(plan) = pass? else {
+                continue;
+            };
+            for w in &plan.diff.warnings {
+                warn!(activity_id, warning = %w, "rebuild");
             }
-            debug!(
+            return Ok(Rebuilt {
                 activity_id,
-                attempt, "PostgreSQL changed during the rebuild: again"
-            );
+                changes: plan.diff.changes_anything(),
+                diff: plan.diff,
+                attempts: attempt,
+                rebuild_secs: started.elapsed().as_secs_f64(),
+                written: write,
+            });
         }
         anyhow::bail!(
-            "activity {activity_id}: PostgreSQL kept changing during {REBUILD_ATTEMPTS} rebuilds"
+            "activity {activity_id}: {REBUILD_ATTEMPTS} rebuilds each read for longer than \
+             {STOCK_HOLD:?} less {HOLD_MARGIN:?}"
         )
+    }
+
+    /// One pass: both stores read, the plan made and (when `write`) written; `None` when the
+    /// read outlasted what the hold allows (nothing written).
+    async fn rebuild_once(
+        &self,
+        client: &tokio_postgres::Client,
+        facts: &plan::ActivityFacts,
+        write: bool,
+    ) -> anyhow::Result<Option<plan::Plan>> {
+        let held = Instant::now();
+        let skus: Vec<i64> = facts.skus.iter().map(|(s, _)| *s).collect();
+        // Redis first: a reservation recorded between the two reads is then counted once, as
+        // PostgreSQL's; a release that ran before the hold shows in Redis.
+        let mut snapshots = Vec::new();
+        for shard in facts.shards() {
+            snapshots.push(self.redis.snapshot_shard(shard, &skus).await?);
+        }
+        let recorded = fences::recorded(client, facts.activity_id).await?;
+        let plan = plan::plan(facts, &recorded, &snapshots, Utc::now().timestamp_millis());
+        if !write {
+            return Ok(Some(plan));
+        }
+        if held.elapsed() + HOLD_MARGIN > STOCK_HOLD {
+            warn!(
+                activity_id = facts.activity_id,
+                read_secs = held.elapsed().as_secs_f64(),
+                "rebuild read for longer than its hold allows: again"
+            );
+            return Ok(None);
+        }
+        for shard in &plan.shards {
+            self.redis.write_shard(shard).await?;
+        }
+        Ok(Some(plan))
     }
 
     /// Every message sent for the activity before the fence (and in the sends' own time

@@ -3,7 +3,8 @@
 //! (docs/architecture/redis.md#when-redis-forgets), and what changes.
 //!
 //! Per shard and SKU, the units held are the recorded reservations that still hold theirs (a
-//! valid order; a rejection or cancellation whose release has not run) plus the reservations
+//! valid order; a rejection or cancellation whose release has not run: Redis says whether it
+//! ran, since PostgreSQL marks the compensation done only after it) plus the reservations
 //! Redis holds that PostgreSQL has not recorded (still in flight). Remaining stock is the
 //! bucket's share, plus what the rebalancer moved in, minus what it moved out, minus the units
 //! held; the buyers set and the request index are exactly those holders.
@@ -115,10 +116,12 @@ pub fn plan(
     let known: HashSet<&str> = recorded.iter().map(|r| r.reservation_id.as_str()).collect();
     let mut out = Plan::default();
     for snap in snapshots {
-        let here: Vec<&Recorded> = recorded
+        let here: Vec<Recorded> = recorded
             .iter()
             .filter(|r| reservation_bucket(&r.reservation_id) == snap.shard.bucket)
+            .map(|r| as_redis_left_it(r, snap))
             .collect();
+        let here: Vec<&Recorded> = here.iter().collect();
         let holders = holders(&here, snap, &known);
         let mut shard = RebuildShard {
             shard: snap.shard,
@@ -158,6 +161,16 @@ pub fn plan(
         out.shards.push(shard);
     }
     out
+}
+
+/// A recorded reservation whose compensation is still pending in PostgreSQL holds nothing
+/// once Redis shows its release ran (the release comes first, the compensation's DONE after).
+fn as_redis_left_it(r: &Recorded, snap: &ShardSnapshot) -> Recorded {
+    let mut r = r.clone();
+    if r.release_pending && snap.released.contains(&r.reservation_id) {
+        r.holds = false;
+    }
+    r
 }
 
 /// The shard's holders: recorded reservations that hold their unit first (where a buyer has
@@ -325,6 +338,7 @@ mod tests {
             reserved_at_ms: 2_000,
             valid_until_ms: 62_000,
             holds,
+            release_pending: false,
             released_reason: (!holds).then(|| "NO_STOCK".to_string()),
         }
     }
@@ -344,6 +358,7 @@ mod tests {
             }],
             requests: HashMap::from([("11:req-11".to_string(), id(0, 1))]),
             reserved: vec![],
+            released: Default::default(),
             present: 1,
         }
     }
@@ -428,5 +443,44 @@ mod tests {
         let p = plan(&facts(1), &recorded, &[forgetful()], 10_000);
         assert_eq!(p.shards[0].skus[0].remaining, 0);
         assert_eq!(p.diff.warnings.len(), 1);
+    }
+
+    #[test]
+    fn a_cancellation_released_in_redis_before_postgresql_marked_it_done_stays_released() {
+        // Two cancelled orders whose compensations are still PENDING in PostgreSQL: the first's
+        // release already ran in Redis, the second's has not.
+        let mut recorded = vec![
+            rec(&id(0, 1), 11, true),
+            rec(&id(0, 2), 12, true),
+            rec(&id(0, 3), 13, true),
+        ];
+        for r in &mut recorded[1..] {
+            r.release_pending = true;
+            r.released_reason = Some("TIMEOUT".to_string());
+        }
+        let mut snap = forgetful();
+        snap.released.insert(id(0, 2));
+        let p = plan(&facts(1), &recorded, &[snap], 10_000);
+        let s = &p.shards[0];
+        assert_eq!(
+            s.skus[0].remaining,
+            10 - 2,
+            "1 holds by its order, 3 until its release runs; 2 was given back"
+        );
+        assert!(!s.skus[0].buyers.contains_key("12"));
+        let status = |n: u64| {
+            let r = s.reservations.iter().find(|r| r.reservation_id == id(0, n));
+            r.unwrap()
+                .fields
+                .iter()
+                .find(|(f, _)| *f == "status")
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(status(2).as_deref(), Some("RELEASED"));
+        assert_eq!(
+            status(3).as_deref(),
+            Some("RESERVED"),
+            "its pending release gives it back once"
+        );
     }
 }
