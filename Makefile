@@ -103,7 +103,7 @@ send-timeouts: ## UNKNOWN rate of a send against its timeout and client retries,
 	scripts/send-timeouts.sh
 
 test-faults: services-up ## Faults that disturb the shared services (a broker killed, one of two brokers killed, each of two name servers killed, a Redis primary failed over, PostgreSQL restarted, a PostgreSQL pair's primary killed and its standby promoted) and a Redis of its own that forgets its last second, one at a time; last step of make test
-	SECKILL_ENV=test cargo test --features failpoints --test it -- --ignored --test-threads=1 sale_faults:: redis_loss_faults:: broker_disk:: pg_failover::
+	SECKILL_ENV=test cargo test --features failpoints --test it -- --ignored --test-threads=1 sale_faults:: redis_loss_faults:: rebuild_under_sale:: broker_disk:: pg_failover::
 
 chaos: ## A whole sale (intake, backlog, payments, cancellations) under faults by phase: every role, the broker, PostgreSQL and its own AOF Redis; CHAOS_RUN line
 	scripts/chaos.sh

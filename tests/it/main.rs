@@ -37,6 +37,7 @@ mod pgbouncer;
 mod pipeline;
 mod plan;
 mod rate_limits;
+mod rebuild_under_sale;
 mod reconcile;
 mod recovery;
 mod redis_cluster;

@@ -5,15 +5,18 @@
 //! sees while the primary is SIGKILLed and the manager promotes the standby. Judged from the
 //! buyers' and the provider's own records and the books: `make test-faults`, one at a time.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 
-use crate::common::{self, eventually, free_port, metric, spawn, wait_ready, Proc, TestEnv};
+use crate::common::{
+    self, eventually, free_port, metric, paid_2xx_not_paid, spawn, wait_ready, Proc, Provider,
+    TestEnv,
+};
 use crate::sale_faults::buy;
 
 const STOCK: i32 = 240;
@@ -137,91 +140,6 @@ async fn try_count(env: &TestEnv, sql: &str) -> Option<i64> {
     client.query_one(sql, &[]).await.ok().map(|r| r.get(0))
 }
 
-/// The payment provider: pays every CREATED order it sees, once the notification is answered
-/// (a 5xx or no answer is sent again later, as providers do); keeps what each answer was.
-#[derive(Default)]
-struct Provider {
-    /// Orders whose notification was answered 2xx with status PAID.
-    paid_2xx: Mutex<BTreeSet<String>>,
-    /// Every answer, by status and code.
-    answers: Mutex<BTreeMap<String, usize>>,
-    stop: AtomicBool,
-}
-
-impl Provider {
-    async fn run(self: Arc<Self>, env: Arc<TestEnv>, api_port: u16) {
-        let base = format!("http://127.0.0.1:{api_port}");
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .unwrap();
-        let secret = env.settings.payments.webhook_secrets[0].clone();
-        while !self.stop.load(Ordering::SeqCst) {
-            for (order_id, cents) in created_orders(&env).await {
-                let body = serde_json::json!({
-                    "order_id": order_id, "payment_id": format!("pay-{order_id}"),
-                    "amount_cents": cents,
-                })
-                .to_string();
-                let sig = seckill::auth::signature::sign(
-                    &secret,
-                    Utc::now().timestamp(),
-                    body.as_bytes(),
-                );
-                let sent = client
-                    .post(format!("{base}/v1/payments/notifications"))
-                    .header("content-type", "application/json")
-                    .header("seckill-signature", sig)
-                    .body(body)
-                    .send()
-                    .await;
-                // No answer is an answer too: the provider sends it again on its next round.
-                let (key, paid) = match sent {
-                    Err(e) => (
-                        format!(
-                            "no answer ({})",
-                            if e.is_timeout() { "timeout" } else { "error" }
-                        ),
-                        false,
-                    ),
-                    Ok(r) => {
-                        let status = r.status();
-                        let v: serde_json::Value = r.json().await.unwrap_or_default();
-                        let code = v["error"]["code"].as_str().unwrap_or_default().to_owned();
-                        (
-                            format!("{} {code}", status.as_u16()),
-                            status.is_success() && v["status"] == "PAID",
-                        )
-                    }
-                };
-                *self.answers.lock().unwrap().entry(key).or_default() += 1;
-                if paid {
-                    self.paid_2xx.lock().unwrap().insert(order_id);
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-}
-
-/// CREATED orders (id, amount), as the primary of the moment has them.
-async fn created_orders(env: &TestEnv) -> Vec<(String, i64)> {
-    let Ok(pool) = seckill::pg::connect_pool(&env.settings.pg, 1).await else {
-        return Vec::new();
-    };
-    let Ok(client) = pool.get().await else {
-        return Vec::new();
-    };
-    client
-        .query(
-            "SELECT order_id, amount_cents FROM orders WHERE status = 'CREATED' LIMIT 64",
-            &[],
-        )
-        .await
-        .map(|rows| rows.iter().map(|r| (r.get(0), r.get(1))).collect())
-        .unwrap_or_default()
-}
-
 /// Buyers 1..=BUYERS, 8 at a time; returns how many got a 202, once they are all answered.
 fn buyers(api_port: u16, activity: i64) -> (tokio::task::JoinHandle<()>, Arc<AtomicUsize>) {
     let client = reqwest::Client::builder()
@@ -299,24 +217,6 @@ async fn first_order_after(env: &TestEnv, killed_at: DateTime<Utc>) -> f64 {
     (at - killed_at).num_milliseconds() as f64 / 1000.0
 }
 
-/// Every payment answered 2xx is PAID on the new primary: how many are not.
-async fn paid_2xx_not_paid(env: &TestEnv, provider: &Provider) -> Vec<String> {
-    let ids: Vec<String> = provider.paid_2xx.lock().unwrap().iter().cloned().collect();
-    let pool = env.pool(1).await;
-    let client = pool.get().await.unwrap();
-    let paid: BTreeSet<String> = client
-        .query(
-            "SELECT order_id FROM orders WHERE order_id = ANY($1) AND status = 'PAID'",
-            &[&ids],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    ids.into_iter().filter(|id| !paid.contains(id)).collect()
-}
-
 async fn stop(mut roles: Roles, env: TestEnv) {
     let _ = roles.api.terminate(20).await;
     let _ = roles.scan.terminate(20).await;
@@ -332,7 +232,7 @@ async fn the_primary_killed_with_a_synchronous_standby_loses_no_order_and_no_pai
     let env = Arc::new(TestEnv::with_topics_on(&url).await);
     env.activity(991, 1, STOCK).await;
     let roles = start_roles(&env).await;
-    let provider = Arc::new(Provider::default());
+    let provider = Arc::new(Provider::paying("true"));
     let paying = tokio::spawn(provider.clone().run(env.clone(), roles.api_port));
     let (load, accepted) = buyers(roles.api_port, 991);
     mid_sale(&env, &accepted, &provider, 10).await;
@@ -403,7 +303,7 @@ async fn the_primary_killed_with_a_lagging_asynchronous_standby_loses_no_order_a
     let env = Arc::new(TestEnv::with_topics_on(&url).await);
     env.activity(992, 1, STOCK).await;
     let roles = start_roles(&env).await;
-    let provider = Arc::new(Provider::default());
+    let provider = Arc::new(Provider::paying("true"));
     let paying = tokio::spawn(provider.clone().run(env.clone(), roles.api_port));
     let (load, accepted) = buyers(roles.api_port, 992);
     mid_sale(&env, &accepted, &provider, 0).await;

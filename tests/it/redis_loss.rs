@@ -64,6 +64,16 @@ pub(crate) struct Roles {
 /// api (with its ops port), `consume` with `failpoints` and `scan` polling for fences every
 /// 200 ms and resuming through a `ramp_secs` ramp.
 pub(crate) async fn start(env: &TestEnv, ramp_secs: u64, failpoints: &str) -> Roles {
+    start_with(env, ramp_secs, failpoints, &[]).await
+}
+
+/// [`start`], with `consume` also given `consume_env`.
+pub(crate) async fn start_with(
+    env: &TestEnv,
+    ramp_secs: u64,
+    failpoints: &str,
+    consume_env: &[(&str, String)],
+) -> Roles {
     let (api_port, ops) = (free_port(), free_port());
     let api = spawn(
         env,
@@ -88,7 +98,13 @@ pub(crate) async fn start(env: &TestEnv, ramp_secs: u64, failpoints: &str) -> Ro
             ("SECKILL__API__RESUME_RAMP_SECS", ramp_secs.to_string()),
         ],
     );
-    let (consume, consume_port) = common::spawn_consume(env, "2", failpoints);
+    let consume_port = free_port();
+    let mut extra = vec![(
+        "SECKILL__CONSUMER__METRICS_LISTEN",
+        format!("127.0.0.1:{consume_port}"),
+    )];
+    extra.extend(consume_env.iter().cloned());
+    let consume = spawn(env, &["consume", "--workers", "2"], failpoints, &extra);
     for port in [api_port, scan_port, consume_port] {
         wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
     }

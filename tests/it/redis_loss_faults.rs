@@ -20,20 +20,22 @@ use serde_json::{json, Value};
 
 use crate::common::{self, eventually, free_port, Proc, TestEnv};
 
-const STOCK: i32 = 300;
-const BUYERS: i64 = 900;
+pub(crate) const STOCK: i32 = 300;
+pub(crate) const BUYERS: i64 = 900;
+/// A consumer slower than the buyers: an order backlog stands when Redis forgets.
+pub(crate) const THROTTLED: &str = "consume-inside-transaction=sleep(50)";
 
 /// A Redis of this test's own, persisting like production: AOF, fsync every second.
-struct OwnRedis {
+pub(crate) struct OwnRedis {
     port: u16,
     dir: PathBuf,
     proc: Option<Proc>,
     /// When the server was last started.
-    started: chrono::DateTime<chrono::Utc>,
+    pub(crate) started: chrono::DateTime<chrono::Utc>,
 }
 
 impl OwnRedis {
-    async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         let port = free_port();
         let home = std::env::var("HOME").unwrap_or_else(|_| "/tmp".into());
         let dir = PathBuf::from(home).join(format!(".cache/seckill/redis-loss/{port}"));
@@ -78,7 +80,7 @@ impl OwnRedis {
         .await;
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
@@ -87,7 +89,7 @@ impl OwnRedis {
     }
 
     /// A copy of the append-only files as they are now (what was written, fsynced or not).
-    fn snapshot(&self) -> PathBuf {
+    pub(crate) fn snapshot(&self) -> PathBuf {
         let to = self.dir.with_extension("snapshot");
         let _ = std::fs::remove_dir_all(&to);
         let ok = std::process::Command::new("cp")
@@ -101,7 +103,7 @@ impl OwnRedis {
     }
 
     /// `kill -9`, the append-only files put back as they were at `snapshot`, started again.
-    async fn crash_back_to(&mut self, snapshot: &PathBuf) {
+    pub(crate) async fn crash_back_to(&mut self, snapshot: &PathBuf) {
         if let Some(mut p) = self.proc.take() {
             let _ = p.0.kill();
             let _ = p.0.wait();
@@ -122,18 +124,18 @@ impl Drop for OwnRedis {
 
 /// One answer a buyer got.
 #[derive(Debug, Clone)]
-struct Answer {
-    user: i64,
-    request_id: String,
-    status: u16,
-    reservation_id: Option<String>,
-    code: String,
+pub(crate) struct Answer {
+    pub(crate) user: i64,
+    pub(crate) request_id: String,
+    pub(crate) status: u16,
+    pub(crate) reservation_id: Option<String>,
+    pub(crate) code: String,
 }
 
-type History = Arc<Mutex<Vec<Answer>>>;
+pub(crate) type History = Arc<Mutex<Vec<Answer>>>;
 
 /// Asks until a final answer (anything but a 503 or a failed connection), each answer kept.
-async fn ask(
+pub(crate) async fn ask(
     client: &reqwest::Client,
     base: &str,
     activity: i64,
@@ -170,13 +172,13 @@ async fn ask(
     panic!("buyer {user} got no final answer in 2 minutes");
 }
 
-fn accepted(h: &History) -> usize {
+pub(crate) fn accepted(h: &History) -> usize {
     h.lock().unwrap().iter().filter(|a| a.status == 202).count()
 }
 
 /// The meta's reservation sequence of the activity, and the keys Redis holds (on a cluster:
 /// the node the seed answers from).
-async fn seq_and_keys(redis: &seckill::redis::RedisStore, activity: i64) -> (i64, i64) {
+pub(crate) async fn seq_and_keys(redis: &seckill::redis::RedisStore, activity: i64) -> (i64, i64) {
     let mut c = redis.pool.get().await.unwrap();
     let seq: Option<i64> = c.hget(redis.keys.meta(activity), "seq").await.unwrap();
     let keys: i64 = deadpool_redis::redis::cmd("DBSIZE")
@@ -188,22 +190,27 @@ async fn seq_and_keys(redis: &seckill::redis::RedisStore, activity: i64) -> (i64
 
 /// The roles, the consumer throttled below the buyers' rate (an order backlog stands when
 /// Redis forgets), resuming through a 5 s ramp.
-async fn start_roles(env: &TestEnv) -> crate::redis_loss::Roles {
-    crate::redis_loss::start(env, 5, "consume-inside-transaction=sleep(50)").await
+pub(crate) async fn start_roles(env: &TestEnv) -> crate::redis_loss::Roles {
+    crate::redis_loss::start(env, 5, THROTTLED).await
 }
 
-fn client() -> reqwest::Client {
+pub(crate) fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap()
 }
 
-/// Buyers 1..=BUYERS, 8 at a time, each until a final answer; about 120 buyers/s.
-fn start_load(base: &str, activity: i64, history: &History) -> tokio::task::JoinHandle<()> {
+/// Buyers 1..=`buyers`, 8 at a time, each until a final answer; about 120 buyers/s.
+pub(crate) fn start_load(
+    base: &str,
+    activity: i64,
+    history: &History,
+    buyers: i64,
+) -> tokio::task::JoinHandle<()> {
     let (client, base, h) = (client(), base.to_string(), history.clone());
     tokio::spawn(
-        futures::stream::iter(1..=BUYERS).for_each_concurrent(8, move |user| {
+        futures::stream::iter(1..=buyers).for_each_concurrent(8, move |user| {
             let (client, base, h) = (client.clone(), base.clone(), h.clone());
             async move {
                 ask(&client, &base, activity, user, &format!("r{user}"), &h).await;
@@ -214,7 +221,7 @@ fn start_load(base: &str, activity: i64, history: &History) -> tokio::task::Join
 }
 
 /// Waits until `at_least` reservations were answered 202.
-async fn answered(history: &History, at_least: usize) {
+pub(crate) async fn answered(history: &History, at_least: usize) {
     let h = history.clone();
     eventually(60, "reservations answered", move || {
         let h = h.clone();
@@ -259,7 +266,7 @@ async fn redis_forgetting_its_last_second_mid_sale_tells_no_buyer_twice() {
     let roles = start_roles(&env).await;
     let base = roles.base.clone();
     let history: History = Arc::default();
-    let load = start_load(&base, ACTIVITY, &history);
+    let load = start_load(&base, ACTIVITY, &history, BUYERS);
 
     // A third of the stock answered: the append-only file as it is now is what Redis will
     // come back with; the sale runs on until 40 more reservations were answered.
@@ -341,7 +348,7 @@ async fn a_cluster_primary_lost_before_its_replica_copied_tells_no_buyer_twice()
     let roles = start_roles(&env).await;
     let base = roles.base.clone();
     let history: History = Arc::default();
-    let load = start_load(&base, ACTIVITY, &history);
+    let load = start_load(&base, ACTIVITY, &history, BUYERS);
 
     // A third of the stock answered: the replica stops copying (stopped, then killed with
     // what its socket held); the primary answers 40 more reservations and dies.

@@ -9,10 +9,11 @@ mod env;
 mod net;
 mod orders;
 mod procs;
+mod provider;
 mod role_metrics;
 pub mod sale;
 mod wait;
 
 // Both test binaries (tests/it, tests/isolated) include this module and each uses a part.
 #[allow(unused_imports)]
-pub use {api::*, env::*, net::*, orders::*, procs::*, role_metrics::*, wait::*};
+pub use {api::*, env::*, net::*, orders::*, procs::*, provider::*, role_metrics::*, wait::*};
