@@ -82,7 +82,7 @@ impl Resync {
             if write {
                 self.redis.hold_stock(&shards, STOCK_HOLD).await?;
             }
-            let pass = self.rebuild_once(&**client, &facts, write).await;
+            let pass = self.rebuild_once(&client, &facts, write).await;
             if write && !matches!(pass, Ok(Some(_))) {
                 // Gave up before writing every shard: the stock moves again at once.
                 if let Err(e) = self.redis.unhold_stock(&shards).await {
