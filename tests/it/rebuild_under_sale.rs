@@ -24,6 +24,9 @@ const ACTIVITY: i64 = 993;
 /// Reservations valid and orders payable this long: unpaid orders are cancelled throughout
 /// the sale.
 const VALID_SECS: i32 = 4;
+/// The rebuild's read made as long as a large activity's: the sale's payments and cancellations
+/// commit while it reads (the rebuild this replaced started over for each).
+const SLOW_REBUILD: &str = "rebuild-before-write=sleep(800)";
 /// About 20 s of buyers at the load's pace: the sale outlasts the fence.
 const BUYERS: i64 = 2_400;
 
@@ -153,7 +156,8 @@ async fn a_rebuild_converges_while_orders_payments_and_cancellations_commit() {
     env.activity_valid_for(ACTIVITY, &[(1, STOCK)], 1, VALID_SECS)
         .await;
     let pay_window = ("SECKILL__CONSUMER__PAY_WINDOW_SECS", VALID_SECS.to_string());
-    let roles = crate::redis_loss::start_with(&env, 5, THROTTLED, &[pay_window]).await;
+    let failpoints = format!("{THROTTLED};{SLOW_REBUILD}");
+    let roles = crate::redis_loss::start_with(&env, 5, &failpoints, &[pay_window]).await;
     let (mut cancel, cancel_port) = common::spawn_listening(
         &env,
         &["timeout-cancel"],
@@ -206,6 +210,16 @@ async fn a_rebuild_converges_while_orders_payments_and_cancellations_commit() {
         resumed_at,
     )
     .await;
+    let rebuild_began =
+        resumed_at - chrono::Duration::milliseconds((fence.rebuild_secs * 1000.0) as i64);
+    let changed_in_rebuild = count(
+        &env,
+        "SELECT count(*) FROM orders WHERE activity_id = $1
+           AND (paid_at BETWEEN $2 AND $3 OR canceled_at BETWEEN $2 AND $3)",
+        rebuild_began,
+        resumed_at,
+    )
+    .await;
     load.await.unwrap();
     let figures = books(&env, &provider).await;
     provider.stop.store(true, Ordering::SeqCst);
@@ -214,8 +228,8 @@ async fn a_rebuild_converges_while_orders_payments_and_cancellations_commit() {
     let paid_2xx = provider.paid_2xx.lock().unwrap().len();
     eprintln!(
         "REBUILD_UNDER_SALE: seq {seq_before} -> {seq_after}; fenced {:.2}s = drain {:.2}s + \
-         {:.2}s; rebuild {:.3}s in {} attempt(s); while fenced {paid_fenced} orders paid and \
-         {canceled_fenced} cancelled; {paid_2xx} payments 2xx, all PAID; {} valid orders for a \
+         {:.2}s; rebuild {:.3}s in {} attempt(s), {changed_in_rebuild} orders paid or cancelled during it; \
+         while fenced {paid_fenced} orders paid and {canceled_fenced} cancelled; {paid_2xx} payments 2xx, all PAID; {} valid orders for a \
          stock of {STOCK}, {} rejected; stock drift 0",
         fence.fenced_secs,
         fence.drain_secs,
@@ -225,10 +239,12 @@ async fn a_rebuild_converges_while_orders_payments_and_cancellations_commit() {
         figures.valid_orders,
         figures.rejected,
     );
-    // The sale went on committing while the activity was fenced: the fault's other bit.
+    // The sale went on committing while the activity was fenced, and while it was rebuilt:
+    // the fault's other bit.
     assert!(
-        paid_fenced > 0 && canceled_fenced > 0,
-        "payments {paid_fenced} and cancellations {canceled_fenced} while fenced"
+        paid_fenced > 0 && canceled_fenced > 0 && changed_in_rebuild > 0,
+        "payments {paid_fenced} and cancellations {canceled_fenced} while fenced, \
+         {changed_in_rebuild} during the rebuild"
     );
     assert!(
         fence.resumed_after_drain_secs <= 2.0,

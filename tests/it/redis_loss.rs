@@ -61,7 +61,7 @@ pub(crate) struct Roles {
     consume: Proc,
 }
 
-/// api (with its ops port), `consume` with `failpoints` and `scan` polling for fences every
+/// api (with its ops port), `consume` and `scan` with `failpoints`, `scan` polling for fences every
 /// 200 ms and resuming through a `ramp_secs` ramp.
 pub(crate) async fn start(env: &TestEnv, ramp_secs: u64, failpoints: &str) -> Roles {
     start_with(env, ramp_secs, failpoints, &[]).await
@@ -88,7 +88,7 @@ pub(crate) async fn start_with(
     let scan = spawn(
         env,
         &["scan"],
-        "",
+        failpoints,
         &[
             (
                 "SECKILL__SCAN__METRICS_LISTEN",

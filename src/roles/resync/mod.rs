@@ -128,6 +128,8 @@ impl Resync {
         }
         let recorded = fences::recorded(client, facts.activity_id).await?;
         let plan = plan::plan(facts, &recorded, &snapshots, Utc::now().timestamp_millis());
+        // A large activity's long read, in the fault tests: the sale's writes commit meanwhile.
+        fail::fail_point!("rebuild-before-write");
         if !write {
             return Ok(Some(plan));
         }
