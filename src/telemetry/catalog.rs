@@ -203,4 +203,5 @@ pub const METRICS: &[Metric] = &[
     gauge("redis_fenced_activities", "Activities fenced now: refusing reservations until their Redis state is rebuilt"),
     histogram_in("redis_rebuild_duration_seconds", Unit::Seconds, "How long a rebuild of an activity's Redis state from PostgreSQL took"),
     histogram_in("redis_fence_duration_seconds", Unit::Seconds, "How long an activity stayed fenced, detection to resumption"),
+    counter("redis_release_held_total", "Releases of a unit asked again because a rebuild held the shard's stock while it read and wrote"),
 ];
