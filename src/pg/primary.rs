@@ -27,6 +27,20 @@ pub struct Primary {
     pub timeline: u32,
 }
 
+/// Whether the server commits on a synchronous standby (`synchronous_standby_names` set: each
+/// commit waits for the standby's flush, so a failover to it keeps what was answered).
+pub async fn has_sync_standby(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<bool, tokio_postgres::Error> {
+    Ok(client
+        .query_one(
+            "SELECT current_setting('synchronous_standby_names') <> ''",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
 /// Reads the server's address, port and current timeline.
 pub async fn read(client: &tokio_postgres::Client) -> Result<Primary, tokio_postgres::Error> {
     let row = client

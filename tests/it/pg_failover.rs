@@ -5,7 +5,7 @@
 //! sees while the primary is SIGKILLed and the manager promotes the standby. Judged from the
 //! buyers' and the provider's own records and the books: `make test-faults`, one at a time.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -66,7 +66,8 @@ fn pair_up(mode: &str) -> String {
 }
 
 /// The roles against the pair: the API (payments only with a synchronous standby), the
-/// scanner, a throttled consumer; each reads the primary every 200 ms.
+/// scanner, a throttled consumer and, when orders are payable for `pay_window` seconds only,
+/// timeout-cancel; each reads the primary every 200 ms.
 struct Roles {
     api: Proc,
     api_port: u16,
@@ -74,9 +75,11 @@ struct Roles {
     scan: Proc,
     scan_port: u16,
     consume: Proc,
+    consume_port: u16,
+    cancel: Option<Proc>,
 }
 
-async fn start_roles(env: &TestEnv) -> Roles {
+async fn start_roles(env: &TestEnv, pay_window: Option<u64>) -> Roles {
     let (api_port, api_ops, scan_port, consume_port) =
         (free_port(), free_port(), free_port(), free_port());
     let check = ("SECKILL__PG__PRIMARY_CHECK_MS", "200".to_string());
@@ -117,10 +120,27 @@ async fn start_roles(env: &TestEnv) -> Roles {
                 format!("127.0.0.1:{consume_port}"),
             ),
             ("SECKILL__CONSUMER__BATCH_SIZE", "4".into()),
+            (
+                "SECKILL__CONSUMER__PAY_WINDOW_SECS",
+                pay_window
+                    .unwrap_or(env.settings.consumer.pay_window_secs)
+                    .to_string(),
+            ),
             check,
         ],
     );
-    for port in [api_ops, scan_port, consume_port] {
+    let mut ready = vec![api_ops, scan_port, consume_port];
+    let cancel = pay_window.map(|_| {
+        let (p, port) = common::spawn_listening(
+            env,
+            &["timeout-cancel"],
+            "SECKILL__TIMEOUT__METRICS_LISTEN",
+            &[("SECKILL__PG__PRIMARY_CHECK_MS", "200")],
+        );
+        ready.push(port);
+        p
+    });
+    for port in ready {
         wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
     }
     Roles {
@@ -130,6 +150,8 @@ async fn start_roles(env: &TestEnv) -> Roles {
         scan,
         scan_port,
         consume,
+        consume_port,
+        cancel,
     }
 }
 
@@ -140,8 +162,8 @@ async fn try_count(env: &TestEnv, sql: &str) -> Option<i64> {
     client.query_one(sql, &[]).await.ok().map(|r| r.get(0))
 }
 
-/// Buyers 1..=BUYERS, 8 at a time; returns how many got a 202, once they are all answered.
-fn buyers(api_port: u16, activity: i64) -> (tokio::task::JoinHandle<()>, Arc<AtomicUsize>) {
+/// Buyers 1..=`n`, 8 at a time; returns how many got a 202, once they are all answered.
+fn buyers(api_port: u16, activity: i64, n: i64) -> (tokio::task::JoinHandle<()>, Arc<AtomicUsize>) {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
@@ -151,7 +173,7 @@ fn buyers(api_port: u16, activity: i64) -> (tokio::task::JoinHandle<()>, Arc<Ato
     let answers = Arc::new(Mutex::new(BTreeMap::<String, usize>::new()));
     let counted = accepted.clone();
     let load = tokio::spawn(async move {
-        futures::stream::iter(1..=BUYERS)
+        futures::stream::iter(1..=n)
             .for_each_concurrent(8, |user| {
                 let (client, url, accepted, answers) = (
                     client.clone(),
@@ -221,6 +243,9 @@ async fn stop(mut roles: Roles, env: TestEnv) {
     let _ = roles.api.terminate(20).await;
     let _ = roles.scan.terminate(20).await;
     let _ = roles.consume.terminate(40).await;
+    if let Some(mut p) = roles.cancel.take() {
+        let _ = p.terminate(20).await;
+    }
     env.cleanup().await;
     pg_ha(&["down"]);
 }
@@ -231,10 +256,10 @@ async fn the_primary_killed_with_a_synchronous_standby_loses_no_order_and_no_pai
     let url = pair_up("sync");
     let env = Arc::new(TestEnv::with_topics_on(&url).await);
     env.activity(991, 1, STOCK).await;
-    let roles = start_roles(&env).await;
+    let roles = start_roles(&env, None).await;
     let provider = Arc::new(Provider::paying("true"));
     let paying = tokio::spawn(provider.clone().run(env.clone(), roles.api_port));
-    let (load, accepted) = buyers(roles.api_port, 991);
+    let (load, accepted) = buyers(roles.api_port, 991, BUYERS);
     mid_sale(&env, &accepted, &provider, 10).await;
     let before = pg_ha(&["status"]);
     let old = field(&before, "primary");
@@ -295,6 +320,53 @@ async fn the_primary_killed_with_a_synchronous_standby_loses_no_order_and_no_pai
     .await;
 }
 
+/// Orders payable this long in the asynchronous run: cancellations (and their units' releases)
+/// commit throughout, in the lag window too.
+const PAY_WINDOW_SECS: u64 = 3;
+
+/// Order ids of the activity CANCELED on whichever node is primary now.
+async fn canceled(env: &TestEnv) -> BTreeSet<String> {
+    let Ok(pool) = seckill::pg::connect_pool(&env.settings.pg, 1).await else {
+        return BTreeSet::new();
+    };
+    let Ok(client) = pool.get().await else {
+        return BTreeSet::new();
+    };
+    client
+        .query("SELECT order_id FROM orders WHERE status = 'CANCELED'", &[])
+        .await
+        .map(|rows| rows.iter().map(|r| r.get(0)).collect())
+        .unwrap_or_default()
+}
+
+/// Every order cancelled (no payment could be answered), every unit back, the invariants
+/// holding and Redis agreeing with PostgreSQL.
+async fn all_cancelled_and_back(env: &TestEnv, activity: i64) -> seckill::invariants::SkuFigures {
+    eventually(240, "every order cancelled and every unit back", || async {
+        let r = env.invariants(activity, 1).await;
+        r.ok() && r.figures.unrecorded == 0 && r.figures.valid_orders == 0
+    })
+    .await;
+    let pool = env.pool(1).await;
+    let client = pool.get().await.unwrap();
+    let report = seckill::roles::ops::reconcile::reconcile(
+        &env.settings,
+        &**client,
+        &env.redis().await,
+        &common::reconcile_now(),
+    )
+    .await
+    .unwrap();
+    let drift: usize = report
+        .findings
+        .iter()
+        .filter(|f| f.kind == "stock_drift")
+        .map(|f| f.found)
+        .sum();
+    assert_eq!(drift, 0, "{:?}", report.findings);
+    env.invariants(activity, 1).await.figures
+}
+
 #[tokio::test]
 #[ignore = "runs a PostgreSQL pair of its own and kills its primary: run by `make test-faults`"]
 async fn the_primary_killed_with_a_lagging_asynchronous_standby_loses_no_order_and_answers_no_payment_it_may_lose(
@@ -302,39 +374,44 @@ async fn the_primary_killed_with_a_lagging_asynchronous_standby_loses_no_order_a
     let url = pair_up("async");
     let env = Arc::new(TestEnv::with_topics_on(&url).await);
     env.activity(992, 1, STOCK).await;
-    let roles = start_roles(&env).await;
+    let roles = start_roles(&env, Some(PAY_WINDOW_SECS)).await;
     let provider = Arc::new(Provider::paying("true"));
     let paying = tokio::spawn(provider.clone().run(env.clone(), roles.api_port));
-    let (load, accepted) = buyers(roles.api_port, 992);
-    mid_sale(&env, &accepted, &provider, 0).await;
+    // Units keep coming back: buyers for about 20 s, past the failover.
+    let (load, _) = buyers(roles.api_port, 992, 4 * BUYERS);
+    eventually(90, "orders created and cancelled", || async {
+        !canceled(&env).await.is_empty()
+    })
+    .await;
     let old = field(&pg_ha(&["status"]), "primary");
     // The standby stops receiving WAL; the primary commits on for two seconds.
     pg_ha(&["pause-standby"]);
-    let at_pause = try_count(&env, "SELECT count(*) FROM orders")
-        .await
-        .unwrap_or(0);
+    let count_orders = "SELECT count(*) FROM orders";
+    let at_pause = try_count(&env, count_orders).await.unwrap_or(0);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let at_kill = try_count(&env, "SELECT count(*) FROM orders")
-        .await
-        .unwrap_or(0);
+    let at_kill = try_count(&env, count_orders).await.unwrap_or(0);
+    let canceled_at_kill = canceled(&env).await;
     let killed_at = Utc::now();
     // The kill also lets the stopped receiver go (without reading more): a receiver left
     // stopped would hold the promotion.
     pg_ha(&["kill-primary"]);
     pg_ha(&["wait-promoted", &old, "90"]);
-    let on_new = try_count(&env, "SELECT count(*) FROM orders")
-        .await
-        .unwrap_or(0);
+    let on_new = try_count(&env, count_orders).await.unwrap_or(0);
+    let canceled_on_new = canceled(&env).await;
+    let lost_cancels: Vec<String> = canceled_at_kill
+        .difference(&canceled_on_new)
+        .cloned()
+        .collect();
     let first = first_order_after(&env, killed_at).await;
     load.await.unwrap();
-    let report = common::sold_out_converged(&env, STOCK, 992).await;
-    assert!(report.ok(), "{:?}", report.violations);
+    let figures = all_cancelled_and_back(&env, 992).await;
     provider.stop.store(true, Ordering::SeqCst);
     paying.await.unwrap();
     let missing = paid_2xx_not_paid(&env, &provider).await;
     let paid_2xx = provider.paid_2xx.lock().unwrap().len();
     let answers = provider.answers.lock().unwrap().clone();
-    let (scan_seen, resent) = (
+    let all_canceled = canceled(&env).await;
+    let (scan_seen, resent, again) = (
         metric(roles.scan_port, "pg_failovers_seen_total", "").await,
         metric(
             roles.scan_port,
@@ -342,19 +419,39 @@ async fn the_primary_killed_with_a_lagging_asynchronous_standby_loses_no_order_a
             r#"verdict="resent""#,
         )
         .await,
+        metric(
+            roles.consume_port,
+            "compensation_total",
+            r#"result="already_released""#,
+        )
+        .await,
     );
     eprintln!(
         "PG_FAILOVER async: orders {at_pause} at the pause, {at_kill} at the kill, {on_new} on \
-         the new primary: it lacked {} orders' transactions; scan saw {scan_seen} failover(s) and \
-         sent {resent} watched reservations again; first order {first:.2} s after the kill; \
-         payments answered 2xx {paid_2xx}, not PAID {}; answers {answers:?}",
+         the new primary: it lacked {} orders' transactions and {} cancellations; scan saw \
+         {scan_seen} failover(s) and sent {resent} watched reservations again; cancellations \
+         done again, their releases found already done {again} time(s); first order {first:.2} s \
+         after the kill; {} orders cancelled in all ({} rejected), every unit back, invariants \
+         hold, stock drift 0; payments answered 2xx {paid_2xx}, not PAID {}; answers {answers:?}",
         (at_kill - on_new).max(0),
+        lost_cancels.len(),
+        all_canceled.len(),
+        figures.rejected,
         missing.len(),
     );
-    // It bit: the new primary lacked orders the old one had committed.
+    // It bit: the new primary lacked orders and cancellations the old one had committed.
     assert!(
-        on_new < at_kill,
+        on_new < at_kill && !lost_cancels.is_empty(),
         "the standby lacked nothing: the fault bit nothing"
+    );
+    // Each lost cancellation was done again on the new primary (the timeout sweep).
+    let undone: Vec<&String> = lost_cancels
+        .iter()
+        .filter(|id| !all_canceled.contains(*id))
+        .collect();
+    assert!(
+        undone.is_empty(),
+        "lost cancellations never done again: {undone:?}"
     );
     assert!(scan_seen >= 1.0, "the scanner saw no failover");
     // Without a synchronous standby no payment was answered 2xx: the provider was told to

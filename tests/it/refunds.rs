@@ -336,3 +336,56 @@ async fn payments_no_order_can_take_are_owed_back_once_and_their_ids_settle_noth
     api.stop.cancel();
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn without_a_synchronous_standby_a_refund_is_not_marked_where_a_failover_could_lose_it() {
+    let mut env = TestEnv::without_topics().await;
+    env.settings.payments.require_sync_standby = true;
+    env.count(
+        "WITH o AS (INSERT INTO refund_obligations \
+           (payment_id, activity_id, order_id, user_id, amount_cents, reason) \
+         VALUES ('pay-owed', 1, 'ord-x', 7, 100, 'ALREADY_PAID') RETURNING 1) \
+         SELECT count(*) FROM o",
+    )
+    .await;
+    // The shared PostgreSQL has no standby at all: both ways of marking refuse, record nothing.
+    let api = common::start_with_admin(&env, ADMIN_TOKEN).await;
+    let (s, b) = admin(
+        reqwest::Method::POST,
+        format!("{}/admin/v1/refunds/pay-owed/refunded", api.admin),
+        Some(ADMIN_TOKEN),
+        Some(json!({"reference": "re_1"})),
+    )
+    .await;
+    assert_eq!(
+        (s, code(&b)),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("REFUND_NOT_DURABLE"))
+    );
+    let out = common::command(
+        &env,
+        &[
+            "refunds",
+            "mark-refunded",
+            "--payment-id",
+            "pay-owed",
+            "--reference",
+            "re_1",
+        ],
+    )
+    .env("SECKILL__PAYMENTS__REQUIRE_SYNC_STANDBY", "true")
+    .output()
+    .unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("synchronous standby"),
+        "{out:?}"
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM refund_obligations WHERE status = 'PENDING'")
+            .await,
+        1,
+        "still owed"
+    );
+    api.stop.cancel();
+    env.cleanup().await;
+}

@@ -70,8 +70,12 @@ pub(super) async fn mark_refunded(
         }));
     }
     let actor = actor(peer);
+    let durable = s.settings.payments.require_sync_standby;
     let marked = s
         .bounded_pg(async |client| {
+            if durable {
+                mark_durable_or_refuse(client, &payment_id).await?;
+            }
             let c: &mut tokio_postgres::Client = client;
             refunds::mark_refunded_audited(c, &payment_id, &b.reference, &actor)
                 .await
@@ -94,4 +98,33 @@ pub(super) async fn mark_refunded(
             "no refund is owed for this payment id",
         )),
     }
+}
+
+/// With `payments.require_sync_standby`, a refund is marked only while the primary commits on a
+/// synchronous standby: a mark lost in a failover would show the refund as owed again, and it
+/// could be paid twice (docs/architecture/postgresql.md#failover). Otherwise 503
+/// `REFUND_NOT_DURABLE`: nothing recorded, mark it again once the standby is back.
+async fn mark_durable_or_refuse(
+    client: &tokio_postgres::Client,
+    payment_id: &str,
+) -> Result<(), ApiError> {
+    let sync = crate::pg::primary::has_sync_standby(client)
+        .await
+        .map_err(|e| {
+            warn!(error = %e, payment_id, "could not read synchronous_standby_names");
+            ApiError::unavailable("the order store")
+        })?;
+    if sync {
+        return Ok(());
+    }
+    warn!(
+        payment_id,
+        "refund mark refused: the primary has no synchronous standby"
+    );
+    Err(ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "REFUND_NOT_DURABLE",
+        "the order store has no synchronous standby: the mark would not survive a failover; mark it again once the standby is back",
+    )
+    .retry_after(30))
 }

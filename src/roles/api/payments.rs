@@ -136,17 +136,12 @@ async fn require_sync_standby(
     client: &deadpool_postgres::Object,
     n: &Notification,
 ) -> Result<(), ApiError> {
-    let sync: bool = client
-        .query_one(
-            "SELECT current_setting('synchronous_standby_names') <> ''",
-            &[],
-        )
+    let sync = crate::pg::primary::has_sync_standby(&***client)
         .await
         .map_err(|e| {
             warn!(order_id = %n.order_id, error = %e, "could not read synchronous_standby_names");
             ApiError::unavailable("the order store")
-        })?
-        .get(0);
+        })?;
     if sync {
         return Ok(());
     }

@@ -55,6 +55,15 @@ pub async fn run(settings: Settings, command: RefundsCommand) -> anyhow::Result<
                 "--reference must be 1-128 printable characters"
             );
             let c: &mut tokio_postgres::Client = &mut client;
+            // As the admin route: a mark a failover could lose is not made (it would show the
+            // refund as owed again).
+            anyhow::ensure!(
+                !settings.payments.require_sync_standby
+                    || crate::pg::primary::has_sync_standby(&*c).await?,
+                "the primary has no synchronous standby (payments.require_sync_standby): the mark \
+                 would not survive a failover; nothing recorded, run it again once the standby is \
+                 back"
+            );
             let marked =
                 refunds::mark_refunded_audited(c, &a.payment_id, &a.reference, &audit::cli_actor())
                     .await?;
