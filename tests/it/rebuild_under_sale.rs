@@ -4,8 +4,9 @@
 //! backlog, a payment provider pays the even buyers' orders and the odd buyers' orders expire
 //! and are cancelled (their units going back). Only reservations are fenced: the rebuild holds
 //! the few scripts that move stock for the instant it reads and writes, so nothing PostgreSQL
-//! commits makes it start over. Judged: fenced at most the backlog's drain plus 2 s, with the
-//! rebuild's attempts printed; payments and cancellations committed while fenced; and the
+//! commits makes it start over. While the rebuild holds the shard the test pays some orders
+//! itself. Judged: fenced at most the backlog's drain plus 2 s, with the rebuild's attempts
+//! printed; payments and cancellations committed while fenced and during the rebuild; and the
 //! books: no request id answered with two reservations, every payment answered 2xx PAID, the
 //! invariants, no stock drift. Ignored by `make test`: run by `make test-faults`.
 
@@ -14,6 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use deadpool_redis::redis::AsyncCommands;
 
 use crate::common::{self, eventually, paid_2xx_not_paid, Provider, TestEnv};
 use crate::redis_loss_faults::{
@@ -82,6 +84,25 @@ async fn fence_lifted(env: &TestEnv) -> (FenceRecord, DateTime<Utc>) {
         rebuild_secs: r.get(6),
     };
     (f, r.get(1))
+}
+
+/// Pays odd buyers' orders (those the provider leaves to expire) while a rebuild holds the
+/// activity's shard, once: how many were answered 2xx PAID during it. A write PostgreSQL commits
+/// under the rebuild's feet, for certain rather than by chance.
+async fn pay_during_rebuild(env: Arc<TestEnv>, provider: Arc<Provider>, api_port: u16) -> usize {
+    let redis = env.redis().await;
+    let held = redis.keys.rebuilding(ACTIVITY);
+    for _ in 0..6_000 {
+        let mut c = redis.pool.get().await.unwrap();
+        let holding: bool = c.exists(&held).await.unwrap_or(false);
+        drop(c);
+        if holding {
+            let only = "user_id % 2 = 1 AND expires_at > now() + interval '1 second'";
+            return provider.pay_round(&env, api_port, only).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    0
 }
 
 /// No request id answered with two reservations.
@@ -172,6 +193,7 @@ async fn a_rebuild_converges_while_orders_payments_and_cancellations_commit() {
     let paying = tokio::spawn(provider.clone().run(env.clone(), api_port));
     let history: History = Arc::default();
     let load = start_load(&base, ACTIVITY, &history, BUYERS);
+    let during = tokio::spawn(pay_during_rebuild(env.clone(), provider.clone(), api_port));
 
     // The sale under way, units coming back: a third of the stock answered, orders paid and
     // orders cancelled. The append-only file as it is now is what Redis comes back with.
@@ -196,6 +218,7 @@ async fn a_rebuild_converges_while_orders_payments_and_cancellations_commit() {
     );
 
     let (fence, resumed_at) = fence_lifted(&env).await;
+    let paid_in_rebuild = during.await.unwrap();
     let paid_fenced = count(
         &env,
         "SELECT count(*) FROM orders WHERE activity_id = $1 AND paid_at BETWEEN $2 AND $3",
@@ -228,7 +251,8 @@ async fn a_rebuild_converges_while_orders_payments_and_cancellations_commit() {
     let paid_2xx = provider.paid_2xx.lock().unwrap().len();
     eprintln!(
         "REBUILD_UNDER_SALE: seq {seq_before} -> {seq_after}; fenced {:.2}s = drain {:.2}s + \
-         {:.2}s; rebuild {:.3}s in {} attempt(s), {changed_in_rebuild} orders paid or cancelled during it; \
+         {:.2}s; rebuild {:.3}s in {} attempt(s), {paid_in_rebuild} payments answered 2xx and \
+         {changed_in_rebuild} orders paid or cancelled during it; \
          while fenced {paid_fenced} orders paid and {canceled_fenced} cancelled; {paid_2xx} payments 2xx, all PAID; {} valid orders for a \
          stock of {STOCK}, {} rejected; stock drift 0",
         fence.fenced_secs,
@@ -242,9 +266,9 @@ async fn a_rebuild_converges_while_orders_payments_and_cancellations_commit() {
     // The sale went on committing while the activity was fenced, and while it was rebuilt:
     // the fault's other bit.
     assert!(
-        paid_fenced > 0 && canceled_fenced > 0 && changed_in_rebuild > 0,
+        paid_fenced > 0 && canceled_fenced > 0 && paid_in_rebuild > 0,
         "payments {paid_fenced} and cancellations {canceled_fenced} while fenced, \
-         {changed_in_rebuild} during the rebuild"
+         {paid_in_rebuild} payments during the rebuild"
     );
     assert!(
         fence.resumed_after_drain_secs <= 2.0,

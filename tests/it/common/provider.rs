@@ -34,57 +34,63 @@ impl Provider {
     }
 
     pub async fn run(self: Arc<Self>, env: Arc<TestEnv>, api_port: u16) {
+        while !self.stop.load(Ordering::SeqCst) {
+            self.pay_round(&env, api_port, self.only).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// One round: every CREATED order `only` picks (at most 64) paid once; how many were
+    /// answered 2xx PAID.
+    pub async fn pay_round(&self, env: &TestEnv, api_port: u16, only: &str) -> usize {
         let base = format!("http://127.0.0.1:{api_port}");
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()
             .unwrap();
-        let secret = env.settings.payments.webhook_secrets[0].clone();
-        while !self.stop.load(Ordering::SeqCst) {
-            for (order_id, cents) in created_orders(&env, self.only).await {
-                let body = serde_json::json!({
-                    "order_id": order_id, "payment_id": format!("pay-{order_id}"),
-                    "amount_cents": cents,
-                })
-                .to_string();
-                let sig = seckill::auth::signature::sign(
-                    &secret,
-                    Utc::now().timestamp(),
-                    body.as_bytes(),
-                );
-                let sent = client
-                    .post(format!("{base}/v1/payments/notifications"))
-                    .header("content-type", "application/json")
-                    .header("seckill-signature", sig)
-                    .body(body)
-                    .send()
-                    .await;
-                // No answer is an answer too: the provider sends it again on its next round.
-                let (key, paid) = match sent {
-                    Err(e) => (
-                        format!(
-                            "no answer ({})",
-                            if e.is_timeout() { "timeout" } else { "error" }
-                        ),
-                        false,
+        let secret = &env.settings.payments.webhook_secrets[0];
+        let mut paid_now = 0;
+        for (order_id, cents) in created_orders(env, only).await {
+            let body = serde_json::json!({
+                "order_id": order_id, "payment_id": format!("pay-{order_id}"),
+                "amount_cents": cents,
+            })
+            .to_string();
+            let sig =
+                seckill::auth::signature::sign(secret, Utc::now().timestamp(), body.as_bytes());
+            let sent = client
+                .post(format!("{base}/v1/payments/notifications"))
+                .header("content-type", "application/json")
+                .header("seckill-signature", sig)
+                .body(body)
+                .send()
+                .await;
+            // No answer is an answer too: the provider sends it again on its next round.
+            let (key, paid) = match sent {
+                Err(e) => (
+                    format!(
+                        "no answer ({})",
+                        if e.is_timeout() { "timeout" } else { "error" }
                     ),
-                    Ok(r) => {
-                        let status = r.status();
-                        let v: serde_json::Value = r.json().await.unwrap_or_default();
-                        let code = v["error"]["code"].as_str().unwrap_or_default().to_owned();
-                        (
-                            format!("{} {code}", status.as_u16()),
-                            status.is_success() && v["status"] == "PAID",
-                        )
-                    }
-                };
-                *self.answers.lock().unwrap().entry(key).or_default() += 1;
-                if paid {
-                    self.paid_2xx.lock().unwrap().insert(order_id);
+                    false,
+                ),
+                Ok(r) => {
+                    let status = r.status();
+                    let v: serde_json::Value = r.json().await.unwrap_or_default();
+                    let code = v["error"]["code"].as_str().unwrap_or_default().to_owned();
+                    (
+                        format!("{} {code}", status.as_u16()),
+                        status.is_success() && v["status"] == "PAID",
+                    )
                 }
+            };
+            *self.answers.lock().unwrap().entry(key).or_default() += 1;
+            if paid {
+                self.paid_2xx.lock().unwrap().insert(order_id);
+                paid_now += 1;
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        paid_now
     }
 }
 
