@@ -9,6 +9,7 @@
 //! Ids are deterministic: re-running a step (or reconcile) never mints a second event, and
 //! every consumer deduplicates on them (the `message_id` property of the broker message).
 
+use crate::domain::status::OrderStatus;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -145,7 +146,7 @@ impl OrderCreated {
     pub fn new(o: &OrderRef, expires_at: DateTime<Utc>) -> Self {
         let id = order_created_event_id(&o.order_id);
         Self {
-            base: OrderEventBase::new(o, EVENT_ORDER_CREATED, id, "CREATED", 1),
+            base: OrderEventBase::new(o, EVENT_ORDER_CREATED, id, OrderStatus::Created.as_str(), 1),
             expires_at,
             traceparent: None,
         }
@@ -166,7 +167,7 @@ impl OrderPaid {
     pub fn new(o: &OrderRef, version: i32, payment_id: Option<String>) -> Self {
         let id = order_paid_event_id(&o.order_id, version);
         Self {
-            base: OrderEventBase::new(o, EVENT_ORDER_PAID, id, "PAID", version),
+            base: OrderEventBase::new(o, EVENT_ORDER_PAID, id, OrderStatus::Paid.as_str(), version),
             payment_id,
             amount_cents: None,
         }
@@ -187,7 +188,13 @@ impl OrderCanceled {
     pub fn new(o: &OrderRef, version: i32) -> Self {
         let id = order_canceled_event_id(&o.order_id, version);
         Self {
-            base: OrderEventBase::new(o, EVENT_ORDER_CANCELED, id, "CANCELED", version),
+            base: OrderEventBase::new(
+                o,
+                EVENT_ORDER_CANCELED,
+                id,
+                OrderStatus::Canceled.as_str(),
+                version,
+            ),
             reason: None,
         }
     }

@@ -1,6 +1,6 @@
 //! The pipeline's vocabulary, free of I/O: identifiers, the ORDER_CREATE_REQUESTED event
 //! (schema v1), the events PostgreSQL originates with their ids, request validation and the
-//! decisions a consumer or a state change can take.
+//! decisions a consumer or a state change can take, and the words that carry state (`status`).
 
 pub mod decision;
 pub mod events;
@@ -8,6 +8,7 @@ pub mod ids;
 pub mod order_create;
 pub mod request;
 pub mod rfc3339;
+pub mod status;
 
 pub use decision::{CancelOutcome, Decision, PayOutcome, RejectReason};
 pub use ids::Ids;

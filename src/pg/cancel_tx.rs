@@ -12,6 +12,7 @@
 //! decrement), with its ledger credit, its compensation task (the Redis release) and its
 //! ORDER_CANCELED and RELEASE_RESERVATION outbox rows, all in the same commit.
 
+use crate::domain::status::{InboxStatus, OrderStatus};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
@@ -171,8 +172,12 @@ pub async fn cancel_batch_with(
             Some(_) => CancelOutcome::AlreadyCanceled,
             None => match current.get(order_id) {
                 None => CancelOutcome::NotFound,
-                Some((status, _)) if status == "PAID" => CancelOutcome::AlreadyPaid,
-                Some((status, _)) if status == "CANCELED" => CancelOutcome::AlreadyCanceled,
+                Some((status, _)) if status == OrderStatus::Paid.as_str() => {
+                    CancelOutcome::AlreadyPaid
+                }
+                Some((status, _)) if status == OrderStatus::Canceled.as_str() => {
+                    CancelOutcome::AlreadyCanceled
+                }
                 // Unpaid but not expired by the database's clock: the message came early.
                 Some((_, expires_at)) => {
                     early.push(items[i].message_id.as_str());
@@ -443,7 +448,11 @@ async fn write_outcomes(
     for &i in owned {
         if !matches!(outcomes[i], CancelOutcome::NotYetExpired { .. }) {
             let decision = outcomes[i].label().to_uppercase();
-            settled.push(items[i].message_id.clone(), "SUCCEEDED", decision);
+            settled.push(
+                items[i].message_id.clone(),
+                InboxStatus::Succeeded.as_str(),
+                decision,
+            );
         }
     }
     let inbox_rows = settled.settle(tx, &names.consumer_group, false);

@@ -4,6 +4,7 @@
 //! half with a commit; the broker's check-back reads it; reconcile hands one left TRANSACTION past
 //! the horizon to the relay.
 
+use crate::domain::status::OutboxStatus;
 use chrono::{DateTime, Utc};
 use tokio_postgres::GenericClient;
 
@@ -66,7 +67,7 @@ pub async fn mark_sent(
     client: &impl GenericClient,
     sent: &[super::outbox::Sent],
 ) -> Result<u64, tokio_postgres::Error> {
-    super::outbox::mark_sent_from(client, sent, "TRANSACTION").await
+    super::outbox::mark_sent_from(client, sent, OutboxStatus::Transaction.as_str()).await
 }
 
 /// Rows still TRANSACTION: created before `cutoff` (past the horizon) and since (within it).

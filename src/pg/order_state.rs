@@ -3,6 +3,7 @@
 //! of the same row, so they can never both win; only a transition that really happened writes its
 //! consequences (stock, ledger, events) in the same transaction.
 
+use crate::domain::status::OrderStatus;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Client;
 
@@ -309,10 +310,12 @@ async fn why_not_paid(
     let status: String = r.get(0);
     let paid_with: Option<String> = r.get(1);
     let amount: i64 = r.get(2);
-    let outcome = match status.as_str() {
-        "PAID" if paid_with.as_deref() == Some(p.payment_id) => PayOutcome::AlreadyPaidSame,
-        "PAID" => PayOutcome::AlreadyPaidOther,
-        "CANCELED" => PayOutcome::Canceled,
+    let outcome = match status.parse::<OrderStatus>() {
+        Ok(OrderStatus::Paid) if paid_with.as_deref() == Some(p.payment_id) => {
+            PayOutcome::AlreadyPaidSame
+        }
+        Ok(OrderStatus::Paid) => PayOutcome::AlreadyPaidOther,
+        Ok(OrderStatus::Canceled) => PayOutcome::Canceled,
         _ if amount != p.amount_cents => PayOutcome::AmountMismatch {
             expected_cents: amount,
         },

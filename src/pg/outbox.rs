@@ -5,6 +5,7 @@
 //! the send and the mark leaves the lease to expire: the row is sent again with the same
 //! event id and the consumers' inboxes absorb the duplicate.
 
+use crate::domain::status::OutboxStatus;
 use chrono::{DateTime, Utc};
 use tokio_postgres::GenericClient;
 
@@ -105,7 +106,7 @@ pub async fn mark_sent(
     client: &impl GenericClient,
     sent: &[Sent],
 ) -> Result<u64, tokio_postgres::Error> {
-    mark_sent_from(client, sent, "PENDING").await
+    mark_sent_from(client, sent, OutboxStatus::Pending.as_str()).await
 }
 
 /// Marks rows still in status `from` SENT with the broker's id, in one statement.

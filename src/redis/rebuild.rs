@@ -2,6 +2,7 @@
 //! holds now ([`ShardSnapshot`]), and writing a shard's rebuilt state ([`RebuildShard`]) with
 //! absolute values, so a rebuild run twice leaves the same state.
 
+use crate::domain::status::HoldStatus;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use std::time::Duration;
@@ -168,11 +169,11 @@ impl RedisStore {
         let fields = ["status", "sku_id", "user_id", "req_field"];
         for (id, mut f) in self.reservation_fields(shard, &fields).await? {
             out.present += 1;
-            if f[0].as_deref() == Some("RELEASED") {
+            if f[0].as_deref() == Some(HoldStatus::Released.as_str()) {
                 out.released.insert(id);
                 continue;
             }
-            if f[0].as_deref() != Some("RESERVED") {
+            if f[0].as_deref() != Some(HoldStatus::Reserved.as_str()) {
                 continue;
             }
             out.reserved.push(Survivor {

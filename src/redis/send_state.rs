@@ -2,6 +2,7 @@
 //! scheduled), refused (failed and released), settled from PostgreSQL, and released by the
 //! compensation path.
 
+use crate::domain::status::SendStatus;
 use deadpool_redis::redis;
 
 use super::{RedisStore, Shard, StoreError};
@@ -59,7 +60,7 @@ impl RedisStore {
             shard,
             reservation_id,
             message_id,
-            ("MQ_SENT", sent_at),
+            (SendStatus::MqSent.as_str(), sent_at),
             &[("broker_msg_id", broker_msg_id), ("sent_at", sent_at)],
         )
     }

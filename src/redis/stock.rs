@@ -1,6 +1,7 @@
 //! Stock and the sale's switches: warming an activity, the sold-out view the API keeps in
 //! memory, pause and resume, and the census the invariants read.
 
+use crate::domain::status::HoldStatus;
 use std::collections::HashMap;
 
 use deadpool_redis::redis::{self, AsyncCommands};
@@ -272,7 +273,7 @@ impl RedisStore {
                 continue;
             }
             let status = f[1].clone().unwrap_or_default();
-            if status == "RESERVED" {
+            if status == HoldStatus::Reserved.as_str() {
                 census.reserved_ids.push(id);
             }
             *census.by_status.entry(status).or_default() += 1;

@@ -187,3 +187,80 @@ async fn a_payment_id_settles_one_order_across_activities() {
     drop(first);
     env.cleanup().await;
 }
+
+/// The words a `status` column's CHECK constraint allows, as the migrated schema has them.
+async fn allowed(client: &tokio_postgres::Client, schema: &str, table: &str) -> Vec<String> {
+    let defs: Vec<String> = client
+        .query(
+            "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c
+               JOIN pg_class t ON t.oid = c.conrelid
+               JOIN pg_namespace n ON n.oid = t.relnamespace
+             WHERE n.nspname = $1 AND t.relname = $2 AND c.contype = 'c'
+               AND pg_get_constraintdef(c.oid) LIKE '%(status = ANY%'",
+            &[&schema, &table],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(defs.len(), 1, "{table}: one status CHECK: {defs:?}");
+    let mut words: Vec<String> = defs[0]
+        .split('\'')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect();
+    words.sort();
+    words
+}
+
+fn sorted<T: Copy>(all: &[T], as_str: fn(T) -> &'static str) -> Vec<String> {
+    let mut v: Vec<String> = all.iter().map(|w| as_str(*w).to_string()).collect();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn every_status_type_spells_exactly_what_its_column_allows() {
+    use seckill::domain::status::*;
+    let env = TestEnv::without_topics().await;
+    let pool = env.pool(1).await;
+    let client = pool.get().await.unwrap();
+    let schema = env.settings.pg.schema.clone();
+    let types: [(&str, Vec<String>); 8] = [
+        ("orders", sorted(OrderStatus::ALL, OrderStatus::as_str)),
+        (
+            "reservations",
+            sorted(ReservationStatus::ALL, ReservationStatus::as_str),
+        ),
+        (
+            "consumer_inbox",
+            sorted(InboxStatus::ALL, InboxStatus::as_str),
+        ),
+        (
+            "event_outbox",
+            sorted(OutboxStatus::ALL, OutboxStatus::as_str),
+        ),
+        (
+            "compensation_tasks",
+            sorted(CompensationStatus::ALL, CompensationStatus::as_str),
+        ),
+        (
+            "refund_obligations",
+            sorted(RefundStatus::ALL, RefundStatus::as_str),
+        ),
+        (
+            "dlq_messages",
+            sorted(DeadLetterStatus::ALL, DeadLetterStatus::as_str),
+        ),
+        (
+            "quarantined_messages",
+            sorted(QuarantineStatus::ALL, QuarantineStatus::as_str),
+        ),
+    ];
+    for (table, words) in types {
+        assert_eq!(allowed(&client, &schema, table).await, words, "{table}");
+    }
+    env.cleanup().await;
+}

@@ -14,6 +14,7 @@
 //! reservations → insert the orders → take the stock (optimistically, else locked) → write
 //! the outcomes → stamp the commit → commit.
 
+use crate::domain::status::InboxStatus;
 use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Duration, Utc};
@@ -149,8 +150,8 @@ impl<'a> Batch<'a> {
     /// rewrites the rows that came to something else.
     fn expected_outcome(&self, idx: usize) -> (&'static str, &'static str) {
         match self.early_rejection(idx) {
-            Some(reason) => ("REJECTED", reason.code()),
-            None => ("SUCCEEDED", "CREATED"),
+            Some(reason) => (InboxStatus::Rejected.as_str(), reason.code()),
+            None => (InboxStatus::Succeeded.as_str(), "CREATED"),
         }
     }
 

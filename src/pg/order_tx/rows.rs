@@ -2,6 +2,7 @@
 //! struct per statement, each filled from the batch's events; the ledger, compensation and
 //! outbox rows it shares with the other writers are `pg::rows`.
 
+use crate::domain::status::InboxStatus;
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
@@ -175,11 +176,11 @@ pub(super) fn inbox_corrections(
     let mut out = InboxOutcomes::default();
     for &i in owned {
         let (status, decision) = if let Some(r) = rejected.get(&i) {
-            ("REJECTED", r.code())
+            (InboxStatus::Rejected.as_str(), r.code())
         } else if b.decisions[i] == Some(Decision::DuplicateReservation) {
-            ("SUCCEEDED", "DUPLICATE_RESERVATION")
+            (InboxStatus::Succeeded.as_str(), "DUPLICATE_RESERVATION")
         } else {
-            ("SUCCEEDED", "CREATED")
+            (InboxStatus::Succeeded.as_str(), "CREATED")
         };
         if (status, decision) != b.expected_outcome(i) {
             out.push(b.ev(i).message_id.clone(), status, decision.to_string());

@@ -1,6 +1,7 @@
 //! The inbox rows of a consuming transaction: the claim of each message (its first writer owns
 //! its effect) and the outcomes written in the same transaction.
 
+use crate::domain::status::InboxStatus;
 use std::collections::HashSet;
 
 use tokio_postgres::types::ToSql;
@@ -52,7 +53,7 @@ impl<'a> InboxClaims<'a> {
         self.activity_ids.push(activity_id);
         let (status, decision) = match expected {
             Some((status, decision)) => (status, Some(decision)),
-            None => ("PROCESSING", None),
+            None => (InboxStatus::Processing.as_str(), None),
         };
         self.statuses.push(status);
         self.decisions.push(decision);

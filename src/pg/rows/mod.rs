@@ -4,6 +4,7 @@
 //! and call `insert`, so the event contract and the ledger cannot drift between writers. Each
 //! insert is one set-based statement (`unnest`), prepared once per connection on the hot paths.
 
+use crate::domain::status::OutboxStatus;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio_postgres::types::{IsNull, ToSql, Type};
@@ -146,8 +147,8 @@ impl OutboxStart {
     /// The row's `(status, delivery)` columns.
     pub fn columns(self) -> (&'static str, &'static str) {
         match self {
-            OutboxStart::Pending => ("PENDING", "outbox"),
-            OutboxStart::Transaction => ("TRANSACTION", "transaction"),
+            OutboxStart::Pending => (OutboxStatus::Pending.as_str(), "outbox"),
+            OutboxStart::Transaction => (OutboxStatus::Transaction.as_str(), "transaction"),
         }
     }
 }

@@ -101,6 +101,7 @@ pub struct ErrorDetail<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::status::{OrderStatus, ReservationStatus, SendStatus};
     use serde_json::{json, Value};
 
     fn spec() -> Value {
@@ -217,7 +218,7 @@ mod tests {
             let projected = ReservationProjected {
                 reservation_id: RSV,
                 order_id: ORD,
-                status: "PAID",
+                status: OrderStatus::Paid.as_str(),
                 version,
             };
             assert_matches("ReservationProjected", projected);
@@ -225,7 +226,7 @@ mod tests {
         let ordered = ReservationOrdered {
             reservation_id: RSV,
             order_id: ORD,
-            status: "CREATED",
+            status: OrderStatus::Created.as_str(),
             activity_id: 10001,
             sku_id: 1,
             user_id: 42,
@@ -234,7 +235,7 @@ mod tests {
         let rejected = ReservationRejected {
             reservation_id: RSV,
             order_id: ORD,
-            status: "REJECTED",
+            status: ReservationStatus::Rejected.as_str(),
             reason: Some("NO_STOCK"),
             activity_id: 10001,
             sku_id: 1,
@@ -245,7 +246,7 @@ mod tests {
             reservation_id: RSV,
             order_id: ORD,
             status: "QUEUED",
-            mq_status: "MQ_PENDING",
+            mq_status: SendStatus::MqPending.as_str(),
             activity_id: Some(10001),
             sku_id: None,
             user_id: Some(42),
@@ -254,7 +255,7 @@ mod tests {
         assert_matches("ReservationInRedis", waiting);
         let paid = Paid {
             order_id: ORD,
-            status: "PAID",
+            status: OrderStatus::Paid.as_str(),
             payment_id: "pay-1",
             repeat: false,
         };
@@ -304,7 +305,7 @@ mod tests {
                     sku_id: 1,
                     user_id: 42,
                 },
-                status: "PAID".into(),
+                status: OrderStatus::Paid.to_string(),
                 amount_cents: 9_900,
                 version: 2,
                 expires_at: Utc::now(),

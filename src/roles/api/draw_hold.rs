@@ -6,6 +6,7 @@
 //! which finds the same entry. A request that goes away loses nothing: the draw makes its
 //! reservation all the same, and the scanner sends what nobody waiting sent.
 
+use crate::domain::status::{HoldStatus, SendStatus};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -51,16 +52,17 @@ pub(super) async fn hold(
                 wait_until(v.valid_until_ms, deadline).await?;
                 draw(s, shard, args).await?;
             }
-            ReserveResult::Duplicate(ref v) if v.status == "DRAW_PENDING" => {
+            ReserveResult::Duplicate(ref v) if v.status == HoldStatus::DrawPending.as_str() => {
                 draw(s, shard, args).await?;
             }
             ReserveResult::Drawing { .. } => draw(s, shard, args).await?,
-            ReserveResult::Duplicate(v) if v.status == "DRAW_LOST" => {
+            ReserveResult::Duplicate(v) if v.status == HoldStatus::DrawLost.as_str() => {
                 record(started, "lost");
                 return Ok(Drawn::Other(ReserveResult::SoldOut));
             }
             ReserveResult::Duplicate(v)
-                if v.status == "RESERVED" && v.mq_status == "MQ_PENDING" =>
+                if v.status == HoldStatus::Reserved.as_str()
+                    && v.mq_status == SendStatus::MqPending.as_str() =>
             {
                 record(started, "won");
                 return Ok(Drawn::Won(v));

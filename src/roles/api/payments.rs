@@ -11,6 +11,7 @@
 //! 503 within the API's bound, and its re-send the same answer whether or not the payment
 //! committed.
 
+use crate::domain::status::OrderStatus;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -282,7 +283,7 @@ fn answer(n: &Notification, outcome: PayOutcome) -> Result<Response, ApiError> {
     let paid = |repeat: bool| {
         Json(Paid {
             order_id: &n.order_id,
-            status: "PAID",
+            status: OrderStatus::Paid.as_str(),
             payment_id: &n.payment_id,
             repeat,
         })

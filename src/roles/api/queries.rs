@@ -1,5 +1,6 @@
 //! The buyer's read routes (`GET /v1/reservations/{id}`, `GET /v1/orders/{id}`), owner-only.
 
+use crate::domain::status::{HoldStatus, ReservationStatus};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -105,9 +106,9 @@ pub(super) async fn get_reservation(
     if fields.is_empty() || !mine(me, get("user_id").parse().ok()) {
         return Err(reservation_not_found());
     }
-    let status = match get("status").as_str() {
-        "RESERVED" => "QUEUED",
-        "RELEASED" => "RELEASED",
+    let status = match get("status").parse() {
+        Ok(HoldStatus::Reserved) => "QUEUED",
+        Ok(HoldStatus::Released) => "RELEASED",
         _ => "UNKNOWN",
     };
     let num = |k: &str| get(k).parse::<i64>().ok();
@@ -176,12 +177,13 @@ async fn from_order_store(
             .into_response(),
         ));
     }
-    let rejected = decision.filter(|d| d.status == "REJECTED" && mine(me, Some(d.user_id)));
+    let rejected = decision
+        .filter(|d| d.status == ReservationStatus::Rejected.as_str() && mine(me, Some(d.user_id)));
     Ok(rejected.map(|d| {
         Json(ReservationRejected {
             reservation_id: &d.reservation_id,
             order_id: &d.order_id,
-            status: "REJECTED",
+            status: ReservationStatus::Rejected.as_str(),
             reason: d.reject_reason.as_deref(),
             activity_id: d.activity_id,
             sku_id: d.sku_id,

@@ -1,6 +1,7 @@
 //! The reservation route: parse → admit → reserve in Redis → send ORDER_CREATE_REQUESTED and
 //! record the send's outcome (docs/architecture/hot-path.md#the-hot-path).
 
+use crate::domain::status::HoldStatus;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -175,7 +176,10 @@ fn inflight_permit(s: &ApiState) -> Result<tokio::sync::OwnedSemaphorePermit, Ap
 fn in_draw(r: &ReserveResult) -> bool {
     match r {
         ReserveResult::Draw(_) | ReserveResult::Drawing { .. } => true,
-        ReserveResult::Duplicate(v) => matches!(v.status.as_str(), "DRAW_PENDING" | "DRAW_LOST"),
+        ReserveResult::Duplicate(v) => matches!(
+            v.status.parse(),
+            Ok(HoldStatus::DrawPending | HoldStatus::DrawLost)
+        ),
         _ => false,
     }
 }

@@ -5,6 +5,7 @@
 //! stock that does not add up; it emits each missing event into the outbox with a
 //! deterministic id (a second run emits nothing new) and never changes business state.
 
+use crate::domain::status::OrderStatus;
 use crate::pg::reconcile::{self as db, ChangedOrder};
 use std::time::Instant;
 
@@ -171,9 +172,9 @@ fn wanted_event_ids(orders: &[ChangedOrder]) -> Vec<String> {
     for o in orders {
         let (oid, rid) = (&o.order.order_id, &o.order.reservation_id);
         wanted.push(order_created_event_id(oid));
-        match o.status.as_str() {
-            "PAID" => wanted.push(order_paid_event_id(oid, o.version)),
-            "CANCELED" => {
+        match o.status.parse::<OrderStatus>() {
+            Ok(OrderStatus::Paid) => wanted.push(order_paid_event_id(oid, o.version)),
+            Ok(OrderStatus::Canceled) => {
                 wanted.push(order_canceled_event_id(oid, o.version));
                 wanted.push(release_reservation_event_id(rid));
             }
@@ -209,8 +210,12 @@ async fn missing_order_events(
     let orders = db::changed_orders(pg, start, end).await?;
     let present = db::outbox_has(pg, &wanted_event_ids(&orders)).await?;
     let fresh = db::fresh_orders(pg, end).await?;
-    let with_status = |s: &str| orders.iter().filter(|o| o.status == s).count() as u64;
-    let (n_paid, n_canceled) = (with_status("PAID"), with_status("CANCELED"));
+    let with_status =
+        |s: OrderStatus| orders.iter().filter(|o| o.status == s.as_str()).count() as u64;
+    let (n_paid, n_canceled) = (
+        with_status(OrderStatus::Paid),
+        with_status(OrderStatus::Canceled),
+    );
     let mut created = Finding::new("missing_order_created", orders.len() as u64, fresh.all);
     let mut paid = Finding::new("missing_order_paid", n_paid, fresh.paid);
     let mut canceled = Finding::new("missing_order_canceled", n_canceled, fresh.canceled);
@@ -229,7 +234,9 @@ async fn missing_order_events(
             let emit = order_event(TAG_ORDER_CREATED, e.base.event_id.clone(), payload(&e), 1);
             created.record(pg, oid.clone(), &emit).await?;
         }
-        if status == "PAID" && !present.contains(&order_paid_event_id(oid, version)) {
+        if status == OrderStatus::Paid.as_str()
+            && !present.contains(&order_paid_event_id(oid, version))
+        {
             let mut e = OrderPaid::new(facts, version, o.payment_id.clone());
             e.base.reconciled_at = Some(now);
             let emit = order_event(
@@ -240,7 +247,7 @@ async fn missing_order_events(
             );
             paid.record(pg, oid.clone(), &emit).await?;
         }
-        if status != "CANCELED" {
+        if status != OrderStatus::Canceled.as_str() {
             continue;
         }
         if !present.contains(&order_canceled_event_id(oid, version)) {

@@ -3,6 +3,7 @@
 //! money went back (audited, idempotent). The same as the admin listener's
 //! `/admin/v1/refunds` routes, for an operator on the host.
 
+use crate::domain::status::RefundStatus;
 use clap::{Args, Subcommand};
 
 use crate::config::Settings;
@@ -118,7 +119,7 @@ fn print_list(rows: &[refunds::Obligation], json: bool) -> anyhow::Result<()> {
     }
     let owed: i64 = rows
         .iter()
-        .filter(|o| o.status == "PENDING")
+        .filter(|o| o.status == RefundStatus::Pending.as_str())
         .map(|o| o.amount_cents)
         .sum();
     eprintln!("{} obligation(s); {owed} cents owed among them", rows.len());

@@ -9,6 +9,7 @@
 //! bucket's share, plus what the rebalancer moved in, minus what it moved out, minus the units
 //! held; the buyers set and the request index are exactly those holders.
 
+use crate::domain::status::{HoldStatus, SendStatus};
 use std::collections::{BTreeMap, HashSet};
 
 use serde::Serialize;
@@ -274,14 +275,14 @@ fn reservation_hash(activity_id: i64, r: &Recorded, now_ms: i64) -> RebuildReser
         ("activity_id", activity_id.to_string()),
         ("sku_id", r.sku_id.to_string()),
         ("user_id", r.user_id.to_string()),
-        ("mq_status", "MQ_SENT".to_string()),
+        ("mq_status", SendStatus::MqSent.to_string()),
         ("created_at", r.reserved_at_ms.to_string()),
         ("valid_until", r.valid_until_ms.to_string()),
     ];
     if r.holds {
-        fields.push(("status", "RESERVED".to_string()));
+        fields.push(("status", HoldStatus::Reserved.to_string()));
     } else {
-        fields.push(("status", "RELEASED".to_string()));
+        fields.push(("status", HoldStatus::Released.to_string()));
         fields.push((
             "release_reason",
             r.released_reason
@@ -398,7 +399,7 @@ mod tests {
         assert!(released
             .unwrap()
             .fields
-            .contains(&("status", "RELEASED".to_string())));
+            .contains(&("status", HoldStatus::Released.to_string())));
         assert_eq!(s.consumed.len(), 3);
         let d = &p.diff;
         assert_eq!(d.skus[0].remaining_before, Some(9));
@@ -476,10 +477,10 @@ mod tests {
                 .find(|(f, _)| *f == "status")
                 .map(|(_, v)| v.clone())
         };
-        assert_eq!(status(2).as_deref(), Some("RELEASED"));
+        assert_eq!(status(2).as_deref(), Some(HoldStatus::Released.as_str()));
         assert_eq!(
             status(3).as_deref(),
-            Some("RESERVED"),
+            Some(HoldStatus::Reserved.as_str()),
             "its pending release gives it back once"
         );
     }

@@ -4,6 +4,7 @@
 //! unconfirmed reservations (`resend`) and the watch of confirmed ones the consumers never
 //! took (`unconsumed`) both build on it, and on nothing of each other's but the watch.
 
+use crate::domain::status::SendStatus;
 use std::sync::Arc;
 
 use chrono::Utc;
@@ -115,8 +116,8 @@ impl Copies {
         )
         .await?;
         let (verdict, mq_status) = match decisions.first() {
-            Some(Decision::Rejected(_)) => ("fenced", "MQ_FENCED"),
-            _ => ("consumed", "MQ_SENT"),
+            Some(Decision::Rejected(_)) => ("fenced", SendStatus::MqFenced.as_str()),
+            _ => ("consumed", SendStatus::MqSent.as_str()),
         };
         if verdict == "fenced" {
             self.redis

@@ -5,6 +5,7 @@
 //! group shows its count, first and last arrival and a few sample ids to `dlq show` before
 //! deciding what to do with the rest.
 
+use crate::domain::status::{DeadLetterStatus, QuarantineStatus};
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
@@ -132,8 +133,20 @@ pub async fn failure_groups(
     consumer_group: Option<&str>,
     limit: i64,
 ) -> anyhow::Result<Vec<FailureGroup>> {
-    let dead = dlq::list(client, Some("OPEN"), consumer_group, limit).await?;
-    let held = quarantine::list(client, Some("QUARANTINED"), consumer_group, limit).await?;
+    let dead = dlq::list(
+        client,
+        Some(DeadLetterStatus::Open.as_str()),
+        consumer_group,
+        limit,
+    )
+    .await?;
+    let held = quarantine::list(
+        client,
+        Some(QuarantineStatus::Quarantined.as_str()),
+        consumer_group,
+        limit,
+    )
+    .await?;
     let dead = dead.iter().map(|d| Failure {
         source: "dead_letter",
         id: d.dlq_id,

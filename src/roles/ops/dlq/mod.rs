@@ -3,6 +3,7 @@
 //! of the quarantined messages a consumer could never read (`--quarantined`): those can be
 //! replayed once a consumer that reads them runs (docs/architecture/postgresql.md#upgrades).
 
+use crate::domain::status::{DeadLetterStatus, QuarantineStatus};
 use std::time::Duration;
 
 use clap::Subcommand;
@@ -316,12 +317,14 @@ fn print_table<'a>(
 }
 
 async fn list_dead_letters(client: &tokio_postgres::Client, l: Listing) -> anyhow::Result<bool> {
-    let status = l.status.unwrap_or_else(|| "OPEN".into()).to_uppercase();
-    anyhow::ensure!(
-        ["OPEN", "REPLAYED", "DISCARDED"].contains(&status.as_str()),
-        "--status must be OPEN, REPLAYED or DISCARDED"
-    );
-    let rows = dlq::list(client, Some(&status), l.group.as_deref(), l.limit).await?;
+    let status: DeadLetterStatus = match l.status {
+        None => DeadLetterStatus::Open,
+        Some(s) => s
+            .to_uppercase()
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--status must be OPEN, REPLAYED or DISCARDED"))?,
+    };
+    let rows = dlq::list(client, Some(status.as_str()), l.group.as_deref(), l.limit).await?;
     if l.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(true);
@@ -345,15 +348,13 @@ async fn list_dead_letters(client: &tokio_postgres::Client, l: Listing) -> anyho
 }
 
 async fn list_quarantined(client: &tokio_postgres::Client, l: Listing) -> anyhow::Result<bool> {
-    let status = l
-        .status
-        .unwrap_or_else(|| "QUARANTINED".into())
-        .to_uppercase();
-    anyhow::ensure!(
-        ["QUARANTINED", "REPLAYED"].contains(&status.as_str()),
-        "--status must be QUARANTINED or REPLAYED with --quarantined"
-    );
-    let rows = quarantine::list(client, Some(&status), l.group.as_deref(), l.limit).await?;
+    let status: QuarantineStatus = match l.status {
+        None => QuarantineStatus::Quarantined,
+        Some(s) => s.to_uppercase().parse().map_err(|_| {
+            anyhow::anyhow!("--status must be QUARANTINED or REPLAYED with --quarantined")
+        })?,
+    };
+    let rows = quarantine::list(client, Some(status.as_str()), l.group.as_deref(), l.limit).await?;
     if l.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(true);

@@ -3,6 +3,7 @@
 //! command's batch id, then the group's inbox watched for what came of it. A sample (the
 //! oldest few) goes first; the rest only once every sample was seen applied.
 
+use crate::domain::status::InboxStatus;
 use std::time::Duration;
 
 use super::checks::Checks;
@@ -323,7 +324,7 @@ async fn observe_effects(
             } else {
                 replay::inbox_state(client, &group, &message_id)
                     .await?
-                    .filter(|(status, _)| status != "PROCESSING")
+                    .filter(|(status, _)| status != InboxStatus::Processing.as_str())
                     .map(|(_, decision)| format!("APPLIED:{}", decision.unwrap_or_default()))
             };
             match effect {
