@@ -14,11 +14,16 @@
 //!     creation, compensation, projection, DLQ intake;
 //!   - `roles::scan` — the re-send scanner, the outbox relay, retention;
 //!   - `roles::timeout_cancel` — the conditional cancel of unpaid, expired orders;
-//!   - `roles::half_messages` — events as RocketMQ transaction messages: the producer the
-//!     payment and the timeout cancel share, and its check-back answered from PostgreSQL;
 //!   - `roles::ops` — operator tools: `migrate`, `topics`, `activity`, `dlq`, `reconcile`.
+//! - [`services`] — what several roles share, below them (no role imports another):
+//!   - `services::resync` — fencing an activity whose Redis state is behind, and its rebuild
+//!     from PostgreSQL;
+//!   - `services::half_messages` — events as RocketMQ transaction messages: the producer the
+//!     payment and the timeout cancel share, and its check-back answered from PostgreSQL;
+//!   - `services::batch_tx` — bounded, adaptive transactions split on failure;
+//!   - `services::poison` — quarantine of a body a consumer group cannot read.
 //! - [`domain`] — the vocabulary, free of I/O: ids, the events and their ids, request
-//!   validation, the decisions.
+//!   validation, the decisions, the words that carry state (`domain::status`).
 //! - [`redis`] — the reservation store: one Lua script per state change (`redis/lua/`).
 //! - [`mq`] — the RocketMQ adapter: the `Publisher` / `TransactionPublisher` / `BatchHandler`
 //!   traits the roles see, batched sends, consumer lag, and the client behind them
@@ -37,8 +42,8 @@
 //! live in their own binary, `seckill-bench` (`bench/`).
 //!
 //! Two words kept apart: `_tx` names a PostgreSQL transaction (`pg::order_tx`, `pg::cancel_tx`,
-//! `roles::batch_tx`); a RocketMQ transaction message is a *half message* (`roles::half_messages`,
-//! `mq::rocketmq::half_message`, `pg::half_message_events`). `domain::order_create` is the
+//! `services::batch_tx`); a RocketMQ transaction message is a *half message*
+//! (`services::half_messages`, `mq::rocketmq::half_message`, `pg::half_message_events`). `domain::order_create` is the
 //! inbound ORDER_CREATE_REQUESTED message; `domain::events` the events PostgreSQL originates.
 
 // The RocketMQ client's futures are deeply nested; proving them Send needs a deeper limit.
@@ -57,6 +62,7 @@ pub mod pg;
 pub mod plan;
 pub mod redis;
 pub mod roles;
+pub mod services;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tls;

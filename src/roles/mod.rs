@@ -2,11 +2,8 @@
 //! `run` is what its subcommand calls (docs/architecture/roles.md#roles).
 
 pub mod api;
-pub mod batch_tx;
 pub mod consume;
-pub mod half_messages;
 pub mod ops;
-pub mod resync;
 pub mod runtime;
 pub mod scan;
 pub mod timeout_cancel;

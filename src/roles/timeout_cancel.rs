@@ -6,7 +6,7 @@
 //! the Redis release through compensation).
 //!
 //! Each delivered batch becomes one transaction (`pg::cancel_tx`), with the order consumer's
-//! discipline (`roles::batch_tx`): at most `config::budget::cancel_budget` at once, bounded in time,
+//! discipline (`services::batch_tx`): at most `config::budget::cancel_budget` at once, bounded in time,
 //! retried in-process while transient, split into one per message on failure. With
 //! `events.order_canceled = "transaction"`, a batch's ORDER_CANCELED events are transaction
 //! messages (docs/architecture/messages.md#delivering-events): drafted, stored as half messages
@@ -29,9 +29,9 @@ use crate::pg::cancel_tx::{
 };
 use crate::pg::errors::TxError;
 use crate::pg::order_state::StateNames;
-use crate::roles::batch_tx::TxSlots;
-use crate::roles::half_messages::half_message;
 use crate::roles::runtime::RoleRuntime;
+use crate::services::batch_tx::TxSlots;
+use crate::services::half_messages::half_message;
 
 pub struct TimeoutCancelHandler {
     slots: TxSlots,
@@ -263,8 +263,7 @@ impl TimeoutCancelHandler {
 
     async fn quarantine(&self, d: &Delivery, why: &str) -> Result<Option<CancelOutcome>, TxError> {
         let client = self.slots.pool().get().await?;
-        crate::roles::consume::poison::quarantine(&**client, &self.names.consumer_group, d, why)
-            .await?;
+        crate::services::poison::quarantine(&**client, &self.names.consumer_group, d, why).await?;
         Ok(None)
     }
 }
@@ -382,7 +381,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         // Every batch in flight may hold a half per message (a batch takes its halves'
         // slots together, so batches never wait on each other).
         let in_flight = budget.max(1) * settings.consumer.batch_size.max(1);
-        let tx = crate::roles::half_messages::start(&settings, pool, in_flight).await?;
+        let tx = crate::services::half_messages::start(&settings, pool, in_flight).await?;
         handler = handler.with_transactions(tx, settings.events.transaction_local_timeout_ms);
     }
     let handler = Arc::new(handler);

@@ -432,7 +432,7 @@ async fn a_rebuild_holds_what_moves_stock_until_it_writes_the_shard() {
 
     // The rebuild writes the shard: the hold is gone with it, and the release gives the unit
     // back once.
-    let resync = seckill::roles::resync::Resync {
+    let resync = seckill::services::resync::Resync {
         settings: std::sync::Arc::new(env.settings.clone()),
         pg: env.pool(2).await,
         redis: redis.clone(),

@@ -238,7 +238,7 @@ pub async fn build_state(
     let pg = crate::pg::connect_pool(&settings.pg, settings.pg.api_pool_size).await?;
     let transactions = if settings.events.order_paid() == EventDelivery::Transaction {
         let in_flight = settings.events.transaction_in_flight;
-        Some(crate::roles::half_messages::start(&settings, pg.clone(), in_flight).await?)
+        Some(crate::services::half_messages::start(&settings, pg.clone(), in_flight).await?)
     } else {
         None
     };
@@ -397,7 +397,7 @@ fn spawn_companions(
     );
     watchdog.spawn(
         "shard watch",
-        crate::roles::resync::watch_marks(
+        crate::services::resync::watch_marks(
             state.redis.clone(),
             state.pg.clone(),
             Duration::from_millis(api.admission_check_ms),

@@ -29,7 +29,7 @@ use crate::mq::{LocalOutcome, TransactionPublisher};
 use crate::pg::errors::TxError;
 use crate::pg::half_message_events::mark_sent;
 use crate::pg::order_state::{draft_paid, pay, pay_with, PaidRow, PayAttempt, Payment, StateNames};
-use crate::roles::half_messages::half_message;
+use crate::services::half_messages::half_message;
 
 /// The notification body.
 #[derive(Debug, Deserialize)]

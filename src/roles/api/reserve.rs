@@ -210,9 +210,9 @@ async fn send_won(
 /// rebuild (docs/architecture/redis.md#when-redis-forgets). A fence that cannot be recorded is
 /// logged; the shard's own mark, set by the script, still refuses every reservation.
 async fn lost(s: &ApiState, activity_id: i64, signal: &'static str, reason: &str) {
-    let by = crate::roles::resync::actor("api");
+    let by = crate::services::resync::actor("api");
     if let Err(e) =
-        crate::roles::resync::raise(&s.pg, &s.redis, activity_id, signal, reason, &by).await
+        crate::services::resync::raise(&s.pg, &s.redis, activity_id, signal, reason, &by).await
     {
         warn!(activity_id, error = %format!("{e:#}"), "fence not recorded; the scanner records it from Redis");
     }

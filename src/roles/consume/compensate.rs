@@ -13,8 +13,8 @@ use crate::domain::events::ReleaseReservation;
 use crate::mq::{BatchHandler, ConsumeDecision, Delivery};
 use crate::pg::order_state::compensations_done;
 
-use super::poison;
 use crate::redis::{RedisStore, Release};
+use crate::services::poison;
 
 pub struct CompensationHandler {
     pub redis: RedisStore,
@@ -74,8 +74,8 @@ impl CompensationHandler {
         }
         for activity_id in forgotten {
             let detail = "a compensation found no reservation in Redis";
-            let by = crate::roles::resync::actor("consume");
-            crate::roles::resync::raise(
+            let by = crate::services::resync::actor("consume");
+            crate::services::resync::raise(
                 &self.pool,
                 &self.redis,
                 activity_id,

@@ -7,7 +7,7 @@
 //! consumer is at least that far behind. In such a call, every message with less than
 //! `consumer.fast_lane_margin_ms` of its validity left (or none) goes to one transaction of
 //! its own ([`crate::pg::order_tx::shed`]) that runs ahead of the batches
-//! ([`crate::roles::batch_tx::TxSlots::run_ahead`]); the rest are gathered as usual.
+//! ([`crate::services::batch_tx::TxSlots::run_ahead`]); the rest are gathered as usual.
 
 use chrono::{DateTime, Utc};
 

@@ -14,7 +14,6 @@ pub mod deferral;
 pub mod dlq_intake;
 pub mod fast_lane;
 pub mod order_create;
-pub mod poison;
 pub mod projection;
 
 use std::sync::Arc;

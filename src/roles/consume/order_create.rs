@@ -3,7 +3,7 @@
 //! only after the commit. Transient failures roll back and are redelivered by the broker with
 //! backoff; after `max_reconsume_times` a message goes to the group's DLQ. At most `budget`
 //! transactions run at once (the worker budget, docs/architecture/order-creation.md#worker-budget),
-//! under an adaptive limit, split on failure (`roles::batch_tx`).
+//! under an adaptive limit, split on failure (`services::batch_tx`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use crate::limiter::AdaptiveLimiter;
 use crate::mq::{BatchHandler, ConsumeDecision, Delivery};
 use crate::pg::errors::TxError;
 use crate::pg::order_tx::{process_batch, Inbound, TxNames};
-use crate::roles::batch_tx::TxSlots;
+use crate::services::batch_tx::TxSlots;
 
 /// The order-create handler: decode, gather the listener calls' batches into transactions
 /// (docs/architecture/order-creation.md#gathering-batches-across-queues), decide ACK or redelivery

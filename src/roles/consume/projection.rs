@@ -12,7 +12,7 @@ use crate::domain::events::OrderEventHeader;
 use crate::mq::{BatchHandler, ConsumeDecision, Delivery};
 use crate::redis::RedisStore;
 
-use super::poison;
+use crate::services::poison;
 
 /// How long a projection outlives its last update (buyers poll for minutes, not weeks).
 pub const PROJECTION_TTL_SECS: u64 = 7 * 24 * 3600;

@@ -15,7 +15,7 @@ use crate::config::Settings;
 use crate::pg::audit;
 use crate::pg::fences;
 use crate::redis::RedisStore;
-use crate::roles::resync::{self, Resync};
+use crate::services::resync::{self, Resync};
 
 #[derive(Debug, Clone, Args)]
 pub struct ResyncArgs {

@@ -148,16 +148,16 @@ async fn resync_loop(
     probe: Arc<crate::mq::rocketmq::LagProbe>,
     stop: CancellationToken,
 ) -> anyhow::Result<impl std::future::Future<Output = ()>> {
-    let resync = crate::roles::resync::Resync {
+    let resync = crate::services::resync::Resync {
         settings: settings.clone(),
         // The advisory lock's, the rebuild's and a fence's connections at once.
         pg: crate::pg::connect_pool(&settings.pg, pools::SCAN_REBUILD).await?,
         redis,
         probe: Some(probe),
-        by: crate::roles::resync::actor("scan"),
+        by: crate::services::resync::actor("scan"),
     };
     let every = Duration::from_millis(settings.scan.resync_poll_ms);
-    Ok(crate::roles::resync::run_loop(resync, every, stop))
+    Ok(crate::services::resync::run_loop(resync, every, stop))
 }
 
 /// Scanner passes back to back while they find work, every `poll` otherwise.

@@ -1,4 +1,4 @@
-//! The check-back (`seckill::roles::half_messages::PgChecker`) answers from PostgreSQL alone:
+//! The check-back (`seckill::services::half_messages::PgChecker`) answers from PostgreSQL alone:
 //! UNKNOWN while the local transaction may still commit, ROLLBACK once its deadline passed with
 //! no row, a wait on the order's row lock that ends in COMMIT, UNKNOWN when the lock outlasts its
 //! timeout, ROLLBACK for a row holding another attempt's payload.
@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::common::{created_orders, eventually, TestEnv};
 use seckill::domain::events::order_paid_event_id;
 use seckill::mq::{Delivery, LocalOutcome, TransactionChecker};
-use seckill::roles::half_messages::{PgChecker, DEADLINE_PROPERTY};
+use seckill::services::half_messages::{PgChecker, DEADLINE_PROPERTY};
 
 /// A check-back's message: the event `event_id` of order `order_id`, due by `deadline_ms`,
 /// with the payload `{"v": 1}`.

@@ -18,7 +18,7 @@ use seckill::config::EventDelivery;
 use seckill::domain::events::order_paid_event_id;
 use seckill::mq::rocketmq::{RocketTransactionProducer, TransactionOptions};
 use seckill::mq::{Delivery, LocalOutcome, TransactionChecker, TransactionPublisher};
-use seckill::roles::half_messages::PgChecker;
+use seckill::services::half_messages::PgChecker;
 use serde_json::json;
 
 /// The answers the check-backs of one event got.

@@ -16,8 +16,8 @@ use crate::common::{
 use seckill::config::EventDelivery;
 use seckill::domain::events::order_paid_event_id;
 use seckill::mq::Delivery;
-use seckill::roles::half_messages::DEADLINE_PROPERTY;
 use seckill::roles::scan::Relay;
+use seckill::services::half_messages::DEADLINE_PROPERTY;
 use serde_json::json;
 
 /// The properties the pipeline sets (lower case; the broker's own are upper case).
@@ -164,7 +164,7 @@ async fn canceled_events_in(mode: EventDelivery, activity: i64) -> BTreeSet<Stri
     let mut handler = TimeoutCancelHandler::new(pool.clone(), &env.settings, 2);
     let mut producer = None;
     if mode == EventDelivery::Transaction {
-        let tx = seckill::roles::half_messages::start(&env.settings, pool.clone(), 64)
+        let tx = seckill::services::half_messages::start(&env.settings, pool.clone(), 64)
             .await
             .unwrap();
         producer = Some(tx.clone());
