@@ -161,14 +161,20 @@ impl RedisStore {
         drop(conn);
         let mark = Mark::of_reply(&mut parts)?;
         self.marks.saw(shard, mark);
-        let num = |i: usize| parts.get(i).and_then(|v| v.parse().ok()).unwrap_or(0);
         let code = parts.first().map(String::as_str).unwrap_or("");
+        let num = |i: usize, field: &str| {
+            parts.get(i).and_then(|v| v.parse().ok()).ok_or_else(|| {
+                StoreError::unexpected(format!(
+                    "draw.lua replied {code} with its field {field} missing or not a number: {parts:?}"
+                ))
+            })
+        };
         let state = DrawState {
             done: matches!(code, "DONE" | "NO_DRAW"),
             open: code == "NOT_CLOSED",
-            won: num(1),
-            lost: num(2),
-            entrants: num(3),
+            won: num(1, "won")?,
+            lost: num(2, "lost")?,
+            entrants: num(3, "entrants")?,
         };
         match code {
             "DONE" | "NO_DRAW" | "NOT_CLOSED" | "MORE" => Ok(state),

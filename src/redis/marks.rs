@@ -27,10 +27,16 @@ impl Mark {
                 "reserve script reply too short: {parts:?}"
             )));
         }
-        let mut drained = parts.drain(1..3);
-        let number = |v: Option<String>| v.and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
-        let epoch = number(drained.next());
-        let seq = number(drained.next());
+        let number = |i: usize, field: &str| {
+            parts[i].parse::<i64>().map_err(|_| {
+                StoreError::unexpected(format!(
+                    "script reply {} with its field {field} not a number: {parts:?}",
+                    parts[0]
+                ))
+            })
+        };
+        let (epoch, seq) = (number(1, "epoch")?, number(2, "seq")?);
+        parts.drain(1..3);
         Ok(Self { epoch, seq })
     }
 

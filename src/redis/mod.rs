@@ -35,7 +35,7 @@ pub use rebuild::{
 };
 pub use recovery::{Claimed, RETIRE_AFTER_END_MS};
 pub use reserve::{RateLimits, ReservationView, ReserveArgs, ReserveResult};
-pub use send_state::{Release, SentMark};
+pub use send_state::{Release, Released, SentMark};
 pub use stock::{Census, SoldOutView, WarmResult};
 
 use std::collections::HashMap;

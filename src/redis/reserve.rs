@@ -8,7 +8,7 @@ use super::{RedisStore, StoreError, RESERVATION_TTL_MARGIN_SECS};
 use crate::domain::order_create::ReservationRef;
 
 /// The reservation as the reserve script reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReservationView {
     pub reservation_id: String,
     pub message_id: String,
@@ -113,16 +113,53 @@ pub struct RateLimits<'a> {
     pub buyer_burst: u32,
 }
 
-pub(super) fn view(parts: &[String]) -> ReservationView {
-    let get = |i: usize| parts.get(i).cloned().unwrap_or_default();
-    ReservationView {
-        reservation_id: get(1),
-        message_id: get(2),
-        order_id: get(3),
-        mq_status: get(4),
-        status: get(5),
-        valid_until_ms: get(6).parse().unwrap_or(0),
-        created_at_ms: get(7).parse().unwrap_or(0),
+/// A reply of the reserve script, read strictly: a missing or malformed field is an error
+/// naming the script, its code and the field, never a default.
+struct Reply<'a> {
+    code: &'a str,
+    parts: &'a [String],
+}
+
+impl Reply<'_> {
+    fn text(&self, i: usize, field: &str) -> Result<String, StoreError> {
+        self.parts
+            .get(i)
+            .cloned()
+            .ok_or_else(|| self.bad(field, "missing"))
+    }
+
+    fn num<T: std::str::FromStr>(&self, i: usize, field: &str) -> Result<T, StoreError> {
+        self.text(i, field)?
+            .parse()
+            .map_err(|_| self.bad(field, "not a number"))
+    }
+
+    fn bad(&self, field: &str, what: &str) -> StoreError {
+        StoreError::unexpected(format!(
+            "reserve.lua replied {} with its field {field} {what}: {:?}",
+            self.code, self.parts
+        ))
+    }
+
+    /// A time of the reservation; in a repeated request's reply an empty one is a time the
+    /// hash does not hold (a draw entry has no validity yet; a hash gone has none): 0.
+    fn time(&self, i: usize, field: &str) -> Result<i64, StoreError> {
+        if self.code == "DUPLICATE_REQUEST" && self.text(i, field)?.is_empty() {
+            return Ok(0);
+        }
+        self.num(i, field)
+    }
+
+    fn view(&self) -> Result<ReservationView, StoreError> {
+        Ok(ReservationView {
+            reservation_id: self.text(1, "reservation_id")?,
+            message_id: self.text(2, "message_id")?,
+            order_id: self.text(3, "order_id")?,
+            mq_status: self.text(4, "mq_status")?,
+            status: self.text(5, "status")?,
+            valid_until_ms: self.time(6, "valid_until_ms")?,
+            created_at_ms: self.time(7, "created_at_ms")?,
+        })
     }
 }
 
@@ -221,43 +258,47 @@ impl RedisStore {
 
 /// The reserve script's reply (code first, the mark already taken off) as a result.
 fn parse_reply(code: &str, parts: &[String]) -> Result<ReserveResult, StoreError> {
-    let part = |i: usize| parts.get(i).cloned().unwrap_or_default();
+    let r = Reply { code, parts };
     Ok(match code {
-        "OK" => ReserveResult::Reserved(view(parts)),
-        "DUPLICATE_REQUEST" => ReserveResult::Duplicate(view(parts)),
+        "OK" => ReserveResult::Reserved(r.view()?),
+        "DUPLICATE_REQUEST" => ReserveResult::Duplicate(r.view()?),
         "ALREADY_PURCHASED" => ReserveResult::AlreadyPurchased {
-            reservation_id: part(1),
+            reservation_id: r.text(1, "reservation_id")?,
         },
         "REQUEST_ID_REUSED" => ReserveResult::RequestIdReused {
-            reservation_id: part(1),
-            sku_id: part(2),
+            reservation_id: r.text(1, "reservation_id")?,
+            sku_id: r.text(2, "sku_id")?,
         },
         "SOLD_OUT" => ReserveResult::SoldOut,
         "NOT_STARTED" => ReserveResult::NotStarted,
         "ENDED" => ReserveResult::Ended,
         "RATE_LIMITED" => ReserveResult::RateLimited {
-            by: part(1),
-            retry_ms: parts.get(2).and_then(|v| v.parse().ok()).unwrap_or(1000),
+            by: r.text(1, "by")?,
+            retry_ms: r.num(2, "retry_ms")?,
         },
-        "PAUSED" => ReserveResult::Paused { reason: part(1) },
+        "PAUSED" => ReserveResult::Paused {
+            reason: r.text(1, "reason")?,
+        },
         "NOT_FOUND" => ReserveResult::NotFound,
-        "FENCED" => ReserveResult::Fenced { reason: part(1) },
+        "FENCED" => ReserveResult::Fenced {
+            reason: r.text(1, "reason")?,
+        },
         "LOST" => ReserveResult::Lost {
             signal: "sequence",
-            reason: part(1),
+            reason: r.text(1, "reason")?,
         },
         "PASS_REQUIRED" => ReserveResult::PassRequired,
         "PASS_USED" => ReserveResult::PassUsed {
-            reservation_id: part(1),
-            sku_id: part(2),
+            reservation_id: r.text(1, "reservation_id")?,
+            sku_id: r.text(2, "sku_id")?,
         },
-        "DRAW" => ReserveResult::Draw(view(parts)),
+        "DRAW" => ReserveResult::Draw(r.view()?),
         "DRAWING" => ReserveResult::Drawing {
-            closes_ms: parts.get(1).and_then(|v| v.parse().ok()).unwrap_or(0),
+            closes_ms: r.num(1, "closes_ms")?,
         },
         "RAMP" => ReserveResult::Ramp {
-            percent: parts.get(1).and_then(|v| v.parse().ok()).unwrap_or(10),
-            secs: parts.get(2).and_then(|v| v.parse().ok()).unwrap_or(1),
+            percent: r.num(1, "percent")?,
+            secs: r.num(2, "secs")?,
         },
         other => {
             return Err(StoreError::unexpected(format!(
@@ -265,4 +306,51 @@ fn parse_reply(code: &str, parts: &[String]) -> Result<ReserveResult, StoreError
             )))
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_whole_reply_reads_and_a_short_or_malformed_one_names_its_field() {
+        let ok = parts(&[
+            "OK",
+            "rsv",
+            "msg",
+            "ord",
+            "MQ_PENDING",
+            "RESERVED",
+            "60000",
+            "1000",
+        ]);
+        match parse_reply("OK", &ok).unwrap() {
+            ReserveResult::Reserved(v) => {
+                assert_eq!((v.valid_until_ms, v.created_at_ms), (60000, 1000))
+            }
+            other => panic!("{other:?}"),
+        }
+        let short = parts(&["OK", "rsv", "msg", "ord", "MQ_PENDING", "RESERVED"]);
+        let e = parse_reply("OK", &short).unwrap_err().to_string();
+        assert!(
+            e.contains("reserve.lua replied OK with its field valid_until_ms missing"),
+            "{e}"
+        );
+        let e = parse_reply("RAMP", &parts(&["RAMP", "ten", "1"]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("field percent not a number"), "{e}");
+        assert!(parse_reply("SOLD_OUT", &parts(&["SOLD_OUT"])).is_ok());
+        let gone = parts(&["DUPLICATE_REQUEST", "rsv", "", "", "", "", "", ""]);
+        match parse_reply("DUPLICATE_REQUEST", &gone).unwrap() {
+            ReserveResult::Duplicate(v) => {
+                assert_eq!((v.reservation_id.as_str(), v.valid_until_ms), ("rsv", 0))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }

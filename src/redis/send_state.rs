@@ -11,6 +11,46 @@ use super::{RedisStore, Shard, StoreError};
 const HELD_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
 const HELD_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
+/// What the release script did with one reservation (its reply, read strictly).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// Given back now (RESERVED -> RELEASED).
+    Now,
+    /// Given back before: nothing changed.
+    Already,
+    /// No such reservation hash: Redis forgot it.
+    Missing,
+}
+
+impl Released {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Released::Now => "RELEASED",
+            Released::Already => "ALREADY_RELEASED",
+            Released::Missing => "MISSING",
+        }
+    }
+
+    fn of_reply(reply: &str) -> Result<Self, StoreError> {
+        [Released::Now, Released::Already, Released::Missing]
+            .into_iter()
+            .find(|r| r.as_str() == reply)
+            .ok_or_else(|| StoreError::unexpected(format!("release.lua replied {reply:?}")))
+    }
+}
+
+impl PartialEq<&str> for Released {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl PartialEq<String> for Released {
+    fn eq(&self, other: &String) -> bool {
+        self.as_str() == other
+    }
+}
+
 /// One reservation to give back (the compensation path).
 #[derive(Debug, Clone, Copy)]
 pub struct Release<'a> {
@@ -192,7 +232,7 @@ impl RedisStore {
     }
 
     /// Compensation: releases each reservation once, in one round trip (the release script
-    /// pipelined). Returns `RELEASED`, `ALREADY_RELEASED` or `MISSING` per item, in order.
+    /// pipelined). Returns what it did per item, in order.
     /// Items whose shard a rebuild holds are asked again every [`HELD_RETRY`] for at most
     /// [`HELD_WAIT`] (a rebuild holds a shard for the instant it reads and writes it), then
     /// [`StoreError::Held`]: nothing of theirs moved.
@@ -200,13 +240,13 @@ impl RedisStore {
         &self,
         items: &[Release<'_>],
         now_ms: i64,
-    ) -> Result<Vec<String>, StoreError> {
+    ) -> Result<Vec<Released>, StoreError> {
         let mut shards = Vec::with_capacity(items.len());
         for r in items {
             // The unit goes back to the bucket the reservation took it from.
             shards.push(self.shard_of(r.activity_id, r.reservation_id).await?);
         }
-        let mut answers: Vec<String> = vec![String::new(); items.len()];
+        let mut answers: Vec<Released> = vec![Released::Missing; items.len()];
         let mut left: Vec<usize> = (0..items.len()).collect();
         let waited = std::time::Instant::now();
         loop {
@@ -216,7 +256,7 @@ impl RedisStore {
                 if answer == "HELD" {
                     held.push(*i);
                 } else {
-                    answers[*i] = answer;
+                    answers[*i] = Released::of_reply(&answer)?;
                 }
             }
             if held.is_empty() {

@@ -13,7 +13,7 @@ use crate::domain::events::ReleaseReservation;
 use crate::mq::{BatchHandler, ConsumeDecision, Delivery};
 use crate::pg::order_state::compensations_done;
 
-use crate::redis::{RedisStore, Release};
+use crate::redis::{RedisStore, Release, Released};
 use crate::services::poison;
 
 pub struct CompensationHandler {
@@ -51,10 +51,10 @@ impl CompensationHandler {
         drop(client);
         let mut forgotten: Vec<i64> = Vec::new();
         for ((i, release), result) in releases.iter().zip(&results) {
-            let label = match result.as_str() {
-                "RELEASED" => "released",
-                "ALREADY_RELEASED" => "already_released",
-                _ => "missing",
+            let label = match result {
+                Released::Now => "released",
+                Released::Already => "already_released",
+                Released::Missing => "missing",
             };
             if label == "missing" {
                 // The reservation hash is gone: Redis forgot it (its TTL outlives any sale).
