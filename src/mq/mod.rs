@@ -3,7 +3,7 @@
 //! `Publisher` sends one message (or a batch) and classifies the result into the three
 //! outcomes of the design (CONFIRMED / UNKNOWN / DEFINITE_FAILURE). `BatchHandler` is what a
 //! consumer group runs for each batch the broker hands over; it decides ACK or redelivery
-//! only after its own work is durable. The real implementation lives in `rocketmq.rs`;
+//! only after its own work is durable. The real implementation lives in `rocketmq/`;
 //! unit tests use in-memory fakes of the traits.
 
 pub mod batching;
@@ -14,6 +14,13 @@ pub mod rocketmq;
 
 pub use names::Names;
 pub use properties::Properties;
+// What the roles hold of the client behind the traits: the lag probe, a running consumer, the
+// transaction producer, the groups' settings and facts, a window of a topic, the broker's stats.
+// Nothing outside mq/ names `mq::rocketmq` (tests and the bench may reach into the adapter).
+pub use rocketmq::{
+    export_broker_stats, group_facts, read_window, ConsumerHandle, GroupSpec, LagProbe,
+    RocketTransactionProducer, TransactionOptions,
+};
 
 use std::sync::Arc;
 

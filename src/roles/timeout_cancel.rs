@@ -327,7 +327,7 @@ fn delivered(outcome: &'static str, n: u64) {
 /// The group's backlog (due timers not consumed yet, retries included), every 5 s until
 /// `stop`.
 fn export_backlog(
-    probe: crate::mq::rocketmq::LagProbe,
+    probe: crate::mq::LagProbe,
     names: &crate::mq::Names,
     stop: tokio_util::sync::CancellationToken,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
@@ -405,8 +405,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     .await?;
     // The group's backlog (due timers not consumed yet, retries included), every 5 s.
     let probe =
-        crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server_list())
-            .await?;
+        crate::mq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server_list()).await?;
     let backlog = role.watchdog.spawn(
         "timeout_backlog",
         export_backlog(probe, &names, role.shutdown.clone()),

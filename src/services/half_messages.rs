@@ -12,8 +12,8 @@ use chrono::{DateTime, Utc};
 use tracing::warn;
 
 use crate::config::Settings;
-use crate::mq::rocketmq::{RocketTransactionProducer, TransactionOptions};
 use crate::mq::{Delivery, LocalOutcome, OutMessage, TransactionChecker, TransactionPublisher};
+use crate::mq::{RocketTransactionProducer, TransactionOptions};
 use crate::pg::half_message_events::{verdict, Verdict};
 use crate::pg::outbox::outbox_message;
 

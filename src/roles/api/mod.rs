@@ -464,11 +464,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let names = crate::mq::Names::of(&settings);
     state.lag = Some(LagSource {
         probe: Arc::new(
-            crate::mq::rocketmq::LagProbe::new(
-                &crate::mq::runtime()?,
-                &settings.mq.name_server_list(),
-            )
-            .await?,
+            crate::mq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server_list())
+                .await?,
         ),
         group: names.order_create_group,
         topic: names.order_create_topic,

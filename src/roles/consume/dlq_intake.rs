@@ -56,7 +56,7 @@ impl BatchHandler for DlqIntake {
 pub async fn start_intakes(
     settings: &Settings,
     pool: deadpool_postgres::Pool,
-) -> anyhow::Result<Vec<crate::mq::rocketmq::ConsumerHandle>> {
+) -> anyhow::Result<Vec<crate::mq::ConsumerHandle>> {
     let names = crate::mq::Names::of(settings);
     let mut handles = Vec::new();
     for (group, topic) in names.dead_letter_sources() {

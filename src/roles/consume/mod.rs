@@ -22,7 +22,7 @@ use std::time::Duration;
 use tracing::{debug, info, warn};
 
 use crate::config::Settings;
-use crate::mq::rocketmq::ConsumerHandle;
+use crate::mq::ConsumerHandle;
 use crate::mq::Names;
 use crate::roles::runtime::RoleRuntime;
 
@@ -66,8 +66,7 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     // The backlog of this role's groups (messages and age of the oldest unconsumed one,
     // retry topics included), for /metrics.
     let probe = Arc::new(
-        crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server_list())
-            .await?,
+        crate::mq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server_list()).await?,
     );
     let groups = lag_groups(&names);
     role.serving();
@@ -186,9 +185,9 @@ async fn drain(grace: Duration, consumers: [ConsumerHandle; 3], intakes: Vec<Con
 /// still waiting on the broker, not pulled yet (`mq_consumer_ready`, RocketMQ's "ready" as
 /// opposed to in flight).
 async fn sample(
-    probe: &crate::mq::rocketmq::LagProbe,
+    probe: &crate::mq::LagProbe,
     groups: &[(String, String)],
-    consumer: &crate::mq::rocketmq::ConsumerHandle,
+    consumer: &crate::mq::ConsumerHandle,
     deferral: &deferral::Deferral,
 ) {
     let mut order_create = None;

@@ -49,7 +49,7 @@ pub async fn run(settings: Settings, args: ResyncArgs) -> anyhow::Result<bool> {
     let probe = if args.no_drain_check || args.dry_run {
         None
     } else {
-        let p = crate::mq::rocketmq::LagProbe::new(
+        let p = crate::mq::LagProbe::new(
             &crate::mq::runtime()?,
             &settings.mq.name_server_list(),
         )

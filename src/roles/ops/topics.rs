@@ -8,7 +8,7 @@
 use tracing::info;
 
 use crate::config::Settings;
-use crate::mq::rocketmq::GroupSpec;
+use crate::mq::GroupSpec;
 
 /// `(topic, queues)` of every topic the pipeline uses.
 pub fn topic_plan(settings: &Settings) -> Vec<(String, u32)> {

@@ -61,8 +61,7 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
     // One broker admin client for the role's readings (progress, drains, broker health):
     // its calls may overlap.
     let probe = Arc::new(
-        crate::mq::rocketmq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server_list())
-            .await?,
+        crate::mq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server_list()).await?,
     );
     if sc.unconsumed_resend_ms > 0 {
         // What a dead broker holds goes out again through the live ones
@@ -125,13 +124,13 @@ const BROKER_HEALTH_EVERY: Duration = Duration::from_secs(5);
 /// (docs/architecture/observability.md#broker-health).
 fn broker_health_loop(
     settings: &Settings,
-    probe: Arc<crate::mq::rocketmq::LagProbe>,
+    probe: Arc<crate::mq::LagProbe>,
     stop: CancellationToken,
 ) -> impl std::future::Future<Output = ()> {
     let topic = crate::mq::Names::of(settings).order_create_topic;
     async move {
         while !stop.is_cancelled() {
-            crate::mq::rocketmq::export_broker_stats(&probe, &topic).await;
+            crate::mq::export_broker_stats(&probe, &topic).await;
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(BROKER_HEALTH_EVERY) => {}
@@ -145,7 +144,7 @@ fn broker_health_loop(
 async fn resync_loop(
     settings: &Arc<Settings>,
     redis: RedisStore,
-    probe: Arc<crate::mq::rocketmq::LagProbe>,
+    probe: Arc<crate::mq::LagProbe>,
     stop: CancellationToken,
 ) -> anyhow::Result<impl std::future::Future<Output = ()>> {
     let resync = crate::services::resync::Resync {

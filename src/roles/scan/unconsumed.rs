@@ -19,7 +19,7 @@ use chrono::Utc;
 use futures::StreamExt;
 use tracing::{error, info, warn};
 
-use crate::mq::rocketmq::LagProbe;
+use crate::mq::LagProbe;
 use crate::redis::reservation::ReservationHash;
 use crate::redis::Shard;
 

@@ -22,7 +22,7 @@ use serde::Serialize;
 use tracing::{debug, info, warn};
 
 use crate::config::Settings;
-use crate::mq::rocketmq::LagProbe;
+use crate::mq::LagProbe;
 use crate::pg::fences::{self, Fence};
 use crate::redis::RedisStore;
 use plan::Diff;

@@ -47,7 +47,7 @@ pub(super) async fn rows(
     let ns = settings.mq.name_server_list();
     // The broker creates no group by itself: a missing replay group would fail every pull.
     for broker in settings.mq.broker_addrs() {
-        if crate::mq::rocketmq::group_facts(&rt, &ns, broker, &names.replay_group)
+        if crate::mq::group_facts(&rt, &ns, broker, &names.replay_group)
             .await?
             .is_none()
         {
@@ -57,7 +57,7 @@ pub(super) async fn rows(
             );
         }
     }
-    let window = crate::mq::rocketmq::read_window(
+    let window = crate::mq::read_window(
         &rt,
         &ns,
         &names.replay_group,
