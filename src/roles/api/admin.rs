@@ -18,8 +18,9 @@ use tracing::{info, warn};
 use std::time::Instant;
 
 use super::admin_guard::{AdminGuard, Admission, Verdict};
+use super::error::ApiError;
 use super::request::{admin_actor as actor, json_body, IdPath};
-use super::{ApiError, ApiState};
+use super::state::ApiState;
 use crate::domain::request::parse_path_id;
 use crate::domain::ValidationError;
 use crate::http::PeerAddr;

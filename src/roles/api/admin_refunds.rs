@@ -14,8 +14,9 @@ use serde::Deserialize;
 use serde_json::json;
 use tracing::{info, warn};
 
+use super::error::ApiError;
 use super::request::{admin_actor as actor, json_body, IdPath};
-use super::{ApiError, ApiState};
+use super::state::ApiState;
 use crate::domain::ValidationError;
 use crate::http::PeerAddr;
 use crate::pg::refunds::{self, Marked};

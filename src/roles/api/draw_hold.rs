@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 
-use super::{ApiError, ApiState};
+use super::error::ApiError;
+use super::state::ApiState;
 use crate::redis::{RateLimits, ReservationView, ReserveArgs, ReserveResult, Shard};
 
 /// How long a request may wait for its draw, from the moment it arrived.

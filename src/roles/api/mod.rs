@@ -18,8 +18,11 @@
 //!   (the whole API, or one activity); `gate`: one pause with its hysteresis and ramp;
 //! - `limits`: per-address and per-buyer token buckets (429 RATE_LIMITED);
 //! - `passes`: sale-pass registration, its proof of work, and a reservation's pass check;
+//!   `pass_desk`: what the instance keeps for them;
 //! - `request`: what every route reads of a request: the buyer, the body, the path's ids,
-//!   the operator.
+//!   the operator;
+//! - `state`: what every handler holds (`ApiState`), with its bounded PostgreSQL call and the
+//!   buyer a token names.
 
 pub mod admin;
 mod admin_guard;
@@ -30,17 +33,20 @@ mod draw_hold;
 mod error;
 mod gate;
 pub mod limits;
+mod pass_desk;
 mod passes;
 mod payments;
 mod queries;
 mod request;
 mod reserve;
 mod sold_out;
+mod state;
 
 pub use admission::Admission;
 pub use error::ApiError;
 pub use reserve::reservation_event;
 pub use sold_out::SoldOut;
+pub use state::{ApiState, SentMarks};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,7 +54,7 @@ use std::time::Duration;
 use secrecy::ExposeSecret;
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -57,127 +63,13 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::auth::buyer::{AuthFailure, BuyerAuth};
+use crate::auth::buyer::BuyerAuth;
 use crate::config::{BuyerIdentity, EventDelivery, Settings};
-use crate::gather::{Gather, GatherSettings};
 use crate::mq::lag::LagSource;
-use crate::mq::Names;
-use crate::mq::{Publisher, TransactionPublisher};
-use crate::redis::{RedisStore, SentMark};
+use crate::mq::Publisher;
+use crate::redis::RedisStore;
 use crate::shutdown::Watchdog;
 use crate::telemetry::{metrics_handle, Readiness};
-
-/// Everything a request handler needs; cheap to clone.
-#[derive(Clone)]
-pub struct ApiState {
-    pub settings: Arc<Settings>,
-    pub names: Arc<Names>,
-    pub redis: RedisStore,
-    pub pg: deadpool_postgres::Pool,
-    pub publisher: Arc<dyn Publisher>,
-    /// Bounds reservation requests in flight; beyond it the API sheds load with 503.
-    pub inflight: Arc<Semaphore>,
-    pub ready: Readiness,
-    /// Fail-closed admission, updated by the background checker.
-    pub admission: Arc<Admission>,
-    /// SKUs known sold out: answered from memory
-    /// (docs/architecture/hot-path.md#sold-out-from-memory).
-    pub sold_out: Arc<SoldOut>,
-    /// Where the checker reads the order-create lag (`None`: pending age only).
-    pub lag: Option<LagSource>,
-    /// Verifies buyer tokens; `None` when `auth.buyers = "body"` (development only).
-    pub auth: Option<Arc<BuyerAuth>>,
-    /// Confirmed sends recorded in Redis, gathered: one pipelined round trip for every request
-    /// whose broker batch was confirmed together (docs/architecture/hot-path.md#batched-sends).
-    pub sent_marks: Arc<SentMarks>,
-    /// The transaction producer, when ORDER_PAID is sent as transaction messages
-    /// (`events.order_paid = "transaction"`).
-    pub transactions: Option<Arc<dyn TransactionPublisher>>,
-    /// Sale passes: their secrets, the proof of work, what this instance read of policies.
-    pub passes: Arc<passes::PassDesk>,
-}
-
-/// The gathering of confirmed sends: each request gets its own verdict, or the error's text.
-pub type SentMarks = Gather<SentMark, Result<String, String>>;
-
-/// Confirmed sends recorded in one pipeline per batch, at most `SENT_MARK_BATCH` each and
-/// `SENT_MARK_ROUND_TRIPS` in flight; a batch starts as soon as a slot is free.
-const SENT_MARK_BATCH: usize = 64;
-const SENT_MARK_ROUND_TRIPS: usize = 4;
-
-fn sent_marks(redis: &RedisStore) -> SentMarks {
-    let redis = redis.clone();
-    Gather::start(
-        GatherSettings {
-            max: SENT_MARK_BATCH,
-            wait: Duration::ZERO,
-            queue: 4096,
-            recheck: Duration::ZERO,
-        },
-        |_: &[SentMark]| SENT_MARK_ROUND_TRIPS,
-        move |marks: Vec<SentMark>| {
-            let redis = redis.clone();
-            async move {
-                match redis.mark_sent_many(&marks).await {
-                    Ok(verdicts) => verdicts.into_iter().map(Ok).collect(),
-                    Err(e) => {
-                        let why = e.to_string();
-                        marks.iter().map(|_| Err(why.clone())).collect()
-                    }
-                }
-            }
-        },
-    )
-}
-
-impl ApiState {
-    /// Runs a request's PostgreSQL work on one pooled connection, the pool wait and the work
-    /// together within `pg.statement_timeout_ms` plus a second: a PostgreSQL that stops answering
-    /// (a dead network path the kernel has not noticed yet) gets the caller a 503 `UNAVAILABLE`
-    /// in time, never a hung request. A connection whose work ran out of time may still have the
-    /// request in flight: it is closed, never handed to the next request.
-    pub(crate) async fn bounded_pg<T>(
-        &self,
-        work: impl AsyncFnOnce(&mut deadpool_postgres::Object) -> Result<T, ApiError>,
-    ) -> Result<T, ApiError> {
-        let deadline = tokio::time::Instant::now()
-            + Duration::from_millis(self.settings.pg.statement_timeout_ms + 1000);
-        let timed_out = || {
-            metrics::counter!("pg_call_timeout_total").increment(1);
-            Err(ApiError::unavailable("the order store"))
-        };
-        let Ok(got) = tokio::time::timeout_at(deadline, self.pg.get()).await else {
-            return timed_out();
-        };
-        let mut client = got.map_err(|_| ApiError::unavailable("the order store"))?;
-        let done = tokio::time::timeout_at(deadline, work(&mut client)).await;
-        match done {
-            Ok(result) => result,
-            Err(_) => {
-                drop(deadpool_postgres::Object::take(client));
-                timed_out()
-            }
-        }
-    }
-
-    /// The buyer a request's token names: `Ok(None)` without token identity, 401
-    /// `UNAUTHENTICATED` when the token is missing or not valid (no detail given).
-    /// 503 `UNAVAILABLE` while the identity provider's keys have never been fetched.
-    pub(crate) async fn buyer(&self, headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
-        let Some(auth) = &self.auth else {
-            return Ok(None);
-        };
-        auth.buyer(headers).await.map(Some).map_err(|failure| {
-            metrics::counter!("auth_failures_total", "reason" => failure.label()).increment(1);
-            match failure {
-                AuthFailure::KeysUnavailable => {
-                    ApiError::unavailable("the identity provider's keys").retry_after(5)
-                }
-                _ => ApiError::unauthenticated(),
-            }
-        })
-    }
-}
 
 /// The buyers' router, with a bare `/healthz` and a `/readyz` that says ready or not and
 /// nothing else: the metrics are on the ops listener (`api.metrics_listen`).
@@ -253,14 +145,14 @@ pub async fn build_state(
     };
     Ok(ApiState {
         auth,
-        sent_marks: Arc::new(sent_marks(&redis)),
+        sent_marks: Arc::new(state::sent_marks(&redis)),
         names: Arc::new(crate::mq::Names::of(&settings)),
         inflight: Arc::new(Semaphore::new(settings.api.max_inflight)),
         admission: Arc::new(admission::Admission::with_ramp(Duration::from_secs(
             settings.api.resume_ramp_secs,
         ))),
         sold_out: Default::default(),
-        passes: Arc::new(passes::PassDesk::new(&settings)),
+        passes: Arc::new(pass_desk::PassDesk::new(&settings)),
         settings,
         redis,
         pg,

@@ -3,8 +3,6 @@
 //! (`POST /v1/activities/{id}/passes/challenges`), and the check a reservation's `Sale-Pass`
 //! header gets before the reserve script runs.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -16,11 +14,11 @@ use chrono::Utc;
 use tracing::{info, warn};
 
 use super::bodies::{PassChallenge, SalePass};
+use super::error::ApiError;
+use super::limits;
 use super::request::IdPath;
-use super::{limits, ApiError, ApiState};
+use super::state::ApiState;
 use crate::auth::pass::{self, PASS_HEADER};
-use crate::auth::pow::Pow;
-use crate::config::Settings;
 use crate::domain::request::parse_path_id;
 use crate::http::PeerAddr;
 use crate::pg::passes::{PassPolicy, Registered};
@@ -28,31 +26,6 @@ use crate::pg::passes::{PassPolicy, Registered};
 /// How long an instance believes an activity's pass policy it read (a registration window or
 /// a limit changed before the sale reaches every instance within this).
 const POLICY_FRESH: Duration = Duration::from_secs(1);
-
-/// What PostgreSQL said of an activity's passes: no such activity (`None`), one sold without
-/// passes (`Some(None)`), or its policy.
-type PolicyRead = Option<Option<PassPolicy>>;
-
-/// What one API instance keeps for passes: the proof of work, the policies it read lately, and
-/// which started activities require passes (fixed once the sale starts).
-pub struct PassDesk {
-    secrets: Vec<secrecy::SecretString>,
-    pow: Pow,
-    policies: Mutex<HashMap<i64, (Instant, PolicyRead)>>,
-    required: RwLock<HashMap<i64, bool>>,
-}
-
-impl PassDesk {
-    pub fn new(settings: &Settings) -> Self {
-        let p = &settings.passes;
-        Self {
-            secrets: p.secrets.clone(),
-            pow: Pow::new(&p.secrets, p.into()),
-            policies: Mutex::default(),
-            required: RwLock::default(),
-        }
-    }
-}
 
 /// The body of both routes: who registers (only where the deployment believes the body's
 /// `user_id`) and, for a registration, the solved challenge.

@@ -22,7 +22,8 @@ use tracing::{info, warn};
 
 use super::bodies::Paid;
 use super::error::require_id;
-use super::{ApiError, ApiState};
+use super::error::ApiError;
+use super::state::ApiState;
 use crate::auth::signature::{verify, SIGNATURE_HEADER};
 use crate::domain::{PayOutcome, ValidationError};
 use crate::mq::{LocalOutcome, TransactionPublisher};

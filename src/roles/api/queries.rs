@@ -11,8 +11,9 @@ use super::bodies::{
     ReservationInRedis, ReservationOrdered, ReservationProjected, ReservationRejected,
 };
 use super::error::require_id;
+use super::error::ApiError;
 use super::request::IdPath;
-use super::{ApiError, ApiState};
+use super::state::ApiState;
 use crate::pg::queries;
 
 fn reservation_not_found() -> ApiError {

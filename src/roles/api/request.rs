@@ -6,7 +6,8 @@ use axum::extract::{FromRequestParts, Path};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 
-use super::{ApiError, ApiState};
+use super::error::ApiError;
+use super::state::ApiState;
 
 /// The buyer a request is for: the token's when there is one (a body naming someone else is
 /// refused), else the body's where the deployment trusts it.

@@ -13,8 +13,10 @@ use chrono::{TimeZone, Utc};
 use tracing::{debug, info, warn};
 
 use super::bodies::Queued;
+use super::error::ApiError;
+use super::limits;
 use super::request::IdPath;
-use super::{limits, ApiError, ApiState};
+use super::state::ApiState;
 use crate::domain::ids::{new_traceparent, parse_traceparent};
 use crate::domain::order_create::TAG_CREATE_ORDER;
 use crate::domain::order_create::{ReservationFacts, ReservationRef};
