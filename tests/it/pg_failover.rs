@@ -347,23 +347,7 @@ async fn all_cancelled_and_back(env: &TestEnv, activity: i64) -> seckill::invari
         r.ok() && r.figures.unrecorded == 0 && r.figures.valid_orders == 0
     })
     .await;
-    let pool = env.pool(1).await;
-    let client = pool.get().await.unwrap();
-    let report = seckill::roles::ops::reconcile::reconcile(
-        &env.settings,
-        &**client,
-        &env.redis().await,
-        &common::reconcile_now(),
-    )
-    .await
-    .unwrap();
-    let drift: usize = report
-        .findings
-        .iter()
-        .filter(|f| f.kind == "stock_drift")
-        .map(|f| f.found)
-        .sum();
-    assert_eq!(drift, 0, "{:?}", report.findings);
+    common::assert_no_stock_drift(env).await;
     env.invariants(activity, 1).await.figures
 }
 

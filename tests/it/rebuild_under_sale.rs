@@ -145,23 +145,7 @@ async fn books(env: &TestEnv, provider: &Provider) -> seckill::invariants::SkuFi
         "{:?}",
         r.figures
     );
-    let pool = env.pool(1).await;
-    let client = pool.get().await.unwrap();
-    let report = seckill::roles::ops::reconcile::reconcile(
-        &env.settings,
-        &**client,
-        &env.redis().await,
-        &common::reconcile_now(),
-    )
-    .await
-    .unwrap();
-    let drift: usize = report
-        .findings
-        .iter()
-        .filter(|f| f.kind == "stock_drift")
-        .map(|f| f.found)
-        .sum();
-    assert_eq!(drift, 0, "{:?}", report.findings);
+    common::assert_no_stock_drift(env).await;
     let unpaid = paid_2xx_not_paid(env, provider).await;
     assert!(
         unpaid.is_empty(),

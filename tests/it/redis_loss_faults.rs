@@ -448,23 +448,9 @@ async fn verdict(
         winners, STOCK as i64,
         "every unit went to a buyer told 202, once"
     );
+    common::assert_no_stock_drift(env).await;
     let pool = env.pool(1).await;
     let client = pool.get().await.unwrap();
-    let report = seckill::roles::ops::reconcile::reconcile(
-        &env.settings,
-        &**client,
-        &env.redis().await,
-        &common::reconcile_now(),
-    )
-    .await
-    .unwrap();
-    let drift: usize = report
-        .findings
-        .iter()
-        .filter(|f| f.kind == "stock_drift")
-        .map(|f| f.found)
-        .sum();
-    assert_eq!(drift, 0, "{:?}", report.findings);
     let f = client
         .query_one(
             "SELECT signal, extract(epoch FROM detected_at - $2::timestamptz)::float8,

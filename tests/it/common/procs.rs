@@ -202,3 +202,24 @@ pub fn reconcile_now() -> seckill::roles::ops::reconcile::ReconcileArgs {
         metrics_file: None,
     }
 }
+
+/// Reconcile's `stock_drift` right now: asserts there is none (what every fault test ends on).
+pub async fn assert_no_stock_drift(env: &TestEnv) {
+    let pool = env.pool(1).await;
+    let client = pool.get().await.unwrap();
+    let report = seckill::roles::ops::reconcile::reconcile(
+        &env.settings,
+        &**client,
+        &env.redis().await,
+        &reconcile_now(),
+    )
+    .await
+    .unwrap();
+    let drift: usize = report
+        .findings
+        .iter()
+        .filter(|f| f.kind == "stock_drift")
+        .map(|f| f.found)
+        .sum();
+    assert_eq!(drift, 0, "{:?}", report.findings);
+}
