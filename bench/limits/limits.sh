@@ -328,11 +328,9 @@ if (( ! batch_only )); then
     "${REDIS[@]}" HSET "$tag:meta" starts_at_ms 0 ends_at_ms $((now_ms + 86400000)) valid_ms 900000 >/dev/null
     "${REDIS[@]}" HSET "$tag:sku:1" total "$REDIS_STOCK" remaining "$REDIS_STOCK" >/dev/null
   }
-  # KEYS: meta, sku, buyers, requests, pending, pending_since, address bucket, buyer bucket
-  #       (RedisStore::reserve)
-  # ARGV: now_ms, user_id, request_id, reservation_id, message_id, order_id, sku_id,
-  #       activity_id, next_retry_at_ms, reservation key prefix, traceparent, key ttl seconds,
-  #       address rate and burst, buyer rate and burst (0: the abuse limits off, as in the bench)
+  # The first 8 KEYS and 16 ARGV that reserve.lua's opening tables name (RedisStore::reserve
+  # passes them all); the rest (the draw, passes, the seen mark) absent: no fair start, no
+  # passes, as in the bench. Rates and bursts 0: the abuse limits off.
   reserve_cmd=(EVALSHA "$sha" 8 "$tag:meta" "$tag:sku:1" "$tag:buyers:1" "$tag:req"
                "$tag:pending" "$tag:pending_since" "$tag:rl:ip:127.0.0.1" "$tag:rl:u:__rand_int__"
                "$now_ms" __rand_int__ req-__rand_int__ rsv-__rand_int__ evt-__rand_int__

@@ -138,14 +138,15 @@ impl RedisStore {
         Ok(self
             .scripts
             .transfer_out
-            .key(k.sku(from, sku_id))
-            .key(k.transfers_out(from, sku_id))
-            .key(k.transfers_open(from, sku_id))
-            .key(k.rebuilding(from))
-            .arg(transfer_id)
-            .arg(want)
-            .arg(to)
-            .arg(now_ms)
+            .call()
+            .key("sku", k.sku(from, sku_id))
+            .key("transfers_out", k.transfers_out(from, sku_id))
+            .key("open", k.transfers_open(from, sku_id))
+            .key("rebuilding", k.rebuilding(from))
+            .arg("transfer_id", transfer_id)
+            .arg("want", want)
+            .arg("to", to)
+            .arg("now_ms", now_ms)
             .invoke_async(&mut *conn)
             .await?)
     }
@@ -164,13 +165,14 @@ impl RedisStore {
         let credited: i64 = self
             .scripts
             .transfer_in
-            .key(k.sku(to, sku_id))
-            .key(k.transfers_in(to, sku_id))
-            .key(k.rebuilding(to))
-            .arg(&t.transfer_id)
-            .arg(t.units)
-            .arg(t.from)
-            .arg(now_ms)
+            .call()
+            .key("sku", k.sku(to, sku_id))
+            .key("transfers_in", k.transfers_in(to, sku_id))
+            .key("rebuilding", k.rebuilding(to))
+            .arg("transfer_id", &t.transfer_id)
+            .arg("units", t.units)
+            .arg("from", t.from)
+            .arg("now_ms", now_ms)
             .invoke_async(&mut *conn)
             .await?;
         if credited < 0 {

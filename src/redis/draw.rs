@@ -145,17 +145,21 @@ impl RedisStore {
         let mut parts: Vec<String> = self
             .scripts
             .draw
-            .key(k.meta(shard))
-            .key(k.sku(shard, sku_id))
-            .key(k.buyers(shard, sku_id))
-            .key(k.draw(shard, sku_id))
-            .key(k.pending(shard))
-            .key(k.pending_since(shard))
-            .arg(now_ms)
-            .arg(k.reservation_prefix(shard))
-            .arg(DRAW_CHUNK)
-            .arg(next_retry_at_ms)
-            .arg(valid_secs + RESERVATION_TTL_MARGIN_SECS)
+            .call()
+            .key("meta", k.meta(shard))
+            .key("sku", k.sku(shard, sku_id))
+            .key("buyers", k.buyers(shard, sku_id))
+            .key("draw", k.draw(shard, sku_id))
+            .key("pending", k.pending(shard))
+            .key("pending_since", k.pending_since(shard))
+            .arg("now_ms", now_ms)
+            .arg("reservation_prefix", k.reservation_prefix(shard))
+            .arg("chunk", DRAW_CHUNK)
+            .arg("next_retry_at_ms", next_retry_at_ms)
+            .arg(
+                "reservation_ttl_secs",
+                valid_secs + RESERVATION_TTL_MARGIN_SECS,
+            )
             .invoke_async(&mut *conn)
             .await?;
         drop(conn);

@@ -111,7 +111,11 @@ impl Keys {
         format!("{}:sku:{}", self.tag(shard), sku_id)
     }
     pub fn buyers(&self, shard: impl Into<Shard>, sku_id: i64) -> String {
-        format!("{}:buyers:{}", self.tag(shard), sku_id)
+        format!("{}{}", self.buyers_prefix(shard), sku_id)
+    }
+    /// A SKU's buyers key is this and its id (reserve.lua reads another SKU's buyers).
+    pub fn buyers_prefix(&self, shard: impl Into<Shard>) -> String {
+        format!("{}:buyers:", self.tag(shard))
     }
     pub fn requests(&self, shard: impl Into<Shard>) -> String {
         format!("{}:req", self.tag(shard))

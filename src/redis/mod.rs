@@ -22,6 +22,7 @@ mod rebuild;
 mod recovery;
 pub mod reservation;
 mod reserve;
+mod script;
 mod send_state;
 mod stock;
 
@@ -41,9 +42,10 @@ pub use stock::{Census, SoldOutView, WarmResult};
 use std::collections::HashMap;
 
 use anyhow::Context as _;
-use deadpool_redis::redis::{self, AsyncCommands, Script};
+use deadpool_redis::redis::{self, AsyncCommands};
 
 use crate::config::RedisSettings;
+use script::LuaScript;
 
 /// Physical TTL kept beyond a reservation's business validity, so that the scanner,
 /// compensation and reconcile still find it well after `valid_until`
@@ -65,20 +67,66 @@ pub struct RedisStore {
 }
 
 struct Scripts {
-    reserve: Script,
-    mark_sent: Script,
-    schedule_resend: Script,
-    mark_failed: Script,
-    sold_out_view: Script,
-    warm: Script,
-    release: Script,
-    claim: Script,
-    claim_awaiting: Script,
-    project: Script,
-    set_paused: Script,
-    transfer_out: Script,
-    transfer_in: Script,
-    draw: Script,
+    reserve: LuaScript,
+    mark_sent: LuaScript,
+    schedule_resend: LuaScript,
+    mark_failed: LuaScript,
+    sold_out_view: LuaScript,
+    warm: LuaScript,
+    release: LuaScript,
+    claim: LuaScript,
+    claim_awaiting: LuaScript,
+    project: LuaScript,
+    set_paused: LuaScript,
+    transfer_out: LuaScript,
+    transfer_in: LuaScript,
+    draw: LuaScript,
+}
+
+/// Every script under lua/, by its file's stem.
+const SOURCES: [(&str, &str); 14] = [
+    ("reserve", include_str!("lua/reserve.lua")),
+    ("mark_sent", include_str!("lua/mark_sent.lua")),
+    ("schedule_resend", include_str!("lua/schedule_resend.lua")),
+    ("mark_failed", include_str!("lua/mark_failed.lua")),
+    ("sold_out_view", include_str!("lua/sold_out_view.lua")),
+    ("warm", include_str!("lua/warm.lua")),
+    ("release", include_str!("lua/release.lua")),
+    ("claim", include_str!("lua/claim.lua")),
+    ("claim_awaiting", include_str!("lua/claim_awaiting.lua")),
+    ("project", include_str!("lua/project.lua")),
+    ("set_paused", include_str!("lua/set_paused.lua")),
+    ("transfer_out", include_str!("lua/transfer_out.lua")),
+    ("transfer_in", include_str!("lua/transfer_in.lua")),
+    ("draw", include_str!("lua/draw.lua")),
+];
+
+impl Scripts {
+    fn new() -> Self {
+        let lua = |name: &'static str| {
+            let (_, source) = SOURCES
+                .iter()
+                .find(|(n, _)| *n == name)
+                .expect("a script of SOURCES");
+            LuaScript::new(name, source)
+        };
+        Self {
+            reserve: lua("reserve"),
+            mark_sent: lua("mark_sent"),
+            schedule_resend: lua("schedule_resend"),
+            mark_failed: lua("mark_failed"),
+            sold_out_view: lua("sold_out_view"),
+            warm: lua("warm"),
+            release: lua("release"),
+            claim: lua("claim"),
+            claim_awaiting: lua("claim_awaiting"),
+            project: lua("project"),
+            set_paused: lua("set_paused"),
+            transfer_out: lua("transfer_out"),
+            transfer_in: lua("transfer_in"),
+            draw: lua("draw"),
+        }
+    }
 }
 
 impl RedisStore {
@@ -89,22 +137,7 @@ impl RedisStore {
             pool,
             keys: Keys::new(&settings.key_prefix),
             cluster: settings.mode == crate::config::RedisMode::Cluster,
-            scripts: std::sync::Arc::new(Scripts {
-                reserve: Script::new(include_str!("lua/reserve.lua")),
-                mark_sent: Script::new(include_str!("lua/mark_sent.lua")),
-                schedule_resend: Script::new(include_str!("lua/schedule_resend.lua")),
-                mark_failed: Script::new(include_str!("lua/mark_failed.lua")),
-                sold_out_view: Script::new(include_str!("lua/sold_out_view.lua")),
-                warm: Script::new(include_str!("lua/warm.lua")),
-                release: Script::new(include_str!("lua/release.lua")),
-                claim: Script::new(include_str!("lua/claim.lua")),
-                claim_awaiting: Script::new(include_str!("lua/claim_awaiting.lua")),
-                project: Script::new(include_str!("lua/project.lua")),
-                set_paused: Script::new(include_str!("lua/set_paused.lua")),
-                transfer_out: Script::new(include_str!("lua/transfer_out.lua")),
-                transfer_in: Script::new(include_str!("lua/transfer_in.lua")),
-                draw: Script::new(include_str!("lua/draw.lua")),
-            }),
+            scripts: std::sync::Arc::new(Scripts::new()),
             buckets: Default::default(),
             marks: Marks::default(),
         };

@@ -1,6 +1,8 @@
 //! Pipelines: one per hash slot on a cluster, sent again while a failover redirects them.
 
-use deadpool_redis::redis::{self, Script};
+use deadpool_redis::redis;
+
+use super::script::LuaScript;
 
 use super::RedisStore;
 use super::StoreError;
@@ -26,7 +28,7 @@ impl RedisStore {
     /// idempotent per key.
     pub(super) async fn pipelined<T: redis::FromRedisValue>(
         &self,
-        script: &Script,
+        script: &LuaScript,
         calls: &[(u16, redis::ScriptInvocation<'_>)],
     ) -> Result<Vec<T>, StoreError> {
         if calls.is_empty() {
@@ -65,7 +67,7 @@ impl RedisStore {
     /// counted in `redis_cluster_redirect_retry_total`.
     pub(super) async fn run_pipe<T: redis::FromRedisValue>(
         &self,
-        script: &Script,
+        script: &LuaScript,
         pipe: &redis::Pipeline,
     ) -> Result<Vec<T>, StoreError> {
         if pipe.is_empty() {
@@ -77,7 +79,11 @@ impl RedisStore {
             let err = match pipe.query_async(&mut *conn).await {
                 Ok(answers) => return Ok(answers),
                 Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
-                    script.prepare_invoke().load_async(&mut *conn).await?;
+                    script
+                        .script
+                        .prepare_invoke()
+                        .load_async(&mut *conn)
+                        .await?;
                     match pipe.query_async(&mut *conn).await {
                         Ok(answers) => return Ok(answers),
                         Err(e) => e,

@@ -21,16 +21,17 @@ impl RedisStore {
             .map(|event| {
                 let key = self.keys.projection(&event.reservation_id);
                 let slot = if self.cluster { pool::slot(&key) } else { 0 };
-                let mut call = script.prepare_invoke();
-                call.key(key)
-                    .arg(event.aggregate_version)
-                    .arg(&event.status)
-                    .arg(&event.order_id)
-                    .arg(&event.reservation_id)
-                    .arg(ttl_secs)
-                    .arg(now_ms)
-                    .arg(event.user_id);
-                (slot, call)
+                let call = script
+                    .call()
+                    .key("projection", key)
+                    .arg("version", event.aggregate_version)
+                    .arg("status", &event.status)
+                    .arg("order_id", &event.order_id)
+                    .arg("reservation_id", &event.reservation_id)
+                    .arg("ttl_secs", ttl_secs)
+                    .arg("now_ms", now_ms)
+                    .arg("user_id", event.user_id);
+                (slot, call.done())
             })
             .collect();
         self.pipelined(script, &calls).await

@@ -37,15 +37,16 @@ impl RedisStore {
         let raw: Vec<redis::Value> = self
             .scripts
             .claim
-            .key(k.pending(shard))
-            .key(k.pending_since(shard))
-            .key(k.meta(shard))
-            .arg(now_ms)
-            .arg(batch)
-            .arg(owner)
-            .arg(lease_ms)
-            .arg(k.reservation_prefix(shard))
-            .arg(RETIRE_AFTER_END_MS)
+            .call()
+            .key("pending", k.pending(shard))
+            .key("pending_since", k.pending_since(shard))
+            .key("meta", k.meta(shard))
+            .arg("now_ms", now_ms)
+            .arg("batch", batch)
+            .arg("owner", owner)
+            .arg("lease_ms", lease_ms)
+            .arg("reservation_prefix", k.reservation_prefix(shard))
+            .arg("retire_after_ms", RETIRE_AFTER_END_MS)
             .invoke_async(&mut *conn)
             .await?;
         if let [only] = raw.as_slice() {
@@ -84,11 +85,12 @@ impl RedisStore {
         let raw: Vec<redis::Value> = self
             .scripts
             .claim_awaiting
-            .key(k.awaiting(shard))
-            .arg(cutoff_ms)
-            .arg(batch)
-            .arg(lease_ms)
-            .arg(k.reservation_prefix(shard))
+            .call()
+            .key("awaiting", k.awaiting(shard))
+            .arg("cutoff", cutoff_ms)
+            .arg("batch", batch)
+            .arg("lease_ms", lease_ms)
+            .arg("reservation_prefix", k.reservation_prefix(shard))
             .invoke_async(&mut *conn)
             .await?;
         let Some((first, rest)) = raw.split_first() else {

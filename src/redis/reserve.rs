@@ -173,43 +173,55 @@ impl RedisStore {
             .await?;
         let seen = self.marks.seen(shard);
         let mut conn = self.pool.get().await?;
+        let user = a.reservation.user_id.to_string();
         let mut parts: Vec<String> = self
             .scripts
             .reserve
-            .key(k.meta(shard))
-            .key(k.sku(shard, a.reservation.sku_id))
-            .key(k.buyers(shard, a.reservation.sku_id))
-            .key(k.requests(shard))
-            .key(k.pending(shard))
-            .key(k.pending_since(shard))
-            .key(k.rate_bucket(shard, "ip", a.limits.client_addr))
-            .key(k.rate_bucket(shard, "u", &a.reservation.user_id.to_string()))
-            .key(k.draw(shard, a.reservation.sku_id))
-            .key(k.passes_used(shard))
-            .arg(a.now_ms)
-            .arg(a.reservation.user_id)
-            .arg(a.reservation.request_id)
-            .arg(a.reservation.reservation_id)
-            .arg(a.reservation.message_id)
-            .arg(a.reservation.order_id)
-            .arg(a.reservation.sku_id)
-            .arg(a.reservation.activity_id)
-            .arg(a.next_retry_at_ms)
-            .arg(k.reservation_prefix(shard))
-            .arg(a.traceparent)
-            .arg(a.valid_secs + RESERVATION_TTL_MARGIN_SECS)
-            .arg(if a.limits.client_addr.is_empty() {
-                0.0
-            } else {
-                a.limits.address_rate_per_sec
-            })
-            .arg(a.limits.address_burst)
-            .arg(a.limits.buyer_rate_per_sec)
-            .arg(a.limits.buyer_burst)
-            .arg(a.channel)
-            .arg(seen.map_or(0, |m| m.epoch))
-            .arg(seen.map_or(0, |m| m.seq))
-            .arg(a.pass_id)
+            .call()
+            .key("meta", k.meta(shard))
+            .key("sku", k.sku(shard, a.reservation.sku_id))
+            .key("buyers", k.buyers(shard, a.reservation.sku_id))
+            .key("requests", k.requests(shard))
+            .key("pending", k.pending(shard))
+            .key("pending_since", k.pending_since(shard))
+            .key(
+                "address_rate",
+                k.rate_bucket(shard, "ip", a.limits.client_addr),
+            )
+            .key("buyer_rate", k.rate_bucket(shard, "u", &user))
+            .key("draw", k.draw(shard, a.reservation.sku_id))
+            .key("passes", k.passes_used(shard))
+            .arg("now_ms", a.now_ms)
+            .arg("user_id", a.reservation.user_id)
+            .arg("request_id", a.reservation.request_id)
+            .arg("reservation_id", a.reservation.reservation_id)
+            .arg("message_id", a.reservation.message_id)
+            .arg("order_id", a.reservation.order_id)
+            .arg("sku_id", a.reservation.sku_id)
+            .arg("activity_id", a.reservation.activity_id)
+            .arg("next_retry_at_ms", a.next_retry_at_ms)
+            .arg("reservation_prefix", k.reservation_prefix(shard))
+            .arg("traceparent", a.traceparent)
+            .arg(
+                "reservation_ttl_secs",
+                a.valid_secs + RESERVATION_TTL_MARGIN_SECS,
+            )
+            .arg(
+                "address_rate",
+                if a.limits.client_addr.is_empty() {
+                    0.0
+                } else {
+                    a.limits.address_rate_per_sec
+                },
+            )
+            .arg("address_burst", a.limits.address_burst)
+            .arg("buyer_rate", a.limits.buyer_rate_per_sec)
+            .arg("buyer_burst", a.limits.buyer_burst)
+            .arg("channel", a.channel)
+            .arg("seen_epoch", seen.map_or(0, |m| m.epoch))
+            .arg("seen_seq", seen.map_or(0, |m| m.seq))
+            .arg("pass_id", a.pass_id)
+            .arg("buyers_prefix", k.buyers_prefix(shard))
             .invoke_async(&mut *conn)
             .await?;
         drop(conn);

@@ -116,19 +116,22 @@ impl RedisStore {
         status: (&str, &str),
         fields: &[(&str, &str)],
     ) -> redis::ScriptInvocation<'_> {
-        let mut call = self.scripts.mark_sent.prepare_invoke();
-        call.key(self.keys.reservation(shard, reservation_id))
-            .key(self.keys.pending(shard))
-            .key(self.keys.pending_since(shard))
-            .key(self.keys.awaiting(shard))
-            .arg(message_id)
-            .arg(reservation_id)
-            .arg(status.0)
-            .arg(status.1);
+        let mut call = self
+            .scripts
+            .mark_sent
+            .call()
+            .key("reservation", self.keys.reservation(shard, reservation_id))
+            .key("pending", self.keys.pending(shard))
+            .key("pending_since", self.keys.pending_since(shard))
+            .key("awaiting", self.keys.awaiting(shard))
+            .arg("message_id", message_id)
+            .arg("reservation_id", reservation_id)
+            .arg("mq_status", status.0)
+            .arg("awaiting_score", status.1);
         for (field, value) in fields {
-            call.arg(*field).arg(*value);
+            call = call.rest(*field).rest(*value);
         }
-        call
+        call.done()
     }
 
     /// Records first sends the broker confirmed, MQ_PENDING → MQ_SENT, in one round trip per
@@ -171,12 +174,13 @@ impl RedisStore {
         Ok(self
             .scripts
             .schedule_resend
-            .key(self.keys.reservation(shard, reservation_id))
-            .key(self.keys.pending(shard))
-            .arg(message_id)
-            .arg(reservation_id)
-            .arg(next_retry_at_ms)
-            .arg(error)
+            .call()
+            .key("reservation", self.keys.reservation(shard, reservation_id))
+            .key("pending", self.keys.pending(shard))
+            .arg("message_id", message_id)
+            .arg("reservation_id", reservation_id)
+            .arg("next_retry_at_ms", next_retry_at_ms)
+            .arg("error", error)
             .invoke_async(&mut *conn)
             .await?)
     }
@@ -198,16 +202,17 @@ impl RedisStore {
         Ok(self
             .scripts
             .mark_failed
-            .key(k.reservation(shard, reservation_id))
-            .key(k.pending(shard))
-            .key(k.sku(shard, sku_id))
-            .key(k.buyers(shard, sku_id))
-            .key(k.requests(shard))
-            .key(k.pending_since(shard))
-            .arg(message_id)
-            .arg(reservation_id)
-            .arg(error)
-            .arg(now_ms)
+            .call()
+            .key("reservation", k.reservation(shard, reservation_id))
+            .key("pending", k.pending(shard))
+            .key("sku", k.sku(shard, sku_id))
+            .key("buyers", k.buyers(shard, sku_id))
+            .key("requests", k.requests(shard))
+            .key("pending_since", k.pending_since(shard))
+            .arg("message_id", message_id)
+            .arg("reservation_id", reservation_id)
+            .arg("error", error)
+            .arg("now_ms", now_ms)
             .invoke_async(&mut *conn)
             .await?)
     }
@@ -290,18 +295,19 @@ impl RedisStore {
             .iter()
             .map(|&i| {
                 let (r, shard) = (&items[i], shards[i]);
-                let mut call = script.prepare_invoke();
-                call.key(k.reservation(shard, r.reservation_id))
-                    .key(k.sku(shard, r.sku_id))
-                    .key(k.buyers(shard, r.sku_id))
-                    .key(k.requests(shard))
-                    .key(k.pending(shard))
-                    .key(k.pending_since(shard))
-                    .key(k.rebuilding(shard))
-                    .arg(r.reservation_id)
-                    .arg(r.reason)
-                    .arg(now_ms);
-                (self.slot(shard), call)
+                let call = script
+                    .call()
+                    .key("reservation", k.reservation(shard, r.reservation_id))
+                    .key("sku", k.sku(shard, r.sku_id))
+                    .key("buyers", k.buyers(shard, r.sku_id))
+                    .key("requests", k.requests(shard))
+                    .key("pending", k.pending(shard))
+                    .key("pending_since", k.pending_since(shard))
+                    .key("rebuilding", k.rebuilding(shard))
+                    .arg("reservation_id", r.reservation_id)
+                    .arg("reason", r.reason)
+                    .arg("now_ms", now_ms);
+                (self.slot(shard), call.done())
             })
             .collect();
         self.pipelined(script, &calls).await

@@ -82,9 +82,10 @@ impl RedisStore {
         let v: Vec<i64> = self
             .scripts
             .sold_out_view
-            .key(self.keys.sku(shard, sku_id))
-            .key(self.keys.buyers(shard, sku_id))
-            .arg(known_taken.unwrap_or(-1))
+            .call()
+            .key("sku", self.keys.sku(shard, sku_id))
+            .key("buyers", self.keys.buyers(shard, sku_id))
+            .arg("known_taken", known_taken.unwrap_or(-1))
             .invoke_async(&mut *conn)
             .await?;
         let (remaining, taken) = (
@@ -157,17 +158,18 @@ impl RedisStore {
             let code: String = self
                 .scripts
                 .warm
-                .key(self.keys.meta(shard))
-                .key(self.keys.sku(shard, sku_id))
-                .key(self.keys.buyers(shard, sku_id))
-                .key(self.keys.requests(shard))
-                .key(self.keys.pending(shard))
-                .key(self.keys.pending_since(shard))
-                .arg(starts_at_ms)
-                .arg(ends_at_ms)
-                .arg(valid_ms)
-                .arg(share)
-                .arg(buckets)
+                .call()
+                .key("meta", self.keys.meta(shard))
+                .key("sku", self.keys.sku(shard, sku_id))
+                .key("buyers", self.keys.buyers(shard, sku_id))
+                .key("requests", self.keys.requests(shard))
+                .key("pending", self.keys.pending(shard))
+                .key("pending_since", self.keys.pending_since(shard))
+                .arg("starts_at_ms", starts_at_ms)
+                .arg("ends_at_ms", ends_at_ms)
+                .arg("valid_ms", valid_ms)
+                .arg("total", share)
+                .arg("buckets", buckets)
                 .invoke_async(&mut *conn)
                 .await?;
             results.push(WarmResult::of_code(&code)?);
@@ -198,9 +200,10 @@ impl RedisStore {
             let found: i64 = self
                 .scripts
                 .set_paused
-                .key(key)
-                .arg(if reason.is_some() { "1" } else { "0" })
-                .arg(reason.unwrap_or(""))
+                .call()
+                .key("hash", key)
+                .arg("paused", if reason.is_some() { "1" } else { "0" })
+                .arg("reason", reason.unwrap_or(""))
                 .invoke_async(&mut *conn)
                 .await?;
             found_first |= shard.bucket == 0 && found == 1;

@@ -1,14 +1,22 @@
 -- Moving leftovers, step 2 (docs/architecture/redis.md#moving-leftovers): credits the units of transfer
--- ARGV[1] to this bucket, once: a transfer id already credited changes nothing, so a move
 -- resumed after a crash never credits twice.
--- KEYS: 1 sku, 2 transfers in (the trail), 3 the shard's rebuild hold
--- ARGV: 1 transfer id, 2 units, 3 source bucket, 4 now_ms
 -- Returns 1 when credited now, 0 when it already was, -1 when a rebuild holds the shard.
-if redis.call('EXISTS', KEYS[3]) == 1 then return -1 end
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
-redis.call('HINCRBY', KEYS[1], 'remaining', tonumber(ARGV[2]))
-redis.call('HINCRBY', KEYS[1], 'moved_in', tonumber(ARGV[2]))
+local K = {
+  sku = KEYS[1],
+  transfers_in = KEYS[2],    -- the trail
+  rebuilding = KEYS[3],      -- the shard's rebuild hold
+}
+local A = {
+  transfer_id = ARGV[1],
+  units = ARGV[2],
+  from = ARGV[3],           -- the source bucket
+  now_ms = ARGV[4],
+}
+if redis.call('EXISTS', K.rebuilding) == 1 then return -1 end
+if redis.call('HEXISTS', K.transfers_in, A.transfer_id) == 1 then return 0 end
+redis.call('HINCRBY', K.sku, 'remaining', tonumber(A.units))
+redis.call('HINCRBY', K.sku, 'moved_in', tonumber(A.units))
 -- The refusals so far are answered by these units: the bucket asks again only after new ones.
-redis.call('HSET', KEYS[1], 'refused_seen', redis.call('HGET', KEYS[1], 'refused') or '0')
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3] .. ' ' .. ARGV[2] .. ' ' .. ARGV[4])
+redis.call('HSET', K.sku, 'refused_seen', redis.call('HGET', K.sku, 'refused') or '0')
+redis.call('HSET', K.transfers_in, A.transfer_id, A.from .. ' ' .. A.units .. ' ' .. A.now_ms)
 return 1
