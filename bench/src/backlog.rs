@@ -93,7 +93,7 @@ async fn fill(
     let events = reserve_all(settings, args, redis).await?;
     let reserve_secs = reserve_started.elapsed().as_secs_f64();
     let publish_started = Instant::now();
-    let topic = seckill::mq::Names::of(settings).order_create_topic;
+    let topic = settings.names().order_create_topic.clone();
     let unconfirmed = publish_all(&publisher, &topic, args, redis, &events).await?;
     let publish_secs = publish_started.elapsed().as_secs_f64();
     println!(
@@ -287,7 +287,7 @@ async fn drain(
     }
     let r = crate::bench::order_rate(&pg, &[args.activity_id], args.sku_id, last_sku).await?;
     let (orders, span, orders_per_sec) = (r.orders, r.span_secs, r.rate);
-    let group = seckill::mq::Names::of(settings).order_create_group;
+    let group = settings.names().order_create_group.clone();
     let mut report = invariants::Report::default();
     for sku in args.sku_id..=last_sku {
         let r = invariants::check(&**pg, redis, &group, args.activity_id, sku)

@@ -216,7 +216,7 @@ async fn one_mode(
     drop(c);
 
     // The roles: the API and the relay (scan), and a collector of the events.
-    let names = seckill::mq::Names::of(&s);
+    let names = s.names();
     let arrivals = Arc::new(Arrivals::default());
     let group = format!("CG_{}_BENCH_COLLECTOR", s.env);
     seckill::mq::create_groups(&s, &[seckill::roles::ops::topics::tool_group(&s, &group)]).await?;

@@ -14,6 +14,7 @@
 mod api;
 pub mod budget;
 mod mq;
+mod names;
 mod stores;
 mod workers;
 
@@ -27,6 +28,7 @@ pub use api::{
     MIN_ADMIN_TOKEN_BYTES,
 };
 pub use mq::{EventDelivery, EventSettings, MqSettings};
+pub use names::Names;
 use stores::is_ident;
 pub use stores::{PgSettings, PgTls, RedisMode, RedisSettings};
 pub use workers::{
@@ -81,9 +83,19 @@ pub struct Settings {
     pub events: EventSettings,
     #[serde(default)]
     pub passes: PassSettings,
+    /// The topic and group names of `env`, made on first use and kept (and cloned with the
+    /// settings): every role reads them from here.
+    #[serde(skip)]
+    names: std::sync::OnceLock<Names>,
 }
 
 impl Settings {
+    /// The topic and consumer-group names of this environment
+    /// (docs/architecture/messages.md#topics-and-groups).
+    pub fn names(&self) -> &Names {
+        self.names.get_or_init(|| Names::new(&self.env))
+    }
+
     /// How long a request may wait for its activity's draw
     /// (docs/architecture/hot-path.md#a-fair-start): its own time (`api.request_timeout_ms`) less
     /// one send and 500 ms for the answer. A fair window is at most this.

@@ -8,11 +8,10 @@
 
 pub mod batching;
 pub mod lag;
-mod names;
 mod properties;
 pub mod rocketmq;
 
-pub use names::Names;
+pub use crate::config::Names;
 pub use properties::Properties;
 // What the roles hold of the client behind the traits: the lag probe, a running consumer, the
 // transaction producer, the groups' settings and facts, a window of a topic, the broker's stats.
@@ -318,7 +317,7 @@ pub async fn connect_publisher(settings: &Settings) -> anyhow::Result<Arc<dyn Pu
     let rt = runtime()?;
     let mut opts = rocketmq::ProducerOptions::new(
         settings.mq.name_server_list(),
-        Names::of(settings).producer_group,
+        settings.names().producer_group.clone(),
     );
     opts.send_timeout_ms = settings.mq.send_timeout_ms;
     opts.retries = settings.mq.send_retries;
@@ -377,7 +376,7 @@ pub async fn start_order_create_consumer(
     handler: SharedHandler,
     workers: usize,
 ) -> anyhow::Result<rocketmq::ConsumerHandle> {
-    let names = Names::of(settings);
+    let names = settings.names();
     start_consumer(
         settings,
         &names.order_create_group,

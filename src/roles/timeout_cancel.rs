@@ -61,15 +61,15 @@ enum Parsed {
 impl TimeoutCancelHandler {
     /// `budget` transactions at once, on `pool` (`budget + 1` connections).
     pub fn new(pool: deadpool_postgres::Pool, settings: &Settings, budget: usize) -> Self {
-        let n = crate::mq::Names::of(settings);
+        let n = settings.names();
         Self {
             slots: TxSlots::new(pool, settings, budget, "cancel"),
             names: CancelNames {
-                consumer_group: n.timeout_group,
-                source_topic: n.order_timeout_topic,
+                consumer_group: n.timeout_group.clone(),
+                source_topic: n.order_timeout_topic.clone(),
                 state: StateNames {
-                    order_event_topic: n.order_event_topic,
-                    compensate_topic: n.compensate_topic,
+                    order_event_topic: n.order_event_topic.clone(),
+                    compensate_topic: n.compensate_topic.clone(),
                 },
             },
             transactions: None,
@@ -372,7 +372,7 @@ async fn sweep_round(sweeper: &TimeoutCancelHandler, grace: Duration, batch: usi
 }
 
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
-    let names = crate::mq::Names::of(&settings);
+    let names = settings.names();
     let budget = crate::config::budget::cancel_budget(&settings.pg);
     let pool = crate::pg::connect_pool(&settings.pg, budget + 1).await?;
     let mut handler = TimeoutCancelHandler::new(pool.clone(), &settings, budget);
@@ -408,7 +408,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         crate::mq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server_list()).await?;
     let backlog = role.watchdog.spawn(
         "timeout_backlog",
-        export_backlog(probe, &names, role.shutdown.clone()),
+        export_backlog(probe, names, role.shutdown.clone()),
     );
     role.serving();
     info!(group = %names.timeout_group, topic = %names.order_timeout_topic, budget,

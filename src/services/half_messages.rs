@@ -124,8 +124,8 @@ pub async fn start(
     let checker: Arc<dyn TransactionChecker> = Arc::new(PgChecker::new(pool, bound));
     let opts = TransactionOptions {
         name_srv: settings.mq.name_server_list(),
-        group: crate::mq::Names::of(settings).transaction_producer_group,
-        topics: vec![crate::mq::Names::of(settings).order_event_topic],
+        group: settings.names().transaction_producer_group.clone(),
+        topics: vec![settings.names().order_event_topic.clone()],
         send_timeout_ms: settings.mq.send_timeout_ms,
         retries: settings.mq.send_retries,
         // The payment's own bound (the API's PostgreSQL bound) covers its local transaction;

@@ -16,7 +16,7 @@ async fn stock_taken_between_the_read_and_the_decrement_falls_back_to_the_locked
     let env = TestEnv::without_topics().await;
     env.activity(1, 1, 5).await;
     let handler = OrderCreateHandler::new(env.pool(2).await, &env.settings, 1);
-    let topic = seckill::mq::Names::of(&env.settings).order_create_topic;
+    let topic = env.settings.names().order_create_topic.clone();
 
     // Another writer leaves 2 units after the transaction read 5. The row is only share-locked
     // by the orders' foreign keys at that point, so this update does not wait.

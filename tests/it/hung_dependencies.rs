@@ -170,7 +170,7 @@ async fn an_order_transaction_on_a_hung_postgresql_gives_up_within_its_bound() {
     let pool = seckill::pg::connect_pool(&settings.pg, 1).await.unwrap();
     let handler =
         seckill::roles::consume::order_create::OrderCreateHandler::new(pool, &settings, 1);
-    let names = seckill::mq::Names::of(&settings);
+    let names = settings.names();
     let event = common::event(986, 1, 9, 300);
     let delivery = common::delivery_of(&names.order_create_topic, &event);
 

@@ -101,7 +101,7 @@ pub(super) async fn judge(
     report: &mut BenchReport,
 ) -> anyhow::Result<()> {
     let redis = RedisStore::connect(&settings.redis).await?;
-    let group = seckill::mq::Names::of(settings).order_create_group;
+    let group = settings.names().order_create_group.clone();
     let converge_until = Instant::now() + Duration::from_secs(args.drain_timeout_secs);
     loop {
         report.invariants = check_skus(pg, &redis, &group, args).await?;

@@ -43,7 +43,7 @@ pub(super) async fn like_pgbench_start(run: &Run) -> anyhow::Result<()> {
 }
 
 async fn history_and_statistics(run: &Run) -> anyhow::Result<()> {
-    let group = seckill::mq::Names::of(&run.settings).order_create_group;
+    let group = run.settings.names().order_create_group.clone();
     let s = &run.schema;
     let have = run
         .count("SELECT count(*) FROM {s}.consumer_inbox WHERE activity_id = 0")

@@ -81,13 +81,13 @@ pub struct TxNames {
 impl TxNames {
     /// The order-create group's names: its inbox, its source topic and where its outcomes go.
     pub fn order_create(settings: &crate::config::Settings) -> Self {
-        let n = crate::mq::Names::of(settings);
+        let n = settings.names();
         Self {
-            consumer_group: n.order_create_group,
-            source_topic: n.order_create_topic,
-            order_event_topic: n.order_event_topic,
-            order_timeout_topic: n.order_timeout_topic,
-            compensate_topic: n.compensate_topic,
+            consumer_group: n.order_create_group.clone(),
+            source_topic: n.order_create_topic.clone(),
+            order_event_topic: n.order_event_topic.clone(),
+            order_timeout_topic: n.order_timeout_topic.clone(),
+            compensate_topic: n.compensate_topic.clone(),
             timer_lead: Duration::seconds(settings.scan.timer_lead_secs as i64),
         }
     }

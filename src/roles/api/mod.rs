@@ -146,7 +146,7 @@ pub async fn build_state(
     Ok(ApiState {
         auth,
         sent_marks: Arc::new(state::sent_marks(&redis)),
-        names: Arc::new(crate::mq::Names::of(&settings)),
+        names: Arc::new(settings.names().clone()),
         inflight: Arc::new(Semaphore::new(settings.api.max_inflight)),
         admission: Arc::new(admission::Admission::with_ramp(Duration::from_secs(
             settings.api.resume_ramp_secs,
@@ -353,14 +353,14 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let settings = Arc::new(settings);
     let mq = crate::mq::hot_path_publisher(&settings).await?;
     let mut state = build_state(settings.clone(), mq).await?;
-    let names = crate::mq::Names::of(&settings);
+    let names = settings.names();
     state.lag = Some(LagSource {
         probe: Arc::new(
             crate::mq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server_list())
                 .await?,
         ),
-        group: names.order_create_group,
-        topic: names.order_create_topic,
+        group: names.order_create_group.clone(),
+        topic: names.order_create_topic.clone(),
     });
     let listeners = bind_listeners(&settings.api).await?;
     info!(

@@ -57,7 +57,7 @@ pub async fn start_intakes(
     settings: &Settings,
     pool: deadpool_postgres::Pool,
 ) -> anyhow::Result<Vec<crate::mq::ConsumerHandle>> {
-    let names = crate::mq::Names::of(settings);
+    let names = settings.names();
     let mut handles = Vec::new();
     for (group, topic) in names.dead_letter_sources() {
         let intake = std::sync::Arc::new(DlqIntake {

@@ -35,7 +35,7 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     let workers = workers.unwrap_or(settings.consumer.listener_calls).max(1);
     let budget = crate::config::budget::order_budget(&settings.pg).min(workers);
     metrics::gauge!("worker_budget").set(budget as f64);
-    let names = crate::mq::Names::of(&settings);
+    let names = settings.names();
     // One connection per transaction slot plus one spare, so a worker never waits on another's.
     // The order transaction's repeated statements keep their plans (pg::PlanCache::Reuse).
     let pool =
@@ -68,7 +68,7 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     let probe = Arc::new(
         crate::mq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server_list()).await?,
     );
-    let groups = lag_groups(&names);
+    let groups = lag_groups(names);
     role.serving();
     info!(
         group = %names.order_create_group, topic = %names.order_create_topic, workers, budget,
@@ -109,7 +109,7 @@ async fn start_side_groups(
     settings: &Settings,
     deferral: Arc<deferral::Deferral>,
 ) -> anyhow::Result<(ConsumerHandle, ConsumerHandle)> {
-    let names = crate::mq::Names::of(settings);
+    let names = settings.names();
     let compensation = Arc::new(compensate::CompensationHandler {
         redis: crate::redis::RedisStore::connect(&settings.redis).await?,
         pool: crate::pg::connect_pool(&settings.pg, settings.consumer.compensate_workers).await?,

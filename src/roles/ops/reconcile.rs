@@ -362,7 +362,7 @@ pub async fn reconcile(
     args: &ReconcileArgs,
 ) -> anyhow::Result<ReconcileReport> {
     let started = Instant::now();
-    let names = crate::mq::Names::of(settings);
+    let names = settings.names();
     let now = Utc::now();
     let start = now - Duration::hours(args.window_hours);
     let end = now - Duration::seconds(args.grace_secs);
@@ -373,8 +373,8 @@ pub async fn reconcile(
     };
 
     let (created, paid, canceled, released) =
-        missing_order_events(pg, &names, start, end, now).await?;
-    let expired = expired_not_canceled(pg, &names, start, end, now).await?;
+        missing_order_events(pg, names, start, end, now).await?;
+    let expired = expired_not_canceled(pg, names, start, end, now).await?;
     let horizon = past_transaction_horizon(pg, settings, now).await?;
 
     // 5-6. Per activity SKU: reservations stuck in Redis and stock that does not add up.

@@ -12,7 +12,7 @@ use crate::mq::GroupSpec;
 
 /// `(topic, queues)` of every topic the pipeline uses.
 pub fn topic_plan(settings: &Settings) -> Vec<(String, u32)> {
-    let n = crate::mq::Names::of(settings);
+    let n = settings.names();
     let mut plan = vec![
         (
             n.order_create_topic.clone(),
@@ -34,7 +34,7 @@ pub fn topic_plan(settings: &Settings) -> Vec<(String, u32)> {
 /// each one's dead letters in, each retried `consumer.max_reconsume_times` times before its
 /// dead letter (`%DLQ%<group>`), and the group replays read source topics through.
 pub fn group_plan(settings: &Settings) -> Vec<GroupSpec> {
-    let n = crate::mq::Names::of(settings);
+    let n = settings.names();
     let spec = |name: String| GroupSpec {
         name,
         retry_max_times: settings.consumer.max_reconsume_times,
@@ -44,7 +44,7 @@ pub fn group_plan(settings: &Settings) -> Vec<GroupSpec> {
         plan.push(spec(n.dlq_intake_group_of(&group)));
         plan.push(spec(group));
     }
-    plan.push(spec(n.replay_group));
+    plan.push(spec(n.replay_group.clone()));
     plan.sort_by(|a, b| a.name.cmp(&b.name));
     plan
 }
@@ -86,7 +86,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
 
 /// Every topic of this environment: the plan's, and the consumer groups' retry topics.
 pub fn environment_topics(settings: &Settings) -> Vec<String> {
-    let n = crate::mq::Names::of(settings);
+    let n = settings.names();
     let mut topics: Vec<String> = topic_plan(settings).into_iter().map(|(t, _)| t).collect();
     // The retry topics the broker made for every group of the environment: its own groups
     // and the groups that take their dead letters in.

@@ -76,7 +76,7 @@ impl Copies {
         settings: Arc<Settings>,
     ) -> Self {
         Self {
-            names: crate::mq::Names::of(&settings),
+            names: settings.names().clone(),
             tx_names: TxNames::order_create(&settings),
             redis,
             pool,

@@ -66,16 +66,16 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
     if sc.unconsumed_resend_ms > 0 {
         // What a dead broker holds goes out again through the live ones
         // (docs/architecture/messages.md#a-dead-brokers-messages).
-        let names = crate::mq::Names::of(&settings);
+        let names = settings.names();
         scanner = scanner.with_progress(Arc::new(unconsumed::BrokerProgress {
             probe: probe.clone(),
-            group: names.order_create_group,
-            topic: names.order_create_topic,
+            group: names.order_create_group.clone(),
+            topic: names.order_create_topic.clone(),
         }));
         relay = relay.with_release_progress(Arc::new(unconsumed::BrokerProgress {
             probe: probe.clone(),
-            group: names.compensate_group,
-            topic: names.compensate_topic,
+            group: names.compensate_group.clone(),
+            topic: names.compensate_topic.clone(),
         }));
     }
     let resync = resync_loop(&settings, redis_for_resync, probe.clone(), shutdown.clone()).await?;
@@ -127,7 +127,7 @@ fn broker_health_loop(
     probe: Arc<crate::mq::LagProbe>,
     stop: CancellationToken,
 ) -> impl std::future::Future<Output = ()> {
-    let topic = crate::mq::Names::of(settings).order_create_topic;
+    let topic = settings.names().order_create_topic.clone();
     async move {
         while !stop.is_cancelled() {
             crate::mq::export_broker_stats(&probe, &topic).await;

@@ -164,7 +164,7 @@ impl Resync {
         let Some(probe) = &self.probe else {
             return Ok(true);
         };
-        let names = crate::mq::Names::of(&self.settings);
+        let names = self.settings.names();
         let (group, topic) = (&names.order_create_group, &names.order_create_topic);
         if probe.taken_until_ms(group, topic).await? < since_ms {
             return Ok(false);

@@ -24,7 +24,7 @@ pub struct TestEnv {
 impl TestEnv {
     /// This environment's topic and group names.
     pub fn names(&self) -> seckill::mq::Names {
-        seckill::mq::Names::of(&self.settings)
+        self.settings.names().clone()
     }
 
     /// A fresh, migrated schema and key prefix, and this environment's topics on the broker.
@@ -213,7 +213,7 @@ impl TestEnv {
         seckill::invariants::check(
             &**client,
             &self.redis().await,
-            &seckill::mq::Names::of(&self.settings).order_create_group,
+            &self.settings.names().order_create_group,
             activity_id,
             sku_id,
         )

@@ -134,7 +134,7 @@ pub async fn reserve_only(
 /// created by the order consumer's handler (no broker involved).
 pub async fn created_orders(env: &TestEnv, activity_id: i64, users: &[i64]) -> Vec<Ids> {
     let redis = env.redis().await;
-    let names = seckill::mq::Names::of(&env.settings);
+    let names = env.settings.names();
     let handler = seckill::roles::consume::order_create::OrderCreateHandler::new(
         env.pool(2).await,
         &env.settings,
@@ -209,7 +209,7 @@ pub async fn collect_events(
     let handle = seckill::mq::start_consumer(
         &env.settings,
         &group,
-        &seckill::mq::Names::of(&env.settings).order_event_topic,
+        &env.settings.names().order_event_topic,
         collector.clone(),
         2,
         16,

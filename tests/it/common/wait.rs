@@ -68,7 +68,7 @@ pub async fn caught_up(env: &TestEnv, group: &str, topic: &str) {
 /// reservation of the activity waits for a re-send. From then on nothing can create another
 /// order for it, so a count taken after this proves an absence without a fixed sleep.
 pub async fn quiescent(env: &TestEnv, activity_id: i64) {
-    let names = seckill::mq::Names::of(&env.settings);
+    let names = env.settings.names();
     let redis = env.redis().await;
     eventually(60, "no reservation waits for a re-send", || async {
         redis.pending_count(activity_id).await.unwrap() == 0

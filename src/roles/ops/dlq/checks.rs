@@ -37,7 +37,7 @@ pub async fn pre_checks(
     client: &tokio_postgres::Client,
     rows: &[ReplayRow],
 ) -> anyhow::Result<Vec<Checks>> {
-    let order_create = crate::mq::Names::of(settings).order_create_group;
+    let order_create = settings.names().order_create_group.clone();
     let retention = chrono::Duration::from_std(crate::config::RetentionSettings::age(
         settings.retention.inbox_days,
     ))?;

@@ -223,7 +223,7 @@ async fn replay_selected(
     } else {
         recorded_rows(client, &args).await?
     };
-    let names = crate::mq::Names::of(settings);
+    let names = settings.names();
     let batch_id = new_batch_id();
     let plan = replay::Plan {
         actor: &actor_or_user(args.actor),
@@ -233,7 +233,10 @@ async fn replay_selected(
         verify: Duration::from_secs(args.verify_secs),
         batch_id: &batch_id,
         sample: args.sample,
-        inbox_groups: &[names.order_create_group, names.timeout_group],
+        inbox_groups: &[
+            names.order_create_group.clone(),
+            names.timeout_group.clone(),
+        ],
     };
     // From the source topic, what the inbox holds was applied: not sent again unless asked.
     let skip_applied = args.from_source && !args.include_applied;

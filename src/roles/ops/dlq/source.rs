@@ -36,7 +36,7 @@ pub(super) async fn rows(
     sel: &SourceSelection<'_>,
 ) -> anyhow::Result<Vec<ReplayRow>> {
     anyhow::ensure!(sel.since < sel.until, "--since must be before --until");
-    let names = crate::mq::Names::of(settings);
+    let names = settings.names();
     let group = sel.group.unwrap_or(&names.order_create_group);
     let sources = names.dead_letter_sources();
     let Some((group, topic)) = sources.iter().find(|(g, _)| g == group) else {

@@ -24,11 +24,6 @@ pub struct Names {
 }
 
 impl Names {
-    /// The names of the settings' environment (`env`).
-    pub fn of(settings: &crate::config::Settings) -> Self {
-        Self::new(&settings.env)
-    }
-
     /// The broker's dead-letter topic of a consumer group.
     pub fn dlq_topic(group: &str) -> String {
         format!("%DLQ%{group}")
