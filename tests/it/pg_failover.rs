@@ -13,10 +13,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 
-use crate::common::{
-    self, eventually, free_port, metric, paid_2xx_not_paid, spawn, wait_ready, Proc, Provider,
-    TestEnv,
-};
+use crate::common::{self, eventually, metric, paid_2xx_not_paid, Proc, Provider, Role, TestEnv};
 use crate::sale_faults::buy;
 
 const STOCK: i32 = 240;
@@ -80,78 +77,36 @@ struct Roles {
 }
 
 async fn start_roles(env: &TestEnv, pay_window: Option<u64>) -> Roles {
-    let (api_port, api_ops, scan_port, consume_port) =
-        (free_port(), free_port(), free_port(), free_port());
-    let check = ("SECKILL__PG__PRIMARY_CHECK_MS", "200".to_string());
-    let api = spawn(
-        env,
-        &["api"],
-        "",
-        &[
-            ("SECKILL__API__LISTEN", format!("127.0.0.1:{api_port}")),
-            (
-                "SECKILL__API__METRICS_LISTEN",
-                format!("127.0.0.1:{api_ops}"),
-            ),
-            ("SECKILL__PAYMENTS__REQUIRE_SYNC_STANDBY", "true".into()),
-            check.clone(),
-        ],
-    );
-    let scan = spawn(
-        env,
-        &["scan"],
-        "",
-        &[
-            (
-                "SECKILL__SCAN__METRICS_LISTEN",
-                format!("127.0.0.1:{scan_port}"),
-            ),
-            ("SECKILL__SCAN__UNCONSUMED_RESEND_MS", "3000".into()),
-            check.clone(),
-        ],
-    );
-    let consume = spawn(
-        env,
-        &["consume", "--workers", "2"],
-        THROTTLED,
-        &[
-            (
-                "SECKILL__CONSUMER__METRICS_LISTEN",
-                format!("127.0.0.1:{consume_port}"),
-            ),
-            ("SECKILL__CONSUMER__BATCH_SIZE", "4".into()),
-            (
-                "SECKILL__CONSUMER__PAY_WINDOW_SECS",
-                pay_window
-                    .unwrap_or(env.settings.consumer.pay_window_secs)
-                    .to_string(),
-            ),
-            check,
-        ],
-    );
-    let mut ready = vec![api_ops, scan_port, consume_port];
-    let cancel = pay_window.map(|_| {
-        let (p, port) = common::spawn_listening(
-            env,
-            &["timeout-cancel"],
-            "SECKILL__TIMEOUT__METRICS_LISTEN",
-            &[("SECKILL__PG__PRIMARY_CHECK_MS", "200")],
-        );
-        ready.push(port);
-        p
-    });
-    for port in ready {
-        wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
-    }
+    // Each role reads which node is primary every 200 ms.
+    const CHECK: &str = "SECKILL__PG__PRIMARY_CHECK_MS";
+    let api = Role::api()
+        .var("SECKILL__PAYMENTS__REQUIRE_SYNC_STANDBY", true)
+        .var(CHECK, 200)
+        .spawn(env);
+    let scan = Role::scan()
+        .var("SECKILL__SCAN__UNCONSUMED_RESEND_MS", 3000)
+        .var(CHECK, 200)
+        .spawn(env);
+    let consume = Role::consume(2)
+        .failpoints(THROTTLED)
+        .var("SECKILL__CONSUMER__BATCH_SIZE", 4)
+        .var(
+            "SECKILL__CONSUMER__PAY_WINDOW_SECS",
+            pay_window.unwrap_or(env.settings.consumer.pay_window_secs),
+        )
+        .var(CHECK, 200)
+        .spawn(env);
+    let cancel = pay_window.map(|_| Role::timeout_cancel().var(CHECK, 200).spawn(env));
+    common::ready([&api, &scan, &consume].into_iter().chain(&cancel)).await;
     Roles {
-        api,
-        api_port,
-        api_ops,
-        scan,
-        scan_port,
-        consume,
-        consume_port,
-        cancel,
+        api: api.proc,
+        api_port: api.port,
+        api_ops: api.ops,
+        scan: scan.proc,
+        scan_port: scan.ops,
+        consume: consume.proc,
+        consume_port: consume.ops,
+        cancel: cancel.map(|c| c.proc),
     }
 }
 

@@ -10,9 +10,7 @@ use std::collections::HashMap;
 use deadpool_redis::redis::AsyncCommands;
 use serde_json::Value;
 
-use crate::common::{
-    self, cli, eventually, free_port, reserve_as, spawn, wait_ready, Proc, TestEnv,
-};
+use crate::common::{self, cli, eventually, reserve_as, Proc, Role, TestEnv};
 
 /// Redis as it was before these reservations `(user, reservation_id, request_id)` of one SKU:
 /// their buyers, request ids and hashes gone, their units back, the sequence back by as many
@@ -72,48 +70,25 @@ pub(crate) async fn start_with(
     env: &TestEnv,
     ramp_secs: u64,
     failpoints: &str,
-    consume_env: &[(&str, String)],
+    consume_env: &[(&'static str, String)],
 ) -> Roles {
-    let (api_port, ops) = (free_port(), free_port());
-    let api = spawn(
-        env,
-        &["api"],
-        "",
-        &[
-            ("SECKILL__API__LISTEN", format!("127.0.0.1:{api_port}")),
-            ("SECKILL__API__METRICS_LISTEN", format!("127.0.0.1:{ops}")),
-        ],
-    );
-    let scan_port = free_port();
-    let scan = spawn(
-        env,
-        &["scan"],
-        failpoints,
-        &[
-            (
-                "SECKILL__SCAN__METRICS_LISTEN",
-                format!("127.0.0.1:{scan_port}"),
-            ),
-            ("SECKILL__SCAN__RESYNC_POLL_MS", "200".to_string()),
-            ("SECKILL__API__RESUME_RAMP_SECS", ramp_secs.to_string()),
-        ],
-    );
-    let consume_port = free_port();
-    let mut extra = vec![(
-        "SECKILL__CONSUMER__METRICS_LISTEN",
-        format!("127.0.0.1:{consume_port}"),
-    )];
-    extra.extend(consume_env.iter().cloned());
-    let consume = spawn(env, &["consume", "--workers", "2"], failpoints, &extra);
-    for port in [api_port, scan_port, consume_port] {
-        wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
-    }
+    let api = Role::api().spawn(env);
+    let scan = Role::scan()
+        .failpoints(failpoints)
+        .var("SECKILL__SCAN__RESYNC_POLL_MS", 200)
+        .var("SECKILL__API__RESUME_RAMP_SECS", ramp_secs)
+        .spawn(env);
+    let consume = Role::consume(2)
+        .failpoints(failpoints)
+        .vars(consume_env)
+        .spawn(env);
+    common::ready([&api, &scan, &consume]).await;
     Roles {
-        api,
-        base: format!("http://127.0.0.1:{api_port}"),
-        ops,
-        scan,
-        consume,
+        base: api.base(),
+        ops: api.ops,
+        api: api.proc,
+        scan: scan.proc,
+        consume: consume.proc,
     }
 }
 

@@ -11,9 +11,12 @@ mod orders;
 mod procs;
 mod provider;
 mod role_metrics;
+mod roles;
 pub mod sale;
 mod wait;
 
 // Both test binaries (tests/it, tests/isolated) include this module and each uses a part.
 #[allow(unused_imports)]
-pub use {api::*, env::*, net::*, orders::*, procs::*, provider::*, role_metrics::*, wait::*};
+pub use {
+    api::*, env::*, net::*, orders::*, procs::*, provider::*, role_metrics::*, roles::*, wait::*,
+};

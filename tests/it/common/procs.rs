@@ -163,23 +163,15 @@ pub struct SaleRoles {
 
 impl SaleRoles {
     pub async fn start(env: &TestEnv) -> Self {
-        let (api, api_port) = spawn_listening(env, &["api"], "SECKILL__API__LISTEN", &[]);
-        let (scan, scan_port) =
-            spawn_listening(env, &["scan"], "SECKILL__SCAN__METRICS_LISTEN", &[]);
-        let (consume, consume_port) = spawn_listening(
-            env,
-            &["consume", "--workers", "2"],
-            "SECKILL__CONSUMER__METRICS_LISTEN",
-            &[],
-        );
-        for port in [api_port, scan_port, consume_port] {
-            wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
-        }
+        let api = Role::api().spawn(env);
+        let scan = Role::scan().spawn(env);
+        let consume = Role::consume(2).spawn(env);
+        ready([&api, &scan, &consume]).await;
         Self {
-            api,
-            api_port,
-            scan,
-            consume,
+            api_port: api.port,
+            api: api.proc,
+            scan: scan.proc,
+            consume: consume.proc,
         }
     }
 

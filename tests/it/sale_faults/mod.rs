@@ -25,7 +25,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{caught_up, eventually, free_port, spawn, wait_ready, Proc, TestEnv};
+use crate::common::{
+    caught_up, eventually, free_port, spawn, wait_ready, Proc, Role, Started, TestEnv,
+};
 use futures::StreamExt;
 use serde_json::json;
 
@@ -56,66 +58,35 @@ const THROTTLED_SLOW_ACK: &str =
     "consume-inside-transaction=sleep(100);consume-after-commit-before-ack=sleep(2000)";
 
 fn start_consumer(env: &TestEnv, failpoints: &str) -> (Proc, u16) {
-    let port = free_port();
-    let p = spawn(
-        env,
-        &["consume", "--workers", "2"],
-        failpoints,
-        &[
-            (
-                "SECKILL__CONSUMER__METRICS_LISTEN",
-                format!("127.0.0.1:{port}"),
-            ),
-            ("SECKILL__CONSUMER__BATCH_SIZE", "4".to_string()),
-        ],
-    );
-    (p, port)
+    let c = consumer(env, failpoints);
+    (c.proc, c.ops)
+}
+
+fn consumer(env: &TestEnv, failpoints: &str) -> Started {
+    Role::consume(2)
+        .failpoints(failpoints)
+        .var("SECKILL__CONSUMER__BATCH_SIZE", 4)
+        .spawn(env)
 }
 
 pub(crate) async fn start_roles(env: &TestEnv, consumers: usize, first_consumers: &str) -> Roles {
-    let (api_port, api_ops) = (free_port(), free_port());
-    let scan_port = free_port();
-    let api = spawn(
-        env,
-        &["api"],
-        "",
-        &[
-            ("SECKILL__API__LISTEN", format!("127.0.0.1:{api_port}")),
-            (
-                "SECKILL__API__METRICS_LISTEN",
-                format!("127.0.0.1:{api_ops}"),
-            ),
-        ],
-    );
-    let scan = spawn(
-        env,
-        &["scan"],
-        "",
-        &[
-            (
-                "SECKILL__SCAN__METRICS_LISTEN",
-                format!("127.0.0.1:{scan_port}"),
-            ),
-            // Confirmed sends a dead broker holds go out again 3 s after the consumers'
-            // progress on the live one (10 s by default).
-            ("SECKILL__SCAN__UNCONSUMED_RESEND_MS", "3000".to_string()),
-        ],
-    );
-    let consumers: Vec<(Proc, u16)> = (0..consumers)
-        .map(|_| start_consumer(env, first_consumers))
+    let api = Role::api().spawn(env);
+    // Confirmed sends a dead broker holds go out again 3 s after the consumers' progress on
+    // the live one (10 s by default).
+    let scan = Role::scan()
+        .var("SECKILL__SCAN__UNCONSUMED_RESEND_MS", 3000)
+        .spawn(env);
+    let consumers: Vec<Started> = (0..consumers)
+        .map(|_| consumer(env, first_consumers))
         .collect();
-    wait_ready(format!("http://127.0.0.1:{api_port}/readyz")).await;
-    wait_ready(format!("http://127.0.0.1:{scan_port}/readyz")).await;
-    for (_, port) in &consumers {
-        wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
-    }
+    common::ready([&api, &scan].into_iter().chain(&consumers)).await;
     Roles {
-        api,
-        api_port,
-        api_ops,
-        consumers,
-        scan,
-        scan_port,
+        api: api.proc,
+        api_port: api.port,
+        api_ops: api.ops,
+        consumers: consumers.into_iter().map(|c| (c.proc, c.ops)).collect(),
+        scan: scan.proc,
+        scan_port: scan.ops,
     }
 }
 
