@@ -54,50 +54,161 @@ const SAMPLED_TABLES: [&str; 7] = [
     "stock_ledger",
 ];
 
-/// One sample line, and the anonymous memory of each process.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn sample(
-    pool: &deadpool_postgres::Pool,
-    redis: &RedisStore,
-    lag: &seckill::mq::rocketmq::LagProbe,
-    groups: &[(&str, String, String)],
-    procs: &[CpuTarget],
-    activity_id: i64,
-    since: chrono::DateTime<chrono::Utc>,
-    now: chrono::DateTime<chrono::Utc>,
-) -> anyhow::Result<(String, Vec<Option<f64>>)> {
-    let mut parts: Vec<String> = Vec::new();
-    let pg = pool.get().await?;
-    let row = pg
-        .query_one(
-            "SELECT (SELECT count(*) FROM order_commits c JOIN orders o USING (xact_id)
-                      WHERE c.committed_at > $2 AND c.committed_at <= $3 AND o.activity_id = $1),
-                    (SELECT coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY
-                              extract(epoch FROM c.committed_at - o.reserved_at)), 0)::float8
-                       FROM order_commits c JOIN orders o USING (xact_id)
-                      WHERE c.committed_at > $2 AND c.committed_at <= $3 AND o.activity_id = $1),
-                    (SELECT count(*) FROM orders
-                      WHERE activity_id = $1 AND canceled_at > $2 AND canceled_at <= $3),
-                    (SELECT coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY
-                              extract(epoch FROM canceled_at - expires_at)), 0)::float8
-                       FROM orders
-                      WHERE activity_id = $1 AND canceled_at > $2 AND canceled_at <= $3),
-                    (SELECT count(*) FROM orders
-                      WHERE status IN ('CREATED', 'PAYING') AND expires_at < now())",
-            &[&activity_id, &since, &now],
-        )
-        .await?;
-    let window = (now - since).num_milliseconds().max(1) as f64 / 1000.0;
-    parts.push(format!(
-        "created_per_s={:.0} order_age_p99_ms={:.0} canceled_per_s={:.0} cancel_age_p99_s={:.2} overdue={}",
-        row.get::<_, i64>(0) as f64 / window,
-        row.get::<_, f64>(1) * 1000.0,
-        row.get::<_, i64>(2) as f64 / window,
-        row.get::<_, f64>(3),
-        row.get::<_, i64>(4),
-    ));
-    // Size on disk, and the exact row count (not the planner's estimate, which only a VACUUM
-    // or ANALYZE refreshes).
+/// What every sample reads, and from where.
+pub(super) struct Sampler {
+    pub(super) pool: deadpool_postgres::Pool,
+    pub(super) redis: RedisStore,
+    pub(super) lag: seckill::mq::rocketmq::LagProbe,
+    /// `(name on the line, consumer group, its topic)`.
+    pub(super) groups: Vec<(&'static str, String, String)>,
+    pub(super) procs: Vec<CpuTarget>,
+    pub(super) activity_id: i64,
+}
+
+impl Sampler {
+    /// One SAMPLE line every `every` until `stop`; the samples, for the memory verdict.
+    pub(super) fn spawn(
+        self,
+        every: std::time::Duration,
+        started: std::time::Instant,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> tokio::task::JoinHandle<Vec<Sample>> {
+        tokio::spawn(async move {
+            let mut samples: Vec<Sample> = Vec::new();
+            let mut since = chrono::Utc::now();
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(every) => {}
+                }
+                let now = chrono::Utc::now();
+                let line = match self.sample(since, now).await {
+                    Ok((line, anon)) => {
+                        samples.push(Sample {
+                            t: started.elapsed().as_secs_f64(),
+                            anon_mib: anon,
+                        });
+                        line
+                    }
+                    Err(e) => format!("(not sampled: {e:#})"),
+                };
+                println!("SAMPLE t={:.0} {line}", started.elapsed().as_secs_f64());
+                since = now;
+            }
+            self.lag.shutdown().await;
+            samples
+        })
+    }
+
+    /// One sample line, and the anonymous memory of each process.
+    async fn sample(
+        &self,
+        since: chrono::DateTime<chrono::Utc>,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> anyhow::Result<(String, Vec<Option<f64>>)> {
+        let pg = self.pool.get().await?;
+        let (memory, anon) = self.memory();
+        let parts = [
+            self.orders(&pg, since, now).await?,
+            tables(&pg).await?,
+            self.redis_memory().await?,
+            self.lags().await,
+            memory,
+        ];
+        Ok((parts.join(" "), anon))
+    }
+
+    /// Orders created and cancelled in the interval, their ages, and the overdue.
+    async fn orders(
+        &self,
+        pg: &tokio_postgres::Client,
+        since: chrono::DateTime<chrono::Utc>,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> anyhow::Result<String> {
+        let row = pg
+            .query_one(
+                "SELECT (SELECT count(*) FROM order_commits c JOIN orders o USING (xact_id)
+                          WHERE c.committed_at > $2 AND c.committed_at <= $3 AND o.activity_id = $1),
+                        (SELECT coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY
+                                  extract(epoch FROM c.committed_at - o.reserved_at)), 0)::float8
+                           FROM order_commits c JOIN orders o USING (xact_id)
+                          WHERE c.committed_at > $2 AND c.committed_at <= $3 AND o.activity_id = $1),
+                        (SELECT count(*) FROM orders
+                          WHERE activity_id = $1 AND canceled_at > $2 AND canceled_at <= $3),
+                        (SELECT coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY
+                                  extract(epoch FROM canceled_at - expires_at)), 0)::float8
+                           FROM orders
+                          WHERE activity_id = $1 AND canceled_at > $2 AND canceled_at <= $3),
+                        (SELECT count(*) FROM orders
+                          WHERE status IN ('CREATED', 'PAYING') AND expires_at < now())",
+                &[&self.activity_id, &since, &now],
+            )
+            .await?;
+        let window = (now - since).num_milliseconds().max(1) as f64 / 1000.0;
+        Ok(format!(
+            "created_per_s={:.0} order_age_p99_ms={:.0} canceled_per_s={:.0} cancel_age_p99_s={:.2} overdue={}",
+            row.get::<_, i64>(0) as f64 / window,
+            row.get::<_, f64>(1) * 1000.0,
+            row.get::<_, i64>(2) as f64 / window,
+            row.get::<_, f64>(3),
+            row.get::<_, i64>(4),
+        ))
+    }
+
+    async fn redis_memory(&self) -> anyhow::Result<String> {
+        let mut conn = self.redis.pool.get().await?;
+        let info: String = deadpool_redis::redis::cmd("INFO")
+            .arg("memory")
+            .query_async(&mut *conn)
+            .await?;
+        let used = info
+            .lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        Ok(format!("redis_mib={:.1}", used / 1_048_576.0))
+    }
+
+    /// Each group's lag: messages and the oldest unconsumed one's age.
+    async fn lags(&self) -> String {
+        let mut lags = Vec::new();
+        for (name, group, topic) in &self.groups {
+            lags.push(match self.lag.lag(group, topic).await {
+                Ok(l) => format!(
+                    "{name}:{}/{:.1}s",
+                    l.messages,
+                    l.oldest_unconsumed_age_ms.unwrap_or(0) as f64 / 1000.0
+                ),
+                Err(_) => format!("{name}:?"),
+            });
+        }
+        format!("lag={}", lags.join(","))
+    }
+
+    /// Each process's resident and anonymous memory; the anonymous, for the verdict.
+    fn memory(&self) -> (String, Vec<Option<f64>>) {
+        let mut anon = Vec::new();
+        let mut rss = Vec::new();
+        for p in &self.procs {
+            let read: Vec<(f64, f64)> = p.pids.iter().filter_map(|&pid| rss_mib(pid)).collect();
+            if read.is_empty() {
+                anon.push(None);
+                rss.push(format!("{}:gone", p.name));
+            } else {
+                let (v, a) = read
+                    .iter()
+                    .fold((0.0, 0.0), |(v, a), (rv, ra)| (v + rv, a + ra));
+                anon.push(Some(a));
+                rss.push(format!("{}:{v:.0}/{a:.0}", p.name));
+            }
+        }
+        (format!("rss_anon_mib={}", rss.join(",")), anon)
+    }
+}
+
+/// Size on disk, and the exact row count (not the planner's estimate, which only a VACUUM or
+/// ANALYZE refreshes), of each sampled table.
+async fn tables(pg: &tokio_postgres::Client) -> anyhow::Result<String> {
     let mut tables = Vec::new();
     for table in SAMPLED_TABLES {
         let row = pg
@@ -115,47 +226,7 @@ pub(super) async fn sample(
             row.get::<_, i64>(1)
         ));
     }
-    parts.push(format!("pg_mib_rows={}", tables.join(",")));
-    let mut conn = redis.pool.get().await?;
-    let info: String = deadpool_redis::redis::cmd("INFO")
-        .arg("memory")
-        .query_async(&mut *conn)
-        .await?;
-    let used = info
-        .lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap_or(0.0);
-    parts.push(format!("redis_mib={:.1}", used / 1_048_576.0));
-    let mut lags = Vec::new();
-    for (name, group, topic) in groups {
-        lags.push(match lag.lag(group, topic).await {
-            Ok(l) => format!(
-                "{name}:{}/{:.1}s",
-                l.messages,
-                l.oldest_unconsumed_age_ms.unwrap_or(0) as f64 / 1000.0
-            ),
-            Err(_) => format!("{name}:?"),
-        });
-    }
-    parts.push(format!("lag={}", lags.join(",")));
-    let mut anon = Vec::new();
-    let mut rss = Vec::new();
-    for p in procs {
-        let read: Vec<(f64, f64)> = p.pids.iter().filter_map(|&pid| rss_mib(pid)).collect();
-        if read.is_empty() {
-            anon.push(None);
-            rss.push(format!("{}:gone", p.name));
-        } else {
-            let (v, a) = read
-                .iter()
-                .fold((0.0, 0.0), |(v, a), (rv, ra)| (v + rv, a + ra));
-            anon.push(Some(a));
-            rss.push(format!("{}:{v:.0}/{a:.0}", p.name));
-        }
-    }
-    parts.push(format!("rss_anon_mib={}", rss.join(",")));
-    Ok((parts.join(" "), anon))
+    Ok(format!("pg_mib_rows={}", tables.join(",")))
 }
 
 #[cfg(test)]
