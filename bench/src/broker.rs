@@ -60,75 +60,38 @@ pub async fn run(mut settings: Settings, args: BrokerArgs) -> anyhow::Result<boo
         settings.mq.send_retries = r;
     }
     let publisher = seckill::mq::connect_publisher(&settings).await?;
-    let body = vec![b'x'; args.body_bytes];
-    let confirmed = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(AtomicU64::new(0));
-    let unknown = Arc::new(AtomicU64::new(0));
-    let latency = Arc::new(std::sync::Mutex::new(
-        hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?,
-    ));
-    let calls = Arc::new(AtomicU64::new(0));
+    let tally = Arc::new(Tally {
+        confirmed: AtomicU64::new(0),
+        failed: AtomicU64::new(0),
+        unknown: AtomicU64::new(0),
+        calls: AtomicU64::new(0),
+        latency: std::sync::Mutex::new(hdrhistogram::Histogram::<u64>::new_with_bounds(
+            1, 60_000_000, 3,
+        )?),
+    });
     let deadline = Instant::now() + Duration::from_secs_f64(args.seconds);
+    let delay_ms = i64::try_from(args.timer_delay_secs.saturating_mul(1000))?;
     let started = Instant::now();
     let mut senders = tokio::task::JoinSet::new();
     for s in 0..args.senders {
-        let (publisher, topic, body) = (publisher.clone(), topic.clone(), body.clone());
-        let (confirmed, failed, calls) = (confirmed.clone(), failed.clone(), calls.clone());
-        let (unknown, latency) = (unknown.clone(), latency.clone());
-        let timeout_ms = args.timeout_ms;
-        let batch = args.batch;
-        let delay_ms = i64::try_from(args.timer_delay_secs.saturating_mul(1000))?;
-        senders.spawn(async move {
-            let mut n = 0u64;
-            while Instant::now() < deadline {
-                let msgs: Vec<OutMessage> = (0..batch)
-                    .map(|i| OutMessage {
-                        topic: topic.clone(),
-                        tag: "BENCH".into(),
-                        keys: vec![format!("s{s}-{n}-{i}")],
-                        properties: vec![("message_id".into(), format!("raw-{s}-{n}-{i}"))],
-                        body: body.clone(),
-                        deliver_time_ms: (delay_ms > 0)
-                            .then(|| chrono::Utc::now().timestamp_millis() + delay_ms),
-                        ..Default::default()
-                    })
-                    .collect();
-                n += 1;
-                let sent = Instant::now();
-                let outcomes = if batch == 1 {
-                    let m = msgs.into_iter().next().expect("one message");
-                    vec![publisher.send(m, timeout_ms).await]
-                } else {
-                    publisher.send_batch(msgs, timeout_ms).await
-                };
-                let us = sent.elapsed().as_micros().max(1) as u64;
-                if let Ok(mut h) = latency.lock() {
-                    let _ = h.record(us.min(60_000_000));
-                }
-                calls.fetch_add(1, Ordering::Relaxed);
-                for o in outcomes {
-                    match o {
-                        SendOutcome::Confirmed { .. } => {
-                            confirmed.fetch_add(1, Ordering::Relaxed);
-                        }
-                        SendOutcome::Unknown { .. } => {
-                            unknown.fetch_add(1, Ordering::Relaxed);
-                            failed.fetch_add(1, Ordering::Relaxed);
-                        }
-                        SendOutcome::DefiniteFailure { .. } => {
-                            failed.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                }
-            }
-        });
+        let sender = Sender {
+            id: s,
+            publisher: publisher.clone(),
+            topic: topic.clone(),
+            body: vec![b'x'; args.body_bytes],
+            batch: args.batch,
+            timeout_ms: args.timeout_ms,
+            delay_ms,
+        };
+        senders.spawn(sender.until(deadline, tally.clone()));
     }
     while senders.join_next().await.is_some() {}
     let secs = started.elapsed().as_secs_f64();
-    let ok_msgs = confirmed.load(Ordering::Relaxed);
-    let bad = failed.load(Ordering::Relaxed);
-    let unknown = unknown.load(Ordering::Relaxed);
-    let (p50, p99, p999, max) = latency
+    let ok_msgs = tally.confirmed.load(Ordering::Relaxed);
+    let bad = tally.failed.load(Ordering::Relaxed);
+    let unknown = tally.unknown.load(Ordering::Relaxed);
+    let (p50, p99, p999, max) = tally
+        .latency
         .lock()
         .map(|h| {
             let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
@@ -143,8 +106,75 @@ pub async fn run(mut settings: Settings, args: BrokerArgs) -> anyhow::Result<boo
         args.timeout_ms,
         settings.mq.send_retries,
         ok_msgs as f64 / secs,
-        calls.load(Ordering::Relaxed) as f64 / secs,
+        tally.calls.load(Ordering::Relaxed) as f64 / secs,
         100.0 * unknown as f64 / (ok_msgs + bad).max(1) as f64,
     );
     Ok(bad == 0)
+}
+
+/// What every sender's calls came to.
+struct Tally {
+    confirmed: AtomicU64,
+    /// Refused or unknown.
+    failed: AtomicU64,
+    unknown: AtomicU64,
+    calls: AtomicU64,
+    /// Each call's time, µs.
+    latency: std::sync::Mutex<hdrhistogram::Histogram<u64>>,
+}
+
+/// One sender: calls of `batch` messages (timer messages `delay_ms` ahead when not 0), one
+/// after the other.
+struct Sender {
+    id: usize,
+    publisher: Arc<dyn seckill::mq::Publisher>,
+    topic: String,
+    body: Vec<u8>,
+    batch: usize,
+    timeout_ms: u64,
+    delay_ms: i64,
+}
+
+impl Sender {
+    async fn until(self, deadline: Instant, tally: Arc<Tally>) {
+        let (s, mut n) = (self.id, 0u64);
+        while Instant::now() < deadline {
+            let msgs: Vec<OutMessage> = (0..self.batch)
+                .map(|i| OutMessage {
+                    topic: self.topic.clone(),
+                    tag: "BENCH".into(),
+                    keys: vec![format!("s{s}-{n}-{i}")],
+                    properties: vec![("message_id".into(), format!("raw-{s}-{n}-{i}"))],
+                    body: self.body.clone(),
+                    deliver_time_ms: (self.delay_ms > 0)
+                        .then(|| chrono::Utc::now().timestamp_millis() + self.delay_ms),
+                    ..Default::default()
+                })
+                .collect();
+            n += 1;
+            let sent = Instant::now();
+            let outcomes = if self.batch == 1 {
+                let m = msgs.into_iter().next().expect("one message");
+                vec![self.publisher.send(m, self.timeout_ms).await]
+            } else {
+                self.publisher.send_batch(msgs, self.timeout_ms).await
+            };
+            let us = sent.elapsed().as_micros().max(1) as u64;
+            if let Ok(mut h) = tally.latency.lock() {
+                let _ = h.record(us.min(60_000_000));
+            }
+            tally.calls.fetch_add(1, Ordering::Relaxed);
+            for o in outcomes {
+                let counter = match o {
+                    SendOutcome::Confirmed { .. } => &tally.confirmed,
+                    SendOutcome::Unknown { .. } => {
+                        tally.unknown.fetch_add(1, Ordering::Relaxed);
+                        &tally.failed
+                    }
+                    SendOutcome::DefiniteFailure { .. } => &tally.failed,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
 }

@@ -167,6 +167,7 @@ async fn pg_counters(client: &tokio_postgres::Client) -> anyhow::Result<(String,
     Ok((r.get(0), r.get(1), r.get(2)))
 }
 
+/// One mode's run on a schema and topics of its own, left as it found them.
 async fn one_mode(
     base: &Settings,
     mode: EventDelivery,
@@ -175,16 +176,73 @@ async fn one_mode(
     let s = mode_settings(base, mode)?;
     let (admin, conn) = seckill::pg::connect_one(&s.pg).await?;
     let conn = tokio::spawn(conn);
-    admin
-        .batch_execute(&format!(
-            "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
-            s.pg.schema
-        ))
-        .await?;
+    drop_schema(&admin, &s).await?;
     seckill::pg::migrate(&s.pg).await?;
     let (plan, groups) = seckill::roles::ops::topics::create_all(&s).await?;
+    let orders = unpaid_orders(&s, args.orders).await?;
+    let roles = Roles::start(&s).await?;
 
-    // The unpaid orders, written straight into PostgreSQL.
+    let before = pg_counters(&admin).await?;
+    let started = Instant::now();
+    let answered = pay_all(&s, &roles.base_url, orders, args.concurrency).await?;
+    wait_delivered(&roles.arrivals, mode, args).await?;
+    let first = roles.arrivals.first.lock().unwrap().clone();
+    let last = first.values().max().copied().unwrap_or(started);
+    let elapsed = last.duration_since(started).as_secs_f64();
+    let wal_after = pg_counters(&admin).await?.0;
+    // A backend that goes idle reports its counters only after 10 s (PostgreSQL's
+    // PGSTAT_IDLE_INTERVAL): read them once that has passed.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let after = pg_counters(&admin).await?;
+    let wal: f64 = admin
+        .query_one(
+            "SELECT pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)::float8",
+            &[&wal_after, &before.0],
+        )
+        .await?
+        .get(0);
+
+    let mut deliver = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
+    let mut answer = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
+    for (order, (sent, answered)) in &answered {
+        if let Some(at) = first.get(order) {
+            deliver.record(at.saturating_duration_since(*sent).as_micros().max(1) as u64)?;
+        }
+        answer.record(answered.duration_since(*sent).as_micros().max(1) as u64)?;
+    }
+    let n = args.orders as f64;
+    let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    let figures = Figures {
+        events_per_s: n / elapsed.max(1e-9),
+        deliver_p50_ms: ms(&deliver, 0.5),
+        deliver_p99_ms: ms(&deliver, 0.99),
+        answer_p50_ms: ms(&answer, 0.5),
+        answer_p99_ms: ms(&answer, 0.99),
+        xacts_per_event: (after.1 - before.1) as f64 / n,
+        rows_per_event: (after.2 - before.2) as f64 / n,
+        wal_bytes_per_event: wal / n,
+        duplicates: *roles.arrivals.duplicates.lock().unwrap(),
+    };
+
+    let collector = roles.stop().await;
+    drop_schema(&admin, &s).await?;
+    let topics: Vec<String> = plan.into_iter().map(|(t, _)| t).collect();
+    seckill::mq::delete_topics(&s, &topics).await?;
+    let mut groups: Vec<String> = groups.into_iter().map(|g| g.name).collect();
+    groups.push(collector);
+    seckill::mq::delete_groups(&s, &groups).await?;
+    drop(admin);
+    conn.abort();
+    Ok(figures)
+}
+
+async fn drop_schema(admin: &tokio_postgres::Client, s: &Settings) -> anyhow::Result<()> {
+    let sql = format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", s.pg.schema);
+    Ok(admin.batch_execute(&sql).await?)
+}
+
+/// `n` unpaid orders of a new activity, written straight into PostgreSQL; their ids.
+async fn unpaid_orders(s: &Settings, n: usize) -> anyhow::Result<Vec<String>> {
     let (pool, activity) = (seckill::pg::connect_pool(&s.pg, 2).await?, 1_i64);
     let now = chrono::Utc::now();
     let mut c = pool.get().await?;
@@ -194,17 +252,17 @@ async fn one_mode(
         starts_at: now - chrono::Duration::seconds(1),
         ends_at: now + chrono::Duration::hours(1),
         reservation_valid_secs: 300,
-        skus: vec![(1, args.orders as i32, 100)],
+        skus: vec![(1, n as i32, 100)],
         stock_buckets: 1,
     };
     let client: &mut tokio_postgres::Client = &mut c;
     seckill::pg::queries::create_activity(client, &spec, now).await?;
-    let ids: Vec<seckill::domain::Ids> = (0..args.orders)
+    let ids: Vec<seckill::domain::Ids> = (0..n)
         .map(|_| seckill::domain::Ids::generate(activity, 0))
         .collect();
     let orders: Vec<&str> = ids.iter().map(|i| i.order_id.as_str()).collect();
     let reservations: Vec<&str> = ids.iter().map(|i| i.reservation_id.as_str()).collect();
-    let users: Vec<i64> = (1..=args.orders as i64).collect();
+    let users: Vec<i64> = (1..=n as i64).collect();
     c.execute(
         "INSERT INTO orders (order_id, reservation_id, activity_id, sku_id, user_id, amount_cents,
                              status, expires_at, reserved_at)
@@ -213,51 +271,98 @@ async fn one_mode(
         &[&activity, &orders, &reservations, &users],
     )
     .await?;
-    drop(c);
+    Ok(ids.into_iter().map(|i| i.order_id).collect())
+}
 
-    // The roles: the API and the relay (scan), and a collector of the events.
-    let names = s.names();
-    let arrivals = Arc::new(Arrivals::default());
-    let group = format!("CG_{}_BENCH_COLLECTOR", s.env);
-    seckill::mq::create_groups(&s, &[seckill::roles::ops::topics::tool_group(&s, &group)]).await?;
-    let consumer = seckill::mq::start_consumer(
-        &s,
-        &group,
-        &names.order_event_topic,
-        arrivals.clone(),
-        4,
-        32,
-    )
-    .await?;
-    let scan_stop = tokio_util::sync::CancellationToken::new();
-    let scan = tokio::spawn(seckill::roles::scan::run_until(
-        s.clone(),
-        scan_stop.clone(),
-    ));
-    let settings = Arc::new(s.clone());
-    let publisher = seckill::mq::connect_publisher(&s).await?;
-    let state = seckill::roles::api::build_state(settings.clone(), publisher).await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base_url = format!("http://{}", listener.local_addr()?);
-    let stop = tokio_util::sync::CancellationToken::new();
-    let server = tokio::spawn(seckill::roles::api::serve(listener, state, stop.clone()));
-    // The consumer's first rebalance takes a moment; payments wait for it to hold queues.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+/// The roles of one mode, in this process: the API, the relay (scan), and a collector group
+/// of its own on the order-event topic.
+struct Roles {
+    arrivals: Arc<Arrivals>,
+    base_url: String,
+    collector: String,
+    consumer: seckill::mq::ConsumerHandle,
+    api_stop: tokio_util::sync::CancellationToken,
+    api: tokio::task::JoinHandle<anyhow::Result<()>>,
+    scan_stop: tokio_util::sync::CancellationToken,
+    scan: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
 
-    let before = pg_counters(&admin).await?;
+impl Roles {
+    async fn start(s: &Settings) -> anyhow::Result<Self> {
+        let arrivals = Arc::new(Arrivals::default());
+        let collector = format!("CG_{}_BENCH_COLLECTOR", s.env);
+        let group = seckill::roles::ops::topics::tool_group(s, &collector);
+        seckill::mq::create_groups(s, &[group]).await?;
+        let consumer = seckill::mq::start_consumer(
+            s,
+            &collector,
+            &s.names().order_event_topic,
+            arrivals.clone(),
+            4,
+            32,
+        )
+        .await?;
+        let scan_stop = tokio_util::sync::CancellationToken::new();
+        let scan = tokio::spawn(seckill::roles::scan::run_until(
+            s.clone(),
+            scan_stop.clone(),
+        ));
+        let publisher = seckill::mq::connect_publisher(s).await?;
+        let state = seckill::roles::api::build_state(Arc::new(s.clone()), publisher).await?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base_url = format!("http://{}", listener.local_addr()?);
+        let api_stop = tokio_util::sync::CancellationToken::new();
+        let api = tokio::spawn(seckill::roles::api::serve(
+            listener,
+            state,
+            api_stop.clone(),
+        ));
+        // The consumer's first rebalance takes a moment; payments wait for it to hold queues.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        Ok(Self {
+            arrivals,
+            base_url,
+            collector,
+            consumer,
+            api_stop,
+            api,
+            scan_stop,
+            scan,
+        })
+    }
+
+    /// Stops every role; the collector group's name, to delete.
+    async fn stop(self) -> String {
+        self.api_stop.cancel();
+        let _ = self.api.await;
+        self.scan_stop.cancel();
+        let _ = self.scan.await;
+        self.consumer.shutdown().await;
+        self.collector
+    }
+}
+
+/// Pays every order with a signed notification, `concurrency` in flight; for each order
+/// answered 2xx, when it was sent and answered. Fails if any was not.
+async fn pay_all(
+    s: &Settings,
+    base_url: &str,
+    orders: Vec<String>,
+    concurrency: usize,
+) -> anyhow::Result<HashMap<String, (Instant, Instant)>> {
     let secret = s.payments.webhook_secrets[0].clone();
     let http = reqwest::Client::new();
-    let started = Instant::now();
-    let sent_at: Arc<Mutex<HashMap<String, (Instant, Instant)>>> = Arc::default();
+    let answered: Arc<Mutex<HashMap<String, (Instant, Instant)>>> = Arc::default();
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let orders: Arc<Vec<String>> = Arc::new(ids.iter().map(|i| i.order_id.clone()).collect());
+    let orders = Arc::new(orders);
+    let url = format!("{base_url}/v1/payments/notifications");
     let mut payers = tokio::task::JoinSet::new();
-    for _ in 0..args.concurrency {
-        let (http, url, secret, sent_at, next, orders) = (
+    for _ in 0..concurrency {
+        let (http, url, secret, answered, next, orders) = (
             http.clone(),
-            format!("{base_url}/v1/payments/notifications"),
+            url.clone(),
             secret.clone(),
-            sent_at.clone(),
+            answered.clone(),
             next.clone(),
             orders.clone(),
         );
@@ -285,7 +390,7 @@ async fn one_mode(
                     .await;
                 match r {
                     Ok(r) if r.status().is_success() => {
-                        sent_at
+                        answered
                             .lock()
                             .unwrap()
                             .insert(order.clone(), (sent, Instant::now()));
@@ -301,14 +406,22 @@ async fn one_mode(
         failed += r?;
     }
     anyhow::ensure!(failed == 0, "{failed} payment notifications failed");
+    let answered = std::mem::take(&mut *answered.lock().unwrap());
+    Ok(answered)
+}
 
-    // Every ORDER_PAID delivered, waiting while deliveries progress.
+/// Every ORDER_PAID delivered, waiting while deliveries progress.
+async fn wait_delivered(
+    arrivals: &Arrivals,
+    mode: EventDelivery,
+    args: &PaymentsArgs,
+) -> anyhow::Result<()> {
     let mut seen = 0;
     let mut progress = Instant::now();
     loop {
         let n = arrivals.first.lock().unwrap().len();
         if n >= args.orders {
-            break;
+            return Ok(());
         }
         if n > seen {
             (seen, progress) = (n, Instant::now());
@@ -322,62 +435,4 @@ async fn one_mode(
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let first = arrivals.first.lock().unwrap().clone();
-    let last = first.values().max().copied().unwrap_or(started);
-    let elapsed = last.duration_since(started).as_secs_f64();
-    let wal_after = pg_counters(&admin).await?.0;
-    // A backend that goes idle reports its counters only after 10 s (PostgreSQL's
-    // PGSTAT_IDLE_INTERVAL): read them once that has passed.
-    tokio::time::sleep(Duration::from_secs(11)).await;
-    let after = pg_counters(&admin).await?;
-    let wal: f64 = admin
-        .query_one(
-            "SELECT pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)::float8",
-            &[&wal_after, &before.0],
-        )
-        .await?
-        .get(0);
-
-    let mut deliver = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
-    let mut answer = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
-    for (order, (sent, answered)) in sent_at.lock().unwrap().iter() {
-        if let Some(at) = first.get(order) {
-            deliver.record(at.saturating_duration_since(*sent).as_micros().max(1) as u64)?;
-        }
-        answer.record(answered.duration_since(*sent).as_micros().max(1) as u64)?;
-    }
-    let n = args.orders as f64;
-    let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-    let figures = Figures {
-        events_per_s: n / elapsed.max(1e-9),
-        deliver_p50_ms: ms(&deliver, 0.5),
-        deliver_p99_ms: ms(&deliver, 0.99),
-        answer_p50_ms: ms(&answer, 0.5),
-        answer_p99_ms: ms(&answer, 0.99),
-        xacts_per_event: (after.1 - before.1) as f64 / n,
-        rows_per_event: (after.2 - before.2) as f64 / n,
-        wal_bytes_per_event: wal / n,
-        duplicates: *arrivals.duplicates.lock().unwrap(),
-    };
-
-    stop.cancel();
-    let _ = server.await;
-    scan_stop.cancel();
-    let _ = scan.await;
-    consumer.shutdown().await;
-    drop(pool);
-    admin
-        .batch_execute(&format!(
-            "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
-            s.pg.schema
-        ))
-        .await?;
-    let topics: Vec<String> = plan.into_iter().map(|(t, _)| t).collect();
-    seckill::mq::delete_topics(&s, &topics).await?;
-    let mut groups: Vec<String> = groups.into_iter().map(|g| g.name).collect();
-    groups.push(group);
-    seckill::mq::delete_groups(&s, &groups).await?;
-    drop(admin);
-    conn.abort();
-    Ok(figures)
 }

@@ -283,87 +283,13 @@ pub fn ratios(l: &Lines) -> String {
 pub fn run(args: RatiosArgs) -> anyhow::Result<bool> {
     let lines = Lines::read(&args.dir)?;
     let (text, ok) = match args.only {
-        Some(Part::Sale) => {
-            let failed = ["SALE", "SALE_FRONT", "BASE_SALE"]
-                .iter()
-                .filter(|n| !lines.get(n).ok())
-                .count();
-            let text = format!("SALE_RATIOS {} violations={failed}", sale_ratios(&lines));
-            (text, failed == 0)
-        }
-        Some(Part::Ceilings) => {
-            let failed = ceiling_violations(&lines);
-            let table: Vec<String> = CEILINGS
-                .iter()
-                .map(|(n, _)| format!("{n}: {}", lines.get(n).text))
-                .collect();
-            let text = format!(
-                "{}\nCEILING_RATIOS {} violations={failed}",
-                table.join("\n"),
-                ceiling_ratios(&lines)
-            );
-            (text, failed == 0)
-        }
-        Some(Part::Orders) => {
-            let (limits, backlog) = (lines.batch_floor(), lines.get("B_BATCH"));
-            // The backlog's own verdict (its invariants) and a floor to compare with.
-            let rounds = lines.get("ORDER_ROUNDS");
-            let failed = u64::from(!backlog.ok())
-                + u64::from(!rounds.ok())
-                + rounds.num("violations").unwrap_or(0.0) as u64
-                + u64::from(limits.num("pgbench_batch_orders_per_s").is_none());
-            let text = format!(
-                "{}\n{}\nORDER_RATIOS order_vs_pgbench_batch={} order_vs_pgbench_batch_rounds={} {} violations={failed}",
-                limits.text,
-                backlog.text,
-                ratio(
-                    backlog.num("orders_per_s"),
-                    limits.num("pgbench_batch_orders_per_s")
-                ),
-                lines.get("ORDER_ROUNDS").raw("ratios"),
-                cpu_ratios(&lines)
-            );
-            (text, failed == 0)
-        }
-        Some(Part::Fair) => {
-            let names = ["CROWD_FCFS", "CROWD_DRAW", "CROWD_PASSES"];
-            let failed = names.iter().filter(|n| !lines.get(n).ok()).count();
-            let table: Vec<String> = names.iter().map(|n| lines.get(n).text.clone()).collect();
-            let text = format!(
-                "{}\nFAIR_RATIOS {} violations={failed}",
-                table.join("\n"),
-                fair_ratios(&lines)
-            );
-            (text, failed == 0)
-        }
+        Some(Part::Sale) => sale_only(&lines),
+        Some(Part::Ceilings) => ceilings_only(&lines),
+        Some(Part::Orders) => orders_only(&lines),
+        Some(Part::Fair) => fair_only(&lines),
         Some(Part::Crowd) => crate::burst::only(&lines),
-        Some(Part::Relay) => {
-            let relay = lines.get("RELAY");
-            let failed = u64::from(!relay.ok())
-                + ["B_BATCH", "B_WIDE", "B_SINGLE"]
-                    .iter()
-                    .map(|n| lines.get(n).num("violations").map_or(1, |v| v as u64))
-                    .sum::<u64>();
-            let text = format!(
-                "{}\n{}\nRELAY_RATIOS relay_vs_broker_single={} violations={failed}",
-                lines.get("BROKER1").text,
-                relay.text,
-                ratio(
-                    relay.num("events_per_s"),
-                    lines.get("BROKER1").num("msgs_per_s")
-                )
-            );
-            (text, failed == 0)
-        }
-        None => {
-            let text = format!(
-                "{}\n{}\nRATIOS {}",
-                summary(&lines, &CEILINGS.map(|(n, _)| n)),
-                crate::burst::table(&lines),
-                ratios(&lines)
-            );
-            (text, violations(&lines) == 0)
-        }
+        Some(Part::Relay) => relay_only(&lines),
+        None => whole(&lines),
     };
     println!("{text}");
     if matches!(args.only, None | Some(Part::Crowd)) {
@@ -378,6 +304,98 @@ pub fn run(args: RatiosArgs) -> anyhow::Result<bool> {
         std::fs::write(file, format!("{text}\n"))?;
     }
     Ok(ok)
+}
+
+/// `make bench-sale`: the sale's three lines judged.
+fn sale_only(lines: &Lines) -> (String, bool) {
+    let failed = ["SALE", "SALE_FRONT", "BASE_SALE"]
+        .iter()
+        .filter(|n| !lines.get(n).ok())
+        .count();
+    let text = format!("SALE_RATIOS {} violations={failed}", sale_ratios(lines));
+    (text, failed == 0)
+}
+
+/// `make bench-ceilings`: the front door's ceilings with wrk.
+fn ceilings_only(lines: &Lines) -> (String, bool) {
+    let failed = ceiling_violations(lines);
+    let table: Vec<String> = CEILINGS
+        .iter()
+        .map(|(n, _)| format!("{n}: {}", lines.get(n).text))
+        .collect();
+    let text = format!(
+        "{}\nCEILING_RATIOS {} violations={failed}",
+        table.join("\n"),
+        ceiling_ratios(lines)
+    );
+    (text, failed == 0)
+}
+
+/// `make bench-orders`: the order work against pgbench's batch.
+fn orders_only(lines: &Lines) -> (String, bool) {
+    let (limits, backlog) = (lines.batch_floor(), lines.get("B_BATCH"));
+    // The backlog's own verdict (its invariants) and a floor to compare with.
+    let rounds = lines.get("ORDER_ROUNDS");
+    let failed = u64::from(!backlog.ok())
+        + u64::from(!rounds.ok())
+        + rounds.num("violations").unwrap_or(0.0) as u64
+        + u64::from(limits.num("pgbench_batch_orders_per_s").is_none());
+    let text = format!(
+        "{}\n{}\nORDER_RATIOS order_vs_pgbench_batch={} order_vs_pgbench_batch_rounds={} {} violations={failed}",
+        limits.text,
+        backlog.text,
+        ratio(
+            backlog.num("orders_per_s"),
+            limits.num("pgbench_batch_orders_per_s")
+        ),
+        lines.get("ORDER_ROUNDS").raw("ratios"),
+        cpu_ratios(lines)
+    );
+    (text, failed == 0)
+}
+
+/// `make bench-fair`: the mixed crowd's three ways of handing out units.
+fn fair_only(lines: &Lines) -> (String, bool) {
+    let names = ["CROWD_FCFS", "CROWD_DRAW", "CROWD_PASSES"];
+    let failed = names.iter().filter(|n| !lines.get(n).ok()).count();
+    let table: Vec<String> = names.iter().map(|n| lines.get(n).text.clone()).collect();
+    let text = format!(
+        "{}\nFAIR_RATIOS {} violations={failed}",
+        table.join("\n"),
+        fair_ratios(lines)
+    );
+    (text, failed == 0)
+}
+
+/// `make bench-relay`: the relay beside the broker's raw rate.
+fn relay_only(lines: &Lines) -> (String, bool) {
+    let relay = lines.get("RELAY");
+    let failed = u64::from(!relay.ok())
+        + ["B_BATCH", "B_WIDE", "B_SINGLE"]
+            .iter()
+            .map(|n| lines.get(n).num("violations").map_or(1, |v| v as u64))
+            .sum::<u64>();
+    let text = format!(
+        "{}\n{}\nRELAY_RATIOS relay_vs_broker_single={} violations={failed}",
+        lines.get("BROKER1").text,
+        relay.text,
+        ratio(
+            relay.num("events_per_s"),
+            lines.get("BROKER1").num("msgs_per_s")
+        )
+    );
+    (text, failed == 0)
+}
+
+/// `make bench`: the summary of every scenario, the crowd's table and RATIOS.
+fn whole(lines: &Lines) -> (String, bool) {
+    let text = format!(
+        "{}\n{}\nRATIOS {}",
+        summary(lines, &CEILINGS.map(|(n, _)| n)),
+        crate::burst::table(lines),
+        ratios(lines)
+    );
+    (text, violations(lines) == 0)
 }
 
 #[cfg(test)]

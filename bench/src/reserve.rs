@@ -133,39 +133,7 @@ pub async fn run(settings: Settings, args: ReserveRunArgs) -> anyhow::Result<boo
     }
     let started = Instant::now();
     let outcomes: Vec<anyhow::Result<bool>> = futures::stream::iter(0..args.requests)
-        .map(|i| {
-            let redis = redis.clone();
-            let activity_id = args.activity_id;
-            async move {
-                let user_id = 1 + i as i64;
-                let bucket = redis.home_shard(activity_id, user_id).await?.bucket;
-                let ids = Ids::generate(activity_id, bucket);
-                let request_id = format!("rr-{i}");
-                let now_ms = Utc::now().timestamp_millis();
-                let a = ReserveArgs {
-                    reservation: ReservationRef {
-                        message_id: &ids.message_id,
-                        request_id: &request_id,
-                        reservation_id: &ids.reservation_id,
-                        order_id: &ids.order_id,
-                        activity_id,
-                        sku_id: 1,
-                        user_id,
-                    },
-                    now_ms,
-                    next_retry_at_ms: now_ms + 3_600_000,
-                    traceparent: "",
-                    valid_secs: 600,
-                    limits: Default::default(),
-                    channel: "",
-                    pass_id: "",
-                };
-                Ok(matches!(
-                    redis.reserve(&a).await?,
-                    ReserveResult::Reserved(_)
-                ))
-            }
-        })
+        .map(|i| reserve_one(&redis, args.activity_id, i))
         .buffer_unordered(args.concurrency)
         .collect()
         .await;
@@ -178,19 +146,7 @@ pub async fn run(settings: Settings, args: ReserveRunArgs) -> anyhow::Result<boo
     for (n, b) in nodes.iter().zip(&before) {
         calls.push(script_calls(n).await?.saturating_sub(*b));
     }
-    let total: u64 = calls.iter().sum::<u64>().max(1);
-    let shares: Vec<String> = nodes
-        .iter()
-        .zip(&calls)
-        .map(|(n, c)| {
-            format!(
-                "{}:{:.3}",
-                n.rsplit(':').next().unwrap_or(n),
-                *c as f64 / total as f64
-            )
-        })
-        .collect();
-    let max_share = calls.iter().copied().max().unwrap_or(0) as f64 / total as f64;
+    let (max_share, shares) = primary_shares(&nodes, &calls);
     purge(&redis, args.activity_id).await?;
     println!(
         "RESERVE mode={} buckets={} requests={} reserved={} secs={:.3} calls_per_sec={:.0} max_primary_share={:.3} shares={}",
@@ -201,7 +157,7 @@ pub async fn run(settings: Settings, args: ReserveRunArgs) -> anyhow::Result<boo
         secs,
         args.requests as f64 / secs,
         max_share,
-        shares.join(",")
+        shares
     );
     if reserved != args.requests {
         eprintln!(
@@ -210,4 +166,55 @@ pub async fn run(settings: Settings, args: ReserveRunArgs) -> anyhow::Result<boo
         );
     }
     Ok(reserved == args.requests)
+}
+
+/// Buyer `i + 1` reserves one unit of SKU 1 in their home bucket, as the API would; whether it
+/// made a reservation.
+async fn reserve_one(redis: &RedisStore, activity_id: i64, i: usize) -> anyhow::Result<bool> {
+    let user_id = 1 + i as i64;
+    let bucket = redis.home_shard(activity_id, user_id).await?.bucket;
+    let ids = Ids::generate(activity_id, bucket);
+    let request_id = format!("rr-{i}");
+    let now_ms = Utc::now().timestamp_millis();
+    let a = ReserveArgs {
+        reservation: ReservationRef {
+            message_id: &ids.message_id,
+            request_id: &request_id,
+            reservation_id: &ids.reservation_id,
+            order_id: &ids.order_id,
+            activity_id,
+            sku_id: 1,
+            user_id,
+        },
+        now_ms,
+        next_retry_at_ms: now_ms + 3_600_000,
+        traceparent: "",
+        valid_secs: 600,
+        limits: Default::default(),
+        channel: "",
+        pass_id: "",
+    };
+    Ok(matches!(
+        redis.reserve(&a).await?,
+        ReserveResult::Reserved(_)
+    ))
+}
+
+/// The largest share of the script calls one primary took, and every primary's
+/// (`port:share,...`).
+fn primary_shares(nodes: &[String], calls: &[u64]) -> (f64, String) {
+    let total: u64 = calls.iter().sum::<u64>().max(1);
+    let shares: Vec<String> = nodes
+        .iter()
+        .zip(calls)
+        .map(|(n, c)| {
+            format!(
+                "{}:{:.3}",
+                n.rsplit(':').next().unwrap_or(n),
+                *c as f64 / total as f64
+            )
+        })
+        .collect();
+    let max_share = calls.iter().copied().max().unwrap_or(0) as f64 / total as f64;
+    (max_share, shares.join(","))
 }

@@ -104,18 +104,57 @@ pub async fn run(settings: Settings, args: TimersArgs) -> anyhow::Result<bool> {
         seckill::mq::start_consumer(&settings, &group, &topic, lateness.clone(), 4, 32).await?;
     let publisher = seckill::mq::connect_publisher(&settings).await?;
     let first_due = chrono::Utc::now().timestamp_millis() + (args.due_in_secs * 1000) as i64;
+    let send_started = Instant::now();
+    let sent = send_all(publisher, &topic, &run, &args, first_due).await;
+    let send_secs = send_started.elapsed().as_secs_f64();
+    let now = chrono::Utc::now().timestamp_millis();
+    anyhow::ensure!(
+        args.continuous || now < first_due,
+        "sending took {send_secs:.1} s, past the first deliver time: raise --due-in-secs"
+    );
+    eprintln!("timers: {sent} sent in {send_secs:.1} s");
+    tokio::time::sleep(Duration::from_millis((first_due - now).max(0) as u64)).await;
+    wait_delivered(&lateness, sent, args.stall_secs).await;
+    consumer.shutdown().await;
+    let got = lateness.received.load(Ordering::Relaxed);
+    let span_ms = lateness
+        .last_ms
+        .load(Ordering::Relaxed)
+        .saturating_sub(lateness.first_ms.load(Ordering::Relaxed));
+    let h = lateness.hist.lock().unwrap();
+    println!(
+        "TIMERS count={} due_per_s={:.0} sent={sent} delivered={got} delivered_per_s={:.0} late_p50_ms={} late_p99_ms={} late_max_ms={}",
+        args.count,
+        args.count as f64 / args.spread_secs,
+        if span_ms > 0 { got as f64 * 1000.0 / span_ms as f64 } else { 0.0 },
+        h.value_at_quantile(0.5),
+        h.value_at_quantile(0.99),
+        h.max(),
+    );
+    Ok(got == sent && sent == args.count as u64)
+}
+
+/// Sends `--count` timers from `--senders` tasks, due over `--spread-secs` from `first_due`
+/// (or, `--continuous`, each `--due-in-secs` after it is sent, paced over the spread); how
+/// many the broker confirmed.
+async fn send_all(
+    publisher: Arc<dyn seckill::mq::Publisher>,
+    topic: &str,
+    run: &str,
+    args: &TimersArgs,
+    first_due: i64,
+) -> u64 {
     let step = args.spread_secs * 1000.0 / args.count as f64;
     let paced_from = tokio::time::Instant::now();
     let (continuous, due_in_ms) = (args.continuous, (args.due_in_secs * 1000) as i64);
     let next = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
-    let send_started = Instant::now();
     let mut senders = tokio::task::JoinSet::new();
     for _ in 0..args.senders {
         let (publisher, topic, run, next, failed) = (
             publisher.clone(),
-            topic.clone(),
-            run.clone(),
+            topic.to_string(),
+            run.to_string(),
             next.clone(),
             failed.clone(),
         );
@@ -156,45 +195,23 @@ pub async fn run(settings: Settings, args: TimersArgs) -> anyhow::Result<bool> {
         });
     }
     while senders.join_next().await.is_some() {}
-    let send_secs = send_started.elapsed().as_secs_f64();
-    let now = chrono::Utc::now().timestamp_millis();
-    anyhow::ensure!(
-        continuous || now < first_due,
-        "sending took {send_secs:.1} s, past the first deliver time: raise --due-in-secs"
-    );
-    let sent = args.count as u64 - failed.load(Ordering::Relaxed);
-    eprintln!("timers: {sent} sent in {send_secs:.1} s");
-    // Wait for every delivery, giving up once none has come for --stall-secs after they are due.
-    tokio::time::sleep(Duration::from_millis((first_due - now).max(0) as u64)).await;
+    args.count as u64 - failed.load(Ordering::Relaxed)
+}
+
+/// Waits for every delivery, giving up once none has come for `stall_secs` after they are due.
+async fn wait_delivered(lateness: &Lateness, sent: u64, stall_secs: u64) {
     let (mut seen, mut progressed) = (0u64, Instant::now());
     loop {
         let got = lateness.received.load(Ordering::Relaxed);
         if got >= sent {
-            break;
+            return;
         }
         if got > seen {
             (seen, progressed) = (got, Instant::now());
-        } else if progressed.elapsed() >= Duration::from_secs(args.stall_secs) {
+        } else if progressed.elapsed() >= Duration::from_secs(stall_secs) {
             eprintln!("timers: stalled with {got} of {sent} delivered");
-            break;
+            return;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    consumer.shutdown().await;
-    let got = lateness.received.load(Ordering::Relaxed);
-    let span_ms = lateness
-        .last_ms
-        .load(Ordering::Relaxed)
-        .saturating_sub(lateness.first_ms.load(Ordering::Relaxed));
-    let h = lateness.hist.lock().unwrap();
-    println!(
-        "TIMERS count={} due_per_s={:.0} sent={sent} delivered={got} delivered_per_s={:.0} late_p50_ms={} late_p99_ms={} late_max_ms={}",
-        args.count,
-        args.count as f64 / args.spread_secs,
-        if span_ms > 0 { got as f64 * 1000.0 / span_ms as f64 } else { 0.0 },
-        h.value_at_quantile(0.5),
-        h.value_at_quantile(0.99),
-        h.max(),
-    );
-    Ok(got == sent && sent == args.count as u64)
 }

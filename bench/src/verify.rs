@@ -63,11 +63,13 @@ pub async fn run(settings: Settings, args: VerifyArgs) -> anyhow::Result<bool> {
         "auth.dev_hs256_secret is empty: the HS256 reference needs it (SECKILL_ENV=bench sets it)"
     );
     let keyset = KeySet::load_file(&jwks_file)?;
-    let spec = |user_id| TokenSpec {
-        user_id,
-        ttl: Duration::from_secs(3600),
-        audience: &settings.auth.audience,
-        issuer: &settings.auth.issuer,
+    let bench = Bench {
+        settings: &settings,
+        auth,
+        keys,
+        keyset,
+        tokens: args.tokens,
+        budget,
     };
     let only: Vec<String> = args
         .only
@@ -80,48 +82,7 @@ pub async fn run(settings: Settings, args: VerifyArgs) -> anyhow::Result<bool> {
         if !only.is_empty() && !only.contains(&format!("{alg:?}").to_ascii_uppercase()) {
             continue;
         }
-        let tokens = (1..=args.tokens as i64)
-            .map(|user| match keys.iter().find(|k| k.alg == alg) {
-                Some(k) => mint_with_key(alg, k.pem.as_bytes(), &k.kid, &spec(user)),
-                None => mint_dev(&auth.dev_hs256_secret, &spec(user)),
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let key = match keys.iter().find(|k| k.alg == alg) {
-            Some(k) => keyset.get(&k.kid).context("the generated key")?.1.clone(),
-            None => DecodingKey::from_secret(
-                secrecy::ExposeSecret::expose_secret(&auth.dev_hs256_secret).as_bytes(),
-            )?,
-        };
-        let parts = split(&tokens)?;
-        let sig_rust_crypto = signatures(
-            &jsonwebtoken::crypto::rust_crypto::DEFAULT_PROVIDER,
-            alg,
-            &key,
-            &parts,
-            budget,
-        )?;
-        let sig_aws_lc = signatures(
-            &jsonwebtoken::crypto::aws_lc::DEFAULT_PROVIDER,
-            alg,
-            &key,
-            &parts,
-            budget,
-        )?;
-        let mut uncached = auth.clone();
-        uncached.token_cache_entries = 0;
-        let api_uncached = api(&BuyerAuth::from_settings(&uncached)?, &tokens, budget).await?;
-        let mut cached = auth.clone();
-        cached.token_cache_entries = cached.token_cache_entries.max(args.tokens);
-        let with_cache = BuyerAuth::from_settings(&cached)?;
-        api(&with_cache, &tokens, Duration::ZERO).await?; // every token seen once
-        let api_cached = api(&with_cache, &tokens, budget).await?;
-        let f = Figures {
-            alg,
-            sig_rust_crypto,
-            sig_aws_lc,
-            api_uncached,
-            api_cached,
-        };
+        let f = bench.measure(alg).await?;
         println!(
             "VERIFY alg={:?} sig_rust_crypto_per_s={:.0} sig_aws_lc_per_s={:.0} \
              api_uncached_per_s={:.0} api_cached_per_s={:.0} api_uncached_us={:.1}",
@@ -153,6 +114,69 @@ pub async fn run(settings: Settings, args: VerifyArgs) -> anyhow::Result<bool> {
         .collect();
     println!("VERIFY_RATIOS {}", ratios.join(" "));
     Ok(true)
+}
+
+/// The generated keys and what every algorithm's measurement shares.
+struct Bench<'a> {
+    settings: &'a Settings,
+    /// The settings' auth with the generated keys' JWKS file.
+    auth: seckill::config::AuthSettings,
+    keys: Vec<keygen::SigningKey>,
+    keyset: KeySet,
+    tokens: usize,
+    budget: Duration,
+}
+
+impl Bench<'_> {
+    /// One algorithm: its signatures alone with each crypto provider, then the API's whole
+    /// check with its token cache off and on.
+    async fn measure(&self, alg: Algorithm) -> anyhow::Result<Figures> {
+        let (auth, budget) = (&self.auth, self.budget);
+        let spec = |user_id| TokenSpec {
+            user_id,
+            ttl: Duration::from_secs(3600),
+            audience: &self.settings.auth.audience,
+            issuer: &self.settings.auth.issuer,
+        };
+        let generated = self.keys.iter().find(|k| k.alg == alg);
+        let tokens = (1..=self.tokens as i64)
+            .map(|user| match generated {
+                Some(k) => mint_with_key(alg, k.pem.as_bytes(), &k.kid, &spec(user)),
+                None => mint_dev(&auth.dev_hs256_secret, &spec(user)),
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let key = match generated {
+            Some(k) => self
+                .keyset
+                .get(&k.kid)
+                .context("the generated key")?
+                .1
+                .clone(),
+            None => DecodingKey::from_secret(
+                secrecy::ExposeSecret::expose_secret(&auth.dev_hs256_secret).as_bytes(),
+            )?,
+        };
+        let parts = split(&tokens)?;
+        let rust_crypto = &jsonwebtoken::crypto::rust_crypto::DEFAULT_PROVIDER;
+        let aws_lc = &jsonwebtoken::crypto::aws_lc::DEFAULT_PROVIDER;
+        let sig_rust_crypto = signatures(rust_crypto, alg, &key, &parts, budget)?;
+        let sig_aws_lc = signatures(aws_lc, alg, &key, &parts, budget)?;
+        let mut uncached = auth.clone();
+        uncached.token_cache_entries = 0;
+        let api_uncached = api(&BuyerAuth::from_settings(&uncached)?, &tokens, budget).await?;
+        let mut cached = auth.clone();
+        cached.token_cache_entries = cached.token_cache_entries.max(self.tokens);
+        let with_cache = BuyerAuth::from_settings(&cached)?;
+        api(&with_cache, &tokens, Duration::ZERO).await?; // every token seen once
+        let api_cached = api(&with_cache, &tokens, budget).await?;
+        Ok(Figures {
+            alg,
+            sig_rust_crypto,
+            sig_aws_lc,
+            api_uncached,
+            api_cached,
+        })
+    }
 }
 
 /// A token's signed part (`header.claims`) and its signature's bytes.

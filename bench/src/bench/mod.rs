@@ -138,29 +138,13 @@ pub(crate) struct Planned {
 
 /// Runs the load, waits for the drain and checks the invariants.
 pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
-    anyhow::ensure!(args.concurrency > 0, "--concurrency must be at least 1");
-    anyhow::ensure!(args.requests > 0, "--requests must be at least 1");
-    anyhow::ensure!(args.skus > 0, "--skus must be at least 1");
-    anyhow::ensure!(
-        !args.activity_id.is_empty(),
-        "--activity-id names no activity"
-    );
-    if let Some(rate) = args.rate {
-        anyhow::ensure!(rate > 0.0, "--rate must be positive");
-    }
+    check_args(&args)?;
     let run_tag = format!("b{}", ulid::Ulid::new());
     let mut plan = plan(&args, &run_tag);
     let minter = Minter::new(&settings, &args.signing)?;
     with_tokens(&settings, &minter, args.tokens_file.as_deref(), &mut plan)?;
     let plan = Arc::new(plan);
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(args.concurrency)
-        // The API closes a keep-alive connection idle for api.header_read_timeout_ms (5 s);
-        // a pooled connection taken just as it does fails the request without an answer.
-        // Dropped well before, it never is.
-        .pool_idle_timeout(Duration::from_secs(2))
-        .timeout(Duration::from_secs(10))
-        .build()?;
+    let client = http_client(args.concurrency)?;
     let bases: Arc<Vec<String>> = Arc::new(api_bases(&args.api));
     anyhow::ensure!(!bases.is_empty(), "--api names no server");
     // The generator's own CPU beside the servers': a saturated generator shows.
@@ -184,8 +168,6 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
         }
     };
     let elapsed = started.elapsed();
-    // The last request's send: where the drain after the arrivals counts from.
-    let arrivals_ended = started + sent_by.unwrap_or(elapsed);
     let cpu = cpu_use(&cpu_targets, &cpu_before, elapsed);
     let t = Tally::of(answers);
     let mut report = load_report(&args, &t, &hist, elapsed, cpu);
@@ -195,46 +177,22 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     }
     let buyers = buyers_per_sku(&plan);
     if args.load_only {
-        let stock: BTreeMap<(i64, i64), i64> = match args.stock {
-            Some(n) => buyers.keys().map(|&key| (key, n)).collect(),
-            None => BTreeMap::new(),
-        };
-        let expected = args.stock.map(|_| expected_accepted(&buyers, &stock));
-        if !args.tolerate_faults {
-            report.invariants.violations = strict_violations(&t, expected);
-        }
-        let ok = report.invariants.violations.is_empty()
-            && (report.transport_errors == 0 || args.tolerate_faults);
-        print_summary(&args.summary_prefix, ok, &report);
-        return Ok(ok);
+        return Ok(load_only_verdict(&args, &t, &buyers, &mut report));
     }
     let accepted: Vec<String> = t.accepted.iter().cloned().collect();
-
-    // Under injected faults a store may be restarting right now: the reads after the load are
-    // retried (payments are made once) until the drain timeout.
-    let retry_until = Instant::now() + Duration::from_secs(args.drain_timeout_secs);
-    let mut paid_done = false;
-    let strict = loop {
-        let step = AfterLoad {
-            settings: &settings,
-            args: &args,
-            client: &client,
-            plan: &plan,
-            tally: &t,
-            buyers: &buyers,
-            accepted: &accepted,
-            arrivals_ended,
-            bench_started_at,
-        };
-        match step.run(&mut report, &mut paid_done).await {
-            Ok(strict) => break strict,
-            Err(e) if args.tolerate_faults && Instant::now() < retry_until => {
-                eprintln!("the stores did not answer after the load ({e:#}); retrying in 2 s");
-                tokio::time::sleep(Duration::from_secs(2)).await;
-            }
-            Err(e) => return Err(e),
-        }
+    let step = AfterLoad {
+        settings: &settings,
+        args: &args,
+        client: &client,
+        plan: &plan,
+        tally: &t,
+        buyers: &buyers,
+        accepted: &accepted,
+        // The last request's send: where the drain after the arrivals counts from.
+        arrivals_ended: started + sent_by.unwrap_or(elapsed),
+        bench_started_at,
     };
+    let strict = step.run_retrying(&mut report).await?;
     // Each process's CPU from the load's start to the drain's end: what an order cost them.
     report.cpu_through_drain = cpu_use(&cpu_targets, &cpu_before, started.elapsed());
     if !args.tolerate_faults {
@@ -256,6 +214,54 @@ pub async fn run(settings: Settings, args: BenchArgs) -> anyhow::Result<bool> {
     Ok(ok)
 }
 
+fn check_args(args: &BenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.concurrency > 0, "--concurrency must be at least 1");
+    anyhow::ensure!(args.requests > 0, "--requests must be at least 1");
+    anyhow::ensure!(args.skus > 0, "--skus must be at least 1");
+    anyhow::ensure!(
+        !args.activity_id.is_empty(),
+        "--activity-id names no activity"
+    );
+    if let Some(rate) = args.rate {
+        anyhow::ensure!(rate > 0.0, "--rate must be positive");
+    }
+    Ok(())
+}
+
+/// The load generator's HTTP client, `concurrency` connections kept.
+pub(crate) fn http_client(concurrency: usize) -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .pool_max_idle_per_host(concurrency)
+        // The API closes a keep-alive connection idle for api.header_read_timeout_ms (5 s);
+        // a pooled connection taken just as it does fails the request without an answer.
+        // Dropped well before, it never is.
+        .pool_idle_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(10))
+        .build()?)
+}
+
+/// `--load-only`: the answers alone judge the run (what `--stock` lets the bench expect);
+/// prints the summary line.
+fn load_only_verdict(
+    args: &BenchArgs,
+    t: &Tally,
+    buyers: &BTreeMap<(i64, i64), usize>,
+    report: &mut BenchReport,
+) -> bool {
+    let stock: BTreeMap<(i64, i64), i64> = match args.stock {
+        Some(n) => buyers.keys().map(|&key| (key, n)).collect(),
+        None => BTreeMap::new(),
+    };
+    let expected = args.stock.map(|_| expected_accepted(buyers, &stock));
+    if !args.tolerate_faults {
+        report.invariants.violations = strict_violations(t, expected);
+    }
+    let ok = report.invariants.violations.is_empty()
+        && (report.transport_errors == 0 || args.tolerate_faults);
+    print_summary(&args.summary_prefix, ok, report);
+    ok
+}
+
 /// Everything after the load that reads the stores: the drain, the latencies, the settle
 /// (payments made once), the verdict and the history check.
 struct AfterLoad<'a> {
@@ -271,6 +277,23 @@ struct AfterLoad<'a> {
 }
 
 impl AfterLoad<'_> {
+    /// [`AfterLoad::run`]; under injected faults a store may be restarting right now: the
+    /// reads are retried (payments are made once) until the drain timeout.
+    async fn run_retrying(&self, report: &mut BenchReport) -> anyhow::Result<Vec<String>> {
+        let retry_until = Instant::now() + Duration::from_secs(self.args.drain_timeout_secs);
+        let mut paid_done = false;
+        loop {
+            match self.run(report, &mut paid_done).await {
+                Ok(strict) => return Ok(strict),
+                Err(e) if self.args.tolerate_faults && Instant::now() < retry_until => {
+                    eprintln!("the stores did not answer after the load ({e:#}); retrying in 2 s");
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Returns the strict verdict's violations (applied only without injected faults).
     async fn run(
         &self,

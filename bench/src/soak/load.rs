@@ -26,18 +26,6 @@ pub(super) struct Load {
     pub(super) api_p99_ms: f64,
 }
 
-/// The load's HTTP client, `concurrency` connections kept.
-pub(super) fn client(concurrency: usize) -> anyhow::Result<reqwest::Client> {
-    Ok(reqwest::Client::builder()
-        .pool_max_idle_per_host(concurrency)
-        // The API closes a keep-alive connection idle for api.header_read_timeout_ms (5 s);
-        // a pooled connection taken just as it does fails the request without an answer.
-        // Dropped well before, it never is.
-        .pool_idle_timeout(Duration::from_secs(2))
-        .timeout(Duration::from_secs(10))
-        .build()?)
-}
-
 /// `total` reservations at `--rate` on a fixed schedule (an open loop), every one from a new
 /// buyer, at most `--concurrency` outstanding; returns once every one is answered.
 pub(super) async fn open_loop(

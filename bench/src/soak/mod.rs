@@ -93,7 +93,7 @@ pub async fn run(settings: Settings, args: SoakArgs) -> anyhow::Result<bool> {
         &settings.mq.name_server_list(),
     )
     .await?;
-    let client = load::client(args.concurrency)?;
+    let client = crate::bench::http_client(args.concurrency)?;
     let base = args.api.trim_end_matches('/').to_string();
     let started = Instant::now();
     let total = (args.rate * args.duration_secs as f64).round() as usize;
