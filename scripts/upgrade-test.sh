@@ -94,8 +94,10 @@ clean_stores() {
   redis-cli -h 127.0.0.1 --scan --pattern 'seckill-upgrade:*' | xargs -r -n 500 redis-cli -h 127.0.0.1 del >/dev/null || true
 }
 
-# Each instance: its release, its command and its ports (buyers, ops, admin).
-declare -A PID=() OPS=(
+# Each instance: its release, its command and its ports (buyers, ops, admin); started and
+# stopped as every script that runs roles does (scripts/roles-lib.sh).
+source scripts/roles-lib.sh
+declare -A OPS=(
   [api1]=26100 [api2]=26102 [early]=26104 [consume]=26111 [scan]=26112 [timeout-cancel]=26113
 )
 declare -A LISTEN=([api1]=26080 [api2]=26082 [early]=26084)
@@ -121,11 +123,8 @@ start() {
   echo "--- $(date -u +%T) start $which ${vars[*]}" >>"$RUN_DIR/$name.log"
   env "${vars[@]}" SECKILL_CONFIG_DIR="$cfg" "$bin" "$role" >>"$RUN_DIR/$name.log" 2>&1 &
   PID[$name]=$!
-  for _ in $(seq 1 150); do
-    curl -fsS "http://127.0.0.1:${OPS[$name]}/readyz" >/dev/null 2>&1 && { log "$name: $which ready"; return 0; }
-    kill -0 "${PID[$name]}" 2>/dev/null || break
-    sleep 0.2
-  done
+  until_ready "http://127.0.0.1:${OPS[$name]}/readyz" 30 "${PID[$name]}" \
+    && { log "$name: $which ready"; return 0; }
   tail -20 "$RUN_DIR/$name.log" >&2
   fail "${name}_not_ready" "$name ($which) not ready (log $RUN_DIR/$name.log)"
 }
@@ -133,9 +132,7 @@ start() {
 stop() {
   local name="$1" pid="${PID[$1]:-}"
   [[ -n "$pid" ]] || return 0
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-  kill -KILL "$pid" 2>/dev/null || true
+  stop_pids 60 "$pid"
   wait "$pid" 2>/dev/null || true
   unset "PID[$name]"
 }
@@ -182,7 +179,7 @@ SECKILL_LB_BIND="127.0.0.1:$LB" SECKILL_LB_STATS="127.0.0.1:$LB_STATS" \
   SECKILL_API_1="127.0.0.1:${LISTEN[api1]}" SECKILL_API_2="127.0.0.1:${LISTEN[api2]}" \
   haproxy -db -f deploy/haproxy/seckill-api.cfg >"$RUN_DIR/haproxy.log" 2>&1 &
 HAPROXY_PID=$!
-for _ in $(seq 1 50); do curl -fsS "http://127.0.0.1:$LB/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
+until_ready "http://127.0.0.1:$LB/readyz" 10 || true
 # The topics outlive a run (as the soak's do): what an earlier run left in them is consumed
 # first (its schema is gone: rejected and compensated, or quarantined), so that its age does
 # not pause admission mid-sale. Quarantines counted from here on are this run's.
