@@ -37,6 +37,12 @@ fn buyers_of(bucket: u16, buckets: u16, from: i64, n: usize) -> Vec<i64> {
         .collect()
 }
 
+/// A SKU split over three buckets sells out to the buyers of one bucket as the leftovers move to
+/// it. A move cut between its debit and its credit leaves its units in transit, and the next pass
+/// finishes it once.
+///
+/// One story: the move is cut when bucket 0 has sold its share, and the sell-out that follows buys
+/// the units that move and the later ones bring.
 #[tokio::test]
 async fn a_split_sku_sells_out_to_the_buyers_of_one_bucket_and_a_move_cut_midway_is_finished() {
     let env = TestEnv::without_topics().await;
@@ -187,6 +193,11 @@ fn activity_over_three_primaries(redis: &RedisStore, from: i64) -> i64 {
         .unwrap()
 }
 
+/// A sale split over three buckets on Redis Cluster sells out through the real roles, however
+/// unevenly its buyers map to the buckets, and every reservation becomes an order.
+///
+/// One story: refused buyers come back until the sale is sold out, and the end checks count the
+/// orders those reservations became.
 #[tokio::test]
 async fn a_split_sale_on_the_cluster_sells_out_through_the_roles_however_its_buyers_map() {
     const STOCK: i32 = 30;

@@ -11,6 +11,12 @@ use seckill::mq::{BatchHandler, ConsumeDecision};
 use seckill::roles::consume::order_create::OrderCreateHandler;
 use secrecy::ExposeSecret;
 
+/// Stock taken by another writer between the transaction's read and its decrement sends the batch
+/// to the locked path: it grants what is left, rejects the rest, and nothing of the first attempt
+/// survives.
+///
+/// One story: one batch meets one injected write, and every count after it reads what that batch
+/// committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stock_taken_between_the_read_and_the_decrement_falls_back_to_the_locked_path() {
     let env = TestEnv::without_topics().await;

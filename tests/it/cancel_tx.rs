@@ -56,6 +56,11 @@ async fn exec(env: &TestEnv, sql: &str) {
         .unwrap();
 }
 
+/// A batch of cancel messages runs as one transaction, and each message keeps its own outcome. The
+/// early one is redelivered and cancels its order once the order has expired.
+///
+/// One story: the redelivered batch runs against the orders, stock and inbox the first pass left,
+/// so both passes share one sale's state in order.
 #[tokio::test]
 async fn a_batch_of_cancels_is_one_transaction_where_each_message_keeps_its_own_outcome() {
     let env = TestEnv::without_topics().await;

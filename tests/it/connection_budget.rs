@@ -47,6 +47,11 @@ async fn watch_connections(
     most
 }
 
+/// Each running role's pool holds what `seckill budget` prints for it, and PostgreSQL never sees
+/// more of its connections during a sale.
+///
+/// One story: the printout is read from the configuration the running roles use, and the watched
+/// sale checks those same roles against it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_running_fleet_opens_what_the_budget_prints_and_never_more() {
     let env = TestEnv::with_topics().await;

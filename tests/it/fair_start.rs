@@ -35,6 +35,12 @@ async fn expected_winners(seed: &str, buyers: &[i64], stock: usize) -> BTreeSet<
     tickets.into_iter().take(stock).map(|(_, _, b)| b).collect()
 }
 
+/// The scenario the plain Redis and the cluster tests run: a fair window's stock goes to the buyers
+/// in seed order, a winner who left while held keeps the reservation, and the draw is audited and
+/// exported.
+///
+/// One story: the draw is made over the requests this window held, and the orders, the audit row
+/// and the figures all come from that one draw.
 async fn a_fair_window_draws_the_stock_in_seed_order(env: TestEnv, activity: i64) {
     let (stock, seed) = (4, format!("seed-{activity}"));
     env.activity(activity, 1, stock).await;
@@ -220,6 +226,11 @@ async fn a_draw_nobody_waits_for_is_made_by_the_scanner() {
     env.cleanup().await;
 }
 
+/// An API killed while its requests wait for the draw loses none of their answers: the scanner
+/// draws and sends the winners, and a new instance answers each buyer's same request.
+///
+/// One story: the requests are held in the draw when the API dies, and the new instance answers
+/// from what that draw decided.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_api_killed_while_its_requests_wait_for_the_draw_loses_none_of_their_answers() {
     let env = TestEnv::with_topics().await;

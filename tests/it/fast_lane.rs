@@ -6,6 +6,11 @@ use std::time::Duration;
 
 use crate::common::*;
 
+/// The fast lane sheds from an aged backlog the reservations that would expire before their order
+/// and those already expired, and their units come back once; the valid ones become orders.
+///
+/// One story: the backlog ages before the consumer starts, and what the consumer sheds and orders
+/// are the reservations of that backlog.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_backlog_near_expiry_sheds_the_doomed_and_gives_their_units_back() {
     let env = TestEnv::with_topics().await;

@@ -166,6 +166,11 @@ async fn consumer_killed_after_commit_before_ack_the_redelivery_hits_the_inbox()
     env.cleanup().await;
 }
 
+/// A relay killed after sending an outbox row but before marking it: a healthy relay sends the row
+/// again after the lease, and the unit is released exactly once.
+///
+/// One story: the second relay sends the row the killed one left unmarked, and the checks count
+/// what both sends delivered.
 #[tokio::test]
 async fn relay_killed_after_the_send_before_the_mark_sends_again_and_is_applied_once() {
     let env = TestEnv::with_topics().await;
@@ -488,6 +493,11 @@ async fn consumer_killed_inside_the_transaction_commits_nothing_and_the_redelive
     env.cleanup().await;
 }
 
+/// A re-send the broker refuses keeps a valid reservation, to be tried again, and settles an
+/// expired one: its inbox fenced, its rejection recorded, its unit back.
+///
+/// One story: one scan pass meets both reservations, and the checks read what that pass did to
+/// each.
 #[tokio::test]
 async fn a_re_send_the_broker_refuses_keeps_a_valid_reservation_and_settles_an_expired_one() {
     // No topics for this environment: every send is refused ("topic route not found"), which is

@@ -79,6 +79,12 @@ async fn create(env: &TestEnv, activity: i64, starts_in_ms: i64, passes: u32, ex
     );
 }
 
+/// Twelve buyers register for five passes and five get one. Once the sale starts only a holder
+/// buys, once; a forged, borrowed or altered pass buys nothing. Redis rebuilt from PostgreSQL keeps
+/// what the passes bought.
+///
+/// One story: the purchases use the passes the registration issued, and the rebuild must give back
+/// the pass state those purchases wrote.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sale_with_passes_sells_once_to_each_registered_buyer_and_to_nobody_else() {
     let env = TestEnv::with_topics().await;

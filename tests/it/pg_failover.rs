@@ -306,6 +306,12 @@ async fn all_cancelled_and_back(env: &TestEnv, activity: i64) -> seckill::invari
     env.invariants(activity, 1).await.figures
 }
 
+/// The primary killed while its asynchronous standby lags: the new primary lacks orders and
+/// cancellations, the lost cancellations are done again, every unit comes back, and no payment was
+/// answered 2xx, so none is lost.
+///
+/// One story: the standby is paused during the sale and the primary killed after it, so what the
+/// new primary lacks and what is done again follow from that one failover.
 #[tokio::test]
 #[ignore = "runs a PostgreSQL pair of its own and kills its primary: run by `make test-faults`"]
 async fn the_primary_killed_with_a_lagging_asynchronous_standby_loses_no_order_and_answers_no_payment_it_may_lose(

@@ -154,6 +154,11 @@ async fn books(env: &TestEnv, provider: &Provider) -> seckill::invariants::SkuFi
     r.figures
 }
 
+/// Redis crashed back to an earlier snapshot mid-sale is fenced and rebuilt from PostgreSQL while
+/// payments and cancellations keep committing, and the books balance afterwards.
+///
+/// One story: the snapshot is taken during the sale and the crash goes back to it, so the fence,
+/// the rebuild and the payments made meanwhile all follow from that one crash.
 #[tokio::test]
 #[ignore = "runs its own Redis and crashes it mid-sale: run by `make test-faults`, one test at a time"]
 async fn a_rebuild_converges_while_orders_payments_and_cancellations_commit() {

@@ -22,6 +22,12 @@ async fn snapshot(
     .collect()
 }
 
+/// Reconcile finds a lost ORDER_PAID event and an expired unpaid order, emits each missing event
+/// once under its canonical id, and changes no order. With a grace period it judges nothing; the
+/// binary writes its figures and fails on drift.
+///
+/// One story: the runs after the first read the drift it left, so the second run, the run with
+/// grace and the binary's figures follow from what the first one emitted.
 #[tokio::test]
 async fn reconcile_emits_exactly_the_missing_events_once_and_changes_no_order() {
     let env = TestEnv::without_topics().await;

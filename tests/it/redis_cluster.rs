@@ -39,6 +39,11 @@ fn one_activity_per_primary(keys: &Keys, from: i64) -> Vec<i64> {
     picked
 }
 
+/// On Redis Cluster every script and gathered pipeline finds its slot: marks, releases, projections
+/// and retirement over activities on three primaries answer in the callers' order.
+///
+/// One story: each gathered call acts on the six reservations the calls before it left, spread over
+/// the same three primaries.
 #[tokio::test]
 async fn every_script_and_gathered_pipeline_finds_its_slot_on_the_cluster() {
     let env = TestEnv::without_topics().await.on_redis_cluster();

@@ -123,6 +123,12 @@ async fn reserved(
     ids
 }
 
+/// Redis behind what the API already answered fences the activity: new reservations and forgotten
+/// retries are refused until the scanner rebuilds from PostgreSQL. The sale then resumes through
+/// its ramp, with no second reservation.
+///
+/// One story: the forgotten reservations make the fence, the rebuild restores them, and the retries
+/// after it must find the reservations made before the loss.
 #[tokio::test]
 async fn redis_behind_what_it_answered_fences_the_activity_until_rebuilt_from_postgresql() {
     let env = TestEnv::with_topics().await;
@@ -218,6 +224,12 @@ async fn redis_behind_what_it_answered_fences_the_activity_until_rebuilt_from_po
     env.cleanup().await;
 }
 
+/// `seckill activity resync` reports the drift first, and its dry run writes nothing. It then
+/// rebuilds the activity from PostgreSQL, records a fence and audits both runs; a second look finds
+/// nothing to change.
+///
+/// One story: the dry run and the rebuild read the same drift made at the start, and the second
+/// look checks what the rebuild left.
 #[tokio::test]
 async fn activity_resync_reports_first_then_rebuilds_and_audits() {
     let env = TestEnv::with_topics().await;

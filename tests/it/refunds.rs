@@ -13,6 +13,13 @@ use crate::common::{
 
 const ADMIN_TOKEN: &str = "admin-token-for-refund-tests";
 
+/// A payment no order can take (past its window, a second one, a wrong amount) is owed back once,
+/// with one REFUND_REQUIRED event, and its payment id settles no other order. The refund worker and
+/// the operator then mark each obligation refunded, once.
+///
+/// One story: the obligations come from the payments made against the sale's orders, the scanner
+/// sends their events, and the admin route and the CLI mark those same rows, so each step reads
+/// what the one before it left.
 #[tokio::test]
 async fn payments_no_order_can_take_are_owed_back_once_and_their_ids_settle_nothing_else() {
     let env = TestEnv::with_topics().await;

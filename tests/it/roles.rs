@@ -223,6 +223,11 @@ fn env_file_uncommented(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The shipped environment file, its placeholders filled in, starts every role: each turns ready
+/// and exits cleanly on SIGTERM.
+///
+/// One story: the roles start from the file as filled in, so the check of its keys, the filling and
+/// the start are one path.
 #[tokio::test]
 async fn the_shipped_environment_file_filled_in_starts_every_role() {
     let env = TestEnv::with_topics().await;

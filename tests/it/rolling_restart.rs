@@ -120,6 +120,12 @@ struct Seen {
     failed: Vec<String>,
 }
 
+/// Each API behind HAProxy, then the consumer and the scanner, restarted in turn during a sale: no
+/// buyer gets a failure, the balancer sends nothing again, and every accepted reservation becomes
+/// exactly one order.
+///
+/// One story: the buyers go through the balancer for the whole of the restarts, and the end checks
+/// compare the orders with the reservations those buyers were told were accepted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_instance_restarted_in_turn_behind_haproxy_fails_no_buyer_and_loses_no_order() {
     const BUYERS: usize = 8;

@@ -71,6 +71,11 @@ async fn send_orders(
     sent
 }
 
+/// Messages a consumer group skipped are read back from the source topic and replayed by time
+/// window under one batch id. A replay by key with applied messages included is a no-op.
+///
+/// One story: the replays read back the window in which the applied and the skipped messages were
+/// sent, and each replay finds what the one before it left.
 #[tokio::test]
 async fn messages_a_group_skipped_are_replayed_from_the_source_topic_by_window_and_by_key() {
     let env = TestEnv::with_topics().await;

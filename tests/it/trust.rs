@@ -87,6 +87,12 @@ async fn get_with(url: String, auth: &str) -> (StatusCode, Value) {
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
+/// Forged, expired, wrong-audience and unsigned buyer tokens get 401, another buyer's token gets
+/// 403, and none writes anything. The shop's real keys reserve, and a buyer reads only their own
+/// reservation.
+///
+/// One story: the refusals leave the stock whole, the real tokens then take from that stock, and
+/// the owner-only reads ask about the reservation those tokens made.
 #[tokio::test]
 async fn forged_expired_wrong_audience_and_unsigned_tokens_are_refused_and_write_nothing() {
     let env = TestEnv::with_topics().await;

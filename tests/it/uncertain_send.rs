@@ -62,6 +62,12 @@ async fn scanner(env: &TestEnv, redis: &RedisStore) -> Scanner {
     )
 }
 
+/// A send that may have reached the broker makes its reservation uncertain. Later refusals hold its
+/// unit until PostgreSQL fences the message after the validity and the grace; the unit then comes
+/// back once and a late copy makes no order.
+///
+/// One story: each scan pass meets the reservation as the pass before left it, and the late copy
+/// and the release read what the fence wrote.
 #[tokio::test]
 async fn a_refusal_after_a_lost_send_holds_the_unit_until_postgresql_fences_the_message() {
     let _one = FAILPOINT.lock().await;

@@ -29,6 +29,11 @@ async fn reserve_through(base: &str, activity: i64, user: i64, channel: Option<&
     assert_eq!(r.status(), 202, "{:?}", r.text().await);
 }
 
+/// A v1 backlog and the v2 messages sent after the switch become orders through one consumer, each
+/// with what its schema carries. A re-send of a v1-era reservation carries its channel in v2.
+///
+/// One story: the v1 messages wait as a backlog while the v2 ones join them, and one consumer then
+/// reads both, so the order of the switch is what is tested.
 #[tokio::test]
 async fn a_v1_backlog_then_v2_messages_become_orders_each_with_what_its_schema_carries() {
     let mut env = TestEnv::with_topics().await;
@@ -122,6 +127,11 @@ async fn a_v1_backlog_then_v2_messages_become_orders_each_with_what_its_schema_c
     env.cleanup().await;
 }
 
+/// A v2 message that a consumer of the earlier release quarantined is replayed once the consumer
+/// reads v2: one order, audited. A second replay is a no-op, and a body nobody can read is refused.
+///
+/// One story: the replays act on the rows the old consumer's quarantine wrote, and the second
+/// replay and the final report read what the first replay left.
 #[tokio::test]
 async fn a_v2_message_quarantined_by_a_v1_consumer_is_replayed_once_and_audited() {
     let env = TestEnv::with_topics().await;

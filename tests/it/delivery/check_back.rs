@@ -25,6 +25,12 @@ fn check_of(order_id: &str, event_id: &str, deadline_ms: i64) -> Delivery {
     }
 }
 
+/// The broker's check-back is answered from PostgreSQL alone: UNKNOWN or ROLLBACK with no row,
+/// COMMIT after waiting for an uncommitted one, UNKNOWN under a lock held too long, ROLLBACK for
+/// another payload.
+///
+/// One story: every check asks about the one order as the steps before left it, first with no row,
+/// then with the row a local transaction commits.
 #[tokio::test]
 async fn the_check_back_answers_from_postgresql_alone() {
     let env = TestEnv::without_topics().await;

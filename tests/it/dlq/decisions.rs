@@ -63,6 +63,12 @@ async fn a_replay_racing_the_normal_redelivery_of_the_same_message_has_one_effec
     env.cleanup().await;
 }
 
+/// A dry run on an order-create dead letter changes nothing. Discarding it withdraws its message,
+/// so a late copy makes no order, and its unit comes back once through compensation. It cannot be
+/// discarded twice.
+///
+/// One story: the dry run, the discard, the late copy and the compensation all act on the one held
+/// reservation and its dead letter, each on what the step before left.
 #[tokio::test]
 async fn discarding_an_order_create_dead_letter_gives_its_unit_back_once_after_a_dry_run() {
     let env = TestEnv::without_topics().await;

@@ -13,6 +13,9 @@ use seckill::roles::consume::order_create::OrderCreateHandler;
 /// `seckill dlq groups`: open dead letters and quarantined messages that failed the same way
 /// (ids and numbers aside) form one group with its count and oldest samples; handled ones
 /// (replayed, discarded) are not work any more.
+///
+/// One story: the groups and the command's JSON are read from the same seeded rows, so the printout
+/// is checked against the groups just computed.
 #[tokio::test]
 async fn dead_letters_failing_the_same_way_form_one_group() {
     let env = TestEnv::without_topics().await;
@@ -168,6 +171,12 @@ async fn batches(c: &tokio_postgres::Client, action: &str) -> Vec<(String, i64)>
     .collect()
 }
 
+/// A failure group is replayed sample first under one batch id: with no consumer the sample is not
+/// seen applied and the rest is held back; with one, the rest follows. A group can also be
+/// discarded whole.
+///
+/// One story: the second replay takes the three dead letters the first one held back, and the
+/// discard and the last count read what the replays left open.
 #[tokio::test]
 async fn a_group_of_dead_letters_is_replayed_sample_first_under_one_batch_id_or_discarded_whole() {
     let env = TestEnv::with_topics().await;

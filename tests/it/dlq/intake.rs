@@ -12,6 +12,11 @@ use crate::common::{event, eventually, TestEnv};
 use seckill::mq::order_create_message;
 use seckill::roles::consume::order_create::OrderCreateHandler;
 
+/// A message that fails every time is dead-lettered and recorded. Replayed twice once its cause is
+/// gone, it makes one order; replayed past retention it makes none; then it is discarded.
+///
+/// One story: every replay and the discard act on the one dead letter the locked stock row
+/// produced, and each reads what the step before it left.
 #[tokio::test]
 async fn a_message_failing_every_time_is_dead_lettered_recorded_and_discardable() {
     let mut env = TestEnv::with_topics().await;

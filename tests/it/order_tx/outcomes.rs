@@ -91,6 +91,9 @@ async fn order_row_ledger_outbox_and_inbox_are_written_together() {
 /// documents (src/pg/order_tx/docs.rs): each must be the event struct's own document as serde
 /// writes it, field for field and value for value (timestamps in serde's form included), so
 /// the event contract has one definition.
+///
+/// One story: both documents come from the one statement that created the three orders, and each is
+/// compared with the struct built from that same order.
 #[tokio::test]
 async fn created_orders_events_are_the_event_structs_own_documents() {
     use chrono::{DateTime, Utc};

@@ -70,6 +70,11 @@ async fn cancel_one(h: &TimeoutCancelHandler, d: &seckill::mq::Delivery) -> Opti
     h.process(std::slice::from_ref(d)).await.remove(0).unwrap()
 }
 
+/// A cancel that comes before the order's deadline changes nothing and is redelivered. After the
+/// deadline it cancels once, and a payment that comes later is owed back.
+///
+/// One story: the same cancel message is processed before and after the deadline, and the late
+/// payment meets the order that cancel left.
 #[tokio::test]
 async fn an_early_cancel_changes_nothing_and_cancels_after_expiry() {
     let env = TestEnv::without_topics().await;
@@ -159,6 +164,11 @@ async fn an_early_cancel_changes_nothing_and_cancels_after_expiry() {
     env.cleanup().await;
 }
 
+/// A hundred payments race cancel batches for the same orders: each order ends paid or cancelled,
+/// never both. Each cancel gives its unit back once, and each payment that lost is owed back once.
+///
+/// One story: the end counts read what the race left, so the payments, the cancel batches and the
+/// checks share one set of orders in order.
 #[tokio::test]
 async fn pay_and_cancel_raced_100_times_each_never_both_win() {
     let env = TestEnv::without_topics().await;

@@ -121,6 +121,11 @@ async fn the_scanner_sends_what_the_api_never_sent_with_the_same_message_id() {
     env.cleanup().await;
 }
 
+/// An activity that ended long ago with nothing pending leaves the scanner's list once, and its
+/// keys start to expire; the others stay. Warming it again puts it back.
+///
+/// One story: the expiry checks read what the retiring pass set, and warming the activity again
+/// undoes that same pass.
 #[tokio::test]
 async fn an_activity_that_ended_long_ago_with_nothing_pending_leaves_the_scanners_list() {
     let env = TestEnv::without_topics().await;

@@ -23,6 +23,12 @@ fn stored_on_b(topic: &str) -> usize {
         .unwrap_or(0)
 }
 
+/// One of two brokers is SIGKILLed mid-sale while it holds an order backlog. The sale goes on
+/// through the other, the scanner sends again what the dead one held, and its copies are absorbed
+/// as duplicates when it returns.
+///
+/// One story: the kill comes once the backlog sits on both brokers, and the re-sends and the
+/// duplicates after the restart are the messages that kill stranded.
 #[tokio::test]
 #[ignore = "starts and kills a second broker: run by `make test-faults`, one test at a time"]
 async fn one_of_two_brokers_killed_mid_sale_loses_and_doubles_nothing() {
