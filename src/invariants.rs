@@ -220,14 +220,17 @@ async fn check_redis(
     let (activity_id, sku_id) = (f.activity_id, f.sku_id);
     // ... within Redis ...
     // One read of the SKU's buckets serves the whole-SKU figures and the per-bucket check.
-    let buckets = redis.bucket_stock(activity_id, sku_id).await?;
+    let buckets = redis.moves().bucket_stock(activity_id, sku_id).await?;
     if buckets.buckets.is_empty() {
         v.push("Redis has no stock for this SKU".to_string());
     } else {
         f.redis_total = buckets.total();
         f.redis_remaining = buckets.remaining() + buckets.in_transit;
     }
-    let census = redis.reservation_census(activity_id, sku_id).await?;
+    let census = redis
+        .stock()
+        .reservation_census(activity_id, sku_id)
+        .await?;
     f.redis_reserved = census.reserved_ids.len() as i64;
     if f.redis_total != f.pg_total {
         v.push(format!(

@@ -187,7 +187,7 @@ if (( ! batch_only )); then
     "${REDIS[@]}" HSET "$tag:meta" starts_at_ms 0 ends_at_ms $((now_ms + 86400000)) valid_ms 900000 >/dev/null
     "${REDIS[@]}" HSET "$tag:sku:1" total "$REDIS_STOCK" remaining "$REDIS_STOCK" >/dev/null
   }
-  # The first 8 KEYS and 16 ARGV that reserve.lua's opening tables name (RedisStore::reserve
+  # The first 8 KEYS and 16 ARGV that reserve.lua's opening tables name (Intake::reserve
   # passes them all); the rest (the draw, passes, the seen mark) absent: no fair start, no
   # passes, as in the bench. Rates and bursts 0: the abuse limits off.
   reserve_cmd=(EVALSHA "$sha" 8 "$tag:meta" "$tag:sku:1" "$tag:buyers:1" "$tag:req"

@@ -143,7 +143,7 @@ async fn reserve_all(
                         channel: "",
                         pass_id: "",
                     };
-                    Ok(match redis.reserve(&a).await? {
+                    Ok(match redis.intake().reserve(&a).await? {
                         ReserveResult::Reserved(view) => {
                             Some(seckill::roles::api::reservation_event(
                                 &a,
@@ -228,6 +228,7 @@ async fn publish_all(
             let redis = redis.clone();
             async move {
                 let _ = redis
+                    .sends()
                     .mark_sent(
                         e.activity_id,
                         &e.reservation_id,

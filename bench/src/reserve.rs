@@ -3,7 +3,7 @@
 //! calls (docs/architecture/redis.md#stock-buckets).
 //!
 //! It warms one activity (Redis only) with twice as many units as requests, then makes `--requests`
-//! reservations, one per buyer, `--concurrency` at a time, through `RedisStore::reserve` (the
+//! reservations, one per buyer, `--concurrency` at a time, through `Intake::reserve` (the
 //! script and key layout the API uses; nothing is sent to the broker). Each primary's share is
 //! the change of its `EVALSHA`/`EVAL` call counts (`INFO commandstats`) over the run. The
 //! activity's keys are removed at the end.
@@ -113,6 +113,7 @@ pub async fn run(settings: Settings, args: ReserveRunArgs) -> anyhow::Result<boo
     let redis = RedisStore::connect(&settings.redis).await?;
     let now = Utc::now().timestamp_millis();
     let warmed = redis
+        .stock()
         .warm(
             args.activity_id,
             1,
@@ -195,7 +196,7 @@ async fn reserve_one(redis: &RedisStore, activity_id: i64, i: usize) -> anyhow::
         pass_id: "",
     };
     Ok(matches!(
-        redis.reserve(&a).await?,
+        redis.intake().reserve(&a).await?,
         ReserveResult::Reserved(_)
     ))
 }

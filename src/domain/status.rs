@@ -274,7 +274,7 @@ mod tests {
             "a HoldStatus no script writes"
         );
         // MQ_SENT and MQ_FENCED reach `mark_sent.lua` as its caller's argument; MQ_FENCED alone
-        // appears in no script (settled from PostgreSQL, `RedisStore::settle`).
+        // appears in no script (settled from PostgreSQL, `Sends::settle`).
         let quoted: BTreeSet<String> = SCRIPTS.iter().flat_map(|(_, t)| upper_quoted(t)).collect();
         let by_rust = BTreeSet::from([SendStatus::MqFenced.as_str().to_string()]);
         let nowhere: BTreeSet<_> = send.difference(&quoted).cloned().collect();

@@ -8,7 +8,7 @@
 
 use deadpool_redis::redis::{self, AsyncCommands};
 
-use super::{RedisStore, Shard, StoreError};
+use super::{Moves, Shard, StoreError};
 
 /// One bucket of a split SKU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -58,7 +58,7 @@ pub struct OpenTransfer {
     pub units: i64,
 }
 
-impl RedisStore {
+impl Moves<'_> {
     /// The SKUs warmed into an activity.
     pub async fn skus(&self, activity_id: i64) -> Result<Vec<i64>, StoreError> {
         let mut conn = self.pool.get().await?;

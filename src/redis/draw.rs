@@ -3,7 +3,7 @@
 //! in ticket order once the window closed (`lua/draw.lua`), a chunk at a time.
 
 use super::marks::Mark;
-use super::{RedisStore, Shard, StoreError, RESERVATION_TTL_MARGIN_SECS};
+use super::{Draws, Shard, StoreError, RESERVATION_TTL_MARGIN_SECS};
 
 /// Entrants drawn per script call: a large draw never holds Redis long.
 pub const DRAW_CHUNK: usize = 2_000;
@@ -39,10 +39,10 @@ pub struct DrawReport {
     pub seed: String,
 }
 
-impl RedisStore {
+impl Draws<'_> {
     /// The report of a finished draw that nobody has taken yet, taken (`draw_reported` on the
     /// SKU, set once); `None` while it is not finished or once taken. A caller that cannot
-    /// record it gives it back with [`RedisStore::untake_draw_report`].
+    /// record it gives it back with [`Draws::untake_draw_report`].
     pub async fn take_draw_report(
         &self,
         shard: Shard,
@@ -89,7 +89,7 @@ impl RedisStore {
         }))
     }
 
-    /// Gives back a report taken by [`RedisStore::take_draw_report`] that could not be recorded.
+    /// Gives back a report taken by [`Draws::take_draw_report`] that could not be recorded.
     pub async fn untake_draw_report(&self, shard: Shard, sku_id: i64) -> Result<(), StoreError> {
         let mut conn = self.pool.get().await?;
         redis::cmd("HDEL")
@@ -112,7 +112,9 @@ impl RedisStore {
             ("fair_ms", fair_ms.to_string()),
             ("fair_seed", seed.to_string()),
         ];
-        self.set_on_every_bucket(activity_id, &fields).await
+        self.passes()
+            .set_on_every_bucket(activity_id, &fields)
+            .await
     }
 
     /// When an activity's fair window closes (`None`: it has none, or is not warmed).

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use deadpool_redis::redis;
 
-use super::{RedisStore, Shard, StoreError};
+use super::{Fences, Shard, StoreError};
 
 /// A shard's (epoch, sequence), ordered epoch first.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -90,7 +90,7 @@ pub struct ShardTrust {
     pub suspect: Option<String>,
 }
 
-impl RedisStore {
+impl Fences<'_> {
     /// The marks this process has seen (the reserve calls record them).
     pub fn marks(&self) -> &Marks {
         &self.marks
@@ -127,7 +127,7 @@ impl RedisStore {
     }
 
     /// Fences every shard of the activity (`buckets` of them): the reserve script answers
-    /// FENCED until [`RedisStore::unfence`]. An existing reason is kept.
+    /// FENCED until [`Fences::unfence`]. An existing reason is kept.
     pub async fn fence(
         &self,
         activity_id: i64,

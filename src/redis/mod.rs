@@ -66,6 +66,54 @@ pub struct RedisStore {
     marks: Marks,
 }
 
+/// One concern of the store as a small type borrowing it (`store.stock().warm(..)`): a caller
+/// names the concern it uses and sees only its methods, each file below one concern. The
+/// shared parts (keys, pool, scripts, shards) stay on [`RedisStore`], which each derefs to.
+macro_rules! concerns {
+    ($($(#[$doc:meta])* $ty:ident: $method:ident;)*) => {$(
+        $(#[$doc])*
+        #[derive(Clone, Copy)]
+        pub struct $ty<'a>(&'a RedisStore);
+
+        impl std::ops::Deref for $ty<'_> {
+            type Target = RedisStore;
+            fn deref(&self) -> &RedisStore {
+                self.0
+            }
+        }
+
+        impl RedisStore {
+            $(#[$doc])*
+            pub fn $method(&self) -> $ty<'_> {
+                $ty(self)
+            }
+        }
+    )*};
+}
+
+concerns! {
+    /// Moving leftovers between stock buckets and their trails (docs/architecture/redis.md#moving-leftovers).
+    Moves: moves;
+    /// The fair start's draw (docs/architecture/hot-path.md#a-fair-start).
+    Draws: draws;
+    /// The shards' (epoch, seq) marks and their fences (docs/architecture/redis.md#when-redis-forgets).
+    Fences: fences;
+    /// Sale passes in the buckets' meta (docs/architecture/hot-path.md#sale-passes).
+    Passes: passes;
+    /// The buyers' order projection (docs/architecture/messages.md#event-ordering).
+    Projections: projections;
+    /// A shard read and written again from PostgreSQL (docs/architecture/redis.md#when-redis-forgets).
+    Rebuild: rebuild;
+    /// The scanner's claims, the awaiting index and retiring activities (docs/architecture/redis.md#pending-index-and-leases).
+    Recovery: recovery;
+    /// The buyers' reservations (docs/architecture/hot-path.md#the-hot-path).
+    Intake: intake;
+    /// A reservation's send state and the release of its unit (docs/architecture/hot-path.md#uncertain-sends).
+    Sends: sends;
+    /// Warming, pausing and reading a SKU's stock.
+    Stock: stock;
+}
+
 struct Scripts {
     reserve: LuaScript,
     mark_sent: LuaScript,

@@ -3,9 +3,9 @@
 
 use deadpool_redis::redis;
 
-use super::{RedisStore, Shard, StoreError};
+use super::{Passes, Shard, StoreError};
 
-impl RedisStore {
+impl Passes<'_> {
     /// Makes the activity sell only to buyers with a pass (or to anyone: `passes` is "0",
     /// which the reserve script reads as no requirement, as it reads no field).
     pub async fn set_passes(&self, activity_id: i64, required: bool) -> Result<(), StoreError> {

@@ -4,9 +4,9 @@ use std::collections::HashMap;
 
 use deadpool_redis::redis::{self, AsyncCommands};
 
-use super::{pool, RedisStore, StoreError};
+use super::{pool, Projections, StoreError};
 
-impl RedisStore {
+impl Projections<'_> {
     /// Applies order events to the projection, each only if it is newer than what is there,
     /// in one round trip (in order). Returns `APPLIED` or `STALE` per event.
     pub async fn project_many(

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use deadpool_redis::redis::{self, AsyncCommands};
 
-use super::{RedisStore, Shard, StoreError};
+use super::{Rebuild, Shard, StoreError};
 
 /// One SKU's stock hash in one shard, as found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -89,9 +89,9 @@ pub struct RebuildShard {
 /// Hash fields written per HSET: far under any argument limit.
 const CHUNK: usize = 500;
 
-impl RedisStore {
+impl Rebuild<'_> {
     /// Holds the scripts that move the shards' stock (a compensation's release, a leftover
-    /// move) for at most `lease`: they answer `HELD` until [`RedisStore::write_shard`] writes
+    /// move) for at most `lease`: they answer `HELD` until [`Rebuild::write_shard`] writes
     /// the shard, or the lease runs out (a rebuild that died holds nothing for long).
     pub async fn hold_stock(&self, shards: &[Shard], lease: Duration) -> Result<(), StoreError> {
         let mut conn = self.pool.get().await?;
@@ -167,7 +167,7 @@ impl RedisStore {
             });
         }
         let fields = ["status", "sku_id", "user_id", "req_field"];
-        for (id, mut f) in self.reservation_fields(shard, &fields).await? {
+        for (id, mut f) in self.stock().reservation_fields(shard, &fields).await? {
             out.present += 1;
             if f[0].as_deref() == Some(HoldStatus::Released.as_str()) {
                 out.released.insert(id);

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use deadpool_redis::redis::{self, AsyncCommands};
 
-use super::{RedisStore, Shard, StoreError};
+use super::{Recovery, Shard, StoreError};
 
 /// What one scanner claim found for an activity.
 #[derive(Debug, Default)]
@@ -21,7 +21,7 @@ pub struct Claimed {
 /// long past any clock skew between the API hosts and the scanner.
 pub const RETIRE_AFTER_END_MS: i64 = 10 * 60 * 1000;
 
-impl RedisStore {
+impl Recovery<'_> {
     /// Leases up to `batch` due reservations of one shard to `owner` for `lease_ms`.
     pub async fn claim_due(
         &self,

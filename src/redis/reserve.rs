@@ -4,7 +4,7 @@
 use deadpool_redis::redis::AsyncCommands;
 
 use super::marks::Mark;
-use super::{RedisStore, StoreError, RESERVATION_TTL_MARGIN_SECS};
+use super::{Intake, StoreError, RESERVATION_TTL_MARGIN_SECS};
 use crate::domain::order_create::ReservationRef;
 
 /// The reservation as the reserve script reports it.
@@ -163,7 +163,7 @@ impl Reply<'_> {
     }
 }
 
-impl RedisStore {
+impl Intake<'_> {
     /// The atomic reservation: activity open, request idempotency, one per buyer, stock > 0.
     pub async fn reserve(&self, a: &ReserveArgs<'_>) -> Result<ReserveResult, StoreError> {
         let k = &self.keys;

@@ -5,7 +5,7 @@
 use crate::domain::status::SendStatus;
 use deadpool_redis::redis;
 
-use super::{RedisStore, Shard, StoreError};
+use super::{Sends, Shard, StoreError};
 
 /// How often a release a rebuild holds is asked again, and for how long at most.
 const HELD_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
@@ -60,7 +60,7 @@ pub struct Release<'a> {
     pub reason: &'a str,
 }
 
-/// A first send the broker confirmed, to record (`RedisStore::mark_sent_many`).
+/// A first send the broker confirmed, to record (`Sends::mark_sent_many`).
 #[derive(Debug, Clone)]
 pub struct SentMark {
     pub activity_id: i64,
@@ -70,7 +70,7 @@ pub struct SentMark {
     pub sent_at_ms: i64,
 }
 
-impl RedisStore {
+impl Sends<'_> {
     /// CONFIRMED → MQ_SENT. Returns the script's verdict (`OK`, `MQ_SENT`, `MISSING`, ...).
     pub async fn mark_sent(
         &self,

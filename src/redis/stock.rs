@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use deadpool_redis::redis::{self, AsyncCommands};
 
-use super::{RedisStore, Shard, StoreError};
+use super::{Shard, Stock, StoreError};
 
 /// Reservation hashes of one SKU by status.
 #[derive(Debug, Clone, Default)]
@@ -69,7 +69,7 @@ impl WarmResult {
     }
 }
 
-impl RedisStore {
+impl Stock<'_> {
     /// One SKU's remaining stock and `taken` counter, and its winners unless `known_taken` is
     /// current (or stock is back), in one call (`sold_out_view.lua`).
     pub async fn sold_out_view(
@@ -233,13 +233,13 @@ impl RedisStore {
 
     /// `(total, remaining)` of one SKU in Redis, over all its buckets: `remaining` counts
     /// every unit no reservation holds, those on their way between two buckets included
-    /// ([`RedisStore::bucket_stock`] has them apart).
+    /// ([`super::Moves::bucket_stock`] has them apart).
     pub async fn sku_stock(
         &self,
         activity_id: i64,
         sku_id: i64,
     ) -> Result<Option<(i64, i64)>, StoreError> {
-        let stock = self.bucket_stock(activity_id, sku_id).await?;
+        let stock = self.moves().bucket_stock(activity_id, sku_id).await?;
         if stock.buckets.is_empty() {
             return Ok(None);
         }

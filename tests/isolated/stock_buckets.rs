@@ -49,7 +49,7 @@ async fn a_split_sku_sells_out_to_the_buyers_of_one_bucket_and_a_move_cut_midway
     env.activity_in_buckets(1500, &[(1, 12)], 3).await;
     let redis = env.redis().await;
     assert_eq!(redis.buckets(1500).await.unwrap(), 3);
-    let stock = redis.bucket_stock(1500, 1).await.unwrap();
+    let stock = redis.moves().bucket_stock(1500, 1).await.unwrap();
     let shares: Vec<i64> = stock.buckets.iter().map(|b| b.total).collect();
     assert_eq!(shares, [4, 4, 4]);
     // PostgreSQL splits the same way.
@@ -81,10 +81,10 @@ async fn a_split_sku_sells_out_to_the_buyers_of_one_bucket_and_a_move_cut_midway
     fail::cfg("rebalance-after-debit", "return").unwrap();
     assert!(rebalance(&redis, 1500, "test").await.is_err());
     fail::remove("rebalance-after-debit");
-    let open = redis.open_transfers(1500, 1).await.unwrap();
+    let open = redis.moves().open_transfers(1500, 1).await.unwrap();
     assert_eq!(open.len(), 1, "{open:?}");
     assert_eq!((open[0].to, open[0].units), (0, 2), "{open:?}");
-    let cut = redis.bucket_stock(1500, 1).await.unwrap();
+    let cut = redis.moves().bucket_stock(1500, 1).await.unwrap();
     assert_eq!(cut.in_transit, 2);
     assert_eq!(cut.remaining(), 6, "{cut:?}");
     // Conservation holds with the units in transit (the invariant check counts them).
@@ -99,13 +99,19 @@ async fn a_split_sku_sells_out_to_the_buyers_of_one_bucket_and_a_move_cut_midway
     // The next pass finishes it first (credited once), then moves again only on new refusals.
     let moved = rebalance(&redis, 1500, "test").await.unwrap();
     assert_eq!((moved.resumed, moved.moves), (1, 0), "{moved:?}");
-    assert!(redis.open_transfers(1500, 1).await.unwrap().is_empty());
+    assert!(redis
+        .moves()
+        .open_transfers(1500, 1)
+        .await
+        .unwrap()
+        .is_empty());
     // Finishing it again credits nothing: the target's trail knows the transfer.
     assert!(!redis
+        .moves()
         .transfer_in(1500, 1, &open[0], Utc::now().timestamp_millis())
         .await
         .unwrap());
-    let after = redis.bucket_stock(1500, 1).await.unwrap();
+    let after = redis.moves().bucket_stock(1500, 1).await.unwrap();
     assert_eq!((after.in_transit, after.remaining()), (0, 8), "{after:?}");
 
     // Bucket 0's buyers keep coming; each refusal brings leftovers, until all 12 are sold.
@@ -127,7 +133,7 @@ async fn a_split_sku_sells_out_to_the_buyers_of_one_bucket_and_a_move_cut_midway
         }
     }
     assert_eq!(winners.len(), 12, "every unit sold to bucket 0's buyers");
-    let stock = redis.bucket_stock(1500, 1).await.unwrap();
+    let stock = redis.moves().bucket_stock(1500, 1).await.unwrap();
     assert_eq!(stock.remaining(), 0, "{stock:?}");
     assert_eq!(stock.in_transit, 0);
     assert_eq!(

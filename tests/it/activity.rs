@@ -101,9 +101,15 @@ async fn create_is_idempotent_and_refuses_to_change_a_started_activity() {
     let future = args(10, 100, 3600);
     create(&env.settings, &future).await.unwrap();
     create(&env.settings, &future).await.unwrap();
-    assert_eq!(redis.sku_stock(10, 1).await.unwrap(), Some((100, 100)));
+    assert_eq!(
+        redis.stock().sku_stock(10, 1).await.unwrap(),
+        Some((100, 100))
+    );
     create(&env.settings, &args(10, 120, 3600)).await.unwrap();
-    assert_eq!(redis.sku_stock(10, 1).await.unwrap(), Some((120, 120)));
+    assert_eq!(
+        redis.stock().sku_stock(10, 1).await.unwrap(),
+        Some((120, 120))
+    );
     assert_eq!(
         env.count("SELECT total_stock::int8 FROM activity_skus WHERE activity_id = 10")
             .await,
@@ -121,7 +127,10 @@ async fn create_is_idempotent_and_refuses_to_change_a_started_activity() {
             .await,
         50
     );
-    assert_eq!(redis.sku_stock(11, 1).await.unwrap(), Some((50, 50)));
+    assert_eq!(
+        redis.stock().sku_stock(11, 1).await.unwrap(),
+        Some((50, 50))
+    );
 
     // Split into stock buckets: the same split in PostgreSQL and Redis, fixed once created,
     // and a stock change before the start re-splits both.
@@ -132,7 +141,10 @@ async fn create_is_idempotent_and_refuses_to_change_a_started_activity() {
     let shares = |rows: &seckill::redis::SkuBuckets| -> Vec<i64> {
         rows.buckets.iter().map(|b| b.total).collect()
     };
-    assert_eq!(shares(&redis.bucket_stock(12, 1).await.unwrap()), [4, 3, 3]);
+    assert_eq!(
+        shares(&redis.moves().bucket_stock(12, 1).await.unwrap()),
+        [4, 3, 3]
+    );
     assert_eq!(
         env.count("SELECT count(*) FROM stock_buckets WHERE activity_id = 12")
             .await,
@@ -140,7 +152,10 @@ async fn create_is_idempotent_and_refuses_to_change_a_started_activity() {
     );
     split.skus = vec![(1, 20, 500)];
     create(&env.settings, &split).await.unwrap();
-    assert_eq!(shares(&redis.bucket_stock(12, 1).await.unwrap()), [7, 7, 6]);
+    assert_eq!(
+        shares(&redis.moves().bucket_stock(12, 1).await.unwrap()),
+        [7, 7, 6]
+    );
     assert_eq!(
         env.count(
             "SELECT total_stock::int8 FROM stock_buckets WHERE activity_id = 12 AND bucket = 2"

@@ -173,8 +173,14 @@ async fn admin_routes_need_the_token_and_a_pause_reaches_buyers_until_resumed() 
         0
     );
     let redis = env.redis().await;
-    assert_eq!(redis.sku_stock(1200, 1).await.unwrap(), Some((10, 7)));
-    assert_eq!(redis.sku_stock(1200, 2).await.unwrap(), Some((10, 10)));
+    assert_eq!(
+        redis.stock().sku_stock(1200, 1).await.unwrap(),
+        Some((10, 7))
+    );
+    assert_eq!(
+        redis.stock().sku_stock(1200, 2).await.unwrap(),
+        Some((10, 10))
+    );
     apis.stop.cancel();
     env.cleanup().await;
 }

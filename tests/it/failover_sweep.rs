@@ -121,6 +121,7 @@ async fn a_loss_found_past_the_horizon_is_reported_by_name_not_settled_silently(
     let ids = reserve_only(&redis, 32, 7, 60_000).await;
     let sent_at = Utc::now().timestamp_millis() - 120_000;
     redis
+        .sends()
         .mark_sent(32, &ids.reservation_id, &ids.message_id, "b-1", sent_at)
         .await
         .unwrap();

@@ -47,6 +47,7 @@ async fn a_fair_window_draws_the_stock_in_seed_order(env: TestEnv, activity: i64
     // The activity started a second ago: its window closes 2.5 s from now.
     env.redis()
         .await
+        .draws()
         .set_fair_start(activity, 3_500, &seed)
         .await
         .unwrap();
@@ -179,6 +180,7 @@ async fn a_draw_nobody_waits_for_is_made_by_the_scanner() {
     env.activity(977, 1, 2).await;
     env.redis()
         .await
+        .draws()
         .set_fair_start(977, 2_000, "seed-977")
         .await
         .unwrap();
@@ -264,6 +266,7 @@ async fn an_api_killed_while_its_requests_wait_for_the_draw_loses_none_of_their_
     let window = (chrono::Utc::now() - created).num_milliseconds() as u64 + 1_000 + 2_500;
     env.redis()
         .await
+        .draws()
         .set_fair_start(978, window, seed)
         .await
         .unwrap();
@@ -290,6 +293,7 @@ async fn an_api_killed_while_its_requests_wait_for_the_draw_loses_none_of_their_
             let (redis, id) = (&redis, format!("r-{b}"));
             async move {
                 redis
+                    .intake()
                     .request_reservation(978, b, &id)
                     .await
                     .unwrap()

@@ -40,11 +40,11 @@ async fn api_killed_after_the_reservation_before_the_send_the_scanner_sends_it_o
 
     let redis = env.redis().await;
     assert_eq!(
-        redis.sku_stock(900, 1).await.unwrap(),
+        redis.stock().sku_stock(900, 1).await.unwrap(),
         Some((5, 4)),
         "reserved, not released"
     );
-    assert_eq!(redis.pending_count(900).await.unwrap(), 1);
+    assert_eq!(redis.recovery().pending_count(900).await.unwrap(), 1);
     let handler = Arc::new(OrderCreateHandler::new(env.pool(3).await, &env.settings, 2));
     let consumer = seckill::mq::start_order_create_consumer(&env.settings, handler, 2)
         .await
@@ -64,7 +64,7 @@ async fn api_killed_after_the_reservation_before_the_send_the_scanner_sends_it_o
         env.count("SELECT count(*) FROM orders").await == 1
     })
     .await;
-    let census = redis.reservation_census(900, 1).await.unwrap();
+    let census = redis.stock().reservation_census(900, 1).await.unwrap();
     let pool = env.pool(1).await;
     let c = pool.get().await.unwrap();
     let mid: String = c
@@ -261,7 +261,7 @@ async fn relay_killed_after_the_send_before_the_mark_sends_again_and_is_applied_
     })
     .await;
     assert_eq!(
-        redis.sku_stock(902, 1).await.unwrap(),
+        redis.stock().sku_stock(902, 1).await.unwrap(),
         Some((5, 5)),
         "released exactly once"
     );
@@ -293,7 +293,12 @@ async fn a_scanner_killed_holding_leases_is_taken_over_after_they_expire() {
     let fields = redis
         .reservation(
             903,
-            &redis.reservation_census(903, 1).await.unwrap().reserved_ids[0],
+            &redis
+                .stock()
+                .reservation_census(903, 1)
+                .await
+                .unwrap()
+                .reserved_ids[0],
         )
         .await
         .unwrap();
@@ -418,7 +423,7 @@ async fn api_killed_after_the_broker_stored_the_message_makes_one_order() {
     .await;
     let redis = env.redis().await;
     assert_eq!(
-        redis.pending_count(961).await.unwrap(),
+        redis.recovery().pending_count(961).await.unwrap(),
         1,
         "Redis never learnt of the send"
     );
@@ -436,7 +441,7 @@ async fn api_killed_after_the_broker_stored_the_message_makes_one_order() {
     .await;
     eventually(30, "the duplicate reached the inbox", || async {
         env.count("SELECT count(*) FROM consumer_inbox").await == 1
-            && redis.pending_count(961).await.unwrap() == 0
+            && redis.recovery().pending_count(961).await.unwrap() == 0
     })
     .await;
     common::quiescent(&env, 961).await;
@@ -545,7 +550,7 @@ async fn a_re_send_the_broker_refuses_keeps_a_valid_reservation_and_settles_an_e
         "{v:?}"
     );
     assert!(v["next_retry_at"].parse::<i64>().unwrap() > chrono::Utc::now().timestamp_millis());
-    assert_eq!(redis.pending_count(963).await.unwrap(), 1);
+    assert_eq!(redis.recovery().pending_count(963).await.unwrap(), 1);
     // The expired one: no copy reached the consumer, so its inbox is fenced (a copy arriving
     // later is a duplicate), the decision recorded, and the unit goes back.
     let e = redis
@@ -577,6 +582,6 @@ async fn a_re_send_the_broker_refuses_keeps_a_valid_reservation_and_settles_an_e
         .await,
         1
     );
-    assert_eq!(redis.sku_stock(963, 1).await.unwrap(), Some((5, 4)));
+    assert_eq!(redis.stock().sku_stock(963, 1).await.unwrap(), Some((5, 4)));
     env.cleanup().await;
 }

@@ -65,7 +65,7 @@ async fn a_hung_redis_gets_503_within_bounds_and_the_api_recovers_after() {
     let again: Value = r.json().await.unwrap();
     assert_eq!(again["duplicate"], true, "{again}");
     let redis = env.redis().await;
-    assert_eq!(redis.sku_stock(980, 1).await.unwrap(), Some((5, 4)));
+    assert_eq!(redis.stock().sku_stock(980, 1).await.unwrap(), Some((5, 4)));
 
     api.stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(15), api.server).await;

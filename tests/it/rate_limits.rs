@@ -73,7 +73,7 @@ async fn a_hammering_buyer_gets_429_while_other_buyers_get_202() {
     }
     let redis = env.redis().await;
     assert_eq!(
-        redis.sku_stock(985, 1).await.unwrap(),
+        redis.stock().sku_stock(985, 1).await.unwrap(),
         Some((100, 90)),
         "one unit for the hammering buyer, one each for the nine others"
     );

@@ -71,16 +71,23 @@ async fn every_script_and_gathered_pipeline_finds_its_slot_on_the_cluster() {
             sent_at_ms: now,
         })
         .collect();
-    assert_eq!(redis.mark_sent_many(&marks).await.unwrap(), vec!["OK"; 6]);
+    assert_eq!(
+        redis.sends().mark_sent_many(&marks).await.unwrap(),
+        vec!["OK"; 6]
+    );
     // Answers come back in the callers' order: a second mark of each finds it MQ_SENT.
     assert_eq!(
-        redis.mark_sent_many(&marks).await.unwrap(),
+        redis.sends().mark_sent_many(&marks).await.unwrap(),
         vec!["MQ_SENT"; 6]
     );
     for &a in &activities {
-        assert_eq!(redis.pending_count(a).await.unwrap(), 0, "activity {a}");
+        assert_eq!(
+            redis.recovery().pending_count(a).await.unwrap(),
+            0,
+            "activity {a}"
+        );
         // The census scans the activity's keys on the primary that holds them.
-        let census = redis.reservation_census(a, 1).await.unwrap();
+        let census = redis.stock().reservation_census(a, 1).await.unwrap();
         assert_eq!(census.reserved_ids.len(), 2, "activity {a}: {census:?}");
     }
     // Give back the first reservation of each activity, gathered.
@@ -94,15 +101,19 @@ async fn every_script_and_gathered_pipeline_finds_its_slot_on_the_cluster() {
         })
         .collect();
     assert_eq!(
-        redis.release_many(&releases, now).await.unwrap(),
+        redis.sends().release_many(&releases, now).await.unwrap(),
         vec!["RELEASED"; 3]
     );
     assert_eq!(
-        redis.release_many(&releases, now).await.unwrap(),
+        redis.sends().release_many(&releases, now).await.unwrap(),
         vec!["ALREADY_RELEASED"; 3]
     );
     for &a in &activities {
-        assert_eq!(redis.sku_stock(a, 1).await.unwrap(), Some((5, 4)), "{a}");
+        assert_eq!(
+            redis.stock().sku_stock(a, 1).await.unwrap(),
+            Some((5, 4)),
+            "{a}"
+        );
     }
     // The projection of each reservation lives under its activity's tag; one gathered call
     // updates all six, and a lookup by reservation id alone finds each.
@@ -118,17 +129,28 @@ async fn every_script_and_gathered_pipeline_finds_its_slot_on_the_cluster() {
         .collect();
     let refs: Vec<&OrderEventHeader> = headers.iter().collect();
     assert_eq!(
-        redis.project_many(&refs, 600, now).await.unwrap(),
+        redis
+            .projections()
+            .project_many(&refs, 600, now)
+            .await
+            .unwrap(),
         vec!["APPLIED"; 6]
     );
     for (_, ids) in &reserved {
-        let p = redis.projection(&ids.reservation_id).await.unwrap();
+        let p = redis
+            .projections()
+            .projection(&ids.reservation_id)
+            .await
+            .unwrap();
         assert_eq!(p.get("order_id"), Some(&ids.order_id));
     }
     // Retiring an activity reaches every one of its keys, on its own node.
     for &a in &activities {
         // meta, sku, buyers, req: the keys with no expiry of their own.
-        assert!(redis.retire_activity(a, 60).await.unwrap() >= 4, "{a}");
+        assert!(
+            redis.recovery().retire_activity(a, 60).await.unwrap() >= 4,
+            "{a}"
+        );
     }
     env.cleanup().await;
 }

@@ -369,7 +369,7 @@ async fn a_compensation_for_a_forgotten_reservation_warns_and_fences_once() {
     }
     // No unit given back from nothing; one fence, from the consumer's signal; the shard
     // refuses reservations until the rebuild.
-    assert_eq!(redis.sku_stock(503, 1).await.unwrap(), Some((5, 4)));
+    assert_eq!(redis.stock().sku_stock(503, 1).await.unwrap(), Some((5, 4)));
     let fences = "SELECT count(*) FROM redis_fences WHERE activity_id = 503 \
                   AND signal = 'compensation_missing' AND detected_by LIKE 'consume@%'";
     assert_eq!(env.count(fences).await, 1);
@@ -407,10 +407,11 @@ async fn a_rebuild_holds_what_moves_stock_until_it_writes_the_shard() {
 
     // Held: the release waits, then says so, and moves nothing.
     redis
+        .rebuild()
         .hold_stock(&shards, std::time::Duration::from_secs(30))
         .await
         .unwrap();
-    let held = redis.release_many(&release, 0).await;
+    let held = redis.sends().release_many(&release, 0).await;
     assert!(
         matches!(held, Err(seckill::redis::StoreError::Held(_))),
         "{held:?}"
@@ -428,7 +429,7 @@ async fn a_rebuild_holds_what_moves_stock_until_it_writes_the_shard() {
     };
     let rebuilt = resync.rebuild(ACTIVITY, true).await.unwrap();
     assert_eq!(rebuilt.attempts, 1);
-    let again = redis.release_many(&release, 0).await.unwrap();
+    let again = redis.sends().release_many(&release, 0).await.unwrap();
     assert_eq!(again, vec!["RELEASED".to_string()]);
     assert_eq!(remaining().await, 5);
     env.cleanup().await;

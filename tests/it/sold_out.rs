@@ -60,6 +60,7 @@ async fn a_sold_out_sku_is_answered_from_memory_except_for_its_winners_until_a_u
     let redis = env.redis().await;
     let rid = won["reservation_id"].as_str().unwrap().to_owned();
     let released = redis
+        .sends()
         .release_many(
             &[seckill::redis::Release {
                 activity_id: 1300,

@@ -131,11 +131,13 @@ async fn redis_over_tls_reserves_and_an_unknown_ca_is_refused() {
         .expect("rediss:// with the CA that signed the server");
     let now = chrono::Utc::now().timestamp_millis();
     redis
+        .stock()
         .warm(1300, 1, now - 1000, now + 600_000, 300_000, 3, 1)
         .await
         .unwrap();
     let ids = seckill::domain::Ids::generate(1300, 0);
     let r = redis
+        .intake()
         .reserve(&seckill::redis::ReserveArgs {
             reservation: seckill::domain::order_create::ReservationRef {
                 message_id: &ids.message_id,
@@ -157,7 +159,10 @@ async fn redis_over_tls_reserves_and_an_unknown_ca_is_refused() {
         .await
         .unwrap();
     assert!(matches!(r, ReserveResult::Reserved(_)), "{r:?}");
-    assert_eq!(redis.sku_stock(1300, 1).await.unwrap(), Some((3, 2)));
+    assert_eq!(
+        redis.stock().sku_stock(1300, 1).await.unwrap(),
+        Some((3, 2))
+    );
     // Trusting only the system's roots, the test CA's server is refused.
     settings.ca_file = String::new();
     assert!(RedisStore::connect(&settings).await.is_err());

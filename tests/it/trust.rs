@@ -197,8 +197,11 @@ async fn forged_expired_wrong_audience_and_unsigned_tokens_are_refused_and_write
     assert_eq!((s, code(&body)), (StatusCode::FORBIDDEN, Some("FORBIDDEN")));
     // Nothing was written: the stock is whole, no reservation, no buyer, no request id.
     let redis = env.redis().await;
-    assert_eq!(redis.sku_stock(1100, 1).await.unwrap(), Some((10, 10)));
-    assert_eq!(redis.pending_count(1100).await.unwrap(), 0);
+    assert_eq!(
+        redis.stock().sku_stock(1100, 1).await.unwrap(),
+        Some((10, 10))
+    );
+    assert_eq!(redis.recovery().pending_count(1100).await.unwrap(), 0);
     let pg_rows = env.count("SELECT count(*) FROM reservations").await
         + env.count("SELECT count(*) FROM orders").await;
     assert_eq!(pg_rows, 0);
@@ -222,7 +225,10 @@ async fn forged_expired_wrong_audience_and_unsigned_tokens_are_refused_and_write
     )
     .await;
     assert_eq!(s, StatusCode::ACCEPTED, "{body}");
-    assert_eq!(redis.sku_stock(1100, 1).await.unwrap(), Some((10, 8)));
+    assert_eq!(
+        redis.stock().sku_stock(1100, 1).await.unwrap(),
+        Some((10, 8))
+    );
     let rid = a["reservation_id"].as_str().unwrap();
     let fields = redis.reservation(1100, rid).await.unwrap();
     assert_eq!(fields["user_id"], "6");
@@ -480,7 +486,11 @@ async fn another_buyers_reservation_is_looked_up_like_an_unknown_one() {
     };
     let now = Utc::now().timestamp_millis();
     assert_eq!(
-        redis.project_many(&[&header], 600, now).await.unwrap(),
+        redis
+            .projections()
+            .project_many(&[&header], 600, now)
+            .await
+            .unwrap(),
         vec!["APPLIED"]
     );
     let api = start_api(env.settings.clone()).await;

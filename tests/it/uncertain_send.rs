@@ -85,6 +85,7 @@ async fn a_refusal_after_a_lost_send_holds_the_unit_until_postgresql_fences_the_
     assert_eq!(h["uncertain"], "1", "{h:?}");
     // The API's own refusal path cannot release it either.
     let verdict = redis
+        .sends()
         .mark_failed(970, 1, &r.reservation_id, &r.message_id, "refused", 0)
         .await
         .unwrap();
@@ -104,7 +105,7 @@ async fn a_refusal_after_a_lost_send_holds_the_unit_until_postgresql_fences_the_
         ("RESERVED", "MQ_PENDING"),
         "refusals alone never release an uncertain reservation: {held:?}"
     );
-    assert_eq!(redis.sku_stock(970, 1).await.unwrap(), Some((5, 4)));
+    assert_eq!(redis.stock().sku_stock(970, 1).await.unwrap(), Some((5, 4)));
     let stats = scanner.scan_once().await.unwrap();
     assert_eq!(stats.settled, 1, "{stats:?}");
 
@@ -120,7 +121,7 @@ async fn a_refusal_after_a_lost_send_holds_the_unit_until_postgresql_fences_the_
         ("RELEASED", "MQ_FENCED", "SEND_FENCED"),
         "{h:?}"
     );
-    assert_eq!(redis.sku_stock(970, 1).await.unwrap(), Some((5, 5)));
+    assert_eq!(redis.stock().sku_stock(970, 1).await.unwrap(), Some((5, 5)));
     assert_eq!(
         env.count(&format!(
             "SELECT count(*) FROM reservations WHERE reservation_id = '{}' AND status = 'REJECTED' AND reject_reason = 'WITHDRAWN'",
@@ -154,6 +155,7 @@ async fn a_refusal_after_a_lost_send_holds_the_unit_until_postgresql_fences_the_
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 0);
     // The compensation row the rejection wrote finds the unit already back: a no-op.
     let again = redis
+        .sends()
         .release_many(
             &[seckill::redis::Release {
                 activity_id: 970,
@@ -166,7 +168,7 @@ async fn a_refusal_after_a_lost_send_holds_the_unit_until_postgresql_fences_the_
         .await
         .unwrap();
     assert_eq!(again, vec!["ALREADY_RELEASED".to_string()]);
-    assert_eq!(redis.sku_stock(970, 1).await.unwrap(), Some((5, 5)));
+    assert_eq!(redis.stock().sku_stock(970, 1).await.unwrap(), Some((5, 5)));
     fail::remove("mq-send-outcome");
     drop(c);
     env.cleanup().await;
@@ -209,8 +211,8 @@ async fn a_refusal_after_a_stored_but_unanswered_send_keeps_the_unit_of_the_orde
         ("RESERVED", "MQ_SENT"),
         "a copy was consumed: its unit stays with the order: {h:?}"
     );
-    assert_eq!(redis.pending_count(971).await.unwrap(), 0);
-    assert_eq!(redis.sku_stock(971, 1).await.unwrap(), Some((5, 4)));
+    assert_eq!(redis.recovery().pending_count(971).await.unwrap(), 0);
+    assert_eq!(redis.stock().sku_stock(971, 1).await.unwrap(), Some((5, 4)));
     assert_eq!(
         pg_remaining(&env, 971).await,
         4,

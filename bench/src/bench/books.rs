@@ -276,6 +276,7 @@ async fn unknown_outcomes(
             continue;
         }
         let rid = redis
+            .intake()
             .request_reservation(p.activity_id, p.user_id, &p.request_id)
             .await?;
         if let Some(rid) = rid {

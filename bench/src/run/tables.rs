@@ -96,7 +96,7 @@ pub(super) async fn reset_order_tables(run: &Run) -> anyhow::Result<()> {
         let redis = RedisStore::connect(&run.settings.redis).await?;
         let keep = u64::from(run.settings.retention.activity_keys_hours) * 3600;
         for activity_id in ended {
-            redis.retire_activity(activity_id, keep).await?;
+            redis.recovery().retire_activity(activity_id, keep).await?;
         }
     }
     let tables: Vec<String> = ORDER_TABLES.iter().map(|t| format!("{s}.{t}")).collect();

@@ -1,6 +1,6 @@
 -- Warms one activity SKU in one stock bucket (its share of the stock). Idempotent; refuses to
 -- change the stock once reservations exist.
--- A retired activity's keys were given an expiry (RedisStore::retire_activity): warming it
+-- A retired activity's keys were given an expiry (Recovery::retire_activity): warming it
 -- again (a sale extended) takes it away, so nothing of a live sale expires.
 local K = {
   meta = KEYS[1],

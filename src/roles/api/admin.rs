@@ -173,6 +173,7 @@ async fn set_paused(
     audit_row(s, actor, action, &t, &json!({"reason": reason})).await?;
     let found = s
         .redis
+        .stock()
         .set_paused(activity_id, sku_id, reason)
         .await
         .map_err(|_| ApiError::unavailable("the reservation store"))?;
@@ -242,11 +243,13 @@ async fn status(
     for sku in skus {
         let stock = s
             .redis
+            .stock()
             .sku_stock(activity_id, sku)
             .await
             .map_err(redis_down)?;
         let paused = s
             .redis
+            .stock()
             .paused(activity_id, Some(sku))
             .await
             .map_err(redis_down)?;
@@ -259,9 +262,9 @@ async fn status(
     }
     Ok(Json(json!({
         "activity_id": activity_id,
-        "paused": s.redis.paused(activity_id, None).await.map_err(redis_down)?,
+        "paused": s.redis.stock().paused(activity_id, None).await.map_err(redis_down)?,
         "skus": out,
-        "pending_reservations": s.redis.pending_count(activity_id).await.map_err(redis_down)?,
+        "pending_reservations": s.redis.recovery().pending_count(activity_id).await.map_err(redis_down)?,
         "admission_paused": s.admission.paused(),
         "activity_admission_paused": s.admission.activity_paused(activity_id),
     }))

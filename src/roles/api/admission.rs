@@ -220,7 +220,7 @@ pub async fn pending_ages(redis: &RedisStore) -> anyhow::Result<Vec<(i64, Durati
     let mut out = Vec::new();
     let (mut total, mut oldest) = (0i64, Duration::ZERO);
     for activity_id in redis.activities().await? {
-        let (count, head) = redis.pending_stats(activity_id).await?;
+        let (count, head) = redis.recovery().pending_stats(activity_id).await?;
         total += count;
         let age = head.map(|h| (now - h).max(0) as u64).unwrap_or(0);
         let age = Duration::from_millis(age);

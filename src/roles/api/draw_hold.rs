@@ -74,7 +74,7 @@ pub(super) async fn hold(
             metrics::counter!("draw_hold_total", "outcome" => "timeout").increment(1);
             return Err(still_drawing());
         }
-        answer = s.redis.reserve(&again).await.map_err(|e| {
+        answer = s.redis.intake().reserve(&again).await.map_err(|e| {
             tracing::warn!(error = %e, request_id = %args.reservation.request_id,
                            "reserve script failed while holding for the draw");
             ApiError::unavailable("the reservation store")
@@ -103,6 +103,7 @@ async fn wait_until(closes_ms: i64, deadline: Instant) -> Result<(), ApiError> {
 async fn draw(s: &ApiState, shard: Shard, args: &ReserveArgs<'_>) -> Result<(), ApiError> {
     let state = s
         .redis
+        .draws()
         .draw_all(
             shard,
             args.reservation.sku_id,

@@ -329,7 +329,7 @@ async fn required(s: &ApiState, activity_id: i64) -> bool {
     {
         return r;
     }
-    let Ok((Some(starts), required)) = s.redis.passes_required(activity_id).await else {
+    let Ok((Some(starts), required)) = s.redis.passes().passes_required(activity_id).await else {
         return false;
     };
     if starts <= Utc::now().timestamp_millis() {

@@ -65,7 +65,7 @@ pub(super) async fn get_reservation(
     let me = s.buyer(&headers).await?;
     // The projection answers most polls without touching PostgreSQL (entries written before
     // the projection carried the buyer fall through to the order store).
-    if let Ok(p) = s.redis.projection(&reservation_id).await {
+    if let Ok(p) = s.redis.projections().projection(&reservation_id).await {
         if let (Some(status), Some(order_id), Some(owner)) =
             (p.get("status"), p.get("order_id"), p.get("user_id"))
         {
@@ -91,6 +91,7 @@ pub(super) async fn get_reservation(
         Some(a) => Some(a),
         None => s
             .redis
+            .intake()
             .legacy_location(&reservation_id)
             .await
             .map_err(|_| ApiError::unavailable("the reservation store"))?,

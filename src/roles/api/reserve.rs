@@ -314,7 +314,7 @@ fn trace_context(headers: &HeaderMap) -> TraceContext {
 /// The reserve script; a Redis failure is a 503 that loses nothing (the buyer retries with the
 /// same request_id).
 async fn reserve_in_redis(s: &ApiState, args: &ReserveArgs<'_>) -> Result<ReserveResult, ApiError> {
-    s.redis.reserve(args).await.map_err(|e| {
+    s.redis.intake().reserve(args).await.map_err(|e| {
         warn!(error = %e, request_id = %args.reservation.request_id, user_id = args.reservation.user_id, "reserve script failed");
         ApiError::unavailable("the reservation store")
     })
@@ -429,6 +429,7 @@ async fn record_unknown(s: &ApiState, r: &ReservationRef<'_>, error: &str, sent:
     let next = sent.done_ms + s.settings.api.resend_backoff_ms as i64;
     if let Err(e) = s
         .redis
+        .sends()
         .schedule_resend(r.activity_id, r.reservation_id, r.message_id, next, error)
         .await
     {
@@ -459,6 +460,7 @@ async fn record_definite_failure(
 ) -> bool {
     let verdict = s
         .redis
+        .sends()
         .mark_failed(
             r.activity_id,
             r.sku_id,

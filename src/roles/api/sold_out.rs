@@ -116,7 +116,7 @@ pub async fn run_poller(
 ) {
     loop {
         for (key, taken) in sold_out.flagged() {
-            match redis.sold_out_view(key.0, key.1, taken).await {
+            match redis.stock().sold_out_view(key.0, key.1, taken).await {
                 Ok(view) => sold_out.apply(key, view),
                 // Left as it is: while Redis cannot be asked, a request sent to it would fail
                 // as well; the flag is checked again at the next poll.

@@ -71,7 +71,7 @@ pub(super) fn sent_marks(redis: &RedisStore) -> SentMarks {
         move |marks: Vec<SentMark>| {
             let redis = redis.clone();
             async move {
-                match redis.mark_sent_many(&marks).await {
+                match redis.sends().mark_sent_many(&marks).await {
                     Ok(verdicts) => verdicts.into_iter().map(Ok).collect(),
                     Err(e) => {
                         let why = e.to_string();

@@ -41,6 +41,7 @@ impl CompensationHandler {
             .collect();
         let results = self
             .redis
+            .sends()
             .release_many(&calls, Utc::now().timestamp_millis())
             .await?;
         let done: Vec<&str> = releases

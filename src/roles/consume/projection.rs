@@ -35,6 +35,7 @@ impl ProjectionHandler {
         let headers: Vec<&OrderEventHeader> = events.iter().map(|(_, e)| e).collect();
         let results = self
             .redis
+            .projections()
             .project_many(&headers, PROJECTION_TTL_SECS, Utc::now().timestamp_millis())
             .await?;
         for ((i, event), r) in events.iter().zip(&results) {

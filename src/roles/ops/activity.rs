@@ -110,6 +110,7 @@ pub async fn create(settings: &Settings, args: &CreateArgs) -> anyhow::Result<()
     let redis = RedisStore::connect(&settings.redis).await?;
     for (sku_id, total) in skus {
         let r = redis
+            .stock()
             .warm(
                 args.activity_id,
                 sku_id,
@@ -141,13 +142,17 @@ pub async fn create(settings: &Settings, args: &CreateArgs) -> anyhow::Result<()
         );
     }
     redis
+        .draws()
         .set_fair_start(
             args.activity_id,
             fair_ms as u64,
             seed.as_deref().unwrap_or(""),
         )
         .await?;
-    redis.set_passes(args.activity_id, passes_required).await?;
+    redis
+        .passes()
+        .set_passes(args.activity_id, passes_required)
+        .await?;
     if fair_ms > 0 {
         println!(
             "activity {}: fair window {fair_ms} ms from the start, seed {}",

@@ -323,7 +323,7 @@ async fn stuck_reservations(
     end: DateTime<Utc>,
     stuck: &mut Finding,
 ) -> anyhow::Result<()> {
-    let census = redis.reservation_census(aid, sku).await?;
+    let census = redis.stock().reservation_census(aid, sku).await?;
     stuck.scanned += census.reserved_ids.len() as u64;
     if !census.reserved_ids.is_empty() {
         let recorded = db::recorded_reservations(pg, &census.reserved_ids).await?;

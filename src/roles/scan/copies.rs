@@ -121,6 +121,7 @@ impl Copies {
         };
         if verdict == "fenced" {
             self.redis
+                .sends()
                 .release_many(
                     &[Release {
                         activity_id,
@@ -133,6 +134,7 @@ impl Copies {
                 .await?;
         }
         self.redis
+            .sends()
             .settle(activity_id, rid, &event.message_id, mq_status, now_ms)
             .await?;
         metrics::counter!("reservation_settled_total", "verdict" => verdict).increment(1);

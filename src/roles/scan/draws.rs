@@ -20,7 +20,7 @@ pub async fn draw_closed(
     settings: &Settings,
     activity_id: i64,
 ) -> anyhow::Result<()> {
-    let Some(closes) = redis.fair_window_closes(activity_id).await? else {
+    let Some(closes) = redis.draws().fair_window_closes(activity_id).await? else {
         return Ok(());
     };
     let now = Utc::now().timestamp_millis();
@@ -28,11 +28,12 @@ pub async fn draw_closed(
         return Ok(());
     }
     let backstop = now >= closes + settings.draw_hold_ms() as i64;
-    let skus = redis.skus(activity_id).await?;
+    let skus = redis.moves().skus(activity_id).await?;
     for shard in redis.shards(activity_id).await? {
         for &sku_id in &skus {
             if backstop {
                 redis
+                    .draws()
                     .draw_all(shard, sku_id, now, settings.api.reservation_valid_secs)
                     .await?;
             }
@@ -50,7 +51,7 @@ async fn record(
     sku_id: i64,
     closes_ms: i64,
 ) -> anyhow::Result<()> {
-    let Some(r) = redis.take_draw_report(shard, sku_id).await? else {
+    let Some(r) = redis.draws().take_draw_report(shard, sku_id).await? else {
         return Ok(());
     };
     let detail = serde_json::json!({
@@ -66,7 +67,7 @@ async fn record(
     }
     .await;
     if let Err(e) = recorded {
-        redis.untake_draw_report(shard, sku_id).await?;
+        redis.draws().untake_draw_report(shard, sku_id).await?;
         return Err(e);
     }
     metrics::counter!("fair_draw_entrants_total").increment(r.entrants);

@@ -34,18 +34,19 @@ pub async fn rebalance(redis: &RedisStore, activity_id: i64, owner: &str) -> any
     if k <= 1 {
         return Ok(moved);
     }
-    for sku_id in redis.skus(activity_id).await? {
-        for t in redis.open_transfers(activity_id, sku_id).await? {
+    for sku_id in redis.moves().skus(activity_id).await? {
+        for t in redis.moves().open_transfers(activity_id, sku_id).await? {
             finish(redis, activity_id, sku_id, &t).await?;
             moved.resumed += 1;
             metrics::counter!("stock_bucket_moves_resumed_total").increment(1);
             info!(activity_id, sku_id, transfer_id = %t.transfer_id, from = t.from, to = t.to,
                   units = t.units, "open leftover move finished");
         }
-        let stock = redis.bucket_stock(activity_id, sku_id).await?;
+        let stock = redis.moves().bucket_stock(activity_id, sku_id).await?;
         if !stock.buckets.iter().any(|b| b.wants_units())
             || !stock.buckets.iter().any(|b| b.remaining > 0)
             || !redis
+                .moves()
                 .rebalance_lease(activity_id, sku_id, owner, LEASE_MS)
                 .await?
         {
@@ -67,6 +68,7 @@ pub async fn rebalance(redis: &RedisStore, activity_id: i64, owner: &str) -> any
             let from = Shard::new(activity_id, buckets[donor].bucket, k);
             let to = buckets[needy].bucket;
             let units = redis
+                .moves()
                 .transfer_out(
                     from,
                     sku_id,
@@ -113,6 +115,7 @@ async fn finish(
     t: &OpenTransfer,
 ) -> anyhow::Result<()> {
     let credited = redis
+        .moves()
         .transfer_in(activity_id, sku_id, t, Utc::now().timestamp_millis())
         .await
         .with_context(|| format!("crediting transfer {}", t.transfer_id))?;
@@ -120,5 +123,5 @@ async fn finish(
         warn!(activity_id, sku_id, transfer_id = %t.transfer_id,
               "transfer already credited: closing it only");
     }
-    Ok(redis.close_transfer(activity_id, sku_id, t).await?)
+    Ok(redis.moves().close_transfer(activity_id, sku_id, t).await?)
 }

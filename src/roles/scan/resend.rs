@@ -143,7 +143,12 @@ impl Scanner {
             if retire {
                 // Ended long ago with nothing pending: no pass needs to look at it again.
                 let keep = u64::from(self.copies.settings.retention.activity_keys_hours) * 3600;
-                let expiring = self.copies.redis.retire_activity(activity_id, keep).await?;
+                let expiring = self
+                    .copies
+                    .redis
+                    .recovery()
+                    .retire_activity(activity_id, keep)
+                    .await?;
                 stats.retired += 1;
                 info!(
                     activity_id,
@@ -163,7 +168,12 @@ impl Scanner {
                 // Whatever a failed pass left open, the next one finishes first.
                 Err(e) => warn!(activity_id, error = %e, "leftover move failed; resumed next pass"),
             }
-            let (count, oldest) = self.copies.redis.pending_stats(activity_id).await?;
+            let (count, oldest) = self
+                .copies
+                .redis
+                .recovery()
+                .pending_stats(activity_id)
+                .await?;
             pending_total += count;
             if let Some(o) = oldest {
                 oldest_ms = Some(oldest_ms.map_or(o, |cur: i64| cur.min(o)));
@@ -187,6 +197,7 @@ impl Scanner {
         let claimed = self
             .copies
             .redis
+            .recovery()
             .claim_due(
                 shard,
                 now_ms,
@@ -236,6 +247,7 @@ impl Scanner {
         );
         self.copies
             .redis
+            .sends()
             .schedule_resend(activity_id, rid, message_id, now_ms + wait as i64, error)
             .await?;
         Ok(())
@@ -293,6 +305,7 @@ impl Scanner {
             SendOutcome::Confirmed { broker_msg_id } => self
                 .copies
                 .redis
+                .sends()
                 .mark_sent(activity_id, &rid, &event.message_id, broker_msg_id, now_ms)
                 .await
                 .map(|_| ())

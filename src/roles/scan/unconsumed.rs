@@ -172,6 +172,7 @@ impl Copies {
         let now_ms = Utc::now().timestamp_millis();
         let (remaining, claims) = self
             .redis
+            .recovery()
             .claim_awaiting(shard, cutoff, sc.scanner_batch, sc.scanner_lease_ms)
             .await?;
         if claims.is_empty() {
@@ -229,6 +230,7 @@ impl Copies {
         stats.add(&pass);
         // Re-sent ones stay watched, scored by their new copy; the rest leave the index.
         self.redis
+            .recovery()
             .end_watch(shard, &done, &resent, Utc::now().timestamp_millis())
             .await?;
         Ok(remaining)

@@ -62,6 +62,7 @@ pub async fn raise(
     // (the scanner records a fence it finds only in Redis).
     let reason = format!("{signal}: {detail}");
     redis
+        .fences()
         .fence(activity_id, facts.buckets, &reason, now_ms)
         .await
         .context("fencing the activity's shards")?;

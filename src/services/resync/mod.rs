@@ -66,7 +66,7 @@ impl Resync {
     ///
     /// Orders, payments and cancellations go on committing while it runs (only reservations
     /// are fenced). What changes a shard's stock besides a reservation runs through a script
-    /// that a rebuild can hold: before reading, the shards are held ([`RedisStore::hold_stock`]),
+    /// that a rebuild can hold: before reading, the shards are held ([`crate::redis::Rebuild::hold_stock`]),
     /// so no release lands between the read and the write, and each shard's write lets them
     /// go. A cancellation committed in PostgreSQL meanwhile is written as holding its unit, and
     /// its release, held until then, gives the unit back once. Nothing PostgreSQL commits can
@@ -80,12 +80,12 @@ impl Resync {
         let shards = facts.shards();
         for attempt in 1..=REBUILD_ATTEMPTS {
             if write {
-                self.redis.hold_stock(&shards, STOCK_HOLD).await?;
+                self.redis.rebuild().hold_stock(&shards, STOCK_HOLD).await?;
             }
             let pass = self.rebuild_once(&client, &facts, write).await;
             if write && !matches!(pass, Ok(Some(_))) {
                 // Gave up before writing every shard: the stock moves again at once.
-                if let Err(e) = self.redis.unhold_stock(&shards).await {
+                if let Err(e) = self.redis.rebuild().unhold_stock(&shards).await {
                     warn!(activity_id, error = %e, "rebuild hold left to its lease");
                 }
             }
@@ -124,7 +124,7 @@ impl Resync {
         // PostgreSQL's; a release that ran before the hold shows in Redis.
         let mut snapshots = Vec::new();
         for shard in facts.shards() {
-            snapshots.push(self.redis.snapshot_shard(shard, &skus).await?);
+            snapshots.push(self.redis.rebuild().snapshot_shard(shard, &skus).await?);
         }
         let recorded = fences::recorded(client, facts.activity_id).await?;
         let plan = plan::plan(facts, &recorded, &snapshots, Utc::now().timestamp_millis());
@@ -142,7 +142,7 @@ impl Resync {
             return Ok(None);
         }
         for shard in &plan.shards {
-            self.redis.write_shard(shard).await?;
+            self.redis.rebuild().write_shard(shard).await?;
         }
         Ok(Some(plan))
     }
@@ -228,6 +228,7 @@ impl Resync {
         // A crash after an earlier pass lifted the fence and before it closed in PostgreSQL
         // left the shards open: closed again for this pass.
         self.redis
+            .fences()
             .fence(
                 activity_id,
                 facts.buckets,
@@ -241,6 +242,7 @@ impl Resync {
         let now_ms = Utc::now().timestamp_millis();
         for shard in facts.shards() {
             self.redis
+                .fences()
                 .unfence(shard, fence.fence_id, now_ms, ramp_ms)
                 .await?;
         }
@@ -268,7 +270,7 @@ impl Resync {
         for activity_id in self.redis.activities().await? {
             shards.extend(self.redis.shards(activity_id).await?);
         }
-        let trust = self.redis.shard_trust(&shards).await?;
+        let trust = self.redis.fences().shard_trust(&shards).await?;
         let mut flagged: Vec<(i64, String)> = Vec::new();
         for (shard, t) in shards.iter().zip(trust) {
             if let Some(reason) = t.suspect {

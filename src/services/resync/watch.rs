@@ -56,12 +56,12 @@ async fn run_id(redis: &RedisStore) -> Option<String> {
 
 /// One look at every shard this process has seen.
 async fn look(redis: &RedisStore, pg: &deadpool_postgres::Pool, by: &str) -> anyhow::Result<()> {
-    let seen = redis.marks().all();
+    let seen = redis.fences().marks().all();
     if seen.is_empty() {
         return Ok(());
     }
     let shards: Vec<_> = seen.iter().map(|(s, _)| *s).collect();
-    let trust = redis.shard_trust(&shards).await?;
+    let trust = redis.fences().shard_trust(&shards).await?;
     for ((shard, mark), now) in seen.iter().zip(&trust) {
         let Some((signal, detail)) = verdict(*mark, now) else {
             continue;
@@ -69,7 +69,7 @@ async fn look(redis: &RedisStore, pg: &deadpool_postgres::Pool, by: &str) -> any
         match super::fence::raise(pg, redis, shard.activity_id, signal, &detail, by).await? {
             Some(_) => {}
             // Nothing to protect (the sale ended long ago): stop watching it.
-            None => redis.marks().forget(shard.activity_id),
+            None => redis.fences().marks().forget(shard.activity_id),
         }
     }
     Ok(())

@@ -138,6 +138,7 @@ impl TestEnv {
         let redis = self.redis().await;
         for &(sku_id, stock) in skus {
             redis
+                .stock()
                 .warm(
                     activity_id,
                     sku_id,

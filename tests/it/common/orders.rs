@@ -90,6 +90,7 @@ pub async fn try_reserve(
     let ids = Ids::generate(activity_id, bucket);
     let now = Utc::now().timestamp_millis();
     let r = redis
+        .intake()
         .reserve(&seckill::redis::ReserveArgs {
             reservation: seckill::domain::order_create::ReservationRef {
                 message_id: &ids.message_id,
@@ -154,6 +155,7 @@ pub async fn created_orders(env: &TestEnv, activity_id: i64, users: &[i64]) -> V
             .await
             .unwrap();
         redis
+            .sends()
             .mark_sent(activity_id, &ids.reservation_id, &ids.message_id, "b", now)
             .await
             .unwrap();

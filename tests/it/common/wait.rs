@@ -71,7 +71,7 @@ pub async fn quiescent(env: &TestEnv, activity_id: i64) {
     let names = env.settings.names();
     let redis = env.redis().await;
     eventually(60, "no reservation waits for a re-send", || async {
-        redis.pending_count(activity_id).await.unwrap() == 0
+        redis.recovery().pending_count(activity_id).await.unwrap() == 0
     })
     .await;
     caught_up(env, &names.order_create_group, &names.order_create_topic).await;

@@ -172,12 +172,12 @@ async fn discarding_an_order_create_dead_letter_gives_its_unit_back_once_after_a
         pool: env.pool(1).await,
         group: names.compensate_group.clone(),
     };
-    assert_eq!(redis.sku_stock(955, 1).await.unwrap(), Some((5, 4)));
+    assert_eq!(redis.stock().sku_stock(955, 1).await.unwrap(), Some((5, 4)));
     comp.handle(vec![d.clone()]).await;
     comp.handle(vec![d]).await;
     let h = redis.reservation(955, &r.reservation_id).await.unwrap();
     assert_eq!(h["status"], "RELEASED", "{h:?}");
-    assert_eq!(redis.sku_stock(955, 1).await.unwrap(), Some((5, 5)));
+    assert_eq!(redis.stock().sku_stock(955, 1).await.unwrap(), Some((5, 5)));
     // Not twice.
     let out = run(&["dlq", "discard", &id, "--reason", "again"]);
     assert!(!out.status.success());

@@ -162,9 +162,10 @@ async fn bad_input_gets_a_400_json_error_and_writes_nothing() {
         (StatusCode::NOT_FOUND, Some("NOT_FOUND"))
     );
     let redis = env.redis().await;
-    assert_eq!(redis.sku_stock(300, 1).await.unwrap(), Some((5, 5)));
+    assert_eq!(redis.stock().sku_stock(300, 1).await.unwrap(), Some((5, 5)));
     assert_eq!(
         redis
+            .stock()
             .reservation_census(300, 1)
             .await
             .unwrap()

@@ -52,12 +52,12 @@ async fn an_unreachable_broker_is_unknown_keeps_the_stock_and_leaves_the_reserva
     assert!(fields.contains_key("last_error"), "{fields:?}");
     let redis = env.redis().await;
     assert_eq!(
-        redis.sku_stock(400, 1).await.unwrap(),
+        redis.stock().sku_stock(400, 1).await.unwrap(),
         Some((5, 4)),
         "stock not given back"
     );
     assert_eq!(
-        redis.pending_count(400).await.unwrap(),
+        redis.recovery().pending_count(400).await.unwrap(),
         1,
         "left for the scanner"
     );
@@ -77,12 +77,12 @@ async fn a_missing_topic_is_a_definite_failure_that_releases_the_reservation() {
     assert_eq!(body["error"]["code"], "ORDER_QUEUE_UNAVAILABLE");
     let redis = env.redis().await;
     assert_eq!(
-        redis.sku_stock(500, 1).await.unwrap(),
+        redis.stock().sku_stock(500, 1).await.unwrap(),
         Some((5, 5)),
         "released exactly once"
     );
-    assert_eq!(redis.pending_count(500).await.unwrap(), 0);
-    let census = redis.reservation_census(500, 1).await.unwrap();
+    assert_eq!(redis.recovery().pending_count(500).await.unwrap(), 0);
+    let census = redis.stock().reservation_census(500, 1).await.unwrap();
     assert_eq!(census.by_status.get("RELEASED"), Some(&1));
     app.stop().await;
     env.cleanup().await;
@@ -197,7 +197,8 @@ async fn admission_pauses_when_reservations_wait_too_long_and_resumes_when_they_
     eventually(10, "the scanner re-sent the backlog", || async {
         scanner.scan_once().await.unwrap();
         let redis = env.redis().await;
-        redis.pending_count(800).await.unwrap() == 0 && redis.pending_count(801).await.unwrap() == 0
+        redis.recovery().pending_count(800).await.unwrap() == 0
+            && redis.recovery().pending_count(801).await.unwrap() == 0
     })
     .await;
     // The next admission check (every 100 ms) sees the backlog gone.

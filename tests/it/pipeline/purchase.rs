@@ -37,7 +37,7 @@ async fn every_202_is_recorded_mq_sent_and_found_by_id_before_its_order_exists()
         );
     }
     let redis = env.redis().await;
-    assert_eq!(redis.pending_count(120).await.unwrap(), 0);
+    assert_eq!(redis.recovery().pending_count(120).await.unwrap(), 0);
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 0);
     app.stop().await;
     env.cleanup().await;
@@ -113,7 +113,7 @@ async fn a_reservation_becomes_one_created_order_visible_through_the_api() {
     let fields = app.state.redis.reservation(100, &rid).await.unwrap();
     assert_eq!(fields["mq_status"], "MQ_SENT");
     let redis = env.redis().await;
-    assert_eq!(redis.pending_count(100).await.unwrap(), 0);
+    assert_eq!(redis.recovery().pending_count(100).await.unwrap(), 0);
     let report = env.invariants(100, 1).await;
     assert!(report.ok(), "{:?}", report.violations);
     app.stop().await;
@@ -135,7 +135,7 @@ async fn a_request_id_reused_on_another_sku_is_refused_and_changes_nothing() {
     assert_eq!(b2["error"]["code"], "REQUEST_ID_REUSED");
     let redis = env.redis().await;
     assert_eq!(
-        redis.sku_stock(210, 2).await.unwrap(),
+        redis.stock().sku_stock(210, 2).await.unwrap(),
         Some((5, 5)),
         "nothing reserved"
     );

@@ -81,7 +81,7 @@ async fn an_expired_backlog_is_compensated_once_through_the_relay_even_when_rede
 
     // The reservation's message reaches the consumer after its validity ended.
     let ids = reserve_only(&redis, 20, 7, 60_000).await;
-    assert_eq!(redis.sku_stock(20, 1).await.unwrap(), Some((5, 4)));
+    assert_eq!(redis.stock().sku_stock(20, 1).await.unwrap(), Some((5, 4)));
     rejected_as_expired(&env, &redis, 20, &ids).await;
     assert_eq!(env.count("SELECT count(*) FROM orders").await, 0);
 
@@ -133,7 +133,7 @@ async fn an_expired_backlog_is_compensated_once_through_the_relay_even_when_rede
     // The relay's second send has been consumed too before the stock is read.
     common::caught_up(&env, &names.compensate_group, &names.compensate_topic).await;
     assert_eq!(
-        redis.sku_stock(20, 1).await.unwrap(),
+        redis.stock().sku_stock(20, 1).await.unwrap(),
         Some((5, 5)),
         "released exactly once"
     );
@@ -154,7 +154,7 @@ async fn a_batch_of_releases_gives_each_unit_back_once_in_one_round_trip() {
     let names = env.names();
     let a = reserve_only(&redis, 21, 1, 60_000).await;
     let b = reserve_only(&redis, 21, 2, 60_000).await;
-    assert_eq!(redis.sku_stock(21, 1).await.unwrap(), Some((5, 3)));
+    assert_eq!(redis.stock().sku_stock(21, 1).await.unwrap(), Some((5, 3)));
     let release = |ids: &Ids| {
         let body = serde_json::json!({
             "schema_version": 1, "event_type": "RELEASE_RESERVATION",
@@ -183,14 +183,14 @@ async fn a_batch_of_releases_gives_each_unit_back_once_in_one_round_trip() {
         comp.process(&batch).await.unwrap(),
         ["released", "released", "already_released", "quarantined"]
     );
-    assert_eq!(redis.sku_stock(21, 1).await.unwrap(), Some((5, 5)));
+    assert_eq!(redis.stock().sku_stock(21, 1).await.unwrap(), Some((5, 5)));
     // The whole batch again (a redelivery): nothing more comes back.
     let again = comp.process(&batch).await.unwrap();
     assert_eq!(
         again[..3],
         ["already_released", "already_released", "already_released"]
     );
-    assert_eq!(redis.sku_stock(21, 1).await.unwrap(), Some((5, 5)));
+    assert_eq!(redis.stock().sku_stock(21, 1).await.unwrap(), Some((5, 5)));
     env.cleanup().await;
 }
 
@@ -262,7 +262,7 @@ async fn a_confirmed_release_the_compensation_consumers_never_took_is_sent_again
             == 1
     })
     .await;
-    assert_eq!(redis.sku_stock(21, 1).await.unwrap(), Some((5, 5)));
+    assert_eq!(redis.stock().sku_stock(21, 1).await.unwrap(), Some((5, 5)));
     // Done: nothing more to send, however old the row.
     c.execute(
         "UPDATE event_outbox SET sent_at = now() - interval '20 seconds'",

@@ -36,6 +36,7 @@ pub(crate) async fn one_taken_one_stranded(
     );
     for ids in [&taken, &stranded] {
         let verdict = redis
+            .sends()
             .mark_sent(
                 activity,
                 &ids.reservation_id,

@@ -329,7 +329,11 @@ async fn order_events_are_projected_by_version_so_stale_and_repeated_events_are_
         ["applied", "stale", "stale", "quarantined"]
     );
     let redis = env.redis().await;
-    let p = redis.projection(&ids.reservation_id).await.unwrap();
+    let p = redis
+        .projections()
+        .projection(&ids.reservation_id)
+        .await
+        .unwrap();
     assert_eq!((p["status"].as_str(), p["version"].as_str()), ("PAID", "2"));
     // The buyer is kept, so that only they read the projection.
     assert_eq!(p["user_id"], "5");
@@ -346,7 +350,11 @@ async fn order_events_are_projected_by_version_so_stale_and_repeated_events_are_
         .await
         .unwrap();
     assert_eq!(h.process(&[ev(3, "CANCELED")]).await.unwrap(), ["applied"]);
-    let p = redis.projection(&ids.reservation_id).await.unwrap();
+    let p = redis
+        .projections()
+        .projection(&ids.reservation_id)
+        .await
+        .unwrap();
     assert_eq!(p["status"], "CANCELED");
     env.cleanup().await;
 }
@@ -388,6 +396,7 @@ async fn while_orders_are_behind_the_projection_holds_its_batches_and_applies_th
     let redis = env.redis().await;
     assert!(
         redis
+            .projections()
             .projection(&ids.reservation_id)
             .await
             .unwrap()
@@ -397,7 +406,11 @@ async fn while_orders_are_behind_the_projection_holds_its_batches_and_applies_th
     // Orders caught up (under half the threshold): the batch is applied and ACKed.
     assert!(!deferral.note_backlog(Duration::from_secs(4)));
     assert_eq!(handled.await.unwrap(), seckill::mq::ConsumeDecision::Ack);
-    let p = redis.projection(&ids.reservation_id).await.unwrap();
+    let p = redis
+        .projections()
+        .projection(&ids.reservation_id)
+        .await
+        .unwrap();
     assert_eq!(p["status"], "CREATED");
     assert_eq!(deferral.holding(), 0);
     env.cleanup().await;

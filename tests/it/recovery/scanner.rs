@@ -89,6 +89,7 @@ async fn the_scanner_sends_what_the_api_never_sent_with_the_same_message_id() {
         reserve_only(&redis, 10, user, 0).await;
     }
     let held = redis
+        .recovery()
         .claim_due(10, Utc::now().timestamp_millis(), 100, "dead-scanner", 1500)
         .await
         .unwrap()
@@ -142,6 +143,7 @@ async fn an_activity_that_ended_long_ago_with_nothing_pending_leaves_the_scanner
         (34, now - 1000),
     ] {
         redis
+            .stock()
             .warm(activity, 1, now - 3 * hour, ends, 60_000, 5, 1)
             .await
             .unwrap();
@@ -200,6 +202,7 @@ async fn an_activity_that_ended_long_ago_with_nothing_pending_leaves_the_scanner
     assert_eq!(live, -1, "a live activity's stock never expires");
     // Warming it again puts it back.
     redis
+        .stock()
         .warm(31, 1, now - 3 * hour, now + hour, 60_000, 5, 1)
         .await
         .unwrap();
