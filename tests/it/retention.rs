@@ -83,8 +83,17 @@ async fn retention_deletes_only_what_is_past_retention_in_batches() {
         .await,
         1
     );
-    // The pass as the scan role runs it: VACUUM under the pass's long bound (under the 2 s
-    // statement bound it failed on a loaded machine), the session's bound given back after.
+    drop(c);
+    env.cleanup().await;
+}
+
+/// The pass as the scan role runs it: VACUUM under the pass's long bound (under the 2 s
+/// statement bound it failed on a loaded machine), the session's bound given back after.
+#[tokio::test]
+async fn a_retention_pass_gives_the_session_its_statement_bound_back_after_vacuum() {
+    let env = TestEnv::without_topics().await;
+    let pool = env.pool(1).await;
+    let c = pool.get().await.unwrap();
     let mut rt = env.settings.retention.clone();
     rt.vacuum = true;
     pass(&**c, &rt, env.settings.pg.statement_timeout_ms)

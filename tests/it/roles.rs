@@ -6,43 +6,28 @@
 
 use crate::common;
 
-use crate::common::{assert_metrics, eventually, free_port, spawn, wait_ready, TestEnv};
+use crate::common::{assert_metrics, eventually, free_port, spawn, wait_ready, Role, TestEnv};
 use serde_json::json;
 
+/// The API and a consumer as separate processes serve their metrics on the ops ports only; the
+/// consumer stopped mid-load drains what it had in flight and exits 0, and a new one finishes
+/// the backlog with no order lost or doubled.
+/// One story: the metrics read are those of the sale the test runs, and the second consumer
+/// finishes the backlog the first one's stop left.
 #[tokio::test]
 async fn roles_serve_metrics_and_a_consumer_stopped_mid_load_loses_and_doubles_nothing() {
     let env = TestEnv::with_topics().await;
     env.activity(700, 1, 150).await;
-    let (api_port, api_ops) = (free_port(), free_port());
-    let mut api = spawn(
-        &env,
-        &["api"],
-        "",
-        &[
-            ("SECKILL__API__LISTEN", format!("127.0.0.1:{api_port}")),
-            (
-                "SECKILL__API__METRICS_LISTEN",
-                format!("127.0.0.1:{api_ops}"),
-            ),
-        ],
-    );
+    let api = Role::api().spawn(&env);
     // Throttled (batches of 4, each transaction held 200 ms): it cannot keep up with the
     // buyers, so it is stopped with work in flight, not idle.
-    let c1_port = free_port();
-    let mut consumer = spawn(
-        &env,
-        &["consume", "--workers", "2"],
-        "consume-inside-transaction=sleep(200)",
-        &[
-            (
-                "SECKILL__CONSUMER__METRICS_LISTEN",
-                format!("127.0.0.1:{c1_port}"),
-            ),
-            ("SECKILL__CONSUMER__BATCH_SIZE", "4".to_string()),
-        ],
-    );
-    wait_ready(format!("http://127.0.0.1:{api_port}/readyz")).await;
-    wait_ready(format!("http://127.0.0.1:{c1_port}/readyz")).await;
+    let consumer = Role::consume(2)
+        .failpoints("consume-inside-transaction=sleep(200)")
+        .var("SECKILL__CONSUMER__BATCH_SIZE", 4)
+        .spawn(&env);
+    common::ready([&api, &consumer]).await;
+    let (mut api, api_port, api_ops) = (api.proc, api.port, api.ops);
+    let mut consumer = consumer.proc;
 
     let client = reqwest::Client::new();
     let url = format!("http://127.0.0.1:{api_port}/v1/activities/700/skus/1/reservations");
@@ -101,8 +86,9 @@ async fn roles_serve_metrics_and_a_consumer_stopped_mid_load_loses_and_doubles_n
     assert_eq!(on_buyers_port.status(), reqwest::StatusCode::NOT_FOUND);
 
     // A new consumer finishes the work.
-    let (mut consumer, c2_port) = common::spawn_consume(&env, "2", "");
-    wait_ready(format!("http://127.0.0.1:{c2_port}/readyz")).await;
+    let consumer = Role::consume(2).spawn(&env);
+    common::ready([&consumer]).await;
+    let (mut consumer, c2_port) = (consumer.proc, consumer.ops);
     eventually(90, "150 orders", || async {
         env.count("SELECT count(*) FROM orders").await == 150
     })

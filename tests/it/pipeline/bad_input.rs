@@ -82,8 +82,25 @@ fn bad_bodies() -> Vec<(String, &'static str)> {
     ]
 }
 
+/// Redis still holds activity 300's whole stock and no reservation.
+async fn nothing_written(env: &TestEnv) {
+    let redis = env.redis().await;
+    assert_eq!(redis.stock().sku_stock(300, 1).await.unwrap(), Some((5, 5)));
+    assert_eq!(
+        redis
+            .stock()
+            .reservation_census(300, 1)
+            .await
+            .unwrap()
+            .by_status
+            .len(),
+        0
+    );
+}
+
+/// Malformed, oversized or mistyped reservation bodies: a 400 JSON error each, nothing written.
 #[tokio::test]
-async fn bad_input_gets_a_400_json_error_and_writes_nothing() {
+async fn bad_bodies_get_a_400_json_error_and_write_nothing() {
     let env = TestEnv::without_topics().await;
     env.activity(300, 1, 5).await;
     // No broker involvement: nothing may get that far.
@@ -108,6 +125,22 @@ async fn bad_input_gets_a_400_json_error_and_writes_nothing() {
             .as_str()
             .is_some_and(|m| !m.is_empty()));
     }
+    nothing_written(&env).await;
+    app.stop().await;
+    env.cleanup().await;
+}
+
+/// Bad ids in paths, hostile headers and bad ids in reads: a 4xx JSON error each (an unknown
+/// route a 404), never a 5xx, nothing written.
+#[tokio::test]
+async fn bad_paths_and_hostile_headers_get_a_4xx_json_error_and_write_nothing() {
+    let env = TestEnv::without_topics().await;
+    env.activity(300, 1, 5).await;
+    // No broker involvement: nothing may get that far.
+    let publisher: Arc<dyn Publisher> = Arc::new(NeverCalled);
+    let app = start(&env, publisher, false).await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/activities/300/skus/1/reservations", app.base);
     for path in [
         "/v1/activities/-1/skus/1/reservations",
         "/v1/activities/abc/skus/1/reservations",
@@ -161,18 +194,7 @@ async fn bad_input_gets_a_400_json_error_and_writes_nothing() {
         (s, b["error"]["code"].as_str()),
         (StatusCode::NOT_FOUND, Some("NOT_FOUND"))
     );
-    let redis = env.redis().await;
-    assert_eq!(redis.stock().sku_stock(300, 1).await.unwrap(), Some((5, 5)));
-    assert_eq!(
-        redis
-            .stock()
-            .reservation_census(300, 1)
-            .await
-            .unwrap()
-            .by_status
-            .len(),
-        0
-    );
+    nothing_written(&env).await;
     app.stop().await;
     env.cleanup().await;
 }

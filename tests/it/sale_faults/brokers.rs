@@ -223,21 +223,17 @@ async fn the_broker_restarted_between_a_half_message_and_its_commit_delivers_the
 
 /// `seckill consume` given both name servers, throttled like the others.
 fn consumer_of_both(env: &TestEnv) -> (Proc, u16) {
-    let port = free_port();
-    let p = spawn(
-        env,
-        &["consume", "--workers", "2"],
-        THROTTLED,
-        &[
-            (
-                "SECKILL__CONSUMER__METRICS_LISTEN",
-                format!("127.0.0.1:{port}"),
-            ),
-            ("SECKILL__CONSUMER__BATCH_SIZE", "4".to_string()),
-            ("SECKILL__MQ__NAME_SERVER", BOTH_NAME_SERVERS.to_string()),
-        ],
-    );
-    (p, port)
+    let c = consumer_role(env);
+    (c.proc, c.ops)
+}
+
+/// A throttled consumer that knows both name servers.
+fn consumer_role(env: &TestEnv) -> Started {
+    Role::consume(2)
+        .failpoints(THROTTLED)
+        .var("SECKILL__CONSUMER__BATCH_SIZE", 4)
+        .var("SECKILL__MQ__NAME_SERVER", BOTH_NAME_SERVERS)
+        .spawn(env)
 }
 
 /// `rocketmq-up.sh` with two name servers (a broker registered with one only is restarted).
@@ -280,38 +276,14 @@ async fn each_name_server_killed_in_turn_mid_sale_loses_and_doubles_nothing() {
     for (activity, stock) in [(985, STOCK), (986, 20), (987, 20)] {
         env.activity(activity, 1, stock).await;
     }
-    let both = || ("SECKILL__MQ__NAME_SERVER", BOTH_NAME_SERVERS.to_string());
-    let (api_port, api_ops, scan_port) = (free_port(), free_port(), free_port());
-    let mut api = spawn(
-        &env,
-        &["api"],
-        "",
-        &[
-            ("SECKILL__API__LISTEN", format!("127.0.0.1:{api_port}")),
-            (
-                "SECKILL__API__METRICS_LISTEN",
-                format!("127.0.0.1:{api_ops}"),
-            ),
-            both(),
-        ],
-    );
-    let mut scan = spawn(
-        &env,
-        &["scan"],
-        "",
-        &[
-            (
-                "SECKILL__SCAN__METRICS_LISTEN",
-                format!("127.0.0.1:{scan_port}"),
-            ),
-            both(),
-        ],
-    );
-    let consumer = std::cell::RefCell::new(consumer_of_both(&env));
-    let first_consumer_port = consumer.borrow().1;
-    for port in [api_port, scan_port, first_consumer_port] {
-        wait_ready(format!("http://127.0.0.1:{port}/readyz")).await;
-    }
+    const NAME_SERVER: &str = "SECKILL__MQ__NAME_SERVER";
+    let api = Role::api().var(NAME_SERVER, BOTH_NAME_SERVERS).spawn(&env);
+    let scan = Role::scan().var(NAME_SERVER, BOTH_NAME_SERVERS).spawn(&env);
+    let first = consumer_role(&env);
+    common::ready([&api, &scan, &first]).await;
+    let (mut api, api_port, api_ops) = (api.proc, api.port, api.ops);
+    let (mut scan, scan_port) = (scan.proc, scan.ops);
+    let consumer = std::cell::RefCell::new((first.proc, first.ops));
     let orders = || env.count("SELECT count(*) FROM orders");
     // While one name server is dead: a new consumer finds its routes on the other alone, and
     // 20 buyers of another activity, sent by the API meanwhile, each become an order.
