@@ -19,6 +19,7 @@
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use clap::Args;
 
 use crate::cpu::{parse_cpu_target, CpuTarget};
@@ -80,12 +81,8 @@ pub async fn run(settings: Settings, args: SoakArgs) -> anyhow::Result<bool> {
     anyhow::ensure!(args.rate > 0.0, "--rate must be positive");
     anyhow::ensure!(args.duration_secs > 0, "--duration-secs must be positive");
     anyhow::ensure!(args.sample_secs > 0, "--sample-secs must be positive");
-    let secret = settings
-        .payments
-        .webhook_secrets
-        .first()
-        .cloned()
-        .ok_or_else(|| anyhow::anyhow!("payments.webhook_secrets is empty: cannot pay"))?;
+    let secret = settings.payments.webhook_secrets.first().cloned();
+    let secret = secret.context("payments.webhook_secrets is empty: cannot pay")?;
     let pool = seckill::pg::connect_pool(&settings.pg, 4).await?;
     let redis = RedisStore::connect(&settings.redis).await?;
     let lag = seckill::mq::rocketmq::LagProbe::new(
@@ -135,7 +132,7 @@ pub async fn run(settings: Settings, args: SoakArgs) -> anyhow::Result<bool> {
     }
     let samples = sampler.await?;
     let figures = Figures::read(pg, args.activity_id).await?;
-    let mut violations = seckill::invariants::check(
+    let violations = seckill::invariants::check(
         pg,
         &redis,
         &settings.names().order_create_group,
@@ -153,13 +150,7 @@ pub async fn run(settings: Settings, args: SoakArgs) -> anyhow::Result<bool> {
         figures: &figures,
         samples: &samples,
     };
-    violations.extend(verdict.violations());
-    let slopes = verdict.slopes(&mut violations);
-    for v in &violations {
-        eprintln!("violation: {v}");
-    }
-    println!("{}", verdict.line(&slopes, violations.len()));
-    Ok(violations.is_empty())
+    Ok(verdict.conclude(violations))
 }
 
 /// `(name on the SAMPLE line, consumer group, its topic)` of each group the sampler watches.

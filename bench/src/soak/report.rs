@@ -73,8 +73,20 @@ pub(super) struct Verdict<'a> {
 }
 
 impl Verdict<'_> {
+    /// The invariants' `violations` and the run's own, each printed, then the summary line;
+    /// whether the run passed.
+    pub(super) fn conclude(&self, mut violations: Vec<String>) -> bool {
+        violations.extend(self.violations());
+        let slopes = self.slopes(&mut violations);
+        for v in &violations {
+            eprintln!("violation: {v}");
+        }
+        println!("{}", self.line(&slopes, violations.len()));
+        violations.is_empty()
+    }
+
     /// What fails the run besides the invariants (and the memory slopes: [`Verdict::slopes`]).
-    pub(super) fn violations(&self) -> Vec<String> {
+    fn violations(&self) -> Vec<String> {
         let (args, load, f) = (self.args, self.load, self.figures);
         let mut violations = Vec::new();
         if load.accepted.len() != self.total {
@@ -112,7 +124,7 @@ impl Verdict<'_> {
 
     /// Each process's anonymous memory slope over the last third of the load (`name:MiB/min`),
     /// a violation where it grows faster than allowed.
-    pub(super) fn slopes(&self, violations: &mut Vec<String>) -> Vec<String> {
+    fn slopes(&self, violations: &mut Vec<String>) -> Vec<String> {
         let (args, load_secs) = (self.args, self.load.secs);
         let mut slopes = Vec::new();
         for (k, p) in args.procs.iter().enumerate() {
@@ -139,7 +151,7 @@ impl Verdict<'_> {
     }
 
     /// `SOAK OK|FAILED duration_s=… … violations=N`.
-    pub(super) fn line(&self, slopes: &[String], violations: usize) -> String {
+    fn line(&self, slopes: &[String], violations: usize) -> String {
         let (args, f) = (self.args, self.figures);
         let per_s = |n: i64, span: f64| if span > 0.0 { n as f64 / span } else { 0.0 };
         // Orders expire at the rate they were created, less the paid share.

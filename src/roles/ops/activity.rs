@@ -108,31 +108,18 @@ pub async fn create(settings: &Settings, args: &CreateArgs) -> anyhow::Result<()
     drop(client);
     let _ = conn.await;
     let redis = RedisStore::connect(&settings.redis).await?;
+    let window = (starts.timestamp_millis(), ends.timestamp_millis());
     for (sku_id, total) in skus {
-        let r = redis
-            .stock()
-            .warm(
-                args.activity_id,
-                sku_id,
-                starts.timestamp_millis(),
-                ends.timestamp_millis(),
-                i64::from(valid_secs) * 1000,
-                total,
-                buckets as u16,
-            )
-            .await?;
-        anyhow::ensure!(
-            r != WarmResult::StockInUse,
-            "activity {}: Redis already holds reservations for SKU {sku_id}; its stock cannot change",
-            args.activity_id
-        );
-        if let WarmResult::BucketsFixed { warmed } = r {
-            anyhow::bail!(
-                "activity {}: Redis holds it in {warmed} stock bucket(s), PostgreSQL in {buckets}",
-                args.activity_id
-            );
-        }
-        info!(activity_id = args.activity_id, sku_id, total, buckets, result = ?r, "SKU warmed");
+        let r = warm_sku(
+            &redis,
+            args.activity_id,
+            sku_id,
+            window,
+            valid_secs,
+            total,
+            buckets,
+        )
+        .await?;
         println!(
             "activity {} sku {sku_id}: stock {total} in {buckets} bucket(s), {} .. {} ({:?})",
             args.activity_id,
@@ -161,6 +148,42 @@ pub async fn create(settings: &Settings, args: &CreateArgs) -> anyhow::Result<()
         );
     }
     Ok(())
+}
+
+/// Warms one SKU into Redis as PostgreSQL holds it: refused when Redis holds reservations of
+/// it already, or holds the activity in another number of stock buckets.
+async fn warm_sku(
+    redis: &RedisStore,
+    activity_id: i64,
+    sku_id: i64,
+    (starts_ms, ends_ms): (i64, i64),
+    valid_secs: i32,
+    total: i32,
+    buckets: i16,
+) -> anyhow::Result<WarmResult> {
+    let r = redis
+        .stock()
+        .warm(
+            activity_id,
+            sku_id,
+            starts_ms,
+            ends_ms,
+            i64::from(valid_secs) * 1000,
+            total,
+            buckets as u16,
+        )
+        .await?;
+    anyhow::ensure!(
+        r != WarmResult::StockInUse,
+        "activity {activity_id}: Redis already holds reservations for SKU {sku_id}; its stock cannot change"
+    );
+    if let WarmResult::BucketsFixed { warmed } = r {
+        anyhow::bail!(
+            "activity {activity_id}: Redis holds it in {warmed} stock bucket(s), PostgreSQL in {buckets}"
+        );
+    }
+    info!(activity_id, sku_id, total, buckets, result = ?r, "SKU warmed");
+    Ok(r)
 }
 
 /// Sets the fair window `args` asks for (its seed made once, both in the activity's audit

@@ -141,21 +141,8 @@ impl Scanner {
                 retire &= awaiting == 0;
             }
             if retire {
-                // Ended long ago with nothing pending: no pass needs to look at it again.
-                let keep = u64::from(self.copies.settings.retention.activity_keys_hours) * 3600;
-                let expiring = self
-                    .copies
-                    .redis
-                    .recovery()
-                    .retire_activity(activity_id, keep)
-                    .await?;
+                self.retire(activity_id).await?;
                 stats.retired += 1;
-                info!(
-                    activity_id,
-                    keys_expiring = expiring,
-                    keep_hours = self.copies.settings.retention.activity_keys_hours,
-                    "activity ended with nothing pending; off the scanner's list, its keys expire"
-                );
                 continue;
             }
             match super::rebalance::rebalance(&self.copies.redis, activity_id, &self.copies.owner)
@@ -186,6 +173,25 @@ impl Scanner {
             .unwrap_or(0.0);
         metrics::gauge!("reservation_mq_pending_oldest_age_seconds").set(age);
         Ok(stats)
+    }
+
+    /// An activity that ended long ago with nothing pending: off the scanner's list, its keys
+    /// given an expiry; no pass needs to look at it again.
+    async fn retire(&self, activity_id: i64) -> anyhow::Result<()> {
+        let keep_hours = self.copies.settings.retention.activity_keys_hours;
+        let expiring = self
+            .copies
+            .redis
+            .recovery()
+            .retire_activity(activity_id, u64::from(keep_hours) * 3600)
+            .await?;
+        info!(
+            activity_id,
+            keys_expiring = expiring,
+            keep_hours,
+            "activity ended with nothing pending; off the scanner's list, its keys expire"
+        );
+        Ok(())
     }
 
     /// Claims what is due in one shard (an activity's stock bucket), re-sends it and records
