@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use crate::common::{
     self, admin_call as admin, caught_up, cli, collect_events, created_orders, error_code as code,
-    eventually, free_port, notify_payment, spawn, wait_ready, TestEnv,
+    eventually, notify_payment, Role, TestEnv,
 };
 
 const ADMIN_TOKEN: &str = "admin-token-for-refund-tests";
@@ -26,43 +26,130 @@ async fn payments_no_order_can_take_are_owed_back_once_and_their_ids_settle_noth
     env.activity(1700, 1, 10).await;
     let orders = created_orders(&env, 1700, &[71, 72, 73, 74]).await;
     let [expired, paid, cheap, other] = [0, 1, 2, 3].map(|i| orders[i].order_id.clone());
+    let o = Orders {
+        expired,
+        paid,
+        cheap,
+        other,
+    };
     let api = common::start_with_admin(&env, ADMIN_TOKEN).await;
-    let base = &api.base;
     env.count(&format!(
         "WITH e AS (UPDATE orders SET expires_at = now() - interval '1 second' \
-         WHERE order_id = '{expired}' RETURNING 1) SELECT count(*) FROM e"
+         WHERE order_id = '{}' RETURNING 1) SELECT count(*) FROM e",
+        o.expired
     ))
     .await;
+    pay_what_no_order_can_take(&env, &api.base, &o).await;
+    owed_with_their_events(&env, &o).await;
+    // The scanner's relay sends each event once to the order's stream, and exports what is
+    // owed.
+    let (collector, consumer, group) = collect_events(&env).await;
+    let scan = Role::scan().spawn(&env);
+    common::ready([&scan]).await;
+    for (order, payment) in [
+        (&o.expired, "pay-late"),
+        (&o.paid, "pay-second"),
+        (&o.cheap, "pay-short"),
+    ] {
+        eventually(30, "REFUND_REQUIRED delivered", || async {
+            !collector.tagged("REFUND_REQUIRED", order).is_empty()
+        })
+        .await;
+        let got = collector.tagged("REFUND_REQUIRED", order);
+        let body: Value = serde_json::from_slice(&got[0].body).unwrap();
+        assert_eq!(body["payment_id"], payment);
+        assert_eq!(
+            got[0].properties["message_id"],
+            format!("{order}.{payment}.REFUND_REQUIRED")
+        );
+    }
+    caught_up(&env, &group, &env.names().order_event_topic).await;
+    for order in [&o.expired, &o.paid, &o.cheap] {
+        assert_eq!(collector.tagged("REFUND_REQUIRED", order).len(), 1);
+    }
+    let metrics = format!("http://127.0.0.1:{}/metrics", scan.ops);
+    eventually(20, "the scanner exports what is owed", || {
+        exports(
+            &metrics,
+            &[
+                "refund_obligations_pending 3",
+                "refund_obligations_pending_cents 201",
+            ],
+        )
+    })
+    .await;
+    the_refund_worker_marks(&api.admin).await;
+    the_operator_marks(&env, &api.admin).await;
+    eventually(20, "the scanner exports what is still owed", || {
+        exports(
+            &metrics,
+            &[
+                "refund_obligations_pending 1",
+                "refund_obligations_pending_cents 1",
+            ],
+        )
+    })
+    .await;
+    let mut scan = scan.proc;
+    assert!(scan.terminate(20).await.success());
+    assert!(consumer.shutdown().await);
+    api.stop.cancel();
+    env.cleanup().await;
+}
 
+/// The sale's four orders: one past its pay window, one paid, one paid the wrong amount, one
+/// another payment's id is tried on.
+struct Orders {
+    expired: String,
+    paid: String,
+    cheap: String,
+    other: String,
+}
+
+/// Whether the metrics at `url` hold every one of `lines`.
+async fn exports(url: &str, lines: &[&str]) -> bool {
+    let text = reqwest::get(url).await.unwrap().text().await.unwrap();
+    lines.iter().all(|l| text.lines().any(|t| t == *l))
+}
+
+/// Payments no order can take, each answered why and sent again by the provider; the ids
+/// owed back settle nothing else. One order is paid.
+async fn pay_what_no_order_can_take(env: &TestEnv, base: &str, o: &Orders) {
+    let Orders {
+        expired,
+        paid,
+        cheap,
+        other,
+    } = o;
     // Past its payment window (the cancel has not run yet): 409, owed back.
-    let (s, b) = notify_payment(base, &expired, "pay-late", 100).await;
+    let (s, b) = notify_payment(base, expired, "pay-late", 100).await;
     assert_eq!((s, code(&b)), (StatusCode::CONFLICT, Some("ORDER_EXPIRED")));
     // Paid, then paid again with another payment: the second is owed back.
-    let (s, _) = notify_payment(base, &paid, "pay-first", 100).await;
+    let (s, _) = notify_payment(base, paid, "pay-first", 100).await;
     assert_eq!(s, StatusCode::OK);
-    let (s, b) = notify_payment(base, &paid, "pay-second", 100).await;
+    let (s, b) = notify_payment(base, paid, "pay-second", 100).await;
     assert_eq!((s, code(&b)), (StatusCode::CONFLICT, Some("ALREADY_PAID")));
     // Another amount: the order is unchanged, the 1 cent paid is owed back.
-    let (s, b) = notify_payment(base, &cheap, "pay-short", 1).await;
+    let (s, b) = notify_payment(base, cheap, "pay-short", 1).await;
     assert_eq!(
         (s, code(&b)),
         (StatusCode::UNPROCESSABLE_ENTITY, Some("AMOUNT_MISMATCH"))
     );
     // The provider re-sends each until it gets a 2xx: the same answers, nothing more written.
     for _ in 0..3 {
-        let (s, b) = notify_payment(base, &expired, "pay-late", 100).await;
+        let (s, b) = notify_payment(base, expired, "pay-late", 100).await;
         assert_eq!((s, code(&b)), (StatusCode::CONFLICT, Some("ORDER_EXPIRED")));
-        let (s, b) = notify_payment(base, &paid, "pay-second", 100).await;
+        let (s, b) = notify_payment(base, paid, "pay-second", 100).await;
         assert_eq!((s, code(&b)), (StatusCode::CONFLICT, Some("ALREADY_PAID")));
     }
     // A payment owed back belongs to its order: it cannot settle another one, nor its own
     // with a different amount.
-    let (s, b) = notify_payment(base, &other, "pay-late", 100).await;
+    let (s, b) = notify_payment(base, other, "pay-late", 100).await;
     assert_eq!(
         (s, code(&b)),
         (StatusCode::CONFLICT, Some("PAYMENT_ID_REUSED"))
     );
-    let (s, b) = notify_payment(base, &cheap, "pay-short", 100).await;
+    let (s, b) = notify_payment(base, cheap, "pay-short", 100).await;
     assert_eq!(
         (s, code(&b)),
         (StatusCode::CONFLICT, Some("PAYMENT_ID_REUSED"))
@@ -73,7 +160,17 @@ async fn payments_no_order_can_take_are_owed_back_once_and_their_ids_settle_noth
         1,
         "only the first payment paid an order"
     );
+}
 
+/// Three obligations, each naming its order and buyer, each with one REFUND_REQUIRED event on
+/// the order's stream at the order's version.
+async fn owed_with_their_events(env: &TestEnv, o: &Orders) {
+    let Orders {
+        expired,
+        paid,
+        cheap,
+        ..
+    } = o;
     let owed = env
         .count(
             "SELECT count(*) FROM refund_obligations WHERE status = 'PENDING' AND (
@@ -139,62 +236,15 @@ async fn payments_no_order_can_take_are_owed_back_once_and_their_ids_settle_noth
         (&late["reason"], &late["amount_cents"], &late["status"]),
         (&json!("ORDER_EXPIRED"), &json!(100), &json!("CREATED"))
     );
-    // The scanner's relay sends each event once to the order's stream, and exports what is
-    // owed.
-    let (collector, consumer, group) = collect_events(&env).await;
-    let scan_port = free_port();
-    let mut scan = spawn(
-        &env,
-        &["scan"],
-        "",
-        &[(
-            "SECKILL__SCAN__METRICS_LISTEN",
-            format!("127.0.0.1:{scan_port}"),
-        )],
-    );
-    wait_ready(format!("http://127.0.0.1:{scan_port}/readyz")).await;
-    for (order, payment) in [
-        (&expired, "pay-late"),
-        (&paid, "pay-second"),
-        (&cheap, "pay-short"),
-    ] {
-        eventually(30, "REFUND_REQUIRED delivered", || async {
-            !collector.tagged("REFUND_REQUIRED", order).is_empty()
-        })
-        .await;
-        let got = collector.tagged("REFUND_REQUIRED", order);
-        let body: Value = serde_json::from_slice(&got[0].body).unwrap();
-        assert_eq!(body["payment_id"], payment);
-        assert_eq!(
-            got[0].properties["message_id"],
-            format!("{order}.{payment}.REFUND_REQUIRED")
-        );
-    }
-    caught_up(&env, &group, &env.names().order_event_topic).await;
-    for order in [&expired, &paid, &cheap] {
-        assert_eq!(collector.tagged("REFUND_REQUIRED", order).len(), 1);
-    }
-    let scan_metrics = format!("http://127.0.0.1:{scan_port}/metrics");
-    let exported = |lines: &'static [&'static str]| {
-        let url = scan_metrics.clone();
-        async move {
-            let text = reqwest::get(&url).await.unwrap().text().await.unwrap();
-            lines.iter().all(|l| text.lines().any(|t| t == *l))
-        }
-    };
-    eventually(20, "the scanner exports what is owed", || {
-        exported(&[
-            "refund_obligations_pending 3",
-            "refund_obligations_pending_cents 201",
-        ])
-    })
-    .await;
+}
 
-    // The refund worker's side: listed oldest first, marked with the provider's refund id.
+/// The refund worker's side: listed oldest first, marked with the provider's refund id, once;
+/// without the admin token nothing is listed or marked.
+async fn the_refund_worker_marks(admin_base: &str) {
     let get = reqwest::Method::GET;
     let post = reqwest::Method::POST;
-    let list = format!("{}/admin/v1/refunds", api.admin);
-    let mark = |p: &str| format!("{}/admin/v1/refunds/{p}/refunded", api.admin);
+    let list = format!("{admin_base}/admin/v1/refunds");
+    let mark = |p: &str| format!("{admin_base}/admin/v1/refunds/{p}/refunded");
     let (s, _) = admin(get.clone(), list.clone(), None, None).await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
     let (s, _) = admin(
@@ -264,9 +314,13 @@ async fn payments_no_order_can_take_are_owed_back_once_and_their_ids_settle_noth
         (s, code(&b)),
         (StatusCode::NOT_FOUND, Some("REFUND_NOT_FOUND"))
     );
+}
 
+/// The operator's side: the CLI lists and marks the same rows; every mark is audited.
+async fn the_operator_marks(env: &TestEnv, admin_base: &str) {
+    let list = format!("{admin_base}/admin/v1/refunds");
     // The operator's side: the CLI lists and marks the same rows.
-    let out = cli(&env, &["refunds", "list", "--json"]);
+    let out = cli(env, &["refunds", "list", "--json"]);
     assert!(out.status.success(), "{out:?}");
     let pending: Vec<Value> = String::from_utf8(out.stdout)
         .unwrap()
@@ -279,7 +333,7 @@ async fn payments_no_order_can_take_are_owed_back_once_and_their_ids_settle_noth
         .collect();
     assert_eq!(pending, ["pay-second", "pay-short"]);
     let out = cli(
-        &env,
+        env,
         &[
             "refunds",
             "mark-refunded",
@@ -291,7 +345,7 @@ async fn payments_no_order_can_take_are_owed_back_once_and_their_ids_settle_noth
     );
     assert!(out.status.success(), "{out:?}");
     let out = cli(
-        &env,
+        env,
         &[
             "refunds",
             "mark-refunded",
@@ -302,7 +356,13 @@ async fn payments_no_order_can_take_are_owed_back_once_and_their_ids_settle_noth
         ],
     );
     assert!(!out.status.success(), "no obligation for pay-nope: {out:?}");
-    let (_, b) = admin(get, format!("{list}?all=true"), Some(ADMIN_TOKEN), None).await;
+    let (_, b) = admin(
+        reqwest::Method::GET,
+        format!("{list}?all=true"),
+        Some(ADMIN_TOKEN),
+        None,
+    )
+    .await;
     let statuses: Vec<(&str, &str)> = b["refunds"]
         .as_array()
         .unwrap()
@@ -331,17 +391,6 @@ async fn payments_no_order_can_take_are_owed_back_once_and_their_ids_settle_noth
         5,
         "every mark audited, the repeated and the unknown ones too"
     );
-    eventually(20, "the scanner exports what is still owed", || {
-        exported(&[
-            "refund_obligations_pending 1",
-            "refund_obligations_pending_cents 1",
-        ])
-    })
-    .await;
-    assert!(scan.terminate(20).await.success());
-    assert!(consumer.shutdown().await);
-    api.stop.cancel();
-    env.cleanup().await;
 }
 
 #[tokio::test]

@@ -110,7 +110,7 @@ pub(super) async fn get_reservation(
     }
     let status = match get("status").parse() {
         Ok(HoldStatus::Reserved) => "QUEUED",
-        Ok(HoldStatus::Released) => "RELEASED",
+        Ok(HoldStatus::Released) => HoldStatus::Released.as_str(),
         _ => "UNKNOWN",
     };
     let num = |k: &str| get(k).parse::<i64>().ok();

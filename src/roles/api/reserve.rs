@@ -470,7 +470,9 @@ async fn record_definite_failure(
             sent.done_ms,
         )
         .await;
-    let released = matches!(verdict.as_deref(), Ok("RELEASED"));
+    let released = verdict
+        .as_deref()
+        .is_ok_and(|v| v == HoldStatus::Released.as_str());
     tracing::error!(
         message_id = %r.message_id, reservation_id = %r.reservation_id,
         order_id = %r.order_id, request_id = %r.request_id, user_id = r.user_id,
