@@ -116,6 +116,7 @@ impl Settings {
                     pool("dlq_intake", DLQ_INTAKE),
                     pool("compensation", self.consumer.compensate_workers),
                     pool("projection", self.consumer.projection_workers),
+                    pool("audit", self.consumer.audit_workers),
                 ],
             ),
             (
@@ -254,7 +255,7 @@ mod tests {
             .iter()
             .map(|r| (r.role, r.instances, r.per_instance))
             .collect();
-        // api 4; consume (8 x 0.7 = 5) + 1, intake 2, compensation 2, projection 2;
+        // api 4; consume (8 x 0.7 = 5) + 1, intake 2, compensation 2, projection 2, audit 1;
         // timeout-cancel (8 x 0.25 = 2) + 1; scan 2 + 1 + 1 + 1 + 4.
         assert_eq!(
             per,
@@ -263,7 +264,10 @@ mod tests {
                 (
                     "consume",
                     1,
-                    6 + 2 + s.consumer.compensate_workers + s.consumer.projection_workers
+                    6 + 2
+                        + s.consumer.compensate_workers
+                        + s.consumer.projection_workers
+                        + s.consumer.audit_workers
                 ),
                 ("timeout-cancel", 1, 3),
                 ("scan", 1, 9),

@@ -12,6 +12,8 @@ pub struct Names {
     pub compensate_group: String,
     pub timeout_group: String,
     pub projection_group: String,
+    /// The audit stream's group: every order event appended for the data team.
+    pub audit_group: String,
     /// The group that records dead letters of every other group.
     pub dlq_intake_group: String,
     /// The group a replay reads a source topic through (`seckill dlq replay --from-source`):
@@ -77,6 +79,7 @@ impl Names {
             compensate_group: format!("CG_{infix}SECKILL_INVENTORY_COMPENSATE_V1"),
             timeout_group: format!("CG_{infix}SECKILL_ORDER_TIMEOUT_V1"),
             projection_group: format!("CG_{infix}SECKILL_ORDER_QUERY_PROJECTION_V1"),
+            audit_group: format!("CG_{infix}SECKILL_AUDIT_V1"),
             dlq_intake_group: format!("CG_{infix}SECKILL_DLQ_INTAKE_V1"),
             replay_group: format!("CG_{infix}SECKILL_REPLAY_V1"),
             producer_group: format!("PG_{infix}SECKILL_PRODUCER_V1"),

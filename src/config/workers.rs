@@ -55,6 +55,12 @@ pub struct ConsumerSettings {
     pub projection_workers: usize,
     pub projection_batch_size: usize,
     pub dlq_intake_workers: usize,
+    /// The audit group (docs/architecture/messages.md#the-audit-stream): listener calls in
+    /// flight (0: the group does not run in this process) and messages per call.
+    #[serde(default = "default_audit_workers")]
+    pub audit_workers: usize,
+    #[serde(default = "default_audit_batch_size")]
+    pub audit_batch_size: usize,
     /// Non-core work steps aside while orders are behind
     /// (docs/architecture/recovery.md#projection): the projection holds its batches while the
     /// order-create backlog's oldest message is older than this many seconds, until it is back
@@ -69,6 +75,14 @@ pub struct ConsumerSettings {
     pub fast_lane_backlog_ms: u64,
     #[serde(default = "default_fast_lane_margin_ms")]
     pub fast_lane_margin_ms: u64,
+}
+
+fn default_audit_workers() -> usize {
+    1
+}
+
+fn default_audit_batch_size() -> usize {
+    32
 }
 
 fn default_fast_lane_margin_ms() -> u64 {
@@ -101,10 +115,17 @@ impl ConsumerSettings {
                 self.projection_batch_size,
                 32,
             ),
+            ("consumer.audit_batch_size", self.audit_batch_size, 32),
         ] {
             if value == 0 || value > max {
                 return Err(ConfigError::invalid(key, format!("must be in 1..={max}")));
             }
+        }
+        if self.audit_workers > 64 {
+            return Err(invalid(
+                "consumer.audit_workers",
+                "must be in 0..=64 (0: not run)",
+            ));
         }
         if self.gather_wait_ms > 1_000 {
             // The wait comes out of every order's reservation->order time (SLO 3 s).

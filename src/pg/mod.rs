@@ -1,6 +1,7 @@
 //! PostgreSQL: pools, migrations, and the transactions that make the source of truth.
 
 pub mod audit;
+pub mod audit_stream;
 pub mod books;
 pub mod cancel_tx;
 pub mod dlq;
@@ -10,6 +11,7 @@ pub mod half_message_events;
 pub mod order_state;
 pub mod order_tx;
 pub mod outbox;
+pub mod partitions;
 pub mod passes;
 pub mod primary;
 pub mod quarantine;

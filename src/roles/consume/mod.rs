@@ -9,6 +9,7 @@
 //! SIGTERM stops pulling, lets the in-flight transactions finish and exits without ACKing
 //! anything uncommitted.
 
+pub mod audit;
 pub mod compensate;
 pub mod deferral;
 pub mod dlq_intake;
@@ -56,7 +57,9 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     // Dead letters of every group are recorded in PostgreSQL for operators.
     let dlq_pool =
         crate::pg::connect_pool(&settings.pg, crate::config::budget::pools::DLQ_INTAKE).await?;
-    let intakes = dlq_intake::start_intakes(&settings, dlq_pool.clone()).await?;
+    let mut intakes = dlq_intake::start_intakes(&settings, dlq_pool.clone()).await?;
+    // The audit stream, drained with the side groups on SIGTERM.
+    intakes.extend(start_audit(&settings).await?);
     // Which server the pools write to; a failover seen is counted and logged.
     role.watch_primary(&dlq_pool, &settings.pg);
     role.watchdog.spawn(
@@ -140,6 +143,23 @@ async fn start_side_groups(
     )
     .await?;
     Ok((compensator, projector))
+}
+
+/// The audit group (docs/architecture/messages.md#the-audit-stream), unless
+/// `consumer.audit_workers` is 0.
+async fn start_audit(settings: &Settings) -> anyhow::Result<Option<ConsumerHandle>> {
+    let workers = settings.consumer.audit_workers;
+    if workers == 0 {
+        return Ok(None);
+    }
+    let group = settings.names().audit_group.clone();
+    let pool = crate::pg::connect_pool(&settings.pg, workers).await?;
+    let handler = Arc::new(audit::AuditHandler::new(pool, group.clone()));
+    let topic = &settings.names().order_event_topic;
+    let batch = settings.consumer.audit_batch_size;
+    Ok(Some(
+        crate::mq::start_consumer(settings, &group, topic, handler, workers, batch).await?,
+    ))
 }
 
 /// The groups whose backlog this role reports, order-create first: (group, topic).
