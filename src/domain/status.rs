@@ -149,6 +149,15 @@ words! {
 }
 
 words! {
+    /// `replay_batches.status`: whether an operator's replay may go on.
+    ReplayBatchStatus {
+        Running = "RUNNING",
+        Paused = "PAUSED",
+        Done = "DONE",
+    }
+}
+
+words! {
     /// `quarantined_messages.status`.
     QuarantineStatus {
         Quarantined = "QUARANTINED",

@@ -19,6 +19,7 @@ pub mod queries;
 pub mod reconcile;
 pub mod refunds;
 pub mod replay;
+pub mod replay_batches;
 pub mod retention;
 pub mod rows;
 mod session;

@@ -243,7 +243,7 @@ async fn every_status_type_spells_exactly_what_its_column_allows() {
     let pool = env.pool(1).await;
     let client = pool.get().await.unwrap();
     let schema = env.settings.pg.schema.clone();
-    let types: [(&str, Vec<String>); 8] = [
+    let types: [(&str, Vec<String>); 9] = [
         ("orders", sorted(OrderStatus::ALL, OrderStatus::as_str)),
         (
             "reservations",
@@ -272,6 +272,10 @@ async fn every_status_type_spells_exactly_what_its_column_allows() {
         (
             "quarantined_messages",
             sorted(QuarantineStatus::ALL, QuarantineStatus::as_str),
+        ),
+        (
+            "replay_batches",
+            sorted(ReplayBatchStatus::ALL, ReplayBatchStatus::as_str),
         ),
     ];
     for (table, words) in types {

@@ -104,7 +104,7 @@ async fn dead_letters_failing_the_same_way_form_one_group() {
 
 /// Records `m` as an OPEN dead letter of `group` the way the intake does (its properties,
 /// tags and keys as the broker carried them), first seen `age_secs` ago.
-async fn dead_letter(
+pub(super) async fn dead_letter(
     c: &tokio_postgres::Client,
     group: &str,
     m: &seckill::mq::OutMessage,

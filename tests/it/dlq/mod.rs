@@ -9,3 +9,4 @@
 mod decisions;
 mod groups;
 mod intake;
+mod pause;

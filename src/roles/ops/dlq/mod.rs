@@ -12,6 +12,7 @@ use crate::config::Settings;
 use crate::pg::order_tx::TxNames;
 use crate::pg::{dlq, quarantine, replay as pg_replay};
 
+mod batches;
 mod checks;
 mod groups;
 mod replay;
@@ -63,7 +64,7 @@ pub enum DlqCommand {
     /// Re-publish dead letters (or quarantined messages) to their original topic with their
     /// original message_id plus `replay_id` and `replay_count + 1` (rate-limited, one audit
     /// row each).
-    Replay(ReplayArgs),
+    Replay(Box<ReplayArgs>),
     /// Give up on a dead letter, or on every open one of a group of failures (audited, under
     /// one batch id). An order-create dead letter's message is withdrawn with it, so its
     /// reservation's unit goes back once, through compensation.
@@ -124,7 +125,7 @@ pub struct ReplayArgs {
     #[arg(long, requires = "quarantined")]
     pub quarantine_reason: Option<String>,
     /// Why (kept in the audit; not needed with --dry-run).
-    #[arg(long, required_unless_present = "dry_run")]
+    #[arg(long, required_unless_present_any = ["dry_run", "pause", "resume"])]
     pub reason: Option<String>,
     #[arg(long)]
     pub actor: Option<String>,
@@ -157,6 +158,17 @@ pub struct ReplayArgs {
     /// With --from-source: read at most this many messages.
     #[arg(long, default_value_t = 10_000)]
     pub max: usize,
+    /// Only the messages of this activity (its id in each message's body, or in its
+    /// reservation id): one sale's replay apart from another's.
+    #[arg(long)]
+    pub activity: Option<i64>,
+    /// Pause the running replay of this batch (`rpb_...`, printed when it starts): it stops
+    /// before its next message until resumed.
+    #[arg(long, value_name = "BATCH", conflicts_with_all = ["resume", "ids", "fingerprint", "group", "since", "from_source", "dry_run"])]
+    pub pause: Option<String>,
+    /// Let a paused replay batch go on where it stopped.
+    #[arg(long, value_name = "BATCH", conflicts_with_all = ["ids", "fingerprint", "group", "since", "from_source", "dry_run"])]
+    pub resume: Option<String>,
     /// After the sends, how long to watch the group's inbox for each replay's effect
     /// (recorded on its audit row: APPLIED:<decision>, DUPLICATE or NOT_OBSERVED).
     #[arg(long, default_value_t = 10)]
@@ -191,7 +203,7 @@ pub async fn run(settings: Settings, cmd: DlqCommand) -> anyhow::Result<bool> {
             }
         }
         DlqCommand::Show { id, quarantined } => show(&client, id, quarantined).await?,
-        DlqCommand::Replay(args) => replay_selected(&settings, &mut client, args).await?,
+        DlqCommand::Replay(args) => replay_selected(&settings, &mut client, *args).await?,
         DlqCommand::Discard(args) => discard_selected(&settings, &client, args).await?,
     };
     drop(client);
@@ -205,13 +217,17 @@ async fn replay_selected(
     client: &mut tokio_postgres::Client,
     args: ReplayArgs,
 ) -> anyhow::Result<bool> {
+    if let Some(batch) = args.pause.as_deref().or(args.resume.as_deref()) {
+        let actor = actor_or_user(args.actor.clone());
+        return batches::control(client, batch, args.pause.is_some(), &actor).await;
+    }
     let reason = args.reason.clone().unwrap_or_default();
     anyhow::ensure!(
         args.dry_run || !reason.trim().is_empty(),
         "--reason must say why"
     );
     anyhow::ensure!(args.rate > 0.0, "--rate must be positive");
-    let rows = if args.from_source {
+    let mut rows = if args.from_source {
         let selection = source::SourceSelection {
             group: args.group.as_deref(),
             since: args.since.unwrap_or_default(),
@@ -223,6 +239,9 @@ async fn replay_selected(
     } else {
         recorded_rows(client, &args).await?
     };
+    if let Some(activity) = args.activity {
+        rows.retain(|r| batches::activity_of(r) == Some(activity));
+    }
     let names = settings.names();
     let batch_id = new_batch_id();
     let plan = replay::Plan {
@@ -237,6 +256,10 @@ async fn replay_selected(
             names.order_create_group.clone(),
             names.timeout_group.clone(),
         ],
+        gate: batches::Gate {
+            batch_id: &batch_id,
+            sent: Default::default(),
+        },
     };
     // From the source topic, what the inbox holds was applied: not sent again unless asked.
     let skip_applied = args.from_source && !args.include_applied;
@@ -257,8 +280,8 @@ async fn recorded_rows(
         ids = found.members;
     }
     anyhow::ensure!(
-        !ids.is_empty() || args.group.is_some() || args.since.is_some(),
-        "select what to replay with --id, --fingerprint, --group, --since or --from-source"
+        !ids.is_empty() || args.group.is_some() || args.since.is_some() || args.activity.is_some(),
+        "select what to replay with --id, --fingerprint, --group, --since, --activity or --from-source"
     );
     let selection = pg_replay::Selection {
         ids: &ids,
@@ -423,8 +446,16 @@ async fn replay_rows(
         return Ok(!rows.is_empty());
     }
     let publisher = crate::mq::connect_publisher(settings).await?;
+    let batch = plan.batch_id;
+    crate::pg::replay_batches::start(&*client, batch, rows.len(), plan.actor, plan.reason).await?;
+    eprintln!(
+        "replay {batch}: {} messages; `seckill dlq replay --pause {batch}` holds it",
+        rows.len()
+    );
     let rows = rows.into_iter().zip(checks).collect();
     let done = replay::replay(settings, client, publisher.as_ref(), rows, plan).await?;
+    use crate::domain::status::ReplayBatchStatus::{Done, Running};
+    crate::pg::replay_batches::set(&*client, batch, Running, Done).await?;
     println!(
         "replay {}: {} confirmed ({} applied, {} duplicate, {} not observed within {} s, {} in a group without an inbox), {} refused, {} failed, {} held back",
         plan.batch_id,

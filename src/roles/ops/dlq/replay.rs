@@ -85,6 +85,8 @@ pub(super) struct Plan<'a> {
     /// The groups whose effects show in `consumer_inbox` (order creation, timeout cancel):
     /// another group's replay is recorded `UNOBSERVABLE` and judged by its send alone.
     pub(super) inbox_groups: &'a [String],
+    /// The batch's progress and an operator's pause (`replay_batches`).
+    pub(super) gate: super::batches::Gate<'a>,
 }
 
 /// What a replay came to.
@@ -187,7 +189,10 @@ async fn send_and_watch(
     // (replay_id, group, message_id, already applied before the replay)
     let mut watch: Vec<Watched> = Vec::new();
     for (row, checks) in rows {
-        match replay_one(settings, client, publisher, &row, &checks, plan).await? {
+        plan.gate.pass(client, &bar).await?;
+        let replayed = replay_one(settings, client, publisher, &row, &checks, plan).await?;
+        plan.gate.sent_one(client).await?;
+        match replayed {
             Replayed::Refused(why) => {
                 bar.println(format!("{}: refused, {why}; use --force", row.subject));
                 done.refused += 1;
