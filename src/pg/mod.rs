@@ -24,6 +24,7 @@ pub mod retention;
 pub mod rows;
 mod session;
 pub(crate) mod statements;
+pub mod table_sizes;
 
 use std::time::Duration;
 

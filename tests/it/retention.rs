@@ -166,3 +166,60 @@ async fn the_invariants_allow_an_inbox_row_purged_by_retention_and_nothing_else(
     drop(c);
     env.cleanup().await;
 }
+
+/// The growing tables' sizes the scan role exports: bytes and the row estimate of each (a
+/// partitioned table summed over its partitions), and the age of the audit record's oldest day
+/// partition; the scan role's /metrics carries them.
+#[tokio::test]
+async fn the_growing_tables_sizes_and_the_oldest_audit_partition_are_read_and_exported() {
+    use seckill::pg::table_sizes;
+    let env = TestEnv::without_topics().await;
+    env.activity(1750, 1, 10).await;
+    let pool = env.pool(1).await;
+    let c = pool.get().await.unwrap();
+    let day = (chrono::Utc::now() - chrono::Duration::days(3)).date_naive();
+    seckill::pg::partitions::ensure_day(&c, "audit_events", day)
+        .await
+        .unwrap();
+    c.batch_execute(
+        "INSERT INTO consumer_inbox (consumer_group, message_id, topic, status, received_at)
+           SELECT 'g', 'm-' || i, 't', 'SUCCEEDED', now() FROM generate_series(1, 500) i;
+         ANALYZE consumer_inbox;",
+    )
+    .await
+    .unwrap();
+    let sizes = table_sizes::growing(&**c).await.unwrap();
+    let of = |t: &str| sizes.iter().find(|s| s.table == t).unwrap().clone();
+    assert_eq!(sizes.len(), table_sizes::GROWING.len());
+    assert_eq!(of("consumer_inbox").rows, 500);
+    assert!(
+        of("consumer_inbox").bytes > 8192,
+        "{:?}",
+        of("consumer_inbox")
+    );
+    // Partitioned tables: their partitions' bytes (the parents hold none).
+    assert!(
+        of("orders").bytes > 0 && of("audit_events").bytes > 0,
+        "{sizes:?}"
+    );
+    let age = table_sizes::oldest_day_partition_age_secs(&**c, "audit_events")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!((3.0 * 86_400.0..4.0 * 86_400.0).contains(&age), "{age}");
+    let scan = crate::common::Role::scan().spawn(&env);
+    crate::common::ready([&scan]).await;
+    crate::common::assert_metrics(
+        &format!("http://127.0.0.1:{}/metrics", scan.ops),
+        &[
+            "pg_table_bytes{table=\"consumer_inbox\"}",
+            "pg_table_rows_estimate{table=\"consumer_inbox\"} 500",
+            "pg_partition_oldest_age_seconds{table=\"audit_events\"}",
+        ],
+    )
+    .await;
+    let mut scan = scan.proc;
+    assert!(scan.terminate(20).await.success());
+    drop(c);
+    env.cleanup().await;
+}

@@ -44,7 +44,8 @@ fn rss_mib(pid: u32) -> Option<(f64, f64)> {
 }
 
 /// The tables whose size and rows every sample shows.
-const SAMPLED_TABLES: [&str; 7] = [
+const SAMPLED_TABLES: [&str; 8] = [
+    "audit_events",
     "compensation_tasks",
     "consumer_inbox",
     "event_outbox",
@@ -214,7 +215,11 @@ async fn tables(pg: &tokio_postgres::Client) -> anyhow::Result<String> {
         let row = pg
             .query_one(
                 &format!(
-                    "SELECT pg_total_relation_size('{table}')::float8 / 1048576, count(*)
+                    // A partitioned table's bytes are its partitions'.
+                    "SELECT greatest(pg_total_relation_size('{table}'),
+                                     (SELECT coalesce(sum(pg_total_relation_size(relid)), 0)
+                                      FROM pg_partition_tree('{table}') WHERE isleaf))::float8
+                            / 1048576, count(*)
                      FROM {table}"
                 ),
                 &[],

@@ -88,6 +88,9 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
     let scan_loop = watchdog.spawn("resend", scanning);
     let relay_loop = watchdog.spawn("relay", relay_loop(relay, wake, shutdown.clone()));
     let retention_pool = crate::pg::connect_pool(&settings.pg, pools::SCAN_RETENTION).await?;
+    // The sizes share the retention's one connection: a minute's read waits out a pass.
+    let sizes = retention::sizes_loop(retention_pool.clone(), shutdown.clone());
+    let sizes_loop = watchdog.spawn("table_sizes", sizes);
     let retention = retention::run_loop(
         retention_pool,
         settings.retention.clone(),
@@ -109,6 +112,7 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
         let _ = scan_loop.await;
         let _ = relay_loop.await;
         let _ = retention_loop.await;
+        let _ = sizes_loop.await;
         let _ = resync_loop.await;
         let _ = health_loop.await;
     })

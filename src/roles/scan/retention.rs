@@ -1,5 +1,6 @@
 //! Retention: settled bookkeeping rows (inbox, outbox, tasks) past their retention are deleted
-//! in small batches, every `retention.interval_secs` (the rules are in `pg::retention`).
+//! in small batches, every `retention.interval_secs` (the rules are in `pg::retention`); and
+//! every minute, how big the growing tables are (`pg::table_sizes`).
 
 use std::time::Duration;
 
@@ -31,4 +32,35 @@ pub(super) async fn run_loop(
             _ = tokio::time::sleep(Duration::from_secs(rt.interval_secs)) => {}
         }
     }
+}
+
+/// How often the growing tables' sizes are read.
+const SIZES_EVERY: Duration = Duration::from_secs(60);
+
+/// Every [`SIZES_EVERY`] until `stop`: `pg_table_bytes{table}`, `pg_table_rows_estimate{table}`
+/// and the audit record's oldest partition age, for the operator watching the tables grow.
+pub(super) async fn sizes_loop(pool: deadpool_postgres::Pool, stop: CancellationToken) {
+    while !stop.is_cancelled() {
+        if let Ok(client) = pool.get().await {
+            if let Err(e) = export_sizes(&client).await {
+                warn!(error = %crate::pg::errors::classify(e), "table sizes not read");
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(SIZES_EVERY) => {}
+        }
+    }
+}
+
+async fn export_sizes(client: &tokio_postgres::Client) -> Result<(), tokio_postgres::Error> {
+    use crate::pg::table_sizes;
+    for t in table_sizes::growing(client).await? {
+        metrics::gauge!("pg_table_bytes", "table" => t.table).set(t.bytes as f64);
+        metrics::gauge!("pg_table_rows_estimate", "table" => t.table).set(t.rows as f64);
+    }
+    let oldest = table_sizes::oldest_day_partition_age_secs(client, "audit_events").await?;
+    metrics::gauge!("pg_partition_oldest_age_seconds", "table" => "audit_events")
+        .set(oldest.unwrap_or(0.0));
+    Ok(())
 }
