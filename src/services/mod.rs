@@ -8,8 +8,11 @@
 //! - `batch_tx`: the bounded, adaptive, split-on-failure transactions of consume and
 //!   timeout-cancel.
 //! - `poison`: how every consumer group quarantines a body it cannot read.
+//! - `failure_groups`: dead letters and quarantined messages grouped by what failed (the dlq
+//!   commands, and consume's per-group gauge).
 
 pub mod batch_tx;
+pub mod failure_groups;
 pub mod half_messages;
 pub mod poison;
 pub mod resync;

@@ -75,6 +75,7 @@ pub const METRICS: &[Metric] = &[
     counter("reservation_total", "Reservation attempts by result"),
     counter("reservation_resend_refused_total", "Scanner re-sends the broker refused while the reservation was still valid: retried, not released"),
     counter("reservation_sold_out_from_memory_total", "Requests for a SKU known sold out answered SOLD_OUT without Redis (not from its winners)"),
+    gauge("mq_dlq_group_messages", "Open dead letters and quarantined messages per group of failures (seckill dlq groups), the ten largest by fingerprint and the rest as fingerprint=\"other\", by consumer_group and source"),
     gauge("pg_table_bytes", "Bytes on disk of each table that grows with every request (its partitions summed), by table; the scan role reads it every minute"),
     gauge("pg_table_rows_estimate", "The planner's row estimate of each such table (refreshed by ANALYZE), by table"),
     gauge("pg_partition_oldest_age_seconds", "Age of the oldest day partition of a table partitioned by day (audit_events), by table"),

@@ -9,6 +9,7 @@ use tracing::{error, warn};
 use crate::config::Settings;
 use crate::mq::{BatchHandler, ConsumeDecision, Delivery};
 use crate::pg::dlq;
+use crate::services::failure_groups::{failure_groups, FailureGroup};
 
 /// Records the dead letters of one group.
 pub struct DlqIntake {
@@ -83,6 +84,7 @@ pub async fn start_intakes(
 
 /// Keeps `mq_dlq_messages` and `mq_dlq_oldest_age_seconds` current until `shutdown`.
 pub async fn run_gauges(pool: deadpool_postgres::Pool, shutdown: CancellationToken) {
+    let mut groups = GroupGauges::default();
     while !shutdown.is_cancelled() {
         // Fault-injection point: a loop that dies (`consume-dlq-gauges-loop=panic`).
         fail::fail_point!("consume-dlq-gauges-loop");
@@ -90,6 +92,9 @@ pub async fn run_gauges(pool: deadpool_postgres::Pool, shutdown: CancellationTok
             if let Ok((open, oldest)) = dlq::open_stats(&**client).await {
                 metrics::gauge!("mq_dlq_messages").set(open as f64);
                 metrics::gauge!("mq_dlq_oldest_age_seconds").set(oldest);
+            }
+            if let Ok(found) = failure_groups(&client, None, GROUPS_SCAN).await {
+                groups.export(&found);
             }
             // Replays run from the short-lived CLI, which nothing scrapes: the audit table is
             // the record, and this long-running role exports it as a counter.
@@ -105,4 +110,53 @@ pub async fn run_gauges(pool: deadpool_postgres::Pool, shutdown: CancellationTok
             _ = tokio::time::sleep(Duration::from_secs(5)) => {}
         }
     }
+}
+
+/// Rows of each table the per-group gauge reads at most.
+const GROUPS_SCAN: i64 = 5_000;
+
+/// Groups exported by fingerprint; the rest are summed under `fingerprint="other"`, so the
+/// series stay bounded however many ways things fail.
+const GROUPS_EXPORTED: usize = 10;
+
+/// `mq_dlq_group_messages{fingerprint, consumer_group, source}`: each open group of failures
+/// (`seckill dlq groups`), the largest [`GROUPS_EXPORTED`] by fingerprint. A group that is gone
+/// (replayed, discarded) is set to 0 once, then forgotten.
+#[derive(Default)]
+struct GroupGauges {
+    exported: std::collections::BTreeSet<(String, String, &'static str)>,
+}
+
+impl GroupGauges {
+    fn export(&mut self, groups: &[FailureGroup]) {
+        let mut now = std::collections::BTreeSet::new();
+        let mut other: std::collections::BTreeMap<(String, &'static str), usize> =
+            Default::default();
+        for (i, g) in groups.iter().enumerate() {
+            if i < GROUPS_EXPORTED {
+                let key = (g.fingerprint.clone(), g.consumer_group.clone(), g.source);
+                set_group(&key, g.count);
+                now.insert(key);
+            } else {
+                *other
+                    .entry((g.consumer_group.clone(), g.source))
+                    .or_default() += g.count;
+            }
+        }
+        for ((group, source), n) in other {
+            let key = ("other".to_string(), group, source);
+            set_group(&key, n);
+            now.insert(key);
+        }
+        for gone in self.exported.difference(&now) {
+            set_group(gone, 0);
+        }
+        self.exported = now;
+    }
+}
+
+fn set_group((fingerprint, group, source): &(String, String, &'static str), n: usize) {
+    metrics::gauge!("mq_dlq_group_messages", "fingerprint" => fingerprint.clone(),
+        "consumer_group" => group.clone(), "source" => *source)
+    .set(n as f64);
 }

@@ -340,3 +340,62 @@ async fn a_group_of_dead_letters_is_replayed_sample_first_under_one_batch_id_or_
     consumer.shutdown().await;
     env.cleanup().await;
 }
+
+/// The consume role exports each of the ten largest open groups of failures by fingerprint
+/// (`mq_dlq_group_messages`), the rest summed under `fingerprint="other"`: one series per cause,
+/// however many ways things fail.
+#[tokio::test]
+async fn the_consume_role_exports_the_largest_failure_groups_and_sums_the_rest() {
+    let env = TestEnv::with_topics().await;
+    let pool = env.pool(1).await;
+    let c = pool.get().await.unwrap();
+    // One group of three, and eleven groups of one (eleven error classes).
+    c.batch_execute(
+        r#"INSERT INTO dlq_messages (consumer_group, topic, dlq_queue_id, dlq_queue_offset, attempts,
+                                     error_class, last_error, payload, status, first_seen)
+           SELECT 'CG_G', 't', 0, i, 17, 'BIG', 'lock timeout on ord_' || i, '{}', 'OPEN',
+                  now() - interval '1 hour'
+           FROM generate_series(1, 3) i;
+           INSERT INTO dlq_messages (consumer_group, topic, dlq_queue_id, dlq_queue_offset, attempts,
+                                     error_class, last_error, payload, status, first_seen)
+           SELECT 'CG_G', 't', 0, 100 + i, 17, 'C' || i, 'failed', '{}', 'OPEN',
+                  now() - make_interval(mins => 50 - i)
+           FROM generate_series(1, 11) i;"#,
+    )
+    .await
+    .unwrap();
+    let groups = seckill::roles::ops::dlq::failure_groups(&c, Some("CG_G"), 1000)
+        .await
+        .unwrap();
+    assert_eq!(groups.len(), 12);
+    let big = &groups[0];
+    assert_eq!(big.count, 3);
+    let consume = common::Role::consume(1).spawn(&env);
+    common::ready([&consume]).await;
+    let series = |fp: &str, n: usize| {
+        format!(
+            "mq_dlq_group_messages{{fingerprint=\"{fp}\",consumer_group=\"CG_G\",source=\"dead_letter\"}} {n}"
+        )
+    };
+    let (big_line, other_line) = (series(&big.fingerprint, 3), series("other", 2));
+    common::assert_metrics(
+        &format!("http://127.0.0.1:{}/metrics", consume.ops),
+        &[big_line.as_str(), other_line.as_str()],
+    )
+    .await;
+    let text = reqwest::get(format!("http://127.0.0.1:{}/metrics", consume.ops))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let exported = text
+        .lines()
+        .filter(|l| l.starts_with("mq_dlq_group_messages{"))
+        .count();
+    assert_eq!(exported, 11, "ten groups and other:\n{text}");
+    let mut consume = consume.proc;
+    assert!(consume.terminate(40).await.success());
+    drop(c);
+    env.cleanup().await;
+}
