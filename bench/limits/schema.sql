@@ -35,6 +35,7 @@ SET search_path = seckill_limits;
 \ir ../../sql/V20__sale_passes.sql
 \ir ../../sql/V21__audit_events.sql
 \ir ../../sql/V22__replay_batches.sql
+\ir ../../sql/V23__dlq_tickets.sql
 
 -- The hot row: remaining_stock is INTEGER as in the project, so "huge" is the INTEGER
 -- maximum (2,147,483,647): far more than any run can sell.

@@ -9,10 +9,12 @@
 //! - `api`: `[api]`, `[auth]`, `[payments]`;
 //! - `workers`: `[consumer]`, `[scan]`, `[timeout]`, `[retention]`, `[telemetry]`;
 //! - `names`: topic and group names from `env`;
+//! - `dlq`: `[dlq]`, the ticket hook of new groups of failures;
 //! - `budget`: every role's PostgreSQL pools against `pg.max_connections`.
 
 mod api;
 pub mod budget;
+mod dlq;
 mod mq;
 mod names;
 mod stores;
@@ -27,6 +29,7 @@ pub use api::{
     check_jwks_url, ApiSettings, AuthSettings, BuyerIdentity, PassSettings, PaymentSettings,
     MIN_ADMIN_TOKEN_BYTES,
 };
+pub use dlq::DlqSettings;
 pub use mq::{EventDelivery, EventSettings, MqSettings};
 pub use names::Names;
 use stores::is_ident;
@@ -83,6 +86,8 @@ pub struct Settings {
     pub events: EventSettings,
     #[serde(default)]
     pub passes: PassSettings,
+    #[serde(default)]
+    pub dlq: DlqSettings,
     /// The topic and group names of `env`, made on first use and kept (and cloned with the
     /// settings): every role reads them from here.
     #[serde(skip)]
@@ -148,6 +153,7 @@ impl Settings {
         self.payments.validate()?;
         self.events.validate()?;
         self.passes.validate()?;
+        self.dlq.validate()?;
         self.scan.validate()?;
         self.timeout.validate()?;
         self.retention.validate()?;

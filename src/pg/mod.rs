@@ -5,6 +5,7 @@ pub mod audit_stream;
 pub mod books;
 pub mod cancel_tx;
 pub mod dlq;
+pub mod dlq_tickets;
 pub mod errors;
 pub mod fences;
 pub mod half_message_events;

@@ -10,9 +10,11 @@
 //! - `poison`: how every consumer group quarantines a body it cannot read.
 //! - `failure_groups`: dead letters and quarantined messages grouped by what failed (the dlq
 //!   commands, and consume's per-group gauge).
+//! - `tickets`: a new group of failures posted once to the ticket hook, signed (consume).
 
 pub mod batch_tx;
 pub mod failure_groups;
 pub mod half_messages;
 pub mod poison;
 pub mod resync;
+pub mod tickets;

@@ -68,6 +68,7 @@ const fn histogram_in(name: &'static str, unit: Unit, help: &'static str) -> Met
 
 /// Every metric the roles export, described once.
 pub const METRICS: &[Metric] = &[
+    counter("dlq_ticket_open_total", "Tickets of new groups of failures posted to dlq.ticket_webhook, by result (opened: a 2xx, failed: posted again later)"),
     counter("audit_events_recorded_total", "Order events the audit group appended to audit_events (added) or found there already (repeat)"),
     counter("mq_publish_total", "Sends by topic and outcome (confirmed, unknown, definite_failure)"),
     histogram_in("mq_publish_latency_seconds", Unit::Seconds, "Broker send latency"),

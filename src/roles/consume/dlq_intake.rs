@@ -83,7 +83,11 @@ pub async fn start_intakes(
 }
 
 /// Keeps `mq_dlq_messages` and `mq_dlq_oldest_age_seconds` current until `shutdown`.
-pub async fn run_gauges(pool: deadpool_postgres::Pool, shutdown: CancellationToken) {
+pub async fn run_gauges(
+    pool: deadpool_postgres::Pool,
+    tickets: Option<crate::services::tickets::Tickets>,
+    shutdown: CancellationToken,
+) {
     let mut groups = GroupGauges::default();
     while !shutdown.is_cancelled() {
         // Fault-injection point: a loop that dies (`consume-dlq-gauges-loop=panic`).
@@ -95,6 +99,11 @@ pub async fn run_gauges(pool: deadpool_postgres::Pool, shutdown: CancellationTok
             }
             if let Ok(found) = failure_groups(&client, None, GROUPS_SCAN).await {
                 groups.export(&found);
+                if let Some(t) = &tickets {
+                    if let Err(e) = t.pass(&client, &found).await {
+                        warn!(error = %e, "ticket pass failed; tried again in 5 s");
+                    }
+                }
             }
             // Replays run from the short-lived CLI, which nothing scrapes: the audit table is
             // the record, and this long-running role exports it as a counter.

@@ -64,7 +64,11 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     role.watch_primary(&dlq_pool, &settings.pg);
     role.watchdog.spawn(
         "dlq_gauges",
-        dlq_intake::run_gauges(dlq_pool, role.shutdown.clone()),
+        dlq_intake::run_gauges(
+            dlq_pool,
+            crate::services::tickets::Tickets::new(&settings.dlq)?,
+            role.shutdown.clone(),
+        ),
     );
     // The backlog of this role's groups (messages and age of the oldest unconsumed one,
     // retry topics included), for /metrics.

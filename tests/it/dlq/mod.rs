@@ -10,3 +10,4 @@ mod decisions;
 mod groups;
 mod intake;
 mod pause;
+mod tickets;
