@@ -72,7 +72,17 @@ pub fn combine_backlog(main: &Lag, retry: Option<&Lag>) -> Backlog {
 /// topic) and `mq_consumer_retry_lag_messages`. `None` when the topic's lag cannot be read: the
 /// gauges keep their last value and `mq_consumer_lag_read_errors_total` counts the miss.
 pub async fn export_backlog(probe: &LagProbe, group: &str, topic: &str) -> Option<Backlog> {
-    let label = crate::mq::topic_label(topic);
+    export_backlog_as(probe, group, topic, crate::mq::topic_label(topic)).await
+}
+
+/// [`export_backlog`] under `label`: a second group of a topic (the audit stream beside the
+/// projection) is told apart from the first.
+pub async fn export_backlog_as(
+    probe: &LagProbe,
+    group: &str,
+    topic: &str,
+    label: &'static str,
+) -> Option<Backlog> {
     let main = match probe.lag(group, topic).await {
         Ok(lag) => lag,
         Err(e) => {

@@ -52,6 +52,16 @@ async fn after_a_sale_the_audit_record_holds_every_order_event_once() {
         40,
         "each row names its order's activity and carries the event as published"
     );
+    // The audit group's backlog beside the projection's, on the same topic.
+    common::assert_metrics(
+        &format!("http://127.0.0.1:{}/metrics", roles[1].ops),
+        &[
+            "mq_consumer_lag_messages{topic=\"audit\"} 0",
+            "mq_consumer_lag_seconds{topic=\"audit\"}",
+            "mq_consumer_lag_seconds{topic=\"order_event\"}",
+        ],
+    )
+    .await;
     let [scan, consume, cancel] = roles;
     for (mut p, secs) in [
         (api.proc, 20),

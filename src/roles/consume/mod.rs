@@ -75,7 +75,7 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
     let probe = Arc::new(
         crate::mq::LagProbe::new(&crate::mq::runtime()?, &settings.mq.name_server_list()).await?,
     );
-    let groups = lag_groups(names);
+    let groups = lag_groups(names, settings.consumer.audit_workers > 0);
     role.serving();
     info!(
         group = %names.order_create_group, topic = %names.order_create_topic, workers, budget,
@@ -166,22 +166,32 @@ async fn start_audit(settings: &Settings) -> anyhow::Result<Option<ConsumerHandl
     ))
 }
 
-/// The groups whose backlog this role reports, order-create first: (group, topic).
-fn lag_groups(names: &Names) -> [(String, String); 3] {
-    [
+/// The groups whose backlog this role reports, order-create first: (group, topic, the
+/// `topic` label of its gauges). The audit stream, when it runs here, is labelled `audit`: it
+/// reads the projection's topic.
+fn lag_groups(names: &Names, audit: bool) -> Vec<(String, String, &'static str)> {
+    let mut groups = vec![
         (
             names.order_create_group.clone(),
             names.order_create_topic.clone(),
+            "order_create",
         ),
         (
             names.compensate_group.clone(),
             names.compensate_topic.clone(),
+            "compensate",
         ),
         (
             names.projection_group.clone(),
             names.order_event_topic.clone(),
+            "order_event",
         ),
-    ]
+    ];
+    if audit {
+        let topic = names.order_event_topic.clone();
+        groups.push((names.audit_group.clone(), topic, "audit"));
+    }
+    groups
 }
 
 /// Stops every consumer of the role within `grace`: in-flight batches commit and are ACKed;
@@ -210,13 +220,13 @@ async fn drain(grace: Duration, consumers: [ConsumerHandle; 3], intakes: Vec<Con
 /// opposed to in flight).
 async fn sample(
     probe: &crate::mq::LagProbe,
-    groups: &[(String, String)],
+    groups: &[(String, String, &'static str)],
     consumer: &crate::mq::ConsumerHandle,
     deferral: &deferral::Deferral,
 ) {
     let mut order_create = None;
-    for (i, (group, topic)) in groups.iter().enumerate() {
-        let b = crate::mq::lag::export_backlog(probe, group, topic).await;
+    for (i, (group, topic, label)) in groups.iter().enumerate() {
+        let b = crate::mq::lag::export_backlog_as(probe, group, topic, label).await;
         if i == 0 {
             if let Some(b) = &b {
                 deferral.note_backlog(b.oldest_age);
