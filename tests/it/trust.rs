@@ -384,13 +384,16 @@ async fn only_a_fresh_signed_notification_for_the_exact_amount_pays_an_order_onc
         env.count(&format!("SELECT count(*) FROM orders WHERE order_id = '{second}' AND status = 'CREATED' AND payment_id IS NULL")).await,
         1
     );
-    assert_eq!(
-        env.count("SELECT count(*) FROM event_outbox WHERE tag = 'ORDER_PAID'")
-            .await,
-        1
-    );
+    one_order_paid(&env).await;
     api.stop.cancel();
     env.cleanup().await;
+}
+
+/// Exactly one order is PAID, with exactly one ORDER_PAID in the outbox.
+async fn one_order_paid(env: &TestEnv) {
+    let paid = env.count("SELECT count(*) FROM orders WHERE status = 'PAID'");
+    let events = env.count("SELECT count(*) FROM event_outbox WHERE tag = 'ORDER_PAID'");
+    assert_eq!((paid.await, events.await), (1, 1));
 }
 
 /// Two signed notifications racing with one new payment id for two orders: exactly one pays,
@@ -415,16 +418,7 @@ async fn one_payment_id_racing_for_two_orders_pays_exactly_one() {
             .await,
         1
     );
-    assert_eq!(
-        env.count("SELECT count(*) FROM orders WHERE status = 'PAID'")
-            .await,
-        1
-    );
-    assert_eq!(
-        env.count("SELECT count(*) FROM event_outbox WHERE tag = 'ORDER_PAID'")
-            .await,
-        1
-    );
+    one_order_paid(&env).await;
     api.stop.cancel();
     env.cleanup().await;
 }

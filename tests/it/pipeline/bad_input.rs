@@ -82,6 +82,16 @@ fn bad_bodies() -> Vec<(String, &'static str)> {
     ]
 }
 
+/// Activity 300 with 5 units, and an API whose publisher must never be reached (nothing bad
+/// may get that far).
+async fn started() -> (TestEnv, super::Running) {
+    let env = TestEnv::without_topics().await;
+    env.activity(300, 1, 5).await;
+    let publisher: Arc<dyn Publisher> = Arc::new(NeverCalled);
+    let app = start(&env, publisher, false).await;
+    (env, app)
+}
+
 /// Redis still holds activity 300's whole stock and no reservation.
 async fn nothing_written(env: &TestEnv) {
     let redis = env.redis().await;
@@ -101,11 +111,7 @@ async fn nothing_written(env: &TestEnv) {
 /// Malformed, oversized or mistyped reservation bodies: a 400 JSON error each, nothing written.
 #[tokio::test]
 async fn bad_bodies_get_a_400_json_error_and_write_nothing() {
-    let env = TestEnv::without_topics().await;
-    env.activity(300, 1, 5).await;
-    // No broker involvement: nothing may get that far.
-    let publisher: Arc<dyn Publisher> = Arc::new(NeverCalled);
-    let app = start(&env, publisher, false).await;
+    let (env, app) = started().await;
     let client = reqwest::Client::new();
     let url = format!("{}/v1/activities/300/skus/1/reservations", app.base);
     let bodies = bad_bodies();
@@ -134,11 +140,7 @@ async fn bad_bodies_get_a_400_json_error_and_write_nothing() {
 /// route a 404), never a 5xx, nothing written.
 #[tokio::test]
 async fn bad_paths_and_hostile_headers_get_a_4xx_json_error_and_write_nothing() {
-    let env = TestEnv::without_topics().await;
-    env.activity(300, 1, 5).await;
-    // No broker involvement: nothing may get that far.
-    let publisher: Arc<dyn Publisher> = Arc::new(NeverCalled);
-    let app = start(&env, publisher, false).await;
+    let (env, app) = started().await;
     let client = reqwest::Client::new();
     let url = format!("{}/v1/activities/300/skus/1/reservations", app.base);
     for path in [
