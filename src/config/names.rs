@@ -40,6 +40,8 @@ impl Names {
             "COMPENSATE"
         } else if source_group.contains("TIMEOUT") {
             "TIMEOUT"
+        } else if source_group.contains("AUDIT") {
+            "AUDIT"
         } else {
             "PROJECTION"
         };
@@ -59,6 +61,7 @@ impl Names {
                 self.projection_group.clone(),
                 self.order_event_topic.clone(),
             ),
+            (self.audit_group.clone(), self.order_event_topic.clone()),
         ]
     }
 

@@ -131,3 +131,101 @@ async fn a_redelivered_event_is_recorded_once_and_a_bad_body_is_quarantined() {
     );
     env.cleanup().await;
 }
+
+/// An event the audit record cannot take (its table locked past every retry) is dead-lettered
+/// by the broker and recorded in `dlq_messages` under the audit group like any group's; replayed
+/// once the cause is gone, it reaches the record, once.
+#[tokio::test]
+async fn an_event_the_record_refuses_every_time_is_dead_lettered_and_replayable() {
+    let env = TestEnv::with_topics().await;
+    let names = env.names();
+    // Every attempt waits on the locked table past the statement timeout.
+    let locker_pool = env.pool(1).await;
+    let mut locker = locker_pool.get().await.unwrap();
+    let lock = locker.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE audit_events IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let consume = Role::consume(1)
+        .vars(&[
+            ("SECKILL__CONSUMER__MAX_RECONSUME_TIMES", "1".to_string()),
+            ("SECKILL__PG__STATEMENT_TIMEOUT_MS", "200".to_string()),
+        ])
+        .spawn(&env);
+    common::ready([&consume]).await;
+
+    let order = format!("ord_{}", ulid::Ulid::new());
+    let event_id = format!("{order}.v1.ORDER_CREATED");
+    let publisher = seckill::mq::connect_publisher(&env.settings).await.unwrap();
+    let sent = publisher
+        .send(
+            seckill::mq::OutMessage {
+                topic: names.order_event_topic.clone(),
+                tag: "ORDER_CREATED".into(),
+                keys: vec![order.clone()],
+                properties: vec![("message_id".into(), event_id.clone())],
+                body: format!(
+                    r#"{{"event_id":"{event_id}","order_id":"{order}","activity_id":7901,"aggregate_version":1,"schema_version":{}}}"#,
+                    seckill::domain::SCHEMA_VERSION
+                )
+                .into_bytes(),
+                deliver_time_ms: None,
+                sharding_key: None,
+            },
+            3000,
+        )
+        .await;
+    assert!(
+        matches!(sent, seckill::mq::SendOutcome::Confirmed { .. }),
+        "{sent:?}"
+    );
+    let audit_dead = format!(
+        "SELECT count(*) FROM dlq_messages WHERE consumer_group = '{}' AND message_id = '{event_id}'",
+        names.audit_group
+    );
+    common::eventually(90, "the audit group's dead letter is recorded", || async {
+        env.count(&audit_dead).await == 1
+    })
+    .await;
+    lock.rollback().await.unwrap();
+    assert_eq!(env.count("SELECT count(*) FROM audit_events").await, 0);
+
+    let listed = common::cli(&env, &["dlq", "list", "--json"]);
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let id = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["consumer_group"] == names.audit_group.as_str())
+        .expect("the audit group's dead letter is listed")["dlq_id"]
+        .as_i64()
+        .unwrap()
+        .to_string();
+    let out = common::cli_async(
+        &env,
+        &[
+            "dlq",
+            "replay",
+            "--id",
+            &id,
+            "--reason",
+            "lock gone",
+            "--actor",
+            "tester",
+        ],
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    common::eventually(30, "the replayed event in the record", || async {
+        ids(&env, "SELECT message_id FROM audit_events").await == BTreeSet::from([event_id.clone()])
+    })
+    .await;
+    let mut consume = consume.proc;
+    assert!(consume.terminate(40).await.success());
+    env.cleanup().await;
+}

@@ -362,8 +362,8 @@ async fn topics_create_makes_every_consumer_group_and_the_broker_makes_none_by_i
     let plan = seckill::roles::ops::topics::group_plan(&env.settings);
     assert_eq!(
         plan.len(),
-        10,
-        "four source groups, their DLQ intakes, the audit group and the replay group"
+        11,
+        "five source groups (the audit group among them), their DLQ intakes and the replay group"
     );
     let retries = env.settings.consumer.max_reconsume_times;
     for g in &plan {

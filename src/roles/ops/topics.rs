@@ -30,10 +30,10 @@ pub fn topic_plan(settings: &Settings) -> Vec<(String, u32)> {
     plan
 }
 
-/// Every consumer group the pipeline runs: the four source groups and the group that takes
-/// each one's dead letters in, each retried `consumer.max_reconsume_times` times before its
-/// dead letter (`%DLQ%<group>`), the audit stream's group, and the group replays read source
-/// topics through.
+/// Every consumer group the pipeline runs: the five source groups (the audit stream's among
+/// them) and the group that takes each one's dead letters in, each retried
+/// `consumer.max_reconsume_times` times before its dead letter (`%DLQ%<group>`), and the group
+/// replays read source topics through.
 pub fn group_plan(settings: &Settings) -> Vec<GroupSpec> {
     let n = settings.names();
     let spec = |name: String| GroupSpec {
@@ -45,7 +45,6 @@ pub fn group_plan(settings: &Settings) -> Vec<GroupSpec> {
         plan.push(spec(n.dlq_intake_group_of(&group)));
         plan.push(spec(group));
     }
-    plan.push(spec(n.audit_group.clone()));
     plan.push(spec(n.replay_group.clone()));
     plan.sort_by(|a, b| a.name.cmp(&b.name));
     plan
@@ -96,7 +95,6 @@ pub fn environment_topics(settings: &Settings) -> Vec<String> {
         topics.push(crate::mq::lag::retry_topic(&group));
         topics.push(crate::mq::lag::retry_topic(&n.dlq_intake_group_of(&group)));
     }
-    topics.push(crate::mq::lag::retry_topic(&n.audit_group));
     topics
 }
 
