@@ -51,6 +51,11 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::roles::ops::dlq::DlqCommand,
     },
+    /// The archive retention writes before it deletes: list, verify, restore.
+    Archive {
+        #[command(subcommand)]
+        command: crate::roles::ops::archive::ArchiveCommand,
+    },
     /// The event outbox: requeue DEAD rows.
     Outbox {
         #[command(subcommand)]
@@ -185,6 +190,7 @@ pub fn main() -> ExitCode {
             } => roles::ops::resync::run(settings, args).await,
             Command::Reconcile(args) => roles::ops::reconcile::run(settings, args).await,
             Command::Dlq { command } => roles::ops::dlq::run(settings, command).await,
+            Command::Archive { command } => roles::ops::archive::run(settings, command).await,
             Command::Outbox { command } => roles::ops::outbox::run(settings, command).await,
             Command::Refunds { command } => roles::ops::refunds::run(settings, command).await,
             Command::Token {

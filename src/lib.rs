@@ -49,6 +49,7 @@
 // The RocketMQ client's futures are deeply nested; proving them Send needs a deeper limit.
 #![recursion_limit = "256"]
 
+pub mod archive;
 pub mod auth;
 pub mod cli;
 pub mod config;

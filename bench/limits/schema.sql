@@ -58,3 +58,4 @@ CREATE TABLE direct_orders (
     created_at  TIMESTAMPTZ NOT NULL DEFAULT now()
 );
 INSERT INTO stock (id, remaining) VALUES (1, 0);
+\ir ../../sql/V24__archive_segments.sql

@@ -296,8 +296,18 @@ pub struct RetentionSettings {
     /// updates and purges are otherwise never reclaimed, and every scan wades through them.
     /// Leave it off where autovacuum runs.
     pub vacuum: bool,
-    /// Rows deleted per statement: small enough to never hold locks for long.
+    /// Rows deleted per statement: small enough to never hold locks for long. Each batch is
+    /// one archive segment.
     pub batch: i64,
+    /// Days the audit record's day partitions are kept before they are archived and dropped
+    /// whole (counted from the end of the partition's day).
+    pub audit_days: f64,
+    /// Where rows go before retention takes them out of PostgreSQL: `<archive_dir>/<env>/...`
+    /// (docs/architecture/postgresql.md#the-archive). A relative path is read from the role's
+    /// working directory; production points it at a mounted volume or an object-store mount.
+    pub archive_dir: String,
+    /// Rows per archive segment when a whole partition is archived.
+    pub archive_segment_rows: i64,
     /// How often `scan` runs the purge.
     pub interval_secs: u64,
 }
@@ -317,6 +327,7 @@ impl RetentionSettings {
             ("retention.outbox_days", self.outbox_days),
             ("retention.quarantine_days", self.quarantine_days),
             ("retention.dlq_days", self.dlq_days),
+            ("retention.audit_days", self.audit_days),
         ] {
             if !(days.is_finite() && days > 0.0 && days <= 36_500.0) {
                 return Err(invalid(key, "must be a positive number of days"));
@@ -327,6 +338,18 @@ impl RetentionSettings {
         }
         if self.interval_secs == 0 {
             return Err(invalid("retention.interval_secs", "must be positive"));
+        }
+        if self.archive_dir.trim().is_empty() {
+            return Err(invalid(
+                "retention.archive_dir",
+                "must name a directory: rows are archived before retention deletes them",
+            ));
+        }
+        if self.archive_segment_rows <= 0 || self.archive_segment_rows > 1_000_000 {
+            return Err(invalid(
+                "retention.archive_segment_rows",
+                "must be in 1..=1000000",
+            ));
         }
         Ok(())
     }

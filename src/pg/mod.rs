@@ -1,5 +1,6 @@
 //! PostgreSQL: pools, migrations, and the transactions that make the source of truth.
 
+pub mod archive_segments;
 pub mod audit;
 pub mod audit_stream;
 pub mod books;

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use tokio_postgres::GenericClient;
+use crate::archive::{self, Archive};
 
 /// One table's rule: which rows are old enough to go.
 #[derive(Debug, Clone, Copy)]
@@ -44,18 +44,33 @@ pub const DLQ: Rule = Rule {
     only: "status IN ('REPLAYED', 'DISCARDED')",
 };
 
-/// Deletes rows of `rule` older than `age`, `batch` at a time; returns (rows, batches).
+/// Why a retention pass stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RetentionError {
+    #[error(transparent)]
+    Pg(#[from] tokio_postgres::Error),
+    /// The archive could not be written: nothing was deleted.
+    #[error("archive: {0}")]
+    Archive(#[from] std::io::Error),
+}
+
+/// Moves rows of `rule` older than `age` into the archive, `batch` at a time; returns
+/// (rows, batches). Each batch is one transaction: the rows' DELETE, their segment written and
+/// synced, its catalogue row, then COMMIT; a segment that cannot be written rolls its DELETE
+/// back (docs/architecture/postgresql.md#the-archive).
 pub async fn purge(
-    client: &impl GenericClient,
+    client: &mut tokio_postgres::Client,
+    archive: &Archive,
     rule: Rule,
     age: Duration,
     batch: i64,
-) -> Result<(u64, u64), tokio_postgres::Error> {
+) -> Result<(u64, u64), RetentionError> {
     let sql = format!(
-        "DELETE FROM {table} WHERE ctid IN (
+        "DELETE FROM {table} AS d WHERE ctid IN (
             SELECT t.ctid FROM {table} t
             WHERE t.{col} < now() - make_interval(secs => $1) AND ({only})
-            LIMIT $2)",
+            LIMIT $2)
+         RETURNING to_jsonb(d), d.{col}",
         table = rule.table,
         col = rule.time_column,
         only = rule.only,
@@ -71,12 +86,27 @@ pub async fn purge(
             &[&rule.table, &age.as_secs_f64()],
         )
         .await?;
+    let schema_version = crate::pg::archive_segments::schema_version(&*client).await?;
     let (mut rows, mut batches) = (0u64, 0u64);
     loop {
-        let n = client.execute(&sql, &[&age.as_secs_f64(), &batch]).await?;
+        let tx = client.transaction().await?;
+        let deleted = tx.query(&sql, &[&age.as_secs_f64(), &batch]).await?;
+        let n = deleted.len() as u64;
         if n == 0 {
             break;
         }
+        let segment = archive::Batch {
+            table: rule.table.to_string(),
+            time_column: rule.time_column.to_string(),
+            source: "DELETE".to_string(),
+            schema_version,
+            rows: deleted.iter().map(|r| (r.get(0), r.get(1))).collect(),
+        };
+        // An error here drops `tx`: the rows stay.
+        let manifest = archive.write_async(segment).await?;
+        crate::pg::archive_segments::insert(&tx, &manifest).await?;
+        tx.commit().await?;
+        archived(&manifest);
         rows += n;
         batches += 1;
         if n < batch as u64 {
@@ -85,6 +115,17 @@ pub async fn purge(
     }
     Ok((rows, batches))
 }
+
+/// Counts a committed segment on the role's /metrics.
+pub fn archived(m: &crate::archive::Manifest) {
+    let table = m.table.clone();
+    metrics::counter!("archive_segments_total", "table" => table.clone()).increment(1);
+    metrics::counter!("archive_rows_total", "table" => table.clone()).increment(m.rows);
+    metrics::counter!("archive_bytes_total", "table" => table).increment(m.bytes);
+}
+
+/// The table whose day partitions retention archives and drops whole.
+pub const AUDIT_TABLE: &str = "audit_events";
 
 /// Every rule with its retention from the settings.
 pub fn rules(r: &crate::config::RetentionSettings) -> Vec<(Rule, Duration)> {
@@ -117,28 +158,42 @@ const PASS_STATEMENT_TIMEOUT_SECS: u64 = 600;
 /// pass and set back to `statement_timeout_ms` after it. On an error the session may still hold
 /// the long bound: the caller must not give it back to its pool.
 pub async fn pass(
-    client: &impl GenericClient,
+    client: &mut tokio_postgres::Client,
+    archive: &Archive,
     r: &crate::config::RetentionSettings,
     statement_timeout_ms: u64,
-) -> Result<Vec<(&'static str, u64)>, tokio_postgres::Error> {
-    crate::pg::set_statement_timeout(client, PASS_STATEMENT_TIMEOUT_SECS).await?;
-    let done = purge_all(client, r).await?;
-    crate::pg::reset_statement_timeout(client, statement_timeout_ms).await?;
+) -> Result<Vec<(&'static str, u64)>, RetentionError> {
+    crate::pg::set_statement_timeout(&*client, PASS_STATEMENT_TIMEOUT_SECS).await?;
+    let done = purge_all(client, archive, r).await?;
+    crate::pg::reset_statement_timeout(&*client, statement_timeout_ms).await?;
     Ok(done)
 }
 
 /// One pass over every table; returns the rows deleted per table. With `retention.vacuum`,
 /// then `VACUUM (ANALYZE)` of the busy tables, for a database that runs without autovacuum.
 pub async fn purge_all(
-    client: &impl GenericClient,
+    client: &mut tokio_postgres::Client,
+    archive: &Archive,
     r: &crate::config::RetentionSettings,
-) -> Result<Vec<(&'static str, u64)>, tokio_postgres::Error> {
+) -> Result<Vec<(&'static str, u64)>, RetentionError> {
     let mut out = Vec::new();
     for (rule, age) in rules(r) {
-        let (rows, _) = purge(client, rule, age, r.batch).await?;
+        let (rows, _) = purge(client, archive, rule, age, r.batch).await?;
         metrics::counter!("retention_deleted_total", "table" => rule.table).increment(rows);
         out.push((rule.table, rows));
     }
+    let audit = crate::config::RetentionSettings::age(r.audit_days);
+    let rows = crate::pg::partitions::shed_days(
+        client,
+        archive,
+        AUDIT_TABLE,
+        "order_at",
+        audit,
+        r.archive_segment_rows,
+    )
+    .await?;
+    metrics::counter!("retention_deleted_total", "table" => AUDIT_TABLE).increment(rows);
+    out.push((AUDIT_TABLE, rows));
     if r.vacuum {
         for table in BUSY_TABLES {
             // VACUUM runs outside any transaction: one simple-query statement, autocommit.

@@ -11,6 +11,7 @@ mod common;
 
 mod activity;
 mod admin;
+mod archive;
 mod audit_stream;
 mod broker_disk;
 mod cancel_tx;

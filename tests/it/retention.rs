@@ -12,7 +12,8 @@ use seckill::roles::consume::order_create::OrderCreateHandler;
 async fn retention_deletes_only_what_is_past_retention_in_batches() {
     let env = TestEnv::without_topics().await;
     let pool = env.pool(1).await;
-    let c = pool.get().await.unwrap();
+    let mut c = pool.get().await.unwrap();
+    let archive = seckill::archive::Archive::of(&env.settings);
     c.batch_execute(
         "INSERT INTO consumer_inbox (consumer_group, message_id, topic, status, received_at)
            SELECT 'g', 'old-' || i, 't', 'SUCCEEDED', now() - interval '20 days' FROM generate_series(1, 5) i;
@@ -38,13 +39,15 @@ async fn retention_deletes_only_what_is_past_retention_in_batches() {
     .unwrap();
 
     // Bounded batches: 5 old inbox rows, 2 per statement = 3 statements.
-    let (rows, batches) = purge(&**c, INBOX, Duration::from_secs(14 * 86_400), 2)
+    let (rows, batches) = purge(&mut c, &archive, INBOX, Duration::from_secs(14 * 86_400), 2)
         .await
         .unwrap();
     assert_eq!((rows, batches), (5, 3));
     assert_eq!(env.count("SELECT count(*) FROM consumer_inbox").await, 3);
 
-    let done = purge_all(&**c, &env.settings.retention).await.unwrap();
+    let done = purge_all(&mut c, &archive, &env.settings.retention)
+        .await
+        .unwrap();
     let deleted = |t: &str| done.iter().find(|(name, _)| *name == t).map(|(_, n)| *n);
     assert_eq!(deleted("event_outbox"), Some(3), "only old SENT rows");
     assert_eq!(
@@ -93,10 +96,11 @@ async fn retention_deletes_only_what_is_past_retention_in_batches() {
 async fn a_retention_pass_gives_the_session_its_statement_bound_back_after_vacuum() {
     let env = TestEnv::without_topics().await;
     let pool = env.pool(1).await;
-    let c = pool.get().await.unwrap();
+    let mut c = pool.get().await.unwrap();
     let mut rt = env.settings.retention.clone();
     rt.vacuum = true;
-    pass(&**c, &rt, env.settings.pg.statement_timeout_ms)
+    let archive = seckill::archive::Archive::of(&env.settings);
+    pass(&mut c, &archive, &rt, env.settings.pg.statement_timeout_ms)
         .await
         .unwrap();
     let bound: i64 = c

@@ -91,7 +91,15 @@ impl AuditHandler {
         }
         let client = self.pool.get().await?;
         self.partitions_for(&client, &rows).await?;
-        let added = insert(&client, &rows).await?;
+        let added = match insert(&client, &rows).await {
+            Ok(n) => n,
+            Err(e) => {
+                // A day's partition retention shed after this process made it (a late event of
+                // an old order) is made again on the retry.
+                self.days.lock().unwrap_or_else(|e| e.into_inner()).clear();
+                return Err(e);
+            }
+        };
         let repeated = rows.len() as u64 - added;
         metrics::counter!("audit_events_recorded_total", "result" => "added").increment(added);
         metrics::counter!("audit_events_recorded_total", "result" => "repeat").increment(repeated);

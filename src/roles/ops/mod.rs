@@ -12,6 +12,7 @@
 //! - `dev_credentials`: development buyer tokens and signed payment notifications.
 
 pub mod activity;
+pub mod archive;
 pub mod dev_credentials;
 pub mod dlq;
 pub mod migrate;

@@ -93,6 +93,7 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
     let sizes_loop = watchdog.spawn("table_sizes", sizes);
     let retention = retention::run_loop(
         retention_pool,
+        crate::archive::Archive::of(&settings),
         settings.retention.clone(),
         settings.pg.statement_timeout_ms,
         shutdown.clone(),

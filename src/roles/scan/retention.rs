@@ -7,23 +7,36 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::archive::Archive;
 use crate::config::RetentionSettings;
+use crate::pg::retention::RetentionError;
 
 /// One retention pass every `rt.interval_secs` until `stop`.
 pub(super) async fn run_loop(
     pool: deadpool_postgres::Pool,
+    archive: Archive,
     rt: RetentionSettings,
     statement_timeout_ms: u64,
     stop: CancellationToken,
 ) {
     while !stop.is_cancelled() {
-        if let Ok(client) = pool.get().await {
-            match crate::pg::retention::pass(&**client, &rt, statement_timeout_ms).await {
-                Ok(done) => info!(deleted = ?done, "retention pass"),
+        if let Ok(mut client) = pool.get().await {
+            match crate::pg::retention::pass(&mut client, &archive, &rt, statement_timeout_ms).await
+            {
+                Ok(done) => {
+                    metrics::gauge!("retention_last_success_timestamp_seconds")
+                        .set(chrono::Utc::now().timestamp() as f64);
+                    info!(archived_and_deleted = ?done, "retention pass")
+                }
                 Err(e) => {
                     // The connection may hold the long bound: it leaves the pool.
                     drop(deadpool_postgres::Object::take(client));
-                    warn!(error = %crate::pg::errors::classify(e), "retention pass failed")
+                    let reason = match &e {
+                        RetentionError::Archive(_) => "archive",
+                        RetentionError::Pg(_) => "postgres",
+                    };
+                    metrics::counter!("retention_failures_total", "reason" => reason).increment(1);
+                    warn!(error = %e, reason, "retention pass failed: nothing unarchived was deleted")
                 }
             }
         }

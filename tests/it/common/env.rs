@@ -153,10 +153,11 @@ impl TestEnv {
         }
     }
 
-    /// Drops the schema, the Redis keys and the topics of this test (a test's topics left on
+    /// Drops the schema, the Redis keys, the archive and the topics of this test (a test's topics left on
     /// the shared broker pile up run after run, and a broker with thousands of topics was seen
     /// to fail its start-up registration with the name server).
     pub async fn cleanup(self) {
+        let _ = std::fs::remove_dir_all(seckill::archive::Archive::of(&self.settings).root());
         if self.settings.env.starts_with('T') && self.settings.env != "PROD" {
             let mut topics = seckill::roles::ops::topics::environment_topics(&self.settings);
             // The retry topic of the tests' own event collector group (collect_events).

@@ -14,6 +14,7 @@ use crate::pg::{dlq, quarantine, replay as pg_replay};
 
 mod batches;
 mod checks;
+mod from_archive;
 mod groups;
 mod replay;
 mod source;
@@ -95,6 +96,7 @@ const FINGERPRINT_SCAN: i64 = 100_000;
 
 /// `seckill dlq replay`'s selection and plan.
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("read_back").args(["from_source", "from_archive"])))]
 pub struct ReplayArgs {
     /// By id (OPEN or already REPLAYED; with --quarantined, quarantine ids).
     #[arg(long = "id")]
@@ -146,16 +148,22 @@ pub struct ReplayArgs {
     /// Read the messages back from the source topic of --group (default: order creation),
     /// those the broker stored between --since and --until, instead of the dead letters; only
     /// the ones the group's inbox does not hold are sent again (see --include-applied).
-    #[arg(long, conflicts_with_all = ["ids", "fingerprint", "quarantined"], requires = "since")]
+    #[arg(long, conflicts_with_all = ["ids", "fingerprint", "quarantined", "from_archive"], requires = "since")]
     pub from_source: bool,
-    /// With --from-source: only the messages carrying this business key (a message,
-    /// reservation, order or request id).
-    #[arg(long, requires = "from_source")]
+    /// Read the events the outbox sent to --group's topic (default: the projection's) back
+    /// from the archive, those created between --since and --until: for events past the
+    /// broker's retention. Only the ones the group's inbox does not hold are sent again.
+    #[arg(long, conflicts_with_all = ["ids", "fingerprint", "quarantined"], requires = "since")]
+    pub from_archive: bool,
+    /// With --from-source or --from-archive: only the messages carrying this business key (a
+    /// message, reservation, order or request id; an event, its key or its order).
+    #[arg(long, requires = "read_back")]
     pub key: Option<String>,
-    /// With --from-source: also the messages the inbox already holds (sent again as no-ops).
-    #[arg(long, requires = "from_source")]
+    /// With --from-source or --from-archive: also the messages the inbox already holds (sent
+    /// again as no-ops).
+    #[arg(long, requires = "read_back")]
     pub include_applied: bool,
-    /// With --from-source: read at most this many messages.
+    /// With --from-source or --from-archive: read at most this many messages.
     #[arg(long, default_value_t = 10_000)]
     pub max: usize,
     /// Only the messages of this activity (its id in each message's body, or in its
@@ -164,10 +172,10 @@ pub struct ReplayArgs {
     pub activity: Option<i64>,
     /// Pause the running replay of this batch (`rpb_...`, printed when it starts): it stops
     /// before its next message until resumed.
-    #[arg(long, value_name = "BATCH", conflicts_with_all = ["resume", "ids", "fingerprint", "group", "since", "from_source", "dry_run"])]
+    #[arg(long, value_name = "BATCH", conflicts_with_all = ["resume", "ids", "fingerprint", "group", "since", "from_source", "from_archive", "dry_run"])]
     pub pause: Option<String>,
     /// Let a paused replay batch go on where it stopped.
-    #[arg(long, value_name = "BATCH", conflicts_with_all = ["ids", "fingerprint", "group", "since", "from_source", "dry_run"])]
+    #[arg(long, value_name = "BATCH", conflicts_with_all = ["ids", "fingerprint", "group", "since", "from_source", "from_archive", "dry_run"])]
     pub resume: Option<String>,
     /// After the sends, how long to watch the group's inbox for each replay's effect
     /// (recorded on its audit row: APPLIED:<decision>, DUPLICATE or NOT_OBSERVED).
@@ -236,6 +244,15 @@ async fn replay_selected(
             max: args.max,
         };
         source::rows(settings, &selection).await?
+    } else if args.from_archive {
+        let selection = from_archive::ArchiveSelection {
+            group: args.group.as_deref(),
+            since: args.since.unwrap_or_default(),
+            until: args.until.unwrap_or_else(chrono::Utc::now),
+            key: args.key.as_deref(),
+            max: args.max,
+        };
+        from_archive::rows(settings, &selection)?
     } else {
         recorded_rows(client, &args).await?
     };
@@ -262,7 +279,7 @@ async fn replay_selected(
         },
     };
     // From the source topic, what the inbox holds was applied: not sent again unless asked.
-    let skip_applied = args.from_source && !args.include_applied;
+    let skip_applied = (args.from_source || args.from_archive) && !args.include_applied;
     let output = (args.dry_run, args.json, skip_applied);
     replay_rows(settings, client, rows, &plan, output).await
 }
