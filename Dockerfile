@@ -32,11 +32,16 @@ FROM ${RUNTIME_IMAGE}
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin seckill
+    && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin seckill \
+    && mkdir -p /var/lib/seckill/archive && chown 10001 /var/lib/seckill/archive
 COPY --from=build /usr/local/bin/seckill /usr/local/bin/seckill
 COPY config /etc/seckill
 ENV SECKILL_CONFIG_DIR=/etc/seckill \
-    SECKILL_ENV=prod
+    SECKILL_ENV=prod \
+    SECKILL__RETENTION__ARCHIVE_DIR=/var/lib/seckill/archive
+# What `seckill scan`'s retention archives before it deletes: mount a volume that outlives the
+# container (docs/architecture/postgresql.md#the-archive).
+VOLUME /var/lib/seckill/archive
 USER 10001
 ENTRYPOINT ["/usr/local/bin/seckill"]
 CMD ["api"]
