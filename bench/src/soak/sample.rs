@@ -231,7 +231,22 @@ async fn tables(pg: &tokio_postgres::Client) -> anyhow::Result<String> {
             row.get::<_, i64>(1)
         ));
     }
-    Ok(format!("pg_mib_rows={}", tables.join(",")))
+    // What retention moved out of those tables, as its catalogue counts it: the archive's
+    // growth beside the tables it keeps flat.
+    let archive = pg
+        .query_one(
+            "SELECT coalesce(sum(bytes), 0)::float8 / 1048576, coalesce(sum(row_count), 0)::bigint,
+                    count(*) FROM archive_segments",
+            &[],
+        )
+        .await?;
+    Ok(format!(
+        "pg_mib_rows={} archive_mib_rows_segments={:.2}/{}/{}",
+        tables.join(","),
+        archive.get::<_, f64>(0),
+        archive.get::<_, i64>(1),
+        archive.get::<_, i64>(2)
+    ))
 }
 
 #[cfg(test)]
