@@ -189,6 +189,8 @@ async fn rows_stay_when_the_archive_cannot_be_written() {
 
 /// The audit record sheds whole day partitions: detached, archived in segments, dropped; the
 /// archive's rows are the partition's; a late event of that day makes its partition again.
+///
+/// One story: the late event matters only after the drop, into the partition the pass removed.
 #[tokio::test]
 async fn an_old_audit_partition_is_archived_then_dropped_and_a_late_event_still_lands() {
     let mut env = TestEnv::without_topics().await;

@@ -135,6 +135,8 @@ async fn a_redelivered_event_is_recorded_once_and_a_bad_body_is_quarantined() {
 /// An event the audit record cannot take (its table locked past every retry) is dead-lettered
 /// by the broker and recorded in `dlq_messages` under the audit group like any group's; replayed
 /// once the cause is gone, it reaches the record, once.
+///
+/// One story: the replay acts on the dead letter the locked table produced.
 #[tokio::test]
 async fn an_event_the_record_refuses_every_time_is_dead_lettered_and_replayable() {
     let env = TestEnv::with_topics().await;
