@@ -29,6 +29,13 @@ mkdir -p "$LOG_DIR"
 log() { printf '[soak] %s\n' "$*" >&2; }
 export SECKILL__CONSUMER__PAY_WINDOW_SECS="$PAY_WINDOW"
 
+# The full soak runs release binaries against the release build of the RocketMQ servers, as the
+# benchmarks do: on a fresh machine only the debug broker was built (make test's), and against
+# it 300 a second fell to 20-70 orders a second with send failures in every role (2026-12-07).
+# soak-small (SECKILL_BIN set: the debug build) keeps whichever broker runs.
+if [[ -z "${SECKILL_BIN:-}" ]]; then
+  export SECKILL_MQ_BUILD="${SECKILL_MQ_BUILD:-release}"
+fi
 scripts/services-up.sh >&2
 if [[ -z "${SECKILL_BIN:-}" ]]; then
   log "building (release)"
