@@ -34,6 +34,14 @@ fn field(rows: &[serde_json::Value], f: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// The SENT outbox rows older than 14 days, 10 per batch, archived then deleted.
+async fn purge_old_outbox(
+    c: &mut tokio_postgres::Client,
+    archive: &Archive,
+) -> Result<(u64, u64), seckill::pg::retention::RetentionError> {
+    purge(c, archive, OUTBOX, Duration::from_secs(14 * 86_400), 10).await
+}
+
 /// The rows a pass deletes are the archive's rows, field for field; `archive verify` passes,
 /// catches a changed byte, and a restore makes them readable in `restored_<table>` once.
 ///
@@ -63,15 +71,7 @@ async fn what_retention_deletes_is_archived_first_verified_and_restorable() {
     .await;
     let archive = Archive::of(&env.settings);
     // 25 rows in batches of 10: three segments, each its own transaction.
-    let (rows, batches) = purge(
-        &mut c,
-        &archive,
-        OUTBOX,
-        Duration::from_secs(14 * 86_400),
-        10,
-    )
-    .await
-    .unwrap();
+    let (rows, batches) = purge_old_outbox(&mut c, &archive).await.unwrap();
     assert_eq!((rows, batches), (25, 3));
     let done = purge_all(&mut c, &archive, &env.settings.retention)
         .await
@@ -167,15 +167,7 @@ async fn rows_stay_when_the_archive_cannot_be_written() {
     .await
     .unwrap();
     let archive = Archive::of(&env.settings);
-    let err = purge(
-        &mut c,
-        &archive,
-        OUTBOX,
-        Duration::from_secs(14 * 86_400),
-        10,
-    )
-    .await
-    .unwrap_err();
+    let err = purge_old_outbox(&mut c, &archive).await.unwrap_err();
     assert!(
         matches!(err, seckill::pg::retention::RetentionError::Archive(_)),
         "{err}"

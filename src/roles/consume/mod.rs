@@ -82,32 +82,40 @@ pub async fn run(settings: Settings, workers: Option<usize>) -> anyhow::Result<(
         batch_size = settings.consumer.batch_size, metrics = %settings.consumer.metrics_listen,
         "consumer started"
     );
-    // Every second, the consumer's lag figures, until SIGTERM or a dead background task.
-    let died = {
-        let signal = role.stop_requested();
-        tokio::pin!(signal);
-        let mut tick = 0u64;
-        // The first sample is taken at once: the figures are on /metrics from the start.
-        let mut every = tokio::time::interval(Duration::from_secs(1));
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                died = &mut signal => break died,
-                _ = every.tick() => {
-                    // Order-create every second (it drives mq_consumer_ready), the others
-                    // every 5 s.
-                    let due = if tick.is_multiple_of(5) { &groups[..] } else { &groups[..1] };
-                    tick += 1;
-                    sample(&probe, due, &consumer, &deferral).await;
-                }
-            }
-        }
-    };
+    let died = sample_until_stopped(&role, &probe, &groups, &consumer, &deferral).await;
     info!("stopping: no new messages; draining in-flight transactions");
     let grace = Duration::from_secs(settings.consumer.shutdown_grace_secs);
     deferral.release();
     drain(grace, [consumer, compensator, projector], intakes).await;
     role.finish(died).await
+}
+
+/// Every second, the consumer's lag figures, until SIGTERM or a dead background task: why the
+/// role stops (`Some`: a task died).
+async fn sample_until_stopped(
+    role: &RoleRuntime,
+    probe: &crate::mq::LagProbe,
+    groups: &[(String, String, &'static str)],
+    consumer: &crate::mq::ConsumerHandle,
+    deferral: &deferral::Deferral,
+) -> Option<String> {
+    let signal = role.stop_requested();
+    tokio::pin!(signal);
+    let mut tick = 0u64;
+    // The first sample is taken at once: the figures are on /metrics from the start.
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            died = &mut signal => return died,
+            _ = every.tick() => {
+                // Order-create every second (it drives mq_consumer_ready), the others every 5 s.
+                let due = if tick.is_multiple_of(5) { groups } else { &groups[..1] };
+                tick += 1;
+                sample(probe, due, consumer, deferral).await;
+            }
+        }
+    }
 }
 
 /// Compensation and projection share the process: they are light (one Lua call and one

@@ -29,11 +29,7 @@ pub(super) fn rows(
     anyhow::ensure!(sel.since < sel.until, "--since must be before --until");
     let names = settings.names();
     let group = sel.group.unwrap_or(&names.projection_group);
-    let sources = names.dead_letter_sources();
-    let Some((group, topic)) = sources.iter().find(|(g, _)| g == group) else {
-        let known: Vec<&str> = sources.iter().map(|(g, _)| g.as_str()).collect();
-        anyhow::bail!("--group {group} is not one of this environment's groups: {known:?}");
-    };
+    let (group, topic) = &super::source::group_and_topic(names, group)?;
     let archive = Archive::of(settings);
     let mut out = Vec::new();
     for m in archive.list(Some("event_outbox"))? {

@@ -38,11 +38,7 @@ pub(super) async fn rows(
     anyhow::ensure!(sel.since < sel.until, "--since must be before --until");
     let names = settings.names();
     let group = sel.group.unwrap_or(&names.order_create_group);
-    let sources = names.dead_letter_sources();
-    let Some((group, topic)) = sources.iter().find(|(g, _)| g == group) else {
-        let known: Vec<&str> = sources.iter().map(|(g, _)| g.as_str()).collect();
-        anyhow::bail!("--group {group} is not one of this environment's groups: {known:?}");
-    };
+    let (group, topic) = &group_and_topic(names, group)?;
     let rt = crate::mq::runtime()?;
     let ns = settings.mq.name_server_list();
     // The broker creates no group by itself: a missing replay group would fail every pull.
@@ -85,6 +81,20 @@ pub(super) async fn rows(
         .filter(|d| sel.key.is_none_or(|k| carries_key(d, k)))
         .map(|d| row(group, d))
         .collect())
+}
+
+/// `(group, the topic it consumes)` of a `--group` an operator named, or an error listing the
+/// environment's groups.
+pub(super) fn group_and_topic(
+    names: &crate::config::Names,
+    group: &str,
+) -> anyhow::Result<(String, String)> {
+    let sources = names.dead_letter_sources();
+    let known: Vec<&str> = sources.iter().map(|(g, _)| g.as_str()).collect();
+    let Some(found) = sources.iter().find(|(g, _)| g == group) else {
+        anyhow::bail!("--group {group} is not one of this environment's groups: {known:?}");
+    };
+    Ok(found.clone())
 }
 
 /// Whether `d` carries business key `key`.
