@@ -48,7 +48,7 @@ source scripts/tokens-lib.sh
 production_tokens "$LOG_DIR/tokens"
 PSQL=(psql -X -q -h 127.0.0.1 -U postgres -d postgres)
 clean_stores() {
-  "${PSQL[@]}" -c "DROP SCHEMA IF EXISTS seckill_soak CASCADE" >&2 || true
+  "${PSQL[@]}" -c "SET client_min_messages = warning; DROP SCHEMA IF EXISTS seckill_soak CASCADE" >&2 || true
   redis-cli -h 127.0.0.1 --scan --pattern 'seckill-soak:*' | xargs -r -n 500 redis-cli -h 127.0.0.1 del >/dev/null || true
 }
 clean_stores
@@ -84,7 +84,8 @@ log "sale: $RATE a second for $DURATION s, $PAY_SHARE paid within $PAY_WINDOW s,
 set +e
 "$BENCH" soak --api http://127.0.0.1:27080 --activity-id "$ACTIVITY" --sku-id 1 \
   --duration-secs "$DURATION" --rate "$RATE" --pay-share "$PAY_SHARE" --sample-secs "$SAMPLE" \
-  --max-rss-slope-mib-per-min "$MAX_SLOPE" "${procs[@]}" | tee "$LOG_DIR/soak.out"
+  --max-rss-slope-mib-per-min "$MAX_SLOPE" "${procs[@]}" 2> >(tee "$LOG_DIR/soak.err" >&2) \
+  | tee "$LOG_DIR/soak.out"
 status=${PIPESTATUS[0]}
 set -e
 # Every role's own counters at the end, beside the samples (e.g. how many cancels the sweep made).
@@ -97,4 +98,18 @@ for r in "${ROLES[@]}"; do
 done
 line="$(grep -E '^SOAK (OK|FAILED)' "$LOG_DIR/soak.out" | tail -1 || true)"
 [[ -n "$line" ]] || { log "no SOAK line (see $LOG_DIR)"; status=1; }
+# A failed run says why last, after the clean-up, where the tail of a CI log still shows it:
+# the verdict's violations, the last samples and the end of each role's log.
+if [[ "$status" != 0 ]]; then
+  cleanup
+  trap - EXIT
+  log "FAILED; the last samples:"
+  grep -E '^SAMPLE' "$LOG_DIR/soak.out" | tail -3 >&2 || true
+  for r in "${ROLES[@]}"; do
+    log "$r: the last errors of $LOG_DIR/$r.log"
+    grep -E '"level":"(ERROR|WARN)"' "$LOG_DIR/$r.log" | tail -3 | cut -c1-400 >&2 || true
+  done
+  grep -E '^violation: ' "$LOG_DIR/soak.err" >&2 || true
+  log "${line:-no SOAK line}"
+fi
 exit "$status"
