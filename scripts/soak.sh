@@ -30,8 +30,9 @@ log() { printf '[soak] %s\n' "$*" >&2; }
 export SECKILL__CONSUMER__PAY_WINDOW_SECS="$PAY_WINDOW"
 
 # The full soak runs release binaries against the release build of the RocketMQ servers, as the
-# benchmarks do: on a fresh machine only the debug broker was built (make test's), and against
-# it 300 a second fell to 20-70 orders a second with send failures in every role (2026-12-07).
+# benchmarks do (on a fresh machine only make test's debug broker is built). The collapse of
+# 300 a second to 20-70 orders a second seen in 2026-12 came from 64 queues per topic, not from
+# the broker's build (docs/benchmarks-history.md#queues-per-topic).
 # soak-small (SECKILL_BIN set: the debug build) keeps whichever broker runs.
 if [[ -z "${SECKILL_BIN:-}" ]]; then
   export SECKILL_MQ_BUILD="${SECKILL_MQ_BUILD:-release}"
