@@ -8,12 +8,14 @@ use super::{pool, Projections, StoreError};
 
 impl Projections<'_> {
     /// Applies order events to the projection, each only if it is newer than what is there,
-    /// in one round trip (in order). Returns `APPLIED` or `STALE` per event.
+    /// in one round trip (in order). Returns `APPLIED` or `STALE` per event; with `in_order`,
+    /// `GAP` for one that skips a version (applied by nobody: the caller holds it).
     pub async fn project_many(
         &self,
         events: &[&crate::domain::events::OrderEventHeader],
         ttl_secs: u64,
         now_ms: i64,
+        in_order: bool,
     ) -> Result<Vec<String>, StoreError> {
         let script = &self.scripts.project;
         let calls: Vec<(u16, redis::ScriptInvocation<'_>)> = events
@@ -30,7 +32,8 @@ impl Projections<'_> {
                     .arg("reservation_id", &event.reservation_id)
                     .arg("ttl_secs", ttl_secs)
                     .arg("now_ms", now_ms)
-                    .arg("user_id", event.user_id);
+                    .arg("user_id", event.user_id)
+                    .arg("in_order", if in_order { "1" } else { "0" });
                 (slot, call.done())
             })
             .collect();

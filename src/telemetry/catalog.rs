@@ -148,7 +148,7 @@ pub const METRICS: &[Metric] = &[
     counter("outbox_dead_total", "Outbox rows that exhausted their send attempts and went DEAD"),
     counter("outbox_publish_total", "Outbox relay sends, by tag and outcome"),
     counter("pg_call_timeout_total", "API calls to PostgreSQL abandoned past their bound (answered 503)"),
-    counter("projection_apply_total", "Order events applied to the Redis projection, by result (applied, stale, quarantined)"),
+    counter("projection_apply_total", "Order events applied to the Redis projection, by result (applied, stale, quarantined, held: ahead of its order's earlier event, from_postgres: still ahead on its redelivery, the order's state read from PostgreSQL)"),
     counter("refund_obligations_total", "Payments the provider confirmed that no order could take, recorded as owed back, by reason"),
     counter("rate_limited_total", "Reservations refused by the abuse limits, by bucket (ip: the client address, u: the buyer)"),
     counter("reservation_resend_total", "Scanner re-sends of unconfirmed reservations (same message_id), by outcome"),

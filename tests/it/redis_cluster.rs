@@ -131,7 +131,7 @@ async fn every_script_and_gathered_pipeline_finds_its_slot_on_the_cluster() {
     assert_eq!(
         redis
             .projections()
-            .project_many(&refs, 600, now)
+            .project_many(&refs, 600, now, false)
             .await
             .unwrap(),
         vec!["APPLIED"; 6]

@@ -499,7 +499,7 @@ async fn another_buyers_reservation_is_looked_up_like_an_unknown_one() {
     assert_eq!(
         redis
             .projections()
-            .project_many(&[&header], 600, now)
+            .project_many(&[&header], 600, now, false)
             .await
             .unwrap(),
         vec!["APPLIED"]

@@ -320,13 +320,14 @@ async fn order_events_are_projected_by_version_so_stale_and_repeated_events_are_
             serde_json::to_vec(&body).unwrap(),
         )
     };
-    // One batch, one round trip: PAID (v2) overtakes CREATED (v1); v2 arrives twice; a poison
-    // body among them is quarantined without failing the others.
+    // One batch, one round trip: PAID (v2) ahead of CREATED (v1) is applied after it, in the
+    // order's sequence; v2 arrives twice; a poison body among them is quarantined without
+    // failing the others.
     let poison = delivery(&names.order_event_topic, None, b"nope".to_vec());
     let batch = [ev(2, "PAID"), ev(1, "CREATED"), ev(2, "PAID"), poison];
     assert_eq!(
         h.process(&batch).await.unwrap(),
-        ["applied", "stale", "stale", "quarantined"]
+        ["applied", "applied", "stale", "quarantined"]
     );
     let redis = env.redis().await;
     let p = redis
@@ -413,5 +414,103 @@ async fn while_orders_are_behind_the_projection_holds_its_batches_and_applies_th
         .unwrap();
     assert_eq!(p["status"], "CREATED");
     assert_eq!(deferral.holding(), 0);
+    env.cleanup().await;
+}
+
+/// ORDER_PAID delivered before its ORDER_CREATED, in separate batches (transaction mode, where a
+/// half message is not keyed to the order's queue): the broker is asked to hold it, CREATED is
+/// applied, and PAID on its redelivery is applied after it, in order. An event whose earlier one
+/// never comes is projected from PostgreSQL on its redelivery.
+#[tokio::test]
+async fn an_event_ahead_of_its_order_is_held_until_the_earlier_one_then_taken_from_postgres() {
+    let env = TestEnv::without_topics().await;
+    env.activity(9300, 1, 5).await;
+    let names = env.names();
+    let h = seckill::roles::consume::projection::ProjectionHandler {
+        redis: env.redis().await,
+        pool: env.pool(1).await,
+        group: names.projection_group.clone(),
+        deferral: None,
+    };
+    let ids = Ids::generate(1, 0);
+    let ev = |version: i32, status: &str, reconsume_times: i32| {
+        let body = serde_json::json!({
+            "event_type": format!("ORDER_{status}"), "order_id": ids.order_id,
+            "reservation_id": ids.reservation_id, "status": status, "aggregate_version": version,
+            "user_id": 5,
+        });
+        let mut d = delivery(
+            &names.order_event_topic,
+            None,
+            serde_json::to_vec(&body).unwrap(),
+        );
+        d.reconsume_times = reconsume_times;
+        d
+    };
+    let redis = env.redis().await;
+    let projected = || async {
+        let p = redis
+            .projections()
+            .projection(&ids.reservation_id)
+            .await
+            .unwrap();
+        (p.get("status").cloned(), p.get("version").cloned())
+    };
+    // PAID first: held (the batch goes back to the broker), nothing projected.
+    assert_eq!(
+        h.handle(vec![ev(2, "PAID", 0)]).await,
+        seckill::mq::ConsumeDecision::Retry
+    );
+    assert_eq!(projected().await, (None, None));
+    // CREATED comes: applied.
+    assert_eq!(
+        h.process(&[ev(1, "CREATED", 0)]).await.unwrap(),
+        ["applied"]
+    );
+    assert_eq!(
+        projected().await,
+        (Some("CREATED".into()), Some("1".into()))
+    );
+    // PAID redelivered: applied after it.
+    assert_eq!(
+        h.handle(vec![ev(2, "PAID", 1)]).await,
+        seckill::mq::ConsumeDecision::Ack
+    );
+    assert_eq!(projected().await, (Some("PAID".into()), Some("2".into())));
+
+    // An order whose CREATED never reaches the projection: its PAID, redelivered, is projected
+    // as PostgreSQL has the order.
+    let order = created_orders(&env, 9300, 1).await.remove(0);
+    let names_s = state_names(&env);
+    let pool = env.pool(1).await;
+    let mut c = pool.get().await.unwrap();
+    let paid = pay(&mut c, &payment(&order, "pay-9300"), &names_s)
+        .await
+        .unwrap();
+    assert!(matches!(paid, PayOutcome::Paid { .. }), "{paid:?}");
+    let (reservation, user): (String, i64) = {
+        let r = c
+            .query_one(
+                "SELECT reservation_id, user_id FROM orders WHERE order_id = $1",
+                &[&order],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    let body = serde_json::json!({
+        "event_type": "ORDER_PAID", "order_id": order, "reservation_id": reservation,
+        "status": "PAID", "aggregate_version": 2, "user_id": user,
+    });
+    let mut late = delivery(
+        &names.order_event_topic,
+        None,
+        serde_json::to_vec(&body).unwrap(),
+    );
+    late.reconsume_times = 1;
+    assert_eq!(h.process(&[late]).await.unwrap(), ["from_postgres"]);
+    let p = redis.projections().projection(&reservation).await.unwrap();
+    assert_eq!((p["status"].as_str(), p["version"].as_str()), ("PAID", "2"));
+    drop(c);
     env.cleanup().await;
 }
