@@ -346,6 +346,25 @@ async fn the_scanner_exports_each_master_brokers_own_health() {
     env.cleanup().await;
 }
 
+/// A topic's queue count is raised by `topics create`, never lowered: a deployment upgraded
+/// to a release with fewer default queues keeps the queues that hold its messages.
+#[tokio::test]
+async fn topics_create_raises_a_topics_queues_and_never_lowers_them() {
+    let env = TestEnv::without_topics().await;
+    let topic = env.names().order_create_topic.clone();
+    let rt = seckill::mq::runtime().unwrap();
+    let ns = env.settings.mq.name_server_list();
+    let queues = || seckill::mq::rocketmq::topic_queues(&rt, &ns, &topic);
+    assert_eq!(queues().await.unwrap(), 0, "no route before it is created");
+    for (asked, kept) in [(8, 8), (4, 8), (12, 12), (8, 12)] {
+        seckill::mq::create_topics(&env.settings, &[(topic.clone(), asked)])
+            .await
+            .unwrap();
+        assert_eq!(queues().await.unwrap(), kept, "asked for {asked}");
+    }
+    env.cleanup().await;
+}
+
 #[tokio::test]
 async fn topics_create_makes_every_consumer_group_and_the_broker_makes_none_by_itself() {
     let env = TestEnv::without_topics().await;

@@ -391,9 +391,17 @@ async fn create_topics_with(
             .map(|a| CheetahString::from((*a).to_owned()))
             .collect()
     };
-    for (topic, queues) in topics {
-        if *queues == 0 {
+    for (topic, configured) in topics {
+        if *configured == 0 {
             bail!("topic {topic}: queue count must be positive");
+        }
+        // Raised, never lowered: the queues above a lower count would keep their messages
+        // where no consumer reads them.
+        let existing = existing_queues(admin, topic).await?;
+        let queues = &(*configured).max(existing);
+        if existing > *configured {
+            tracing::info!(topic = %topic, existing, configured = *configured,
+                           "topic keeps its queues: fewer would strand what they hold");
         }
         for addr in &brokers {
             // Idempotent, so a broker that answered too late (busy flushing, a loaded host)
@@ -435,6 +443,34 @@ async fn create_topics_with(
         }
     }
     Ok(())
+}
+
+/// The most queues `topic` has on any broker of the name server's route (0: no such topic).
+pub async fn topic_queues(runtime: &MqRuntime, name_srv: &str, topic: &str) -> anyhow::Result<u32> {
+    let mut admin = start_admin(runtime, name_srv).await?;
+    let result = existing_queues(&admin, topic).await;
+    admin.shutdown().await;
+    result
+}
+
+/// The most queues `topic` has on any broker (0 when the name server has no route for it);
+/// an error when the name server cannot say.
+async fn existing_queues(admin: &DefaultMQAdminExt, topic: &str) -> anyhow::Result<u32> {
+    match admin
+        .examine_topic_route_info(CheetahString::from(topic.to_owned()))
+        .await
+    {
+        Ok(route) => Ok(route.map_or(0, |r| {
+            r.queue_datas
+                .iter()
+                .map(|q| q.read_queue_nums.max(q.write_queue_nums))
+                .max()
+                .unwrap_or(0)
+        })),
+        // The name server's "no route": the topic does not exist yet.
+        Err(e) if super::classify::response_code(&e) == Some(17) => Ok(0),
+        Err(e) => bail!("reading the queues topic {topic} has now: {e}"),
+    }
 }
 
 /// Addresses of the master (id 0) of every broker of `cluster`.

@@ -37,7 +37,9 @@ mod runtime;
 mod sharded;
 mod source_read;
 
-pub use admin::{combine_lag, create_topics, delete_topics, Lag, LagProbe, QueueLagFacts};
+pub use admin::{
+    combine_lag, create_topics, delete_topics, topic_queues, Lag, LagProbe, QueueLagFacts,
+};
 pub use broker_stats::{export_broker_stats, BrokerStats};
 pub use classify::{classify_send_error, ErrorFacts, SendErrorClass};
 pub use consumer::{
