@@ -398,7 +398,7 @@ async fn create_topics_with(
         // Raised, never lowered: the queues above a lower count would keep their messages
         // where no consumer reads them.
         let existing = existing_queues(admin, topic).await?;
-        let queues = &(*configured).max(existing);
+        let queues = (*configured).max(existing);
         if existing > *configured {
             tracing::info!(topic = %topic, existing, configured = *configured,
                            "topic keeps its queues: fewer would strand what they hold");
@@ -408,7 +408,7 @@ async fn create_topics_with(
             // is asked again, three times in all.
             let mut attempt = 1;
             loop {
-                let config = TopicConfig::with_queues(topic.clone(), *queues, *queues);
+                let config = TopicConfig::with_queues(topic.clone(), queues, queues);
                 match admin
                     .create_and_update_topic_config(addr.clone(), config)
                     .await

@@ -90,8 +90,8 @@ pub(super) fn group_and_topic(
     group: &str,
 ) -> anyhow::Result<(String, String)> {
     let sources = names.dead_letter_sources();
-    let known: Vec<&str> = sources.iter().map(|(g, _)| g.as_str()).collect();
     let Some(found) = sources.iter().find(|(g, _)| g == group) else {
+        let known: Vec<&str> = sources.iter().map(|(g, _)| g.as_str()).collect();
         anyhow::bail!("--group {group} is not one of this environment's groups: {known:?}");
     };
     Ok(found.clone())
