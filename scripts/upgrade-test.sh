@@ -296,4 +296,5 @@ decided="$(q "SELECT count(*) FROM reservations WHERE activity_id = $ACTIVITY AN
 [[ "$decided" -eq "$EARLY" ]] || fail early_decided "$decided of $EARLY early reservations decided"
 web="$(q "SELECT count(*) FROM orders WHERE activity_id = $ACTIVITY AND channel = 'web'")"
 [[ "$web" -eq "$V2" ]] || fail v2_channel "$web of $V2 v2 orders carry their channel"
+[[ "$(q "SELECT seckill_twins_differ()")" -eq 0 ]] || fail twins "V25's mirrors: inbox/outbox rows differ from their by-day twins"
 echo "UPGRADE OK from=$PREV to=$NEW_DESC early_v2=$EARLY quarantined=$QUARANTINED replays=$effects v2_orders_with_channel=$web ${sale#SALE OK }"

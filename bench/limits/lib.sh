@@ -70,8 +70,8 @@ free_connections() {
 reset_order_tables() {
   "${PSQL[@]}" >/dev/null <<SQL
 SET client_min_messages = warning;
-TRUNCATE $SCHEMA.consumer_inbox, $SCHEMA.reservations, $SCHEMA.orders, $SCHEMA.stock_ledger,
-         $SCHEMA.event_outbox;
+TRUNCATE $SCHEMA.consumer_inbox, $SCHEMA.consumer_inbox_by_day, $SCHEMA.reservations,
+         $SCHEMA.orders, $SCHEMA.stock_ledger, $SCHEMA.event_outbox, $SCHEMA.event_outbox_by_day;
 INSERT INTO $SCHEMA.consumer_inbox
     (consumer_group, message_id, topic, reservation_id, order_id, status, decision,
      received_at, updated_at)

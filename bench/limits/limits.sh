@@ -163,7 +163,7 @@ for c in "${BATCH_CLIENTS[@]}"; do
   log "    = $(fmt1 "$orders") orders/s"
   sold="$(psql_value "SELECT count(*) FROM $SCHEMA.orders")"
   left="$(psql_value "SELECT total_stock - remaining_stock FROM $SCHEMA.stock_buckets")"
-  outbox="$(psql_value "SELECT count(*) FROM $SCHEMA.event_outbox")"
+  outbox="$(psql_value "SELECT count(*) FROM $SCHEMA.event_outbox_by_day")"
   [[ "$sold" -eq "$left" && "$outbox" -eq $((2 * sold)) && $((sold % BATCH)) -eq 0 ]] \
     || die "order_batch.sql: $sold orders, $left units taken, $outbox outbox rows"
   if gt "$orders" "$batch_best"; then

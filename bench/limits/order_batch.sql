@@ -11,13 +11,16 @@
 \set n :n + 1
 \set k :n * 1000 + :client_id
 \set ub (permute(:k, 10000000000000) + 1) * 100
+-- id_at, the by-day tables' partition key, is now(): the consumer sends the time in each id's
+-- ULID, minted moments before, so its rows land in today's partition as these do.
 BEGIN;
-INSERT INTO seckill_limits.consumer_inbox
+INSERT INTO seckill_limits.consumer_inbox_by_day
     (consumer_group, message_id, topic, reservation_id, order_id, status, decision,
-     delivery_attempt, activity_id)
+     delivery_attempt, activity_id, id_at)
 SELECT 'seckill-limits-consumer', 'evt_' || lpad((:k::bigint * 100 + g)::text, 26, '0'),
        'seckill-order-create', 'rsv_' || lpad((:k::bigint * 100 + g)::text, 26, '0'),
-       'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0'), 'SUCCEEDED', 'CREATED', 0, 1
+       'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0'), 'SUCCEEDED', 'CREATED', 0, 1,
+       now()
 FROM generate_series(1, :batch::int) AS g
 ON CONFLICT DO NOTHING
 RETURNING message_id;
@@ -53,9 +56,9 @@ WHERE k.activity_id = 1 AND k.sku_id = 1 AND k.bucket = 0;
 INSERT INTO seckill_limits.stock_ledger (activity_id, sku_id, order_id, delta, reason, bucket)
 SELECT 1, 1, 'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0'), -1, 'ORDER_CREATED', 0
 FROM generate_series(1, :batch::int) AS g;
-INSERT INTO seckill_limits.event_outbox
+INSERT INTO seckill_limits.event_outbox_by_day
     (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, deliver_at,
-     next_attempt_at, activity_id)
+     next_attempt_at, activity_id, id_at)
 SELECT o || '.v1.ORDER_CREATED', 'seckill-order-event', 'ORDER_CREATED', o, o, 1,
        jsonb_build_object(
            'schema_version', 1, 'event_type', 'ORDER_CREATED',
@@ -64,7 +67,7 @@ SELECT o || '.v1.ORDER_CREATED', 'seckill-order-event', 'ORDER_CREATED', o, o, 1
            'status', 'CREATED', 'aggregate_version', 1,
            'expires_at', now() + interval '15 minutes', 'occurred_at', now(),
            'traceparent', '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'),
-       NULL, now(), 1
+       NULL, now(), 1, now()
 FROM (SELECT 'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0') AS o,
              'rsv_' || lpad((:k::bigint * 100 + g)::text, 26, '0') AS r,
              :ub::bigint + g AS u
@@ -76,10 +79,11 @@ SELECT o || '.CANCEL_IF_UNPAID', 'seckill-order-timeout', 'CANCEL_IF_UNPAID', o,
            'event_id', o || '.CANCEL_IF_UNPAID', 'order_id', o, 'activity_id', 1, 'sku_id', 1,
            'expires_at', now() + interval '15 minutes',
            'traceparent', '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'),
-       now() + interval '15 minutes', now() + interval '15 minutes' - interval '60 seconds', 1
+       now() + interval '15 minutes', now() + interval '15 minutes' - interval '60 seconds', 1,
+       now()
 FROM (SELECT 'ord_' || lpad((:k::bigint * 100 + g)::text, 26, '0') AS o
       FROM generate_series(1, :batch::int) AS g) AS t
-ON CONFLICT (activity_id, event_id) DO NOTHING;
+ON CONFLICT (activity_id, event_id, id_at) DO NOTHING;
 NOTIFY seckill_limits_outbox;
 \endpipeline
 \startpipeline

@@ -14,13 +14,15 @@
 \set n :n + 1
 \set k :n * 1000 + :client_id
 \set uid permute(:k, 10000000000000) + 1
+-- id_at, the by-day tables' partition key, is now(): the consumer sends the time in each id's
+-- ULID, minted moments before, so its rows land in today's partition as these do.
 BEGIN;
-INSERT INTO seckill_limits.consumer_inbox
+INSERT INTO seckill_limits.consumer_inbox_by_day
     (consumer_group, message_id, topic, reservation_id, order_id, status, decision,
-     delivery_attempt, activity_id)
+     delivery_attempt, activity_id, id_at)
 VALUES ('seckill-limits-consumer', 'evt_' || lpad(:k::text, 26, '0'), 'seckill-order-create',
         'rsv_' || lpad(:k::text, 26, '0'), 'ord_' || lpad(:k::text, 26, '0'), 'SUCCEEDED',
-        'CREATED', 0, 1)
+        'CREATED', 0, 1, now())
 ON CONFLICT DO NOTHING
 RETURNING message_id;
 INSERT INTO seckill_limits.reservations
@@ -50,9 +52,9 @@ WHERE k.activity_id = 1 AND k.sku_id = 1 AND k.bucket = 0;
 \startpipeline
 INSERT INTO seckill_limits.stock_ledger (activity_id, sku_id, order_id, delta, reason, bucket)
 VALUES (1, 1, 'ord_' || lpad(:k::text, 26, '0'), -1, 'ORDER_CREATED', 0);
-INSERT INTO seckill_limits.event_outbox
+INSERT INTO seckill_limits.event_outbox_by_day
     (event_id, topic, tag, message_key, aggregate_id, aggregate_version, payload, deliver_at,
-     next_attempt_at, activity_id)
+     next_attempt_at, activity_id, id_at)
 SELECT 'ord_' || lpad(:k::text, 26, '0') || '.v1.ORDER_CREATED', 'seckill-order-event',
        'ORDER_CREATED', 'ord_' || lpad(:k::text, 26, '0'), 'ord_' || lpad(:k::text, 26, '0'), 1,
        jsonb_build_object(
@@ -64,7 +66,7 @@ SELECT 'ord_' || lpad(:k::text, 26, '0') || '.v1.ORDER_CREATED', 'seckill-order-
            'status', 'CREATED', 'aggregate_version', 1,
            'expires_at', now() + interval '15 minutes', 'occurred_at', now(),
            'traceparent', '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'),
-       NULL, now(), 1
+       NULL, now(), 1, now()
 UNION ALL
 SELECT 'ord_' || lpad(:k::text, 26, '0') || '.CANCEL_IF_UNPAID', 'seckill-order-timeout',
        'CANCEL_IF_UNPAID', 'ord_' || lpad(:k::text, 26, '0'), 'ord_' || lpad(:k::text, 26, '0'), NULL,
@@ -74,8 +76,9 @@ SELECT 'ord_' || lpad(:k::text, 26, '0') || '.CANCEL_IF_UNPAID', 'seckill-order-
            'order_id', 'ord_' || lpad(:k::text, 26, '0'), 'activity_id', 1, 'sku_id', 1,
            'expires_at', now() + interval '15 minutes',
            'traceparent', '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'),
-       now() + interval '15 minutes', now() + interval '15 minutes' - interval '60 seconds', 1
-ON CONFLICT (activity_id, event_id) DO NOTHING;
+       now() + interval '15 minutes', now() + interval '15 minutes' - interval '60 seconds', 1,
+       now()
+ON CONFLICT (activity_id, event_id, id_at) DO NOTHING;
 NOTIFY seckill_limits_outbox;
 \endpipeline
 \startpipeline

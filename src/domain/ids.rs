@@ -35,6 +35,28 @@ impl Ids {
     }
 }
 
+/// Crockford's base 32, ULID's alphabet.
+const CROCKFORD: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+
+/// The time minted in `id`'s first ULID (the leftmost 26 characters of Crockford's alphabet whose
+/// first is 0-7: the 48-bit milliseconds in its first 10), or the epoch when it has none: the
+/// partition key `id_at` of the inbox and the outbox
+/// (docs/architecture/postgresql.md#tables-by-day). It must be SQL's `seckill_id_at` (V25), which
+/// the triggers use for rows an older release writes: one message, one key, whoever writes it.
+pub fn id_at(id: &str) -> chrono::DateTime<chrono::Utc> {
+    let digit = |b: u8| CROCKFORD.iter().position(|&c| c == b).map(|d| d as i64);
+    let bytes = id.as_bytes();
+    let found = (0..bytes.len().saturating_sub(25)).find(|&i| {
+        matches!(bytes[i], b'0'..=b'7') && bytes[i..i + 26].iter().all(|&b| digit(b).is_some())
+    });
+    let ms = found.map_or(0, |i| {
+        bytes[i..i + 10]
+            .iter()
+            .fold(0i64, |ms, &b| ms * 32 + digit(b).unwrap_or(0))
+    });
+    chrono::DateTime::from_timestamp_millis(ms).unwrap_or_default()
+}
+
 /// Most stock buckets one activity's SKUs can be split into.
 pub const MAX_STOCK_BUCKETS: u16 = 64;
 
@@ -217,5 +239,33 @@ mod tests {
             None
         );
         assert_eq!(parse_traceparent("garbage"), None);
+    }
+
+    #[test]
+    fn id_at_is_the_time_minted_in_the_first_ulid() {
+        let ms = 1_765_000_123_456u64;
+        let u = Ulid::from_parts(ms, 7);
+        for id in [
+            format!("evt_{u}"),
+            format!("rsv_17_{u}"),
+            format!("rsv_17.3_{u}"),
+            format!("cmp_rsv_17_{u}"),
+            format!("ord_{u}.pay-1.REFUND_REQUIRED"),
+            format!("ord_{u}.CANCEL_IF_UNPAID"),
+        ] {
+            assert_eq!(id_at(&id).timestamp_millis() as u64, ms, "{id}");
+        }
+        assert_eq!(id_at("no ulid here").timestamp_millis(), 0);
+        assert_eq!(id_at("").timestamp_millis(), 0);
+        // The first of two; a run that starts above 7 is not one.
+        let later = Ulid::from_parts(ms + 1, 1);
+        assert_eq!(
+            id_at(&format!("x_{u}_{later}")).timestamp_millis() as u64,
+            ms
+        );
+        assert_eq!(
+            id_at(&format!("Z{}", &u.to_string()[1..])).timestamp_millis(),
+            0
+        );
     }
 }

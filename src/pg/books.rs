@@ -101,7 +101,7 @@ pub async fn orders_without_one_effect(
                SELECT order_id, 1 AS is_order, 0 AS effect, 0 AS debit, created_at FROM orders
                WHERE activity_id = $1 AND sku_id = $2
                UNION ALL
-               SELECT order_id, 0, 1, 0, NULL FROM consumer_inbox
+               SELECT order_id, 0, 1, 0, NULL FROM consumer_inbox_by_day
                WHERE consumer_group = $3 AND decision = 'CREATED'
                UNION ALL
                SELECT order_id, 0, 0, 1, NULL FROM stock_ledger
@@ -111,8 +111,9 @@ pub async fn orders_without_one_effect(
              HAVING max(is_order) = 1
                 AND (sum(effect) > 1 OR sum(debit) <> 1
                      OR (sum(effect) = 0 AND max(created_at) >= coalesce(
-                           (SELECT purged_before + interval '1 minute' FROM retention_marks
-                            WHERE table_name = 'consumer_inbox'), '-infinity')))
+                           (SELECT max(purged_before) + interval '1 minute' FROM retention_marks
+                            WHERE table_name IN ('consumer_inbox', 'consumer_inbox_by_day')),
+                           '-infinity')))
              LIMIT 50",
             &[&activity_id, &sku_id, &consumer_group],
         )
@@ -126,7 +127,7 @@ pub async fn orders_without_one_effect(
 pub async fn inbox_processing(pg: &impl GenericClient, consumer_group: &str) -> Result<i64, Error> {
     Ok(pg
         .query_one(
-            "SELECT count(*) FROM consumer_inbox WHERE consumer_group = $1 AND status = 'PROCESSING'",
+            "SELECT count(*) FROM consumer_inbox_by_day WHERE consumer_group = $1 AND status = 'PROCESSING'",
             &[&consumer_group],
         )
         .await?

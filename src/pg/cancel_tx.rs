@@ -459,7 +459,7 @@ async fn write_outcomes(
     let unclaim = exec_unless_empty(
         tx,
         early.is_empty(),
-        "DELETE FROM consumer_inbox WHERE consumer_group = $1 AND message_id = ANY($2::text[])",
+        "DELETE FROM consumer_inbox_by_day WHERE consumer_group = $1 AND message_id = ANY($2::text[])",
         [&names.consumer_group, &early],
     );
     let notify = async {

@@ -47,7 +47,7 @@ pub async fn verdict(
     .await?;
     let row = tx
         .query_one(
-            "SELECT (SELECT payload = $3 FROM event_outbox WHERE event_id = $1 LIMIT 1),
+            "SELECT (SELECT payload = $3 FROM event_outbox_by_day WHERE event_id = $1 LIMIT 1),
                     clock_timestamp() > $2",
             &[&event_id, &deadline, payload],
         )
@@ -78,7 +78,7 @@ pub async fn transaction_rows(
     let r = client
         .query_one(
             "SELECT count(*) FILTER (WHERE created_at < $1), count(*) FILTER (WHERE created_at >= $1)
-             FROM event_outbox WHERE status = 'TRANSACTION'",
+             FROM event_outbox_by_day WHERE status = 'TRANSACTION'",
             &[&cutoff],
         )
         .await?;
@@ -97,9 +97,9 @@ pub async fn requeue_stale(
 ) -> Result<Vec<String>, tokio_postgres::Error> {
     let rows = client
         .query(
-            "UPDATE event_outbox SET status = 'PENDING', next_attempt_at = now()
+            "UPDATE event_outbox_by_day SET status = 'PENDING', next_attempt_at = now()
              WHERE (activity_id, event_id) IN (
-                 SELECT activity_id, event_id FROM event_outbox
+                 SELECT activity_id, event_id FROM event_outbox_by_day
                  WHERE status = 'TRANSACTION' AND created_at < $1
                  ORDER BY created_at LIMIT $2
                  FOR UPDATE SKIP LOCKED)

@@ -52,12 +52,12 @@ pub async fn claim(
     let rows = client
         .query(
             "WITH due AS (
-                SELECT activity_id, event_id FROM event_outbox
+                SELECT activity_id, event_id FROM event_outbox_by_day
                 WHERE status = 'PENDING' AND next_attempt_at <= now()
                 ORDER BY next_attempt_at
                 LIMIT $1
                 FOR UPDATE SKIP LOCKED)
-             UPDATE event_outbox o
+             UPDATE event_outbox_by_day o
                 SET next_attempt_at = now() + make_interval(secs => $2), attempts = o.attempts + 1
              FROM due WHERE o.activity_id = due.activity_id AND o.event_id = due.event_id
              RETURNING o.event_id, o.topic, o.tag, o.message_key, o.aggregate_id,
@@ -129,7 +129,7 @@ pub(super) async fn mark_sent_from(
     let broker: Vec<&str> = sent.iter().map(|s| s.broker_msg_id.as_str()).collect();
     client
         .execute(
-            "UPDATE event_outbox o SET status = 'SENT', sent_at = now(), broker_msg_id = t.b, last_error = NULL
+            "UPDATE event_outbox_by_day o SET status = 'SENT', sent_at = now(), broker_msg_id = t.b, last_error = NULL
              FROM unnest($1::int8[], $2::text[], $3::text[]) AS t(a, e, b)
              WHERE o.activity_id = t.a AND o.event_id = t.e AND o.status = $4",
             &[&activities, &ids, &broker, &from],
@@ -151,14 +151,14 @@ pub async fn requeue_unconsumed_releases(
             "WITH stranded AS (
                  SELECT o.activity_id, o.event_id
                  FROM compensation_tasks t
-                 JOIN event_outbox o ON o.activity_id = t.activity_id
+                 JOIN event_outbox_by_day o ON o.activity_id = t.activity_id
                                     AND o.event_id = t.reservation_id || '.RELEASE_RESERVATION'
                  WHERE t.status = 'PENDING' AND t.created_at < $1
                    AND o.status = 'SENT' AND o.sent_at < $1
                  ORDER BY t.created_at
                  LIMIT $2
                  FOR UPDATE OF o SKIP LOCKED)
-             UPDATE event_outbox o
+             UPDATE event_outbox_by_day o
              SET status = 'PENDING', next_attempt_at = now(),
                  last_error = 'confirmed but not consumed in time: sent again'
              FROM stranded s
@@ -202,7 +202,7 @@ pub async fn mark_failed(
     let refused: Vec<bool> = failed.iter().map(|f| f.refused).collect();
     client
         .execute(
-            "UPDATE event_outbox o
+            "UPDATE event_outbox_by_day o
                 SET last_error = t.err,
                     status = CASE WHEN t.dead THEN 'DEAD' ELSE o.status END,
                     dead_reason = CASE WHEN NOT t.dead THEN NULL
@@ -227,7 +227,7 @@ pub async fn requeue_dead(
 ) -> Result<Vec<String>, tokio_postgres::Error> {
     let rows = client
         .query(
-            "UPDATE event_outbox SET status = 'PENDING', attempts = 0, next_attempt_at = now(),
+            "UPDATE event_outbox_by_day SET status = 'PENDING', attempts = 0, next_attempt_at = now(),
                     dead_reason = NULL
              WHERE status = 'DEAD' AND ($1::text[] IS NULL OR event_id = ANY($1))
              RETURNING event_id",
@@ -246,10 +246,10 @@ pub async fn requeue_broker_dead(
 ) -> Result<u64, tokio_postgres::Error> {
     client
         .execute(
-            "UPDATE event_outbox SET status = 'PENDING', attempts = 0, next_attempt_at = now(),
+            "UPDATE event_outbox_by_day SET status = 'PENDING', attempts = 0, next_attempt_at = now(),
                     dead_reason = NULL, auto_requeues = auto_requeues + 1
              WHERE (activity_id, event_id) IN (
-                 SELECT activity_id, event_id FROM event_outbox
+                 SELECT activity_id, event_id FROM event_outbox_by_day
                  WHERE status = 'DEAD' AND dead_reason = 'BROKER' AND auto_requeues < $2
                  ORDER BY created_at LIMIT $1
                  FOR UPDATE SKIP LOCKED)",
@@ -301,16 +301,16 @@ pub async fn backlog(
             // One subquery per status, so each reads its own partial index
             // (event_outbox_pending, event_outbox_dead): `status IN (...)` over both made the
             // planner scan the whole table, SENT rows included, every second (seen in make soak).
-            "SELECT (SELECT count(*) FROM event_outbox
+            "SELECT (SELECT count(*) FROM event_outbox_by_day
                      WHERE status = 'PENDING' AND next_attempt_at <= now()),
                     coalesce((SELECT extract(epoch FROM now() - min(greatest(
                                   created_at, deliver_at - make_interval(secs => $1))))
-                              FROM event_outbox
+                              FROM event_outbox_by_day
                               WHERE status = 'PENDING' AND next_attempt_at <= now()), 0)::float8,
-                    (SELECT count(*) FROM event_outbox
+                    (SELECT count(*) FROM event_outbox_by_day
                      WHERE status = 'PENDING' AND next_attempt_at > now()),
-                    (SELECT count(*) FROM event_outbox WHERE status = 'DEAD'),
-                    (SELECT count(*) FROM event_outbox WHERE status = 'TRANSACTION')",
+                    (SELECT count(*) FROM event_outbox_by_day WHERE status = 'DEAD'),
+                    (SELECT count(*) FROM event_outbox_by_day WHERE status = 'TRANSACTION')",
             &[&timer_lead_secs],
         )
         .await?;

@@ -1,5 +1,6 @@
-//! Tables partitioned by day (`<table>_pYYYYMMDD`, one per UTC day of the partition key): each
-//! day's partition made when the first row of that day arrives.
+//! Tables partitioned by day (`<table>_pYYYYMMDD`, one per UTC day of the partition key): the
+//! audit record's made when the first row of that day arrives, the inbox's and the outbox's ahead
+//! by each retention pass (`pg::retention`).
 
 use chrono::NaiveDate;
 
@@ -29,6 +30,7 @@ pub async fn ensure_day(
     }
 }
 
-pub(crate) fn partition_name(table: &str, day: NaiveDate) -> String {
+/// `<table>_pYYYYMMDD`: the name of `table`'s partition of `day`.
+pub fn partition_name(table: &str, day: NaiveDate) -> String {
     format!("{table}_p{}", day.format("%Y%m%d"))
 }

@@ -378,7 +378,7 @@ pub async fn in_inbox(
 ) -> Result<std::collections::HashSet<String>, tokio_postgres::Error> {
     Ok(client
         .query(
-            "SELECT message_id FROM consumer_inbox
+            "SELECT message_id FROM consumer_inbox_by_day
              WHERE activity_id = $1 AND consumer_group = $2 AND message_id = ANY($3)",
             &[&activity_id, &consumer_group, &message_ids],
         )

@@ -86,7 +86,7 @@ pub async fn outbox_has(pg: &impl GenericClient, ids: &[String]) -> Result<HashS
     for chunk in ids.chunks(10_000) {
         let rows = pg
             .query(
-                "SELECT event_id FROM event_outbox WHERE event_id = ANY($1::text[])",
+                "SELECT event_id FROM event_outbox_by_day WHERE event_id = ANY($1::text[])",
                 &[&chunk],
             )
             .await?;

@@ -161,7 +161,7 @@ pub async fn inbox_state(
 ) -> Result<Option<(String, Option<String>)>, tokio_postgres::Error> {
     Ok(client
         .query_opt(
-            "SELECT status, decision FROM consumer_inbox
+            "SELECT status, decision FROM consumer_inbox_by_day
              WHERE consumer_group = $1 AND message_id = $2",
             &[&group, &message_id],
         )

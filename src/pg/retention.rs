@@ -21,7 +21,7 @@ pub struct Rule {
 }
 
 pub const INBOX: Rule = Rule {
-    table: "consumer_inbox",
+    table: "consumer_inbox_by_day",
     time_column: "received_at",
     only: "true",
 };
@@ -31,7 +31,7 @@ pub const FAILURES: Rule = Rule {
     only: "true",
 };
 pub const OUTBOX: Rule = Rule {
-    table: "event_outbox",
+    table: "event_outbox_by_day",
     time_column: "created_at",
     only: "status = 'SENT'",
 };
@@ -68,8 +68,8 @@ pub async fn purge(
     batch: i64,
 ) -> Result<(u64, u64), RetentionError> {
     let sql = format!(
-        "DELETE FROM {table} AS d WHERE ctid IN (
-            SELECT t.ctid FROM {table} t
+        "DELETE FROM {table} AS d WHERE (tableoid, ctid) IN (
+            SELECT t.tableoid, t.ctid FROM {table} t
             WHERE t.{col} < now() - make_interval(secs => $1) AND ({only})
             LIMIT $2)
          RETURNING to_jsonb(d), d.{col}",
@@ -126,8 +126,55 @@ pub fn archived(m: &crate::archive::Manifest) {
     metrics::counter!("archive_bytes_total", "table" => table).increment(m.bytes);
 }
 
-/// The table whose day partitions retention archives and drops whole.
-pub const AUDIT_TABLE: &str = "audit_events";
+/// The audit record: appended, never settled; its day partitions are archived and dropped whole.
+pub const AUDIT: Rule = Rule {
+    table: "audit_events",
+    time_column: "order_at",
+    only: "true",
+};
+
+/// How long a pass waits for a lock on a hot table (to detach a day or make one ahead) before
+/// leaving it to the next pass: a statement queued behind a long transaction would hold every
+/// writer of the table behind it.
+const LOCK_TIMEOUT_MS: u64 = 2000;
+
+/// The days ahead of today whose partitions each pass makes, so no day starts without one.
+const DAYS_AHEAD: u64 = 3;
+
+/// The tables partitioned by day of their rows' ids or times, with their retention.
+pub fn by_day(r: &crate::config::RetentionSettings) -> [(Rule, Duration); 3] {
+    let days = crate::config::RetentionSettings::age;
+    [
+        (INBOX, days(r.inbox_days)),
+        (OUTBOX, days(r.outbox_days)),
+        (AUDIT, days(r.audit_days)),
+    ]
+}
+
+/// Makes `table`'s partitions for today and the [`DAYS_AHEAD`] days after, except the audit
+/// record's (its consumer makes each day as its first row arrives). A day it cannot make now (a
+/// lock not granted in time, or rows of that day already in the DEFAULT partition) is logged
+/// and left to the next pass; until then its rows land in the DEFAULT partition.
+async fn ensure_ahead(
+    client: &tokio_postgres::Client,
+    table: &'static str,
+) -> Result<(), tokio_postgres::Error> {
+    if table == AUDIT.table {
+        return Ok(());
+    }
+    let today = Utc::now().date_naive();
+    client
+        .batch_execute(&format!("SET lock_timeout = '{LOCK_TIMEOUT_MS}ms'"))
+        .await?;
+    for day in today.iter_days().take(DAYS_AHEAD as usize + 1) {
+        if let Err(e) = crate::pg::partitions::ensure_day(client, table, day).await {
+            metrics::counter!("retention_partition_create_failures_total", "table" => table)
+                .increment(1);
+            tracing::warn!(table, %day, error = %crate::pg::errors::classify(e), "day partition not made");
+        }
+    }
+    client.batch_execute("RESET lock_timeout").await
+}
 
 /// Every rule with its retention from the settings.
 pub fn rules(r: &crate::config::RetentionSettings) -> Vec<(Rule, Duration)> {
@@ -171,7 +218,7 @@ pub async fn pass(
     Ok(done)
 }
 
-/// One pass over every table; returns the rows deleted per table. With `retention.vacuum`,
+/// One pass over every table; returns the rows archived and deleted per table. With `retention.vacuum`,
 /// then `VACUUM (ANALYZE)` of the busy tables, for a database that runs without autovacuum.
 pub async fn purge_all(
     client: &mut tokio_postgres::Client,
@@ -179,23 +226,22 @@ pub async fn purge_all(
     r: &crate::config::RetentionSettings,
 ) -> Result<Vec<(&'static str, u64)>, RetentionError> {
     let mut out = Vec::new();
-    for (rule, age) in rules(r) {
-        let (rows, _) = purge(client, archive, rule, age, r.batch).await?;
+    // Whole days first; the row rules then take what is left past retention: the DEFAULT
+    // partitions' rows, a day's settled rows while it is held, the day the cutoff falls in.
+    for (rule, age) in by_day(r) {
+        ensure_ahead(client, rule.table).await?;
+        let rows = shed_days(client, archive, rule, age, r.archive_segment_rows).await?;
         metrics::counter!("retention_deleted_total", "table" => rule.table).increment(rows);
         out.push((rule.table, rows));
     }
-    let audit = crate::config::RetentionSettings::age(r.audit_days);
-    let rows = shed_days(
-        client,
-        archive,
-        AUDIT_TABLE,
-        "order_at",
-        audit,
-        r.archive_segment_rows,
-    )
-    .await?;
-    metrics::counter!("retention_deleted_total", "table" => AUDIT_TABLE).increment(rows);
-    out.push((AUDIT_TABLE, rows));
+    for (rule, age) in rules(r) {
+        let (rows, _) = purge(client, archive, rule, age, r.batch).await?;
+        metrics::counter!("retention_deleted_total", "table" => rule.table).increment(rows);
+        match out.iter_mut().find(|(t, _)| *t == rule.table) {
+            Some((_, n)) => *n += rows,
+            None => out.push((rule.table, rows)),
+        }
+    }
     if r.vacuum {
         for table in BUSY_TABLES {
             // VACUUM runs outside any transaction: one simple-query statement, autocommit.
@@ -207,19 +253,22 @@ pub async fn purge_all(
     Ok(out)
 }
 
-/// Archives and drops `table`'s day partitions that lie wholly before `now() - age`: each is
-/// first detached and renamed `<partition>_archiving` (a late row of that day makes a fresh
-/// partition, never lands in one being archived), then read in segments of `segment_rows`, each
-/// written to the archive and catalogued, and dropped in the same transaction. A partition left
-/// detached by a pass that stopped is finished by the next. Returns the rows archived.
+/// Archives and drops the day partitions of `rule.table` that lie wholly before `now() - age`
+/// and hold only settled rows (`rule.only`; one that holds others stays attached, and the row
+/// rules take its settled rows): each is first detached and renamed `<partition>_archiving` (a
+/// late row of that day makes a fresh partition or lands in the DEFAULT one, never in one being
+/// archived), then read in segments of `segment_rows`, each written to the archive and
+/// catalogued, and dropped in the same transaction, which also moves the table's retention mark
+/// past its newest row. A partition left detached by a pass that stopped is finished by the
+/// next. Returns the rows archived.
 pub async fn shed_days(
     client: &mut tokio_postgres::Client,
     archive: &Archive,
-    table: &'static str,
-    time_column: &'static str,
+    rule: Rule,
     age: std::time::Duration,
     segment_rows: i64,
 ) -> Result<u64, RetentionError> {
+    let (table, time_column) = (rule.table, rule.time_column);
     let cutoff = Utc::now() - chrono::Duration::from_std(age).unwrap_or(chrono::Duration::MAX);
     for day in days(&*client, table).await? {
         let upper = day
@@ -233,10 +282,26 @@ pub async fn shed_days(
         let name = crate::pg::partitions::partition_name(table, day);
         let tx = client.transaction().await?;
         tx.batch_execute(&format!(
-            "ALTER TABLE {table} DETACH PARTITION {name};
+            "SET LOCAL lock_timeout = '{LOCK_TIMEOUT_MS}ms';
+             ALTER TABLE {table} DETACH PARTITION {name};
              ALTER TABLE {name} RENAME TO {name}_archiving"
         ))
         .await?;
+        let unsettled: bool = tx
+            .query_one(
+                &format!(
+                    "SELECT EXISTS (SELECT 1 FROM {name}_archiving WHERE NOT ({}))",
+                    rule.only
+                ),
+                &[],
+            )
+            .await?
+            .get(0);
+        if unsettled {
+            // Dropping `tx` rolls the detach back.
+            metrics::counter!("retention_partitions_held_total", "table" => table).increment(1);
+            continue;
+        }
         tx.commit().await?;
     }
     let schema_version = crate::pg::archive_segments::schema_version(&*client).await?;
@@ -266,6 +331,18 @@ pub async fn shed_days(
             archived(&manifest);
             rows += manifest.rows;
         }
+        tx.execute(
+            &format!(
+                "INSERT INTO retention_marks (table_name, purged_before)
+                 SELECT $1, max(d.{time_column}) FROM {detached} d HAVING count(*) > 0
+                 ON CONFLICT (table_name) DO UPDATE
+                   SET purged_before = GREATEST(retention_marks.purged_before,
+                                                EXCLUDED.purged_before),
+                       updated_at = now()"
+            ),
+            &[&table],
+        )
+        .await?;
         tx.batch_execute(&format!("CLOSE shed; DROP TABLE {detached}"))
             .await?;
         tx.commit().await?;

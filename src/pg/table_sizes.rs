@@ -5,12 +5,16 @@
 use tokio_postgres::GenericClient;
 
 /// The tables every order, message or event adds rows to.
-pub const GROWING: [&str; 9] = [
+pub const GROWING: [&str; 11] = [
     "audit_events",
     "compensation_tasks",
+    // The unpartitioned tables releases before V25 write, kept equal to their by-day twins
+    // until the contract step drops them (docs/architecture/postgresql.md#tables-by-day).
     "consumer_inbox",
+    "consumer_inbox_by_day",
     "dlq_messages",
     "event_outbox",
+    "event_outbox_by_day",
     "order_commits",
     "orders",
     "reservations",
@@ -69,4 +73,25 @@ pub async fn oldest_day_partition_age_secs(
         )
         .await?;
     Ok(row.get(0))
+}
+
+/// How far retention is behind on a table partitioned by day whose oldest partition began
+/// `oldest_age_secs` ago: a day is due once its end is `retention` old, so its start is then
+/// `retention` plus a day old; past that, the seconds it has waited (0 when none).
+pub fn retention_lag_secs(oldest_age_secs: f64, retention: std::time::Duration) -> f64 {
+    (oldest_age_secs - retention.as_secs_f64() - 86_400.0).max(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::retention_lag_secs;
+    use std::time::Duration;
+
+    #[test]
+    fn a_day_is_late_once_its_end_is_past_retention() {
+        let week = Duration::from_secs(7 * 86_400);
+        assert_eq!(retention_lag_secs(0.0, week), 0.0);
+        assert_eq!(retention_lag_secs(8.0 * 86_400.0, week), 0.0);
+        assert_eq!(retention_lag_secs(8.0 * 86_400.0 + 60.0, week), 60.0);
+    }
 }

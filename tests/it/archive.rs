@@ -66,7 +66,7 @@ async fn what_retention_deletes_is_archived_first_verified_and_restorable() {
     .unwrap();
     let before = texts(
         &env,
-        "SELECT to_jsonb(o)::text FROM event_outbox o WHERE status = 'SENT'",
+        "SELECT to_jsonb(o)::text FROM event_outbox_by_day o WHERE status = 'SENT'",
     )
     .await;
     let archive = Archive::of(&env.settings);
@@ -76,9 +76,9 @@ async fn what_retention_deletes_is_archived_first_verified_and_restorable() {
     let done = purge_all(&mut c, &archive, &env.settings.retention)
         .await
         .unwrap();
-    assert!(done.contains(&("consumer_inbox", 7)), "{done:?}");
+    assert!(done.contains(&("consumer_inbox_by_day", 7)), "{done:?}");
 
-    let outbox = archived(&env, "event_outbox");
+    let outbox = archived(&env, "event_outbox_by_day");
     let after: BTreeSet<String> = outbox.iter().map(|r| r.to_string()).collect();
     let before: BTreeSet<String> = before
         .iter()
@@ -93,7 +93,7 @@ async fn what_retention_deletes_is_archived_first_verified_and_restorable() {
         "the archive holds exactly the rows that left"
     );
     assert_eq!(
-        field(&archived(&env, "consumer_inbox"), "message_id").len(),
+        field(&archived(&env, "consumer_inbox_by_day"), "message_id").len(),
         7
     );
     assert_eq!(
@@ -101,7 +101,7 @@ async fn what_retention_deletes_is_archived_first_verified_and_restorable() {
         BTreeSet::from(["old-pending".to_string()])
     );
     assert_eq!(
-        env.count("SELECT COALESCE(sum(row_count), 0)::bigint FROM archive_segments WHERE table_name = 'event_outbox'").await,
+        env.count("SELECT COALESCE(sum(row_count), 0)::bigint FROM archive_segments WHERE table_name = 'event_outbox_by_day'").await,
         25
     );
 
@@ -113,19 +113,24 @@ async fn what_retention_deletes_is_archived_first_verified_and_restorable() {
         "{said}"
     );
 
-    let restore = common::cli(&env, &["archive", "restore", "--table", "event_outbox"]);
+    let restore = common::cli(
+        &env,
+        &["archive", "restore", "--table", "event_outbox_by_day"],
+    );
     assert!(
         restore.status.success(),
         "{}",
         String::from_utf8_lossy(&restore.stderr)
     );
-    let again = common::cli(&env, &["archive", "restore", "--table", "event_outbox"]);
-    assert!(
-        String::from_utf8_lossy(&again.stdout).contains("restored_event_outbox: 0 row(s) added")
+    let again = common::cli(
+        &env,
+        &["archive", "restore", "--table", "event_outbox_by_day"],
     );
+    assert!(String::from_utf8_lossy(&again.stdout)
+        .contains("restored_event_outbox_by_day: 0 row(s) added"));
     assert_eq!(
         env.count(
-            "SELECT count(*) FROM restored_event_outbox WHERE status = 'SENT' AND payload ? 'n'"
+            "SELECT count(*) FROM restored_event_outbox_by_day WHERE status = 'SENT' AND payload ? 'n'"
         )
         .await,
         25,
@@ -133,7 +138,7 @@ async fn what_retention_deletes_is_archived_first_verified_and_restorable() {
     );
 
     // One changed byte in one segment: verify names it and fails.
-    let m = &archive.list(Some("event_outbox")).unwrap()[0];
+    let m = &archive.list(Some("event_outbox_by_day")).unwrap()[0];
     let path = archive.root().join(m.data_path());
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[10] ^= 0xff;

@@ -32,6 +32,7 @@ mod metrics;
 mod order_plans;
 mod order_tx;
 mod outbox_timers;
+mod partitions_by_day;
 mod passes;
 mod pg_failover;
 mod pgbench_scripts;

@@ -49,7 +49,11 @@ async fn retention_deletes_only_what_is_past_retention_in_batches() {
         .await
         .unwrap();
     let deleted = |t: &str| done.iter().find(|(name, _)| *name == t).map(|(_, n)| *n);
-    assert_eq!(deleted("event_outbox"), Some(3), "only old SENT rows");
+    assert_eq!(
+        deleted("event_outbox_by_day"),
+        Some(3),
+        "only old SENT rows"
+    );
     assert_eq!(
         deleted("dlq_messages"),
         Some(1),
@@ -79,7 +83,7 @@ async fn retention_deletes_only_what_is_past_retention_in_batches() {
     // vacuumed after the pass.
     assert_eq!(
         env.count(
-            "SELECT count(*) FROM retention_marks WHERE table_name = 'consumer_inbox'
+            "SELECT count(*) FROM retention_marks WHERE table_name = 'consumer_inbox_by_day'
                AND purged_before BETWEEN now() - interval '14 days 1 minute'
                                      AND now() - interval '13 days 23 hours'"
         )

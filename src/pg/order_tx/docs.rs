@@ -46,26 +46,26 @@ impl DocTimes {
 /// (`CREATED`, 1) are the event's; the timer is unversioned and first sent `$19`, shortly
 /// before it is due (docs/architecture/recovery.md#outbox-relay). Both start as the relay's to send
 /// (`OutboxStart::Pending`'s columns, `$20` and `$21`).
-const INSERT_CREATED_EVENTS: &str = "INSERT INTO event_outbox
+const INSERT_CREATED_EVENTS: &str = "INSERT INTO event_outbox_by_day
        (event_id, activity_id, topic, tag, message_key, aggregate_id, aggregate_version, payload,
-        deliver_at, next_attempt_at, status, delivery)
+        deliver_at, next_attempt_at, status, delivery, id_at)
      SELECT t.ce, t.ac, $9::text, $11::text, t.o, t.o, 1,
             jsonb_build_object('schema_version', $15::int4, 'event_type', $13::text,
                 'event_id', t.ce, 'order_id', t.o, 'reservation_id', t.r, 'activity_id', t.ac,
                 'sku_id', t.sk, 'user_id', t.u, 'status', 'CREATED', 'aggregate_version', 1,
                 'occurred_at', $16::text, 'expires_at', $17::text, 'traceparent', t.tp),
-            NULL, now(), $20::text, $21::text
+            NULL, now(), $20::text, $21::text, t.at
      FROM unnest($1::text[], $2::text[], $3::text[], $5::int8[], $6::int8[], $7::int8[],
-                 $8::text[]) AS t(o, r, ce, ac, sk, u, tp)
+                 $8::text[], $22::timestamptz[]) AS t(o, r, ce, ac, sk, u, tp, at)
      UNION ALL
      SELECT t.xe, t.ac, $10::text, $12::text, t.o, t.o, NULL,
             jsonb_build_object('schema_version', $15::int4, 'event_type', $14::text,
                 'event_id', t.xe, 'order_id', t.o, 'activity_id', t.ac, 'sku_id', t.sk,
                 'expires_at', $17::text, 'traceparent', t.tp),
-            $18::timestamptz, $19::timestamptz, $20::text, $21::text
-     FROM unnest($1::text[], $4::text[], $5::int8[], $6::int8[], $8::text[])
-          AS t(o, xe, ac, sk, tp)
-     ON CONFLICT (activity_id, event_id) DO NOTHING";
+            $18::timestamptz, $19::timestamptz, $20::text, $21::text, t.at
+     FROM unnest($1::text[], $4::text[], $5::int8[], $6::int8[], $8::text[], $23::timestamptz[])
+          AS t(o, xe, ac, sk, tp, at)
+     ON CONFLICT (activity_id, event_id, id_at) DO NOTHING";
 
 /// The created orders' columns, borrowed from the batch's events but for the two event ids.
 #[derive(Default)]
@@ -78,6 +78,9 @@ pub(super) struct CreatedEvents<'a> {
     sku_ids: Vec<i64>,
     user_ids: Vec<i64>,
     traceparents: Vec<&'a str>,
+    /// The partition key of each event: the time in its id's ULID.
+    created_at_ids: Vec<DateTime<Utc>>,
+    cancel_at_ids: Vec<DateTime<Utc>>,
 }
 
 impl<'a> CreatedEvents<'a> {
@@ -91,14 +94,23 @@ impl<'a> CreatedEvents<'a> {
             sku_ids: Vec::with_capacity(orders),
             user_ids: Vec::with_capacity(orders),
             traceparents: Vec::with_capacity(orders),
+            created_at_ids: Vec::with_capacity(orders),
+            cancel_at_ids: Vec::with_capacity(orders),
         }
     }
 
     pub(super) fn push(&mut self, e: &'a OrderCreateRequested) {
         self.order_ids.push(&e.order_id);
         self.reservation_ids.push(&e.reservation_id);
-        self.created_ids.push(order_created_event_id(&e.order_id));
-        self.cancel_ids.push(cancel_if_unpaid_event_id(&e.order_id));
+        let (created, cancel) = (
+            order_created_event_id(&e.order_id),
+            cancel_if_unpaid_event_id(&e.order_id),
+        );
+        self.created_at_ids
+            .push(crate::domain::ids::id_at(&created));
+        self.cancel_at_ids.push(crate::domain::ids::id_at(&cancel));
+        self.created_ids.push(created);
+        self.cancel_ids.push(cancel);
         self.activity_ids.push(e.activity_id);
         self.sku_ids.push(e.sku_id);
         self.user_ids.push(e.user_id);
@@ -117,7 +129,7 @@ impl<'a> CreatedEvents<'a> {
     ) -> Result<(), tokio_postgres::Error> {
         let first_send_at = b.expires_at - b.names.timer_lead;
         let (status, delivery) = OutboxStart::Pending.columns();
-        let params: [&(dyn ToSql + Sync); 21] = [
+        let params: [&(dyn ToSql + Sync); 23] = [
             &self.order_ids,
             &self.reservation_ids,
             &self.created_ids,
@@ -139,6 +151,8 @@ impl<'a> CreatedEvents<'a> {
             &first_send_at,
             &status,
             &delivery,
+            &self.created_at_ids,
+            &self.cancel_at_ids,
         ];
         exec_unless_empty(tx, self.is_empty(), INSERT_CREATED_EVENTS, params).await
     }

@@ -17,19 +17,22 @@ pub struct InboxClaims<'a> {
     activity_ids: Vec<Option<i64>>,
     statuses: Vec<&'static str>,
     decisions: Vec<Option<&'a str>>,
+    /// The partition key: the time in each message id's ULID.
+    id_ats: Vec<chrono::DateTime<chrono::Utc>>,
 }
 
 /// The claim: the row's activity is the message's, or (when the message does not carry it)
 /// the order's, looked up in the same statement. A row starts `PROCESSING`, or with the
 /// outcome its transaction expects ([`InboxClaims::push`]); no other transaction sees it
 /// before the commit, and the transaction corrects the rows that came to something else.
-const CLAIM_INBOX: &str = "INSERT INTO consumer_inbox
+const CLAIM_INBOX: &str = "INSERT INTO consumer_inbox_by_day
        (consumer_group, message_id, topic, reservation_id, order_id, status, decision,
-        delivery_attempt, activity_id)
+        delivery_attempt, activity_id, id_at)
      SELECT $1, t.m, $2, t.r, t.o, t.st, t.d, t.a,
-            coalesce(t.act, (SELECT o.activity_id FROM orders o WHERE o.order_id = t.o LIMIT 1), 0)
+            coalesce(t.act, (SELECT o.activity_id FROM orders o WHERE o.order_id = t.o LIMIT 1), 0),
+            t.at
      FROM unnest($3::text[], $4::text[], $5::text[], $6::int[], $7::int8[], $8::text[],
-                 $9::text[]) AS t(m, r, o, a, act, st, d)
+                 $9::text[], $10::timestamptz[]) AS t(m, r, o, a, act, st, d, at)
      ON CONFLICT DO NOTHING
      RETURNING message_id";
 
@@ -47,6 +50,7 @@ impl<'a> InboxClaims<'a> {
         expected: Option<(&'static str, &'a str)>,
     ) {
         self.message_ids.push(message_id);
+        self.id_ats.push(crate::domain::ids::id_at(message_id));
         self.reservation_ids.push(reservation_id);
         self.order_ids.push(order_id);
         self.attempts.push(delivery_attempt);
@@ -71,7 +75,7 @@ impl<'a> InboxClaims<'a> {
             return Ok(Returned::All);
         }
         let stmt = tx.prepare_cached(CLAIM_INBOX).await?;
-        let params: [&(dyn ToSql + Sync); 9] = [
+        let params: [&(dyn ToSql + Sync); 10] = [
             &consumer_group,
             &topic,
             &self.message_ids,
@@ -81,6 +85,7 @@ impl<'a> InboxClaims<'a> {
             &self.activity_ids,
             &self.statuses,
             &self.decisions,
+            &self.id_ats,
         ];
         let rows = tx.query(&stmt, &params).await?;
         Ok(Returned::of(rows, self.message_ids.len()))
@@ -130,7 +135,7 @@ pub struct InboxOutcomes {
 /// new deployment) PostgreSQL may read the group's whole index range and filter it; the order
 /// transaction sends it only for its corrections, planned per run
 /// (docs/architecture/order-creation.md#planning-once).
-const SETTLE_INBOX: &str = "UPDATE consumer_inbox
+const SETTLE_INBOX: &str = "UPDATE consumer_inbox_by_day
         SET status = ($3::text[])[array_position($2::text[], message_id)],
             decision = ($4::text[])[array_position($2::text[], message_id)],
             updated_at = now()

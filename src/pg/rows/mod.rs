@@ -257,19 +257,21 @@ pub struct OutboxRows<'a> {
     first_send_at: Vec<Option<DateTime<Utc>>>,
     statuses: Vec<&'static str>,
     deliveries: Vec<&'static str>,
+    /// The partition key: the time in each event id's ULID.
+    id_ats: Vec<DateTime<Utc>>,
 }
 
 /// The one insert of outbox rows; a row already there (the same activity and event id) is
 /// left as it is.
-const INSERT_OUTBOX: &str = "INSERT INTO event_outbox
+const INSERT_OUTBOX: &str = "INSERT INTO event_outbox_by_day
        (event_id, activity_id, topic, tag, message_key, aggregate_id, aggregate_version, payload,
-        deliver_at, next_attempt_at, status, delivery)
-     SELECT t.e, t.ac, t.t, t.g, t.k, t.a, t.v, t.p, t.d, coalesce(t.n, now()), t.s, t.dl
+        deliver_at, next_attempt_at, status, delivery, id_at)
+     SELECT t.e, t.ac, t.t, t.g, t.k, t.a, t.v, t.p, t.d, coalesce(t.n, now()), t.s, t.dl, t.at
      FROM unnest($1::text[], $2::int8[], $3::text[], $4::text[], $5::text[], $6::text[],
                  $7::int[], $8::jsonb[], $9::timestamptz[], $10::timestamptz[], $11::text[],
-                 $12::text[])
-          AS t(e, ac, t, g, k, a, v, p, d, n, s, dl)
-     ON CONFLICT (activity_id, event_id) DO NOTHING";
+                 $12::text[], $13::timestamptz[])
+          AS t(e, ac, t, g, k, a, v, p, d, n, s, dl, at)
+     ON CONFLICT (activity_id, event_id, id_at) DO NOTHING";
 
 impl<'a> OutboxRows<'a> {
     /// Room for `rows` rows without growing.
@@ -287,11 +289,13 @@ impl<'a> OutboxRows<'a> {
             first_send_at: Vec::with_capacity(rows),
             statuses: Vec::with_capacity(rows),
             deliveries: Vec::with_capacity(rows),
+            id_ats: Vec::with_capacity(rows),
         }
     }
 
     pub fn push(&mut self, e: OutboxEvent<'a>) {
         let (status, delivery) = e.start.columns();
+        self.id_ats.push(crate::domain::ids::id_at(&e.event_id));
         self.event_ids.push(e.event_id);
         self.activity_ids.push(e.activity_id);
         self.topics.push(e.topic);
@@ -310,7 +314,7 @@ impl<'a> OutboxRows<'a> {
         self.event_ids.is_empty()
     }
 
-    fn params(&self) -> [&(dyn ToSql + Sync); 12] {
+    fn params(&self) -> [&(dyn ToSql + Sync); 13] {
         [
             &self.event_ids,
             &self.activity_ids,
@@ -324,6 +328,7 @@ impl<'a> OutboxRows<'a> {
             &self.first_send_at,
             &self.statuses,
             &self.deliveries,
+            &self.id_ats,
         ]
     }
 

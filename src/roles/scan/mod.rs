@@ -89,7 +89,11 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
     let relay_loop = watchdog.spawn("relay", relay_loop(relay, wake, shutdown.clone()));
     let retention_pool = crate::pg::connect_pool(&settings.pg, pools::SCAN_RETENTION).await?;
     // The sizes share the retention's one connection: a minute's read waits out a pass.
-    let sizes = retention::sizes_loop(retention_pool.clone(), shutdown.clone());
+    let sizes = retention::sizes_loop(
+        retention_pool.clone(),
+        settings.retention.clone(),
+        shutdown.clone(),
+    );
     let sizes_loop = watchdog.spawn("table_sizes", sizes);
     let retention = retention::run_loop(
         retention_pool,

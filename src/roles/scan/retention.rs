@@ -51,11 +51,16 @@ pub(super) async fn run_loop(
 const SIZES_EVERY: Duration = Duration::from_secs(60);
 
 /// Every [`SIZES_EVERY`] until `stop`: `pg_table_bytes{table}`, `pg_table_rows_estimate{table}`
-/// and the audit record's oldest partition age, for the operator watching the tables grow.
-pub(super) async fn sizes_loop(pool: deadpool_postgres::Pool, stop: CancellationToken) {
+/// and, for each table partitioned by day, its oldest partition's age and how far retention is
+/// behind on it, for the operator watching the tables grow.
+pub(super) async fn sizes_loop(
+    pool: deadpool_postgres::Pool,
+    rt: RetentionSettings,
+    stop: CancellationToken,
+) {
     while !stop.is_cancelled() {
         if let Ok(client) = pool.get().await {
-            if let Err(e) = export_sizes(&client).await {
+            if let Err(e) = export_sizes(&client, &rt).await {
                 warn!(error = %crate::pg::errors::classify(e), "table sizes not read");
             }
         }
@@ -66,14 +71,21 @@ pub(super) async fn sizes_loop(pool: deadpool_postgres::Pool, stop: Cancellation
     }
 }
 
-async fn export_sizes(client: &tokio_postgres::Client) -> Result<(), tokio_postgres::Error> {
+async fn export_sizes(
+    client: &tokio_postgres::Client,
+    rt: &RetentionSettings,
+) -> Result<(), tokio_postgres::Error> {
     use crate::pg::table_sizes;
     for t in table_sizes::growing(client).await? {
         metrics::gauge!("pg_table_bytes", "table" => t.table).set(t.bytes as f64);
         metrics::gauge!("pg_table_rows_estimate", "table" => t.table).set(t.rows as f64);
     }
-    let oldest = table_sizes::oldest_day_partition_age_secs(client, "audit_events").await?;
-    metrics::gauge!("pg_partition_oldest_age_seconds", "table" => "audit_events")
-        .set(oldest.unwrap_or(0.0));
+    for (rule, age) in crate::pg::retention::by_day(rt) {
+        let oldest = table_sizes::oldest_day_partition_age_secs(client, rule.table).await?;
+        let oldest = oldest.unwrap_or(0.0);
+        metrics::gauge!("pg_partition_oldest_age_seconds", "table" => rule.table).set(oldest);
+        metrics::gauge!("retention_lag_seconds", "table" => rule.table)
+            .set(table_sizes::retention_lag_secs(oldest, age));
+    }
     Ok(())
 }

@@ -32,7 +32,11 @@ pub(super) fn rows(
     let (group, topic) = &super::source::group_and_topic(names, group)?;
     let archive = Archive::of(settings);
     let mut out = Vec::new();
-    for m in archive.list(Some("event_outbox"))? {
+    // The outbox's archived rows: from the by-day table, and from the unpartitioned one that
+    // releases before V25 wrote (docs/architecture/postgresql.md#tables-by-day).
+    let mut segments = archive.list(Some("event_outbox_by_day"))?;
+    segments.extend(archive.list(Some("event_outbox"))?);
+    for m in segments {
         let overlaps =
             m.oldest_at.is_none_or(|o| o < sel.until) && m.newest_at.is_none_or(|n| n >= sel.since);
         if !overlaps {
