@@ -11,8 +11,8 @@
 -- which this release no longer reads or writes; until every instance runs this release both
 -- pairs of tables are kept equal by the triggers below, each in the other's direction, so
 -- either release sees every row and one primary key (the new table's) decides which copy of a
--- message is processed. The contract step (the next release) drops the old tables and the
--- triggers.
+-- message is processed. The contract step, `seckill migrate --contract` once no older release
+-- is connected (src/pg/contract.rs), drops the old tables and the triggers.
 
 -- The time in the first ULID inside an id such as evt_<ULID>, rsv_<activity>_<ULID> or
 -- ord_<ULID>.<payment>.REFUND_REQUIRED: the leftmost 26 characters of Crockford's base 32 whose

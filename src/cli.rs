@@ -38,7 +38,7 @@ pub enum Command {
     /// Reservation re-send scanner and outbox relay (several instances are safe).
     Scan,
     /// Apply the database migrations in `sql/`.
-    Migrate,
+    Migrate(crate::roles::ops::migrate::MigrateArgs),
     /// Broker topics.
     Topics {
         #[command(subcommand)]
@@ -173,7 +173,7 @@ pub fn main() -> ExitCode {
             }
             Command::TimeoutCancel => roles::timeout_cancel::run(settings).await.map(|_| true),
             Command::Scan => roles::scan::run(settings).await.map(|_| true),
-            Command::Migrate => roles::ops::migrate::run(settings).await.map(|_| true),
+            Command::Migrate(args) => roles::ops::migrate::run(settings, args).await.map(|_| true),
             Command::Topics {
                 command: TopicsCommand::Create,
             } => roles::ops::topics::run(settings).await.map(|_| true),

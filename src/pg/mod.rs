@@ -5,6 +5,7 @@ pub mod audit;
 pub mod audit_stream;
 pub mod books;
 pub mod cancel_tx;
+pub mod contract;
 pub mod dlq;
 pub mod dlq_tickets;
 pub mod errors;
@@ -65,11 +66,33 @@ mod embedded {
 /// `application_name` of this process's connections ([`name_connections`]).
 static APPLICATION_NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
-/// Names every connection this process opens from now on `seckill-<part>@<env>` (`part`: the
-/// role, or `ops`), so `pg_stat_activity` shows which part of the fleet holds it
-/// (docs/architecture/order-creation.md#connection-budget). The first call wins.
+/// The newest migration this binary carries: the schema it reads and writes.
+pub fn schema_version() -> u32 {
+    static NEWEST: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *NEWEST.get_or_init(|| {
+        embedded::migrations::runner()
+            .get_migrations()
+            .iter()
+            .map(|m| m.version())
+            .max()
+            .unwrap_or(0)
+    })
+}
+
+/// Names every connection this process opens from now on `seckill-<part>@<env>~s<schema>`
+/// (`part`: the role, or `ops`; `schema`: [`schema_version`]), so `pg_stat_activity` shows which
+/// part of the fleet holds it (docs/architecture/order-creation.md#connection-budget) and which
+/// release, for `seckill migrate --contract` (docs/architecture/postgresql.md#tables-by-day). The
+/// first call wins; before it, `seckill~s<schema>`.
 pub fn name_connections(part: &str, env: &str) {
-    let _ = APPLICATION_NAME.set(format!("seckill-{part}@{env}"));
+    let _ = APPLICATION_NAME.set(format!("seckill-{part}@{env}~s{}", schema_version()));
+}
+
+fn application_name() -> String {
+    APPLICATION_NAME
+        .get()
+        .cloned()
+        .unwrap_or_else(|| format!("seckill~s{}", schema_version()))
 }
 
 /// Whether a pool's connections reuse the plans of their prepared statements.
@@ -103,7 +126,7 @@ pub fn pg_config(settings: &PgSettings) -> anyhow::Result<tokio_postgres::Config
         .expose_secret()
         .parse()
         .context("pg.url: not a valid PostgreSQL connection string")?;
-    cfg.application_name(APPLICATION_NAME.get().map_or("seckill", String::as_str));
+    cfg.application_name(application_name());
     // `pg.tls` decides, whatever the URL says.
     cfg.ssl_mode(match settings.tls {
         PgTls::Off => tokio_postgres::config::SslMode::Disable,

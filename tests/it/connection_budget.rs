@@ -20,7 +20,7 @@ async fn watch_connections(
     stop: tokio_util::sync::CancellationToken,
 ) -> HashMap<String, i64> {
     let client = pool.get().await.unwrap();
-    let pattern = format!("seckill-%@{env_name}");
+    let pattern = format!("seckill-%@{env_name}~s%");
     let mut most: HashMap<String, i64> = HashMap::new();
     while !stop.is_cancelled() {
         for row in client

@@ -370,3 +370,94 @@ async fn an_older_release_and_this_one_claim_each_message_once_and_see_each_othe
     drop(old);
     env.cleanup().await;
 }
+
+/// `seckill migrate --contract` is refused while a session of an older release is connected
+/// (named as releases before V25 name theirs), then drops the old tables and their mirrors once
+/// none is, audited, the by-day tables losing nothing; this release creates orders after it as
+/// before, and a second contract has nothing left to drop.
+#[tokio::test]
+async fn the_contract_waits_for_older_releases_then_drops_the_old_tables() {
+    let env = TestEnv::without_topics().await;
+    env.activity(2511, 1, 10).await;
+    let group = env.names().order_create_group;
+    let topic = env.names().order_create_topic;
+    let h = seckill::roles::consume::order_create::OrderCreateHandler::new(
+        env.pool(2).await,
+        &env.settings,
+        1,
+    );
+    let before = common::event(2511, 1, 1, 300);
+    h.process(&[common::delivery_of(&topic, &before)])
+        .await
+        .unwrap();
+
+    // A session of an older release: the contract is refused and names it.
+    let mut cfg = seckill::pg::pg_config(&env.settings.pg).unwrap();
+    cfg.application_name("seckill-consume@OLD");
+    let (older, conn) = cfg.connect(tokio_postgres::NoTls).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let refused = common::cli(&env, &["migrate", "--contract"]);
+    let said = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert!(!refused.status.success(), "{said}");
+    assert!(said.contains("seckill-consume@OLD x1"), "{said}");
+    assert_eq!(
+        env.count("SELECT count(*) FROM pg_tables WHERE schemaname = current_schema() AND tablename IN ('consumer_inbox', 'event_outbox')").await,
+        2
+    );
+    drop(older);
+    let _ = conn.await;
+
+    let done = common::cli(&env, &["migrate", "--contract"]);
+    let said = String::from_utf8_lossy(&done.stdout).to_string();
+    assert!(
+        done.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    assert!(said.contains("(rows that differed: 0)"), "{said}");
+    assert_eq!(
+        env.count("SELECT count(*) FROM pg_tables WHERE schemaname = current_schema() AND tablename IN ('consumer_inbox', 'event_outbox')").await,
+        0
+    );
+    assert_eq!(
+        env.count(
+            "SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+             WHERE c.relnamespace = current_schema()::regnamespace AND NOT t.tgisinternal
+               AND c.relname IN ('consumer_inbox_by_day', 'event_outbox_by_day')"
+        )
+        .await,
+        0,
+        "the mirrors are gone"
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM admin_audit WHERE action = 'schema_contract' AND detail ->> 'differed' = '0'").await,
+        1
+    );
+    // Nothing of the by-day tables went, and orders are made as before.
+    let after = common::event(2511, 1, 2, 300);
+    h.process(&[common::delivery_of(&topic, &after)])
+        .await
+        .unwrap();
+    for e in [&before, &after] {
+        assert_eq!(
+            env.count(&format!(
+                "SELECT count(*) FROM consumer_inbox_by_day
+                 WHERE consumer_group = '{group}' AND message_id = '{}' AND decision = 'CREATED'",
+                e.message_id
+            ))
+            .await,
+            1
+        );
+        assert_eq!(
+            env.count(&format!(
+                "SELECT count(*) FROM event_outbox_by_day WHERE aggregate_id = '{}'",
+                e.order_id
+            ))
+            .await,
+            2
+        );
+    }
+    let again = common::cli(&env, &["migrate", "--contract"]);
+    assert!(String::from_utf8_lossy(&again.stdout).contains("contract: nothing left to drop"));
+    env.cleanup().await;
+}

@@ -188,7 +188,11 @@ async fn a_sale_through_pgbouncer_in_session_mode_keeps_every_invariant() {
     // Every role's connections are PgBouncer's clients, not PostgreSQL's directly.
     let clients = bouncer.clients().await;
     for role in ["api", "consume", "scan", "timeout-cancel"] {
-        let name = format!("seckill-{role}@{}", env.settings.env);
+        let name = format!(
+            "seckill-{role}@{}~s{}",
+            env.settings.env,
+            seckill::pg::schema_version()
+        );
         assert!(
             clients.contains(&name),
             "{name} not among PgBouncer's clients: {clients:?}"

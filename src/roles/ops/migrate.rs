@@ -1,11 +1,27 @@
 //! `seckill migrate`: applies `sql/` to the configured schema (a separate release step, never
-//! done by the replicas themselves).
+//! done by the replicas themselves); with `--contract`, then the contract step of the expands
+//! that have one (docs/architecture/postgresql.md#tables-by-day).
 
+use clap::Args;
 use tracing::info;
 
 use crate::config::Settings;
+use crate::pg::contract::{self, Contracted};
 
-pub async fn run(settings: Settings) -> anyhow::Result<()> {
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// Then drop what this release no longer uses (the unpartitioned inbox and outbox and their
+    /// mirrors): once every instance runs this release. Refused while a session of an older
+    /// release is connected.
+    #[arg(long)]
+    pub contract: bool,
+    /// With --contract: drop them even though an older release is connected (its writes to
+    /// them then fail).
+    #[arg(long, requires = "contract")]
+    pub force: bool,
+}
+
+pub async fn run(settings: Settings, args: MigrateArgs) -> anyhow::Result<()> {
     let applied = crate::pg::migrate(&settings.pg).await?;
     if applied.is_empty() {
         info!(schema = %settings.pg.schema, "schema is up to date");
@@ -16,5 +32,23 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         "migrate: schema {} up to date (applied now: {:?})",
         settings.pg.schema, applied
     );
+    if args.contract {
+        let (mut client, conn) = crate::pg::connect_one(&settings.pg).await?;
+        let conn = tokio::spawn(conn);
+        let actor = crate::pg::audit::cli_actor();
+        let done = contract::run(&mut client, &actor, args.force).await;
+        drop(client);
+        let _ = conn.await;
+        match done? {
+            Contracted::Dropped { differed } => {
+                info!(schema = %settings.pg.schema, differed, "contract: old inbox and outbox dropped");
+                println!(
+                    "contract: dropped consumer_inbox, event_outbox and their mirrors \
+                     (rows that differed: {differed})"
+                );
+            }
+            Contracted::AlreadyDone => println!("contract: nothing left to drop"),
+        }
+    }
     Ok(())
 }
