@@ -39,6 +39,15 @@ check() {
     return 1
   }
   read -r tag commit <<<"$previous"
+  # A migration the release shipped is applied in its databases, and refinery refuses to migrate
+  # one whose applied migration differs from the file (a checksum of every byte, comments too).
+  local changed
+  changed="$(git -C "$repo" diff --name-only --diff-filter=MDR "$commit" -- sql/ | sort -V)"
+  for m in $changed; do
+    echo "check-migrations: $m differs from release $tag's: \`seckill migrate\` would refuse every"
+    echo "    database that release migrated; restore it (git checkout ${commit:0:12} -- $m)"
+    failures=$((failures + 1))
+  done
   local added
   added="$(git -C "$repo" diff --name-only --diff-filter=A "$commit" -- sql/ | sort -V)"
   for m in $added; do
@@ -96,6 +105,15 @@ self_test() {
     return 1
   fi
   rm "$tmp/sql/V3__drop.sql"
+  # A released migration changed, if only in a comment.
+  echo '-- a comment' >>"$tmp/sql/V1__init.sql"
+  commit_all "$tmp" edit
+  if check "$tmp" >/dev/null; then
+    echo "check-migrations self-test: a released migration edited was let through"
+    return 1
+  fi
+  git -C "$tmp" checkout -q HEAD~1 -- sql/V1__init.sql
+  commit_all "$tmp" restore
   echo 'ALTER TABLE activity_skus RENAME TO skus;' >"$tmp/sql/V3__rename.sql"
   commit_all "$tmp" rename
   if check "$tmp" >/dev/null; then
@@ -121,7 +139,7 @@ self_test() {
     return 1
   }
   echo "check-migrations self-test: ok (a safe drop passes; a read column dropped, a read table" \
-    "renamed, no recorded release fail; this repository's planted drop is caught against" \
+    "renamed, a released migration edited, no recorded release fail; this repository's planted drop is caught against" \
     "$(sed -n 's/.*which release \(v[^ ]*\) still reads.*/\1/p' <<<"$out" | head -1))"
 }
 

@@ -1,4 +1,4 @@
--- A schema ready for a distributed PostgreSQL (docs/architecture/postgresql.md#a-distributed-postgresql).
+-- A schema ready for a distributed PostgreSQL (docs/ARCHITECTURE.md#a-distributed-postgresql).
 -- PostgreSQL stays the one source of truth; what changes is that every primary and unique key
 -- of the sale's tables carries the distribution column, activity_id, so that a sale's rows
 -- (its orders, their reservations, ledger, compensations, and the inbox and outbox rows that

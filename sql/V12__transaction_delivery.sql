@@ -1,4 +1,4 @@
--- Events sent as RocketMQ transaction messages (docs/architecture/messages.md#delivering-events): the
+-- Events sent as RocketMQ transaction messages (docs/ARCHITECTURE.md#delivering-events): the
 -- local transaction writes the event's row as TRANSACTION, a status the relay never claims;
 -- the broker's check-back answers COMMIT because the row exists. The producer marks it SENT
 -- once it sent the commit; one still TRANSACTION past the broker's decision horizon is put

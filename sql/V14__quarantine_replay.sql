@@ -1,5 +1,5 @@
 -- Quarantined messages can be replayed (`seckill dlq replay --quarantined`,
--- docs/architecture/recovery.md#dead-letters): a message a consumer could not read, such as a schema
+-- docs/ARCHITECTURE.md#dead-letters): a message a consumer could not read, such as a schema
 -- version it did not know yet during a rollout, goes back to its topic once a consumer that
 -- reads it runs. The row says whether it was; the audit row (the dead letters' audit, which
 -- now names either a dead letter or a quarantined message) says who, why and what came of it.

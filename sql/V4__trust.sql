@@ -1,4 +1,4 @@
--- The trust boundary (docs/architecture/security.md#security-model).
+-- The trust boundary (docs/ARCHITECTURE.md#security-model).
 
 -- A payment id settles at most one order. The payment route checks it first; this index makes
 -- two notifications racing with one id unable to both win. (A database where one id already

@@ -1,4 +1,4 @@
--- When an order was committed, not only when its row was written (docs/architecture/postgresql.md#postgresql-schema).
+-- When an order was committed, not only when its row was written (docs/ARCHITECTURE.md#postgresql-schema).
 --
 -- The order transaction writes one order_commits row as its last statement before COMMIT,
 -- after the hot stock row's decrement: its committed_at is clock_timestamp() at the end of the

@@ -1,4 +1,4 @@
--- Stock buckets (docs/architecture/redis.md#stock-buckets): a hot SKU's final stock can be split into
+-- Stock buckets (docs/ARCHITECTURE.md#stock-buckets): a hot SKU's final stock can be split into
 -- several rows, so that order transactions of one SKU decrement different rows side by side
 -- instead of queueing on one row lock. Every SKU has at least one bucket (bucket 0); an
 -- activity created with stock_buckets = K has K per SKU, each with its share of the stock
