@@ -70,22 +70,22 @@ free_connections() {
 reset_order_tables() {
   "${PSQL[@]}" >/dev/null <<SQL
 SET client_min_messages = warning;
-TRUNCATE $SCHEMA.consumer_inbox, $SCHEMA.consumer_inbox_by_day, $SCHEMA.reservations,
-         $SCHEMA.orders, $SCHEMA.stock_ledger, $SCHEMA.event_outbox, $SCHEMA.event_outbox_by_day;
-INSERT INTO $SCHEMA.consumer_inbox
+TRUNCATE $SCHEMA.consumer_inbox_by_day, $SCHEMA.reservations, $SCHEMA.orders,
+         $SCHEMA.stock_ledger, $SCHEMA.event_outbox_by_day;
+INSERT INTO $SCHEMA.consumer_inbox_by_day
     (consumer_group, message_id, topic, reservation_id, order_id, status, decision,
-     received_at, updated_at)
+     received_at, updated_at, id_at)
 SELECT 'seckill-limits-consumer', 'evt_old' || lpad(i::text, 23, '0'), 'seckill-order-create',
        'rsv_old' || lpad(i::text, 23, '0'), 'ord_old' || lpad(i::text, 23, '0'), 'SUCCEEDED',
-       'CREATED', now() - interval '1 day', now() - interval '1 day'
+       'CREATED', now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
 FROM generate_series(1, ${1:-$INBOX_HISTORY}) AS i;
 UPDATE $SCHEMA.stock_buckets SET remaining_stock = total_stock;
 VACUUM ANALYZE $SCHEMA.stock_buckets;
-VACUUM ANALYZE $SCHEMA.consumer_inbox;
+VACUUM ANALYZE $SCHEMA.consumer_inbox_by_day;
 VACUUM ANALYZE $SCHEMA.reservations;
 VACUUM ANALYZE $SCHEMA.orders;
 VACUUM ANALYZE $SCHEMA.stock_ledger;
-VACUUM ANALYZE $SCHEMA.event_outbox;
+VACUUM ANALYZE $SCHEMA.event_outbox_by_day;
 CHECKPOINT;
 SQL
 }

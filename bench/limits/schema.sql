@@ -59,7 +59,9 @@ CREATE TABLE direct_orders (
 );
 INSERT INTO stock (id, remaining) VALUES (1, 0);
 \ir ../../sql/V24__archive_segments.sql
--- V25 locks the tables it copies: in a transaction, as `seckill migrate` runs it.
+-- V25 locks the tables it copies: in a transaction, as `seckill migrate` runs it; then its
+-- contract step, as `seckill migrate` leaves a schema it creates (src/pg/contract.rs).
 BEGIN;
 \ir ../../sql/V25__inbox_outbox_by_day.sql
 COMMIT;
+\ir ../../src/pg/contract.sql

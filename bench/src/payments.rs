@@ -177,7 +177,7 @@ async fn one_mode(
     let (admin, conn) = seckill::pg::connect_one(&s.pg).await?;
     let conn = tokio::spawn(conn);
     drop_schema(&admin, &s).await?;
-    seckill::pg::migrate(&s.pg).await?;
+    seckill::pg::migrate_contracting_new(&s.pg).await?;
     let (plan, groups) = seckill::roles::ops::topics::create_all(&s).await?;
     let orders = unpaid_orders(&s, args.orders).await?;
     let roles = Roles::start(&s).await?;

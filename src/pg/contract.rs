@@ -6,6 +6,10 @@
 
 use tokio_postgres::GenericClient;
 
+/// What the step drops (also run by bench/limits/schema.sql, so pgbench's baseline writes what a
+/// contracted deployment writes).
+const CONTRACT_SQL: &str = include_str!("contract.sql");
+
 /// The first schema whose releases read and write only the by-day tables.
 pub const BY_DAY_SINCE: u32 = 25;
 
@@ -110,13 +114,7 @@ pub async fn run(
         .query_one("SELECT seckill_twins_differ()", &[])
         .await?
         .get(0);
-    tx.batch_execute(
-        "DROP TRIGGER mirror_back ON consumer_inbox_by_day;
-         DROP TRIGGER mirror_back ON event_outbox_by_day;
-         DROP TABLE consumer_inbox, event_outbox;
-         DROP FUNCTION consumer_inbox_mirror(), event_outbox_mirror(), seckill_twins_differ();",
-    )
-    .await?;
+    tx.batch_execute(CONTRACT_SQL).await?;
     let detail = serde_json::json!({
         "differed": differed,
         "older_sessions": older.iter().map(|(n, c)| format!("{n} x{c}")).collect::<Vec<_>>(),

@@ -116,7 +116,7 @@ pub(super) async fn judge(
     let row = pg
         .query_one(
             "SELECT (SELECT count(*) FROM dlq_messages WHERE status = 'OPEN' AND first_seen >= $1),
-                    (SELECT count(*) FROM event_outbox WHERE status = 'DEAD' AND created_at >= $1)",
+                    (SELECT count(*) FROM event_outbox_by_day WHERE status = 'DEAD' AND created_at >= $1)",
             &[&bench_started_at],
         )
         .await?;

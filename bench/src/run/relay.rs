@@ -26,9 +26,9 @@ pub async fn take_backlog(pg: &tokio_postgres::Client, schema: &str) -> anyhow::
     pg.batch_execute(&format!(
         "BEGIN ISOLATION LEVEL REPEATABLE READ;
          CREATE TEMP TABLE relay_start AS SELECT now() AS t0,
-             (SELECT count(*) FROM {schema}.event_outbox
+             (SELECT count(*) FROM {schema}.event_outbox_by_day
                WHERE status = 'PENDING' AND next_attempt_at <= now()) AS due;
-         CREATE TEMP TABLE relay_outside AS SELECT activity_id, event_id FROM {schema}.event_outbox
+         CREATE TEMP TABLE relay_outside AS SELECT activity_id, event_id FROM {schema}.event_outbox_by_day
                WHERE (status = 'PENDING' AND next_attempt_at > now()) OR status = 'DEAD';
          ALTER TABLE relay_outside ADD PRIMARY KEY (activity_id, event_id);
          ANALYZE relay_outside;
@@ -49,7 +49,7 @@ fn owed_rows(schema: &str) -> String {
     ["PENDING", "DEAD"]
         .map(|status| {
             format!(
-                "SELECT 1 FROM {schema}.event_outbox o
+                "SELECT 1 FROM {schema}.event_outbox_by_day o
                   WHERE o.status = '{status}' AND o.created_at <= (SELECT t0 FROM relay_start)
                     AND NOT EXISTS (SELECT 1 FROM relay_outside x
                                      WHERE x.activity_id = o.activity_id
@@ -124,10 +124,11 @@ mod tests {
     async fn row(pg: &tokio_postgres::Client, schema: &str, id: &str, status: &str, due_in: i32) {
         pg.execute(
             &format!(
-                "INSERT INTO {schema}.event_outbox
-                   (activity_id, event_id, topic, tag, message_key, payload, status, next_attempt_at)
+                "INSERT INTO {schema}.event_outbox_by_day
+                   (activity_id, event_id, topic, tag, message_key, payload, status, next_attempt_at,
+                    id_at)
                  VALUES (1, $1, 't', 'ORDER_CREATED', $1, '{{}}', $2,
-                         now() + make_interval(secs => $3))"
+                         now() + make_interval(secs => $3), seckill_id_at($1))"
             ),
             &[&id, &status, &f64::from(due_in)],
         )
@@ -137,7 +138,7 @@ mod tests {
 
     async fn set(pg: &tokio_postgres::Client, schema: &str, id: &str, change: &str) {
         pg.execute(
-            &format!("UPDATE {schema}.event_outbox SET {change} WHERE event_id = $1"),
+            &format!("UPDATE {schema}.event_outbox_by_day SET {change} WHERE event_id = $1"),
             &[&id],
         )
         .await
@@ -147,7 +148,7 @@ mod tests {
     /// What the scenario counted before: PENDING rows due now.
     async fn due_now(pg: &tokio_postgres::Client, schema: &str) -> i64 {
         let sql = format!(
-            "SELECT count(*) FROM {schema}.event_outbox
+            "SELECT count(*) FROM {schema}.event_outbox_by_day
               WHERE status = 'PENDING' AND next_attempt_at <= now()"
         );
         pg.query_one(&sql, &[]).await.unwrap().get(0)
@@ -164,7 +165,7 @@ mod tests {
         .expect("config loads");
         let ulid = ulid::Ulid::new().to_string().to_lowercase();
         settings.pg.schema = format!("t_relay_{}", &ulid[ulid.len() - 10..]);
-        seckill::pg::migrate(&settings.pg)
+        seckill::pg::migrate_contracting_new(&settings.pg)
             .await
             .expect("migrations apply");
         let (pg, conn) = seckill::pg::connect_one(&settings.pg).await.unwrap();

@@ -80,7 +80,7 @@ pub(super) async fn backlog_over(
 /// Waits (up to 3 minutes) until the relay has published every outbox row due now, so a
 /// scenario's figures carry its own background work, not its predecessors'.
 pub(super) async fn quiesce(run: &Run) {
-    let sql = "SELECT count(*) FROM {s}.event_outbox \
+    let sql = "SELECT count(*) FROM {s}.event_outbox_by_day \
                WHERE status = 'PENDING' AND next_attempt_at <= now()";
     let started = Instant::now();
     let quiet = poll_until(

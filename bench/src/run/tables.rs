@@ -14,11 +14,11 @@ const INBOX_HISTORY: i64 = 100_000;
 /// before each batched round ([`reset_order_tables`]), vacuumed before every drain
 /// ([`like_pgbench_start`]).
 const ORDER_TABLES: [&str; 5] = [
-    "consumer_inbox",
+    "consumer_inbox_by_day",
     "reservations",
     "orders",
     "stock_ledger",
-    "event_outbox",
+    "event_outbox_by_day",
 ];
 
 /// The order tables as pgbench's runs find theirs (bench/limits/limits.sh,
@@ -46,15 +46,16 @@ async fn history_and_statistics(run: &Run) -> anyhow::Result<()> {
     let group = run.settings.names().order_create_group.clone();
     let s = &run.schema;
     let have = run
-        .count("SELECT count(*) FROM {s}.consumer_inbox WHERE activity_id = 0")
+        .count("SELECT count(*) FROM {s}.consumer_inbox_by_day WHERE activity_id = 0")
         .await;
     let sql = format!(
-        "INSERT INTO {s}.consumer_inbox
+        "INSERT INTO {s}.consumer_inbox_by_day
              (consumer_group, message_id, topic, reservation_id, order_id, status, decision,
-              received_at, updated_at, activity_id)
+              received_at, updated_at, activity_id, id_at)
          SELECT $1, 'evt_old' || lpad(i::text, 23, '0'), 'history',
                 'rsv_old' || lpad(i::text, 23, '0'), 'ord_old' || lpad(i::text, 23, '0'),
-                'SUCCEEDED', 'CREATED', now() - interval '1 day', now() - interval '1 day', 0
+                'SUCCEEDED', 'CREATED', now() - interval '1 day', now() - interval '1 day', 0,
+                now() - interval '1 day'
          FROM generate_series($2::int8 + 1, $3::int8) AS i"
     );
     run.pg

@@ -47,8 +47,8 @@ fn rss_mib(pid: u32) -> Option<(f64, f64)> {
 const SAMPLED_TABLES: [&str; 8] = [
     "audit_events",
     "compensation_tasks",
-    "consumer_inbox",
-    "event_outbox",
+    "consumer_inbox_by_day",
+    "event_outbox_by_day",
     "order_commits",
     "orders",
     "reservations",

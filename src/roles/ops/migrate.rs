@@ -1,6 +1,7 @@
 //! `seckill migrate`: applies `sql/` to the configured schema (a separate release step, never
-//! done by the replicas themselves); with `--contract`, then the contract step of the expands
-//! that have one (docs/architecture/postgresql.md#tables-by-day).
+//! done by the replicas themselves); a schema it creates is contracted at once, and with
+//! `--contract` an existing one once every instance runs this release
+//! (docs/architecture/postgresql.md#tables-by-day).
 
 use clap::Args;
 use tracing::info;
@@ -22,7 +23,7 @@ pub struct MigrateArgs {
 }
 
 pub async fn run(settings: Settings, args: MigrateArgs) -> anyhow::Result<()> {
-    let applied = crate::pg::migrate(&settings.pg).await?;
+    let applied = crate::pg::migrate_contracting_new(&settings.pg).await?;
     if applied.is_empty() {
         info!(schema = %settings.pg.schema, "schema is up to date");
     } else {
