@@ -89,10 +89,11 @@ pub async fn purge(
 }
 
 /// [`purge`] on one table that holds rows: `rule.table` itself, or one of its partitions. The
-/// rows of a batch are found and deleted by their `ctid` in that table, a TID scan; the same
-/// statement on a partitioned table joins `(tableoid, ctid)` across every partition, which the
-/// planner may do by scanning a partition for every row (make soak archived about 740 rows a
-/// second with it, behind the sale's 1,100).
+/// rows of a batch are found and deleted by their `ctid` in that table, a TID scan whatever the
+/// statistics say; the same statement on a partitioned table joins `(tableoid, ctid)` across
+/// every partition, planned per partition. Neither kept up with make soak's 5-minute retention
+/// at 300 orders/s on this machine (660-900 rows archived a second during the sale, 1,100
+/// written): docs/benchmarks-history.md#the-inbox-and-the-outbox-by-day-2026-12-07.
 async fn purge_leaf(
     client: &mut tokio_postgres::Client,
     archive: &Archive,
