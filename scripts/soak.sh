@@ -68,15 +68,9 @@ cleanup() { stop_roles_by_name; clean_stores; }
 trap cleanup EXIT
 for r in "${ROLES[@]}"; do start_role "$r"; done
 for r in "${ROLES[@]}"; do wait_role_ready "$r"; done
-# The soak's topics outlive a run: messages an interrupted run left behind are consumed first
-# (their schema is gone: rejected and compensated), so that their age does not pause admission.
-for _ in $(seq 1 300); do
-  lag="$(curl -fsS "http://127.0.0.1:${PORT[consume]}/metrics" 2>/dev/null \
-    | sed -n 's/^mq_consumer_lag_messages{topic="order_create"} \([0-9.e+]*\)$/\1/p')"
-  [[ "$lag" == 0 ]] && break
-  sleep 1
-done
-[[ "${lag:-}" == 0 ]] || log "order-create lag still ${lag:-unknown} after 300 s; starting anyway"
+# Messages an interrupted run left behind are consumed first (their schema is gone: rejected
+# and compensated).
+until_consumed "${PORT[consume]}" || log "starting anyway"
 
 procs=()
 for r in "${ROLES[@]}"; do procs+=(--proc "$r=${PID[$r]}"); done

@@ -181,15 +181,9 @@ SECKILL_LB_BIND="127.0.0.1:$LB" SECKILL_LB_STATS="127.0.0.1:$LB_STATS" \
   haproxy -db -f deploy/haproxy/seckill-api.cfg >"$RUN_DIR/haproxy.log" 2>&1 &
 HAPROXY_PID=$!
 until_ready "http://127.0.0.1:$LB/readyz" 10 || true
-# The topics outlive a run (as the soak's do): what an earlier run left in them is consumed
-# first (its schema is gone: rejected and compensated, or quarantined), so that its age does
-# not pause admission mid-sale. Quarantines counted from here on are this run's.
-for _ in $(seq 1 300); do
-  lag="$(curl -fsS "http://127.0.0.1:${OPS[consume]}/metrics" 2>/dev/null \
-    | sed -n 's/^mq_consumer_lag_messages{topic="order_create"} \([0-9.e+]*\)$/\1/p')"
-  [[ "$lag" == 0 ]] && break
-  sleep 1
-done
+# What an earlier run left in the topics is consumed first (its schema is gone: rejected and
+# compensated, or quarantined). Quarantines counted from here on are this run's.
+until_consumed "${OPS[consume]}" || true
 Q0="$(q "SELECT count(*) FROM quarantined_messages WHERE reason = 'UNSUPPORTED_SCHEMA'")"
 EARLY_USERS=$(( ACTIVITY * 100 ))
 V2_USERS=$(( ACTIVITY * 100 + 50 ))

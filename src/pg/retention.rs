@@ -46,6 +46,11 @@ pub const DLQ: Rule = Rule {
     only: "status IN ('REPLAYED', 'DISCARDED')",
 };
 
+/// A table's retention mark only moves forward: how far its rows may be gone.
+const MARK_ONLY_FORWARD: &str = "ON CONFLICT (table_name) DO UPDATE
+    SET purged_before = GREATEST(retention_marks.purged_before, EXCLUDED.purged_before),
+        updated_at = now()";
+
 /// Why a retention pass stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum RetentionError {
@@ -70,11 +75,10 @@ pub async fn purge(
     // The mark first: from now on a reader must expect rows older than the cutoff to be gone.
     client
         .execute(
-            "INSERT INTO retention_marks (table_name, purged_before)
-             VALUES ($1, now() - make_interval(secs => $2))
-             ON CONFLICT (table_name) DO UPDATE
-               SET purged_before = GREATEST(retention_marks.purged_before, EXCLUDED.purged_before),
-                   updated_at = now()",
+            &format!(
+                "INSERT INTO retention_marks (table_name, purged_before)
+                 VALUES ($1, now() - make_interval(secs => $2)) {MARK_ONLY_FORWARD}"
+            ),
             &[&rule.table, &age.as_secs_f64()],
         )
         .await?;
@@ -423,10 +427,7 @@ async fn archive_and_drop(
         &format!(
             "INSERT INTO retention_marks (table_name, purged_before)
              SELECT $1, max(d.{time_column}) FROM {detached} d HAVING count(*) > 0
-             ON CONFLICT (table_name) DO UPDATE
-               SET purged_before = GREATEST(retention_marks.purged_before,
-                                            EXCLUDED.purged_before),
-                   updated_at = now()"
+             {MARK_ONLY_FORWARD}"
         ),
         &[&table],
     )

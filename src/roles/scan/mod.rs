@@ -87,22 +87,7 @@ pub async fn run_until(settings: Settings, stop: CancellationToken) -> anyhow::R
     let scanning = scan_loop(scanner, failovers, poll, shutdown.clone());
     let scan_loop = watchdog.spawn("resend", scanning);
     let relay_loop = watchdog.spawn("relay", relay_loop(relay, wake, shutdown.clone()));
-    let retention_pool = crate::pg::connect_pool(&settings.pg, pools::SCAN_RETENTION).await?;
-    // The sizes share the retention's one connection: a minute's read waits out a pass.
-    let sizes = retention::sizes_loop(
-        retention_pool.clone(),
-        settings.retention.clone(),
-        shutdown.clone(),
-    );
-    let sizes_loop = watchdog.spawn("table_sizes", sizes);
-    let retention = retention::run_loop(
-        retention_pool,
-        crate::archive::Archive::of(&settings),
-        settings.retention.clone(),
-        settings.pg.statement_timeout_ms,
-        shutdown.clone(),
-    );
-    let retention_loop = watchdog.spawn("retention", retention);
+    let (retention_loop, sizes_loop) = retention::start(&settings, watchdog, shutdown).await?;
     role.serving();
     info!(owner_metrics = %sc.metrics_listen, "scan started: reservation scanner and outbox relay");
     let died = tokio::select! {

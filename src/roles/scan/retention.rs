@@ -11,8 +11,31 @@ use crate::archive::Archive;
 use crate::config::RetentionSettings;
 use crate::pg::retention::RetentionError;
 
+/// Starts the retention passes and the table sizes on the role's retention connection (the
+/// sizes share it: a minute's read waits out a pass); returns their tasks, retention first.
+pub(super) async fn start(
+    settings: &crate::config::Settings,
+    watchdog: &crate::shutdown::Watchdog,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<(tokio::task::JoinHandle<()>, tokio::task::JoinHandle<()>)> {
+    let pool =
+        crate::pg::connect_pool(&settings.pg, crate::config::budget::pools::SCAN_RETENTION).await?;
+    let rt = settings.retention.clone();
+    let sizes = sizes_loop(pool.clone(), rt.clone(), shutdown.clone());
+    let sizes = watchdog.spawn("table_sizes", sizes);
+    let archive = Archive::of(settings);
+    let passes = run_loop(
+        pool,
+        archive,
+        rt,
+        settings.pg.statement_timeout_ms,
+        shutdown.clone(),
+    );
+    Ok((watchdog.spawn("retention", passes), sizes))
+}
+
 /// One retention pass every `rt.interval_secs` until `stop`.
-pub(super) async fn run_loop(
+async fn run_loop(
     pool: deadpool_postgres::Pool,
     archive: Archive,
     rt: RetentionSettings,
@@ -53,11 +76,7 @@ const SIZES_EVERY: Duration = Duration::from_secs(60);
 /// Every [`SIZES_EVERY`] until `stop`: `pg_table_bytes{table}`, `pg_table_rows_estimate{table}`
 /// and, for each table partitioned by day, its oldest partition's age and how far retention is
 /// behind on it, for the operator watching the tables grow.
-pub(super) async fn sizes_loop(
-    pool: deadpool_postgres::Pool,
-    rt: RetentionSettings,
-    stop: CancellationToken,
-) {
+async fn sizes_loop(pool: deadpool_postgres::Pool, rt: RetentionSettings, stop: CancellationToken) {
     while !stop.is_cancelled() {
         if let Ok(client) = pool.get().await {
             if let Err(e) = export_sizes(&client, &rt).await {
